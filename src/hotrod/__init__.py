@@ -1,0 +1,7 @@
+"""hotrod: Hugging Face transformers at real-time latency, with the same answers."""
+
+from hotrod.api import load, optimize
+from hotrod.errors import HotrodError
+from hotrod.version import __version__
+
+__all__ = ["load", "optimize", "HotrodError", "__version__"]

@@ -1,0 +1,112 @@
+"""The artifact: a directory of graphs, configs, tokenizer files and `manifest.json`.
+
+The manifest records where the model came from (and a hash of its weights), the options and
+versions that built it, and each graph's inputs, outputs and file hash. It is written last and the
+whole directory is built in a temporary sibling and moved into place, so an interrupted export never
+leaves a half-written artifact. Loading checks every recorded file before any graph is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from hotrod.errors import HotrodError
+from hotrod.load import file_sha256
+from hotrod.version import __version__
+
+MANIFEST = "manifest.json"
+FORMAT = 1  # bump when an older hotrod could misread a newer artifact (or the reverse)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: dict
+
+    @property
+    def graph_files(self) -> dict[str, Path]:
+        return {name: self.path / entry["file"] for name, entry in self.manifest["graphs"].items()}
+
+
+def is_artifact(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+@contextmanager
+def staging(out: Path, force: bool) -> Iterator[Path]:
+    """A temporary directory beside `out` that replaces `out` whole when the block succeeds."""
+    if out.exists() and not out.is_dir():
+        raise HotrodError(f"output path {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise HotrodError(f"output directory {out} already exists and is not empty; use --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        yield tmp
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, old / out.name)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it private; the artifact is an ordinary directory
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def file_entry(directory: Path, name: str) -> dict:
+    file = directory / name
+    return {"file": name, "bytes": file.stat().st_size, "sha256": file_sha256(file)}
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    manifest = {"format": FORMAT, "hotrod_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **manifest}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def open_artifact(path: str | Path, check_hashes: bool = True) -> Artifact:
+    """Read and check an artifact; any missing, altered or incompatible file is a clear error."""
+    path = Path(path)
+    manifest_file = path / MANIFEST
+    if not manifest_file.is_file():
+        raise HotrodError(f"{path} is not a hotrod artifact (no {MANIFEST})")
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        fmt = manifest["format"]
+        graphs = manifest["graphs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HotrodError(f"{manifest_file} is unreadable or incomplete: {exc}") from None
+    if fmt != FORMAT:
+        made_by = manifest.get("hotrod_version", "an unknown version")
+        raise HotrodError(
+            f"{path} was made by hotrod {made_by} (artifact format {fmt}); hotrod {__version__} reads format "
+            f"{FORMAT}; run `hotrod optimize` again"
+        )
+    entries = [*graphs.values(), *manifest.get("files", {}).values()]
+    entries += [{"file": e["external_data"]["file"], **e["external_data"]} for e in graphs.values() if e.get("external_data")]
+    for entry in entries:
+        _check_file(path, entry, check_hashes)
+    return Artifact(path=path, manifest=manifest)
+
+
+def _check_file(directory: Path, entry: dict, check_hashes: bool) -> None:
+    file = directory / entry["file"]
+    if not file.is_file():
+        raise HotrodError(f"artifact {directory} is missing {entry['file']}")
+    if file.stat().st_size != entry["bytes"] or (check_hashes and file_sha256(file) != entry["sha256"]):
+        raise HotrodError(f"artifact file {file} is corrupt (its size or hash differs from the manifest)")

@@ -1,0 +1,101 @@
+"""The graph contracts of each kind: which graphs exist, their inputs and outputs, and dynamic axes.
+
+These are generic: every family of a kind exports graphs with exactly these names, so the runtime and
+the decoding loop can drive any family without knowing it. Symbolic axes name the dynamic dimensions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hotrod.registry import Dims, Kind
+
+INT64 = "int64"
+FLOAT32 = "float32"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    axes: tuple[str | int, ...]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.axes)}
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+
+def kv_names(prefix: str, layers: int) -> list[str]:
+    """[prefix.0.key, prefix.0.value, prefix.1.key, ...], the flat order graphs take and return caches in."""
+    return [f"{prefix}.{i}.{part}" for i in range(layers) for part in ("key", "value")]
+
+
+def _ids(name: str, axis: str = "sequence") -> TensorSpec:
+    return TensorSpec(name, INT64, ("batch", axis))
+
+
+def _kv(prefix: str, dims: Dims, layers: int, axis: str) -> tuple[TensorSpec, ...]:
+    shape = ("batch", dims.num_heads, axis, dims.head_dim)
+    return tuple(TensorSpec(n, FLOAT32, shape) for n in kv_names(prefix, layers))
+
+
+def encoder_io(dims: Dims) -> dict[str, GraphIO]:
+    inputs = [_ids("input_ids"), _ids("attention_mask")]
+    if dims.type_vocab_size:
+        inputs.append(_ids("token_type_ids"))
+    hidden = TensorSpec("last_hidden_state", FLOAT32, ("batch", "sequence", dims.hidden_size))
+    return {"encoder": GraphIO("encoder", tuple(inputs), (hidden,))}
+
+
+def decoder_io(dims: Dims) -> dict[str, GraphIO]:
+    layers = dims.num_layers
+    inputs = (
+        _ids("input_ids"),
+        _ids("attention_mask", "total_sequence"),
+        _ids("position_ids"),
+        *_kv("past_key_values", dims, layers, "past_sequence"),
+    )
+    logits = TensorSpec("logits", FLOAT32, ("batch", "sequence", dims.vocab_size))
+    outputs = (logits, *_kv("present", dims, layers, "total_sequence"))
+    return {"decoder": GraphIO("decoder", inputs, outputs)}
+
+
+def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
+    layers = dims.num_decoder_layers
+    hidden = TensorSpec("encoder_hidden_states", FLOAT32, ("batch", "encoder_sequence", dims.hidden_size))
+    enc_mask = _ids("encoder_attention_mask", "encoder_sequence")
+    logits = TensorSpec("logits", FLOAT32, ("batch", "sequence", dims.vocab_size))
+    cross = _kv("cross", dims, layers, "encoder_sequence")
+    encoder = GraphIO("encoder", (_ids("input_ids", "encoder_sequence"), _ids("attention_mask", "encoder_sequence")), (hidden,))
+    init = GraphIO(
+        "decoder_init",
+        (_ids("decoder_input_ids"), enc_mask, hidden),
+        (logits, *_kv("present", dims, layers, "sequence"), *cross),
+    )
+    step = GraphIO(
+        "decoder",
+        (_ids("decoder_input_ids"), enc_mask, *_kv("past_key_values", dims, layers, "past_sequence"), *cross),
+        (logits, *_kv("present", dims, layers, "total_sequence")),
+    )
+    return {"encoder": encoder, "decoder_init": init, "decoder": step}
+
+
+_CONTRACTS = {"encoder": encoder_io, "decoder": decoder_io, "seq2seq": seq2seq_io}
+
+
+def graph_contracts(kind: Kind, dims: Dims) -> dict[str, GraphIO]:
+    return _CONTRACTS[kind](dims)

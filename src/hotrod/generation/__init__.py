@@ -1,0 +1,1 @@
+"""The decoding loop shared by every backend and kind."""

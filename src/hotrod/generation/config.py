@@ -1,0 +1,150 @@
+"""Resolving generation arguments the way transformers' `generate` does, and refusing bad ones.
+
+Precedence, as in transformers: the model's generation config, replaced by a `GenerationConfig` the
+caller passes, overridden by keyword arguments. Unset values take transformers' defaults
+(max_length 20, top_k 50, ...). `max_new_tokens` wins over `max_length`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hotrod.errors import HotrodError
+
+MAX_NEW_TOKENS_CAP = 1 << 16  # beyond this a request is a mistake, not a workload
+
+DEFAULTS: dict[str, Any] = {
+    "max_length": 20,
+    "max_new_tokens": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "num_beams": 1,
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "repetition_penalty": 1.0,
+    "eos_token_id": None,
+    "pad_token_id": None,
+    "bos_token_id": None,
+    "decoder_start_token_id": None,
+    "num_return_sequences": 1,
+    "length_penalty": 1.0,
+    "early_stopping": False,
+}
+# Accepted for compatibility with transformers' callers; hotrod always decodes with a cache and
+# returns a plain tensor.
+IGNORED = {"use_cache": True, "return_dict_in_generate": False, "output_scores": False, "output_logits": False}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Fully resolved and checked generation parameters for one call."""
+
+    max_length: int  # length of each returned row: prompt + new (decoder-only) or start + new (seq2seq)
+    prompt_length: int  # tokens each row starts with (the prompt, or the decoder start token)
+    min_length: int  # no EOS before a row is this long
+    num_beams: int
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    num_return_sequences: int
+    length_penalty: float
+    early_stopping: bool | str
+    decoder_start_token_id: int | None
+
+
+def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Model config < caller's GenerationConfig < keyword arguments; None means unset."""
+    values = dict(DEFAULTS)
+    for config in (model_config, user_config):
+        if config is not None:
+            values.update({k: v for k, v in config.to_dict().items() if k in DEFAULTS and v is not None})
+    for key, value in kwargs.items():
+        if key in IGNORED:
+            if value != IGNORED[key]:
+                raise HotrodError(f"generate() does not support {key}={value!r}")
+            continue
+        if key not in DEFAULTS:
+            raise HotrodError(f"generate() got an unknown argument {key!r}")
+        if value is not None:
+            values[key] = value
+    return values
+
+
+def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | None) -> Settings:
+    """Turn merged values into Settings, with every check a caller can trip over."""
+    max_new = values["max_new_tokens"]
+    if max_new is not None:
+        _check_int("max_new_tokens", max_new, 1)
+        if max_new > MAX_NEW_TOKENS_CAP:
+            raise HotrodError(f"max_new_tokens {max_new} is beyond the limit of {MAX_NEW_TOKENS_CAP}")
+        max_length = prompt_length + max_new
+    else:
+        max_length = _check_int("max_length", values["max_length"], 1)
+        if max_length <= prompt_length:
+            raise HotrodError(
+                f"max_length {max_length} leaves no room after the {prompt_length}-token prompt; set max_new_tokens"
+            )
+        if max_length - prompt_length > MAX_NEW_TOKENS_CAP:
+            raise HotrodError(f"max_length {max_length} is beyond the limit of {MAX_NEW_TOKENS_CAP} new tokens")
+    if max_positions is not None and max_length > max_positions:
+        raise HotrodError(
+            f"prompt ({prompt_length} tokens) plus new tokens ({max_length - prompt_length}) exceeds the model's "
+            f"{max_positions} positions"
+        )
+    eos = values["eos_token_id"]
+    eos_ids = tuple([eos] if isinstance(eos, int) else (eos or []))
+    pad = values["pad_token_id"]
+    if pad is None and eos_ids:
+        pad = eos_ids[0]
+    min_new = values["min_new_tokens"] or 0
+    _check_int("min_new_tokens", min_new, 0)
+    settings = Settings(
+        max_length=max_length,
+        prompt_length=prompt_length,
+        min_length=max(_check_int("min_length", values["min_length"], 0), prompt_length + min_new),
+        num_beams=_check_int("num_beams", values["num_beams"], 1),
+        do_sample=bool(values["do_sample"]),
+        temperature=float(values["temperature"]),
+        top_k=_check_int("top_k", values["top_k"], 0),
+        top_p=float(values["top_p"]),
+        repetition_penalty=float(values["repetition_penalty"]),
+        eos_token_ids=eos_ids,
+        pad_token_id=pad,
+        num_return_sequences=_check_int("num_return_sequences", values["num_return_sequences"], 1),
+        length_penalty=float(values["length_penalty"]),
+        early_stopping=values["early_stopping"],
+        decoder_start_token_id=values["decoder_start_token_id"],
+    )
+    _check_ranges(settings)
+    return settings
+
+
+def _check_ranges(s: Settings) -> None:
+    if s.do_sample and not s.temperature > 0:
+        raise HotrodError(f"temperature must be > 0 when sampling, got {s.temperature}")
+    if not 0 < s.top_p <= 1:
+        raise HotrodError(f"top_p must be in (0, 1], got {s.top_p}")
+    if not s.repetition_penalty > 0:
+        raise HotrodError(f"repetition_penalty must be > 0, got {s.repetition_penalty}")
+    if s.early_stopping not in (True, False, "never"):
+        raise HotrodError(f"early_stopping must be true, false or 'never', got {s.early_stopping!r}")
+    if not s.do_sample and s.num_return_sequences > s.num_beams:
+        raise HotrodError(
+            f"num_return_sequences ({s.num_return_sequences}) must not exceed num_beams ({s.num_beams}) "
+            "without sampling"
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HotrodError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise HotrodError(f"{name} must be >= {minimum}, got {value}")
+    return value

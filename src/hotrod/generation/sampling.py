@@ -1,0 +1,63 @@
+"""Score processing, as small pure functions with transformers' semantics and order.
+
+Order (as transformers): repetition penalty, minimum length; then, when sampling, temperature,
+top-k, top-p. Each takes scores [rows, vocab] and returns new scores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hotrod.generation.config import Settings
+
+
+def repetition_penalty(scores: torch.Tensor, sequences: torch.Tensor, penalty: float, skip: torch.Tensor | None):
+    """Penalise every token already in a row (CTRL-style); `skip[r]` leading positions (padding) don't count."""
+    ids = sequences
+    if skip is not None:
+        positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
+        ids = ids.masked_fill(positions < skip[:, None], scores.shape[-1])
+    seen = torch.zeros(scores.shape[0], scores.shape[1] + 1, dtype=torch.bool, device=scores.device)
+    seen.scatter_(1, ids, True)
+    penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+    return torch.where(seen[:, :-1], penalised, scores)
+
+
+def suppress(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
+    scores = scores.clone()
+    scores[:, list(token_ids)] = -float("inf")
+    return scores
+
+
+def top_k(scores: torch.Tensor, k: int, min_keep: int = 1) -> torch.Tensor:
+    k = min(max(k, min_keep), scores.shape[-1])
+    threshold = torch.topk(scores, k)[0][..., -1, None]
+    return scores.masked_fill(scores < threshold, -float("inf"))
+
+
+def top_p(scores: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability mass reaches `p`."""
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= (1 - p)
+    drop_sorted[..., -min_keep:] = False
+    drop = drop_sorted.scatter(1, order, drop_sorted)
+    return scores.masked_fill(drop, -float("inf"))
+
+
+def process(
+    scores: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch.Tensor | None, min_keep: int = 1
+) -> torch.Tensor:
+    """Apply every processor the settings ask for, in transformers' order."""
+    if s.repetition_penalty != 1.0:
+        scores = repetition_penalty(scores, sequences, s.repetition_penalty, skip)
+    if s.eos_token_ids and sequences.shape[1] < s.min_length:
+        scores = suppress(scores, s.eos_token_ids)
+    if s.do_sample:
+        if s.temperature != 1.0:
+            scores = scores / s.temperature
+        if s.top_k:
+            scores = top_k(scores, s.top_k, min_keep)
+        if s.top_p < 1.0:
+            scores = top_p(scores, s.top_p, min_keep)
+    return scores

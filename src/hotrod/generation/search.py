@@ -1,0 +1,140 @@
+"""The one decoding loop: greedy and sampling, and beam search, for every backend and kind.
+
+Beam search follows transformers' vectorised algorithm step for step (top 2K candidates, finished
+hypotheses merged by length-normalised score, the same early-stopping heuristics), so that its
+output is token-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hotrod.generation.cache import DecodingState
+from hotrod.generation.config import Settings
+from hotrod.generation.sampling import process
+
+NEG = -1.0e9
+
+
+def generate(state: DecodingState, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: Settings) -> torch.Tensor:
+    if s.num_beams > 1:
+        return beam_search(state, input_ids, attention_mask, s)
+    return sample_or_greedy(state, input_ids, attention_mask, s)
+
+
+def _skip(state: DecodingState, attention_mask: torch.Tensor, expand: int) -> torch.Tensor | None:
+    """Leading padding per row, which the repetition penalty ignores when rows start with the prompt."""
+    if not state.sequences_include_prompt:
+        return None
+    return (attention_mask != 0).int().argmax(dim=1).repeat_interleave(expand)
+
+
+def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
+    expand = s.num_return_sequences if s.do_sample else 1
+    sequences, logits = state.start(input_ids, attention_mask, expand)
+    skip = _skip(state, attention_mask, expand)
+    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
+    eos = torch.tensor(s.eos_token_ids or [-1])
+    while True:
+        scores = process(logits, sequences, s, skip)
+        if s.do_sample:
+            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        else:
+            tokens = torch.argmax(scores, dim=-1)
+        if s.eos_token_ids:
+            tokens = torch.where(unfinished, tokens, torch.full_like(tokens, s.pad_token_id))
+        sequences = torch.cat([sequences, tokens[:, None]], dim=1)
+        unfinished &= ~torch.isin(tokens, eos)
+        if not unfinished.any() or sequences.shape[1] >= s.max_length:
+            return sequences
+        logits = state.step(tokens)
+
+
+def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
+    beams, batch = s.num_beams, input_ids.shape[0]
+    flat, logits = state.start(input_ids, attention_mask, beams)
+    prompt_len = flat.shape[1]
+    skip = _skip(state, attention_mask, beams)
+    min_keep = max(2, len(s.eos_token_ids) + 1)  # sampled beams must keep a non-EOS continuation
+    keep = max(2, 1 + len(s.eos_token_ids)) * beams
+    top_beams = torch.arange(keep) < beams
+    fill = (s.pad_token_id or s.eos_token_ids[0]) if s.eos_token_ids else -1
+    eos = torch.tensor(s.eos_token_ids or [-1])
+
+    running = torch.full((batch, beams, s.max_length), fill, dtype=torch.long)
+    running[:, :, :prompt_len] = flat.view(batch, beams, prompt_len)
+    finished = running.clone()
+    running_scores = torch.zeros(batch, beams)
+    running_scores[:, 1:] = NEG
+    finished_scores = torch.full((batch, beams), NEG)
+    is_finished = torch.zeros(batch, beams, dtype=torch.bool)
+    improvable = torch.ones(batch, 1, dtype=torch.bool)
+    cur = prompt_len
+    generated = torch.zeros(batch, beams, dtype=torch.long)  # tokens generated per finished hypothesis
+    running_generated = torch.zeros(batch, beams, dtype=torch.long)
+
+    while True:
+        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = process(log_probs, running[:, :, :cur].reshape(batch * beams, cur), s, skip, min_keep)
+        vocab = log_probs.shape[-1]
+        log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
+
+        if s.do_sample:
+            top_idx = torch.multinomial(torch.softmax(log_probs, dim=-1), num_samples=keep)
+            top_scores = torch.gather(log_probs, 1, top_idx)
+        else:
+            top_scores, top_idx = torch.topk(log_probs, k=keep)
+        source_beam = top_idx // vocab
+        candidates = _gather(running, source_beam)
+        candidates[:, :, cur] = top_idx % vocab
+        candidate_generated = _gather(running_generated, source_beam) + 1
+        hits_stop = torch.isin(candidates[:, :, cur], eos) | (cur + 1 >= s.max_length)
+
+        # Continue with the best `beams` candidates that did not just finish.
+        alive_scores = top_scores + hits_stop.float() * NEG
+        next_idx = torch.topk(alive_scores, k=beams)[1]
+        running = _gather(candidates, next_idx)
+        running_scores = _gather(alive_scores, next_idx)
+        running_generated = _gather(candidate_generated, next_idx)
+        parent = _gather(source_beam, next_idx)
+
+        # Merge the candidates that finished into the kept hypotheses, by length-normalised score.
+        just_finished = hits_stop & top_beams[None, :]
+        final_scores = top_scores / ((cur + 1 - prompt_len) ** s.length_penalty)
+        full = is_finished.all(dim=-1, keepdim=True) & (s.early_stopping is True)
+        final_scores = final_scores + full.float() * NEG + (~improvable).float() * NEG + (~just_finished).float() * NEG
+        merged_idx = torch.topk(torch.cat([finished_scores, final_scores], dim=1), k=beams)[1]
+        finished = _gather(torch.cat([finished, candidates], dim=1), merged_idx)
+        finished_scores = _gather(torch.cat([finished_scores, final_scores], dim=1), merged_idx)
+        generated = _gather(torch.cat([generated, candidate_generated], dim=1), merged_idx)
+        is_finished = _gather(torch.cat([is_finished, just_finished], dim=1), merged_idx)
+
+        cur += 1
+        improvable = _still_improvable(improvable, running_scores, finished_scores, is_finished, cur, prompt_len, s)
+        done_early = is_finished.all() & (s.early_stopping is True)
+        if not improvable.any() or done_early or hits_stop.all():
+            break
+        state.reorder((parent + torch.arange(batch)[:, None] * beams).view(-1))
+        logits = state.step(running[:, :, cur - 1].reshape(-1))
+
+    n = s.num_return_sequences
+    out = finished[:, :n].reshape(batch * n, s.max_length)
+    length = prompt_len + int(generated[:, :n].max())
+    return out[:, :length]
+
+
+def _still_improvable(improvable, running_scores, finished_scores, is_finished, cur, prompt_len, s: Settings):
+    """Can a running beam still beat the worst kept hypothesis? (transformers' heuristic)"""
+    if s.early_stopping == "never" and s.length_penalty > 0.0:
+        best_length = s.max_length - prompt_len
+    else:
+        best_length = cur - prompt_len
+    best_running = running_scores[:, :1] / (best_length**s.length_penalty)
+    worst_kept = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0], torch.tensor(NEG))
+    return improvable & (best_running > worst_kept).any(dim=-1, keepdim=True)
+
+
+def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    while index.dim() < tensor.dim():
+        index = index.unsqueeze(-1)
+    return torch.take_along_dim(tensor, index, dim=1)

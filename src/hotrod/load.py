@@ -1,0 +1,182 @@
+"""Reading a source: a local Hugging Face checkpoint directory or a hub id.
+
+Weights come from safetensors (single or sharded) or, for old checkpoints, from pytorch_model.bin
+through `torch.load(weights_only=True)`, which refuses pickled code. No `trust_remote_code`: the
+family is chosen by `model_type` from hotrod's own registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hotrod.errors import HotrodError
+from hotrod.registry import Family, get_family
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLED = "pytorch_model.bin"
+PICKLED_INDEX = "pytorch_model.bin.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "merges.txt"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checkpoint on local disk, with the string the user gave to find it."""
+
+    origin: str
+    path: Path
+    from_hub: bool
+    config: object
+    family: Family
+
+
+def open_source(source: str | Path) -> Source:
+    """Find the checkpoint (downloading a hub id), read its config and pick its family."""
+    origin = str(source)
+    path = Path(origin).expanduser()
+    from_hub = False
+    if not path.exists():
+        if _looks_like_path(origin) or not _HUB_ID.match(origin):
+            raise HotrodError(f"no such model directory: {origin}")
+        path, from_hub = _download(origin), True
+    if not path.is_dir():
+        raise HotrodError(f"not a model directory: {origin}")
+    config = read_config(path)
+    return Source(origin=origin, path=path, from_hub=from_hub, config=config, family=get_family(config.model_type))
+
+
+def read_config(path: Path):
+    """Check `model_type` against the registry before transformers sees it, then parse the config."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise HotrodError(f"{path} has no config.json; is it a Hugging Face checkpoint?")
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise HotrodError(f"cannot read {config_file}: {exc}") from None
+    get_family(raw.get("model_type"))
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as exc:
+        raise HotrodError(f"cannot parse {config_file}: {_first_line(exc)}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The checkpoint's weight files, preferring safetensors; raises if there are none."""
+    for index_name, single in ((SAFETENSORS_INDEX, SAFETENSORS), (PICKLED_INDEX, PICKLED)):
+        index = path / index_name
+        if index.is_file():
+            try:
+                names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError) as exc:
+                raise HotrodError(f"cannot read {index}: {exc}") from None
+            missing = [n for n in names if not (path / n).is_file()]
+            if missing:
+                raise HotrodError(f"{path} is missing weight shard(s): {', '.join(missing)}")
+            return [path / n for n in names]
+        if (path / single).is_file():
+            return [path / single]
+    raise HotrodError(f"{path} has no weights (expected {SAFETENSORS}, sharded safetensors or {PICKLED})")
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(path):
+        state.update(_read_weights(file))
+    return state
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(file))
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (any parse failure means a corrupt or unsafe file)
+        raise HotrodError(f"cannot read weights {file}: {_first_line(exc)}") from None
+
+
+def weights_sha256(path: Path) -> str:
+    """One hash over every weight file, so an artifact names exactly the weights it came from."""
+    digest = hashlib.sha256()
+    for file in weight_files(path):
+        digest.update(file.name.encode())
+        digest.update(file_sha256(file).encode())
+    return digest.hexdigest()
+
+
+def file_sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def has_tokenizer(path: Path) -> bool:
+    return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: Path):
+    """The checkpoint's tokenizer as transformers builds it, or None when it ships without one."""
+    if not has_tokenizer(path):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as exc:
+        raise HotrodError(f"cannot load the tokenizer in {path}: {_first_line(exc)}") from None
+
+
+def load_generation_config(path: Path, config):
+    """generation_config.json if present, else the defaults transformers derives from the model config."""
+    from transformers import GenerationConfig
+
+    if (path / "generation_config.json").is_file():
+        try:
+            return GenerationConfig.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise HotrodError(f"cannot read {path / 'generation_config.json'}: {_first_line(exc)}") from None
+    return GenerationConfig.from_model_config(config)
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+
+
+def _download(repo_id: str) -> Path:
+    """Fetch config, tokenizer and weights (safetensors when the repo has them) from the hub."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:  # already in the local hub cache: no network needed
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS + ["pytorch_model*.bin"], local_files_only=True))
+    except Exception:  # noqa: BLE001  (not cached: go online below)
+        pass
+    try:
+        files = HfApi().list_repo_files(repo_id)
+        patterns = list(_HUB_PATTERNS)
+        if not any(f.endswith(".safetensors") for f in files):
+            patterns.append("pytorch_model*.bin")
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as exc:  # noqa: BLE001  (offline, unknown repo, gated repo, rate limit...)
+        raise HotrodError(
+            f"cannot download {repo_id!r} from the Hugging Face hub ({_first_line(exc)}); "
+            "give a local checkpoint directory or connect to the hub"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

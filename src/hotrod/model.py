@@ -1,0 +1,207 @@
+"""HotrodModel: the drop-in object users call like a transformers model.
+
+`generate` and `__call__` take transformers' argument names and return what transformers returns
+(a LongTensor laid out the same way; an output with `.logits` or `.last_hidden_state`). Everything
+kind-specific is in the decoding states; nothing here knows a family or a backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from hotrod.errors import HotrodError
+from hotrod.generation import config as gen_config
+from hotrod.generation.cache import DecoderState, Seq2SeqState, empty_past
+from hotrod.generation.search import generate as run_search
+from hotrod.registry import Family
+
+
+@dataclass
+class ModelOutput:
+    """What transformers' forward returns, for the fields hotrod computes."""
+
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    encoder_last_hidden_state: torch.Tensor | None = None
+
+    def __getitem__(self, key: str) -> torch.Tensor | None:
+        return getattr(self, key)
+
+
+class HotrodModel:
+    def __init__(self, family: Family, config, backend, generation_config, tokenizer=None, manifest: dict | None = None):
+        self.family = family
+        self.config = config
+        self.backend = backend
+        self.generation_config = generation_config
+        self.tokenizer = tokenizer
+        self.manifest = manifest
+        self.dims = family.dims(config)
+        self.kind = family.kind
+
+    @property
+    def device(self) -> str:
+        return self.backend.device
+
+    # -- generation -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs: Any) -> torch.LongTensor:
+        """Greedy, beam or sampled generation with transformers' arguments and output layout."""
+        if self.kind == "encoder":
+            raise HotrodError(f"{self.config.model_type} is an encoder; it has no generate(), use embed() or call it")
+        if input_ids is None:  # transformers' first argument is also called `inputs`
+            input_ids = kwargs.pop("inputs", None)
+        input_ids = self._ids(input_ids)
+        values = gen_config.merge(self.generation_config, generation_config, kwargs)
+        attention_mask = self._mask(input_ids, attention_mask, values)
+        if self.kind == "decoder":
+            settings = gen_config.resolve(values, input_ids.shape[1], self.dims.max_positions)
+            state = DecoderState(self.backend, self.dims)
+        else:
+            settings = gen_config.resolve(values, 1, None)
+            start = settings.decoder_start_token_id
+            if start is None:
+                start = getattr(self.config, "decoder_start_token_id", None)
+            if start is None:
+                raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
+            state = Seq2SeqState(self.backend, self.dims, start)
+        return run_search(state, input_ids, attention_mask, settings)
+
+    # -- forward --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None) -> ModelOutput:
+        """One forward pass: `.logits` for language models, `.last_hidden_state` for encoders."""
+        input_ids = self._ids(input_ids)
+        mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
+        if self.kind == "encoder":
+            types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
+            out = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types})
+            return ModelOutput(last_hidden_state=self.backend.to_torch(out["last_hidden_state"]))
+        if self.kind == "decoder":
+            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+            feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
+            feeds.update(empty_past(self.dims, self.dims.num_layers, input_ids.shape[0]))
+            return ModelOutput(logits=self.backend.to_torch(self.backend.run("decoder", feeds)["logits"]))
+        if decoder_input_ids is None:
+            raise HotrodError("an encoder-decoder forward needs decoder_input_ids")
+        decoder_ids = self._ids(decoder_input_ids, check_length=False)
+        hidden = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": mask})["encoder_hidden_states"]
+        out = self.backend.run(
+            "decoder_init",
+            {"decoder_input_ids": decoder_ids, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
+        )
+        return ModelOutput(
+            logits=self.backend.to_torch(out["logits"]), encoder_last_hidden_state=self.backend.to_torch(hidden)
+        )
+
+    forward = __call__
+
+    # -- embeddings -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def embed(self, texts_or_ids, pooling: str = "mean", normalize: bool = False, batch_size: int = 32) -> torch.Tensor:
+        """Sentence embeddings [n, hidden] from the encoder's last hidden state.
+
+        Inputs are sorted by length and run in sub-batches padded only to their own longest member, so
+        mixed lengths do not pay for each other's padding; rows come back in the caller's order.
+        """
+        if pooling not in ("mean", "cls"):
+            raise HotrodError(f"unknown pooling {pooling!r}; choose from mean, cls")
+        if self.kind == "decoder":
+            raise HotrodError(f"{self.config.model_type} is a decoder-only model; embed() needs an encoder")
+        if batch_size < 1:
+            raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
+        rows = self._rows(texts_or_ids)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        result = torch.empty(len(rows), self.dims.hidden_size)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            result[chunk] = self._embed_batch([rows[i] for i in chunk], pooling)
+        return torch.nn.functional.normalize(result, dim=-1) if normalize else result
+
+    def _embed_batch(self, rows: list[list[int]], pooling: str) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        pad = self._pad_id()
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        out = self.backend.run("encoder", feeds)
+        hidden = self.backend.to_torch(next(iter(out.values()))).float()
+        if pooling == "cls":
+            return hidden[:, 0]
+        weights = mask[:, :, None].to(hidden.dtype)
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+    def _rows(self, texts_or_ids) -> list[list[int]]:
+        if isinstance(texts_or_ids, str):
+            texts_or_ids = [texts_or_ids]
+        if isinstance(texts_or_ids, torch.Tensor):
+            texts_or_ids = texts_or_ids.tolist() if texts_or_ids.dim() == 2 else [texts_or_ids.tolist()]
+        items = list(texts_or_ids)
+        if not items:
+            raise HotrodError("nothing to embed")
+        if all(isinstance(t, str) for t in items):
+            if self.tokenizer is None:
+                raise HotrodError("this model has no tokenizer; pass token ids instead of text")
+            if any(not t.strip() for t in items):
+                raise HotrodError("empty text")
+            limit = self.dims.max_positions or None
+            items = self.tokenizer(items, truncation=limit is not None, max_length=limit)["input_ids"]
+        rows = [list(map(int, r)) for r in items]
+        for row in rows:
+            self._check_row(row)
+        return rows
+
+    # -- input checks ---------------------------------------------------------------------------
+
+    def _ids(self, input_ids, check_length: bool = True) -> torch.Tensor:
+        if input_ids is None:
+            raise HotrodError("input_ids is required")
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids[None, :]
+        if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise HotrodError(f"input_ids must be a 2-D tensor of token ids, got shape {tuple(ids.shape)} {ids.dtype}")
+        if ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise HotrodError("empty prompt")
+        ids = ids.long().cpu()
+        if int(ids.min()) < 0 or int(ids.max()) >= self.dims.vocab_size:
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise HotrodError(f"token id {bad} is outside the vocabulary (0..{self.dims.vocab_size - 1})")
+        if check_length and self.dims.max_positions is not None and ids.shape[1] > self.dims.max_positions:
+            raise HotrodError(
+                f"prompt of {ids.shape[1]} tokens is longer than the model's {self.dims.max_positions} positions"
+            )
+        return ids
+
+    def _check_row(self, row: Sequence[int]) -> None:
+        self._ids(torch.tensor([row], dtype=torch.long) if row else torch.zeros(1, 0, dtype=torch.long))
+
+    @staticmethod
+    def _as_long(tensor, shape) -> torch.Tensor:
+        tensor = torch.as_tensor(tensor).long().cpu()
+        if tensor.dim() == 1:
+            tensor = tensor[None, :]
+        if tuple(tensor.shape) != tuple(shape):
+            raise HotrodError(f"mask shape {tuple(tensor.shape)} does not match input_ids {tuple(shape)}")
+        return tensor
+
+    def _mask(self, input_ids: torch.Tensor, attention_mask, values: dict) -> torch.Tensor:
+        """The caller's mask, or transformers' inference: padding where the pad token differs from EOS."""
+        if attention_mask is not None:
+            return self._as_long(attention_mask, input_ids.shape)
+        pad, eos = values.get("pad_token_id"), values.get("eos_token_id")
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if pad is not None and pad not in eos_ids and bool((input_ids == pad).any()):
+            return (input_ids != pad).long()
+        return torch.ones_like(input_ids)
+
+    def _pad_id(self) -> int:
+        pad = getattr(self.config, "pad_token_id", None)
+        return int(pad) if pad is not None else 0
+

@@ -1,0 +1,133 @@
+"""BERT-style encoders (bert; sentence-transformers checkpoints such as all-MiniLM-L6-v2).
+
+Weight names follow Hugging Face's BertModel; checkpoints of head models (`bert.` prefix) load too.
+The encoder-kind graph is (input_ids, attention_mask, token_type_ids) -> last_hidden_state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from hotrod.models.common import attend, load_weights, merge_heads, padding_mask, split_heads, strip_prefix
+from hotrod.registry import Dims, Family, register
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
+
+    def forward(self, input_ids, token_type_ids):
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(self.position_ids(input_ids))
+        return self.LayerNorm(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.scale = (hidden // self.num_heads) ** -0.5
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+
+    def forward(self, x, allowed):
+        q, k, v = (split_heads(proj(x), self.num_heads) for proj in (self.query, self.key, self.value))
+        return merge_heads(attend(q, k, v, allowed, self.scale))
+
+
+class DenseNorm(nn.Module):
+    """Projection, residual add and LayerNorm: BERT's `*.output` modules."""
+
+    def __init__(self, n_in: int, config):
+        super().__init__()
+        self.dense = nn.Linear(n_in, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x, residual):
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self = SelfAttention(config)
+        self.output = DenseNorm(config.hidden_size, config)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = Attention(config)
+        self.intermediate = Intermediate(config)
+        self.output = DenseNorm(config.intermediate_size, config)
+
+    def forward(self, x, allowed):
+        x = self.attention.output(self.attention.self(x, allowed), x)
+        return self.output(self.intermediate(x), x)
+
+
+class Layers(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertEncoder(nn.Module):
+    """The encoder-kind graph: (input_ids, attention_mask, token_type_ids) -> last_hidden_state."""
+
+    embeddings_class = BertEmbeddings
+    checkpoint_prefixes = ("bert.",)
+
+    def __init__(self, config):
+        super().__init__()
+        self.embeddings = self.embeddings_class(config)
+        self.encoder = Layers(config)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        x = self.embeddings(input_ids, token_type_ids)
+        allowed = padding_mask(attention_mask)
+        for layer in self.encoder.layer:
+            x = layer(x, allowed)
+        return x
+
+    def graphs(self) -> dict[str, nn.Module]:
+        return {"encoder": self}
+
+    def load_hf(self, state_dict: dict[str, torch.Tensor]) -> None:
+        load_weights(self, strip_prefix(state_dict, self.checkpoint_prefixes))
+
+
+def bert_dims(config) -> Dims:
+    return Dims(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        max_positions=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+    )
+
+
+FAMILY = register(Family(name="bert", model_types=("bert",), kind="encoder", dims=bert_dims, build=BertEncoder))

@@ -1,0 +1,36 @@
+"""RoBERTa: BERT's layers with positions counted from `pad_token_id + 1`, skipping padding tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from hotrod.models.bert import BertEmbeddings, BertEncoder, bert_dims
+from hotrod.registry import Dims, Family, register
+
+
+class RobertaEmbeddings(BertEmbeddings):
+    def __init__(self, config):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        real = input_ids.ne(self.padding_idx).to(torch.long)
+        return torch.cumsum(real, dim=1) * real + self.padding_idx
+
+
+class RobertaEncoder(BertEncoder):
+    embeddings_class = RobertaEmbeddings
+    checkpoint_prefixes = ("roberta.",)
+
+
+def roberta_dims(config) -> Dims:
+    # Positions start after the padding index, so two fewer tokens fit than the table has rows.
+    dims = bert_dims(config)
+    return dataclasses.replace(dims, max_positions=config.max_position_embeddings - config.pad_token_id - 1)
+
+
+FAMILY = register(
+    Family(name="roberta", model_types=("roberta",), kind="encoder", dims=roberta_dims, build=RobertaEncoder)
+)

@@ -1,0 +1,270 @@
+"""T5 (original t5, and t5 v1.1 / flan-t5 / mT5: gated-gelu feed-forward, untied LM head, unequal depths).
+
+Weight names follow Hugging Face's T5ForConditionalGeneration. Three graphs, as the seq2seq kind asks:
+the encoder; the first decoder step, which also returns each layer's cross-attention K/V (computed
+once from the encoder output); and the decoder step with past, which reuses them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from hotrod.models.common import attend, causal_mask, load_weights, merge_heads, padding_mask, split_heads
+from hotrod.registry import Dims, Family, register
+
+
+class T5LayerNorm(nn.Module):
+    """RMS norm without mean or bias, accumulated in fp32 as T5 expects."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
+
+
+def relative_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
+    """Mesh TensorFlow's bucketing of (key - query) distances, identical to Hugging Face's."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).to(torch.long) * num_buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    large = max_exact + (
+        torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative, large)
+
+
+class T5Attention(nn.Module):
+    def __init__(self, config, has_bias: bool, bidirectional: bool):
+        super().__init__()
+        inner = config.num_heads * config.d_kv
+        self.num_heads = config.num_heads
+        self.q = nn.Linear(config.d_model, inner, bias=False)
+        self.k = nn.Linear(config.d_model, inner, bias=False)
+        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, config.d_model, bias=False)
+        self.bidirectional = bidirectional
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        if has_bias:
+            self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_heads)
+
+    def position_bias(self, query_len, key_len, device) -> torch.Tensor:
+        """[1, H, Sq, Sk]; queries are the last Sq of the Sk positions (past tokens come first)."""
+        q_pos = torch.arange(query_len, device=device)[:, None] + (key_len - query_len)
+        k_pos = torch.arange(key_len, device=device)[None, :]
+        bucket = relative_bucket(k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
+
+    def project_kv(self, states):
+        return split_heads(self.k(states), self.num_heads), split_heads(self.v(states), self.num_heads)
+
+    def forward(self, x, k, v, allowed, bias):
+        q = split_heads(self.q(x), self.num_heads)
+        return self.o(merge_heads(attend(q, k, v, allowed, 1.0, bias)))
+
+
+class T5LayerFF(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        gated = config.is_gated_act
+        self.DenseReluDense = (GatedFF if gated else DenseFF)(config)
+        self.layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
+
+    def forward(self, x):
+        return x + self.DenseReluDense(self.layer_norm(x))
+
+
+class DenseFF(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wi = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.wo = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.act = ACT2FN[config.dense_act_fn]
+
+    def forward(self, x):
+        return self.wo(self.act(self.wi(x)))
+
+
+class GatedFF(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wi_0 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.wi_1 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.wo = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.act = ACT2FN[config.dense_act_fn]
+
+    def forward(self, x):
+        return self.wo(self.act(self.wi_0(x)) * self.wi_1(x))
+
+
+class SelfAttentionLayer(nn.Module):
+    def __init__(self, config, has_bias: bool, bidirectional: bool):
+        super().__init__()
+        self.SelfAttention = T5Attention(config, has_bias, bidirectional)
+        self.layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class CrossAttentionLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.EncDecAttention = T5Attention(config, False, False)
+        self.layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class T5Block(nn.Module):
+    """`layer` holds [self-attention, (cross-attention,) feed-forward], as in the checkpoint."""
+
+    def __init__(self, config, has_bias: bool, is_decoder: bool):
+        super().__init__()
+        layers = [SelfAttentionLayer(config, has_bias, bidirectional=not is_decoder)]
+        if is_decoder:
+            layers.append(CrossAttentionLayer(config))
+        layers.append(T5LayerFF(config))
+        self.layer = nn.ModuleList(layers)
+
+    def self_attention(self, x, past_k, past_v, allowed, bias):
+        layer = self.layer[0]
+        h = layer.layer_norm(x)
+        k, v = layer.SelfAttention.project_kv(h)
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        return x + layer.SelfAttention(h, k, v, allowed, bias), k, v
+
+    def cross_attention(self, x, cross_k, cross_v, allowed):
+        layer = self.layer[1]
+        return x + layer.EncDecAttention(layer.layer_norm(x), cross_k, cross_v, allowed, None)
+
+
+class T5Stack(nn.Module):
+    def __init__(self, config, num_layers: int, is_decoder: bool):
+        super().__init__()
+        self.block = nn.ModuleList(T5Block(config, i == 0, is_decoder) for i in range(num_layers))
+        self.final_layer_norm = T5LayerNorm(config.d_model, config.layer_norm_epsilon)
+
+    def bias(self, query_len, key_len, device):
+        return self.block[0].layer[0].SelfAttention.position_bias(query_len, key_len, device)
+
+
+class T5Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = T5Stack(config, config.num_layers, is_decoder=False)
+        self.decoder = T5Stack(config, config.num_decoder_layers, is_decoder=True)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # Original T5 ties the head to the embedding and rescales the decoder output; v1.1 does neither.
+        self.output_scale = config.d_model**-0.5 if _scales_decoder_output(config) else 1.0
+
+    def encode(self, input_ids, attention_mask):
+        x = self.shared(input_ids)
+        seq = input_ids.shape[1]
+        bias = self.encoder.bias(seq, seq, x.device)
+        allowed = padding_mask(attention_mask)
+        for block in self.encoder.block:
+            x, _, _ = block.self_attention(x, None, None, allowed, bias)
+            x = block.layer[-1](x)
+        return self.encoder.final_layer_norm(x)
+
+    def decode(self, input_ids, encoder_mask, self_past, cross):
+        """One decoder pass; `self_past` is a list of (k, v) or None, `cross` a list of (k, v)."""
+        x = self.shared(input_ids)
+        query_len = input_ids.shape[1]
+        key_len = query_len + (self_past[0][0].shape[2] if self_past is not None else 0)
+        bias = self.decoder.bias(query_len, key_len, x.device)
+        allowed = causal_mask(query_len, key_len, x.device)
+        cross_allowed = padding_mask(encoder_mask)
+        present = []
+        for i, block in enumerate(self.decoder.block):
+            past_k, past_v = self_past[i] if self_past is not None else (None, None)
+            x, k, v = block.self_attention(x, past_k, past_v, allowed, bias)
+            x = block.cross_attention(x, cross[i][0], cross[i][1], cross_allowed)
+            x = block.layer[-1](x)
+            present += [k, v]
+        x = self.decoder.final_layer_norm(x) * self.output_scale
+        return self.lm_head(x), present
+
+    def cross_kv(self, encoder_hidden_states):
+        return [block.layer[1].EncDecAttention.project_kv(encoder_hidden_states) for block in self.decoder.block]
+
+    def graphs(self) -> dict[str, nn.Module]:
+        return {"encoder": T5EncoderGraph(self), "decoder_init": T5DecoderInit(self), "decoder": T5DecoderStep(self)}
+
+    def load_hf(self, state_dict: dict[str, torch.Tensor]) -> None:
+        state_dict = dict(state_dict)
+        state_dict.setdefault("lm_head.weight", state_dict.get("shared.weight"))
+        if state_dict["lm_head.weight"] is None:
+            state_dict.pop("lm_head.weight")
+        load_weights(self, state_dict)
+
+
+def _scales_decoder_output(config) -> bool:
+    scale = getattr(config, "scale_decoder_outputs", None)  # transformers >= 5 keeps the original flag here
+    return bool(config.tie_word_embeddings if scale is None else scale)
+
+
+class T5EncoderGraph(nn.Module):
+    """(input_ids, attention_mask) -> encoder_hidden_states"""
+
+    def __init__(self, model: T5Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model.encode(input_ids, attention_mask)
+
+
+class T5DecoderInit(nn.Module):
+    """(decoder_input_ids, encoder_attention_mask, encoder_hidden_states) -> (logits, *present, *cross)"""
+
+    def __init__(self, model: T5Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, decoder_input_ids, encoder_attention_mask, encoder_hidden_states):
+        cross = self.model.cross_kv(encoder_hidden_states)
+        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, None, cross)
+        return (logits, *present, *[t for kv in cross for t in kv])
+
+
+class T5DecoderStep(nn.Module):
+    """(decoder_input_ids, encoder_attention_mask, *past, *cross) -> (logits, *present)"""
+
+    def __init__(self, model: T5Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, decoder_input_ids, encoder_attention_mask, *caches):
+        layers = len(self.model.decoder.block)
+        pairs = [(caches[2 * i], caches[2 * i + 1]) for i in range(2 * layers)]
+        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, pairs[:layers], pairs[layers:])
+        return (logits, *present)
+
+
+def t5_dims(config) -> Dims:
+    return Dims(
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        head_dim=config.d_kv,
+        max_positions=None,
+        num_decoder_layers=config.num_decoder_layers,
+    )
+
+
+FAMILY = register(Family(name="t5", model_types=("t5", "mt5"), kind="seq2seq", dims=t5_dims, build=T5Model))

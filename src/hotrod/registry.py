@@ -1,0 +1,82 @@
+"""Families, keyed by Hugging Face `model_type`.
+
+A family is the only place that knows an architecture: how to build its lean module from a config,
+how to map checkpoint weights onto it, and its dimensions. Generic code asks the registry, never
+`if model_type == ...`. The three *kinds* (encoder, decoder, seq2seq) are generic contracts: which
+graphs exist and what their inputs and outputs are called (see `hotrod.export.io`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal
+
+from hotrod.errors import HotrodError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Kind = Literal["encoder", "decoder", "seq2seq"]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes generic code needs: graph IO shapes, cache sizes, input validation."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    max_positions: int | None  # None: relative positions, no hard limit
+    num_decoder_layers: int = 0  # seq2seq only
+    type_vocab_size: int = 0  # encoders with token type embeddings
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What hotrod knows about one architecture."""
+
+    name: str
+    model_types: tuple[str, ...]
+    kind: Kind
+    dims: Callable[[object], Dims]
+    build: Callable[[object], "nn.Module"]  # config -> lean module with `graphs()` and `load_hf()`
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    for model_type in family.model_types:
+        if model_type in _FAMILIES:
+            raise RuntimeError(f"model_type {model_type!r} registered twice")
+        _FAMILIES[model_type] = family
+    return family
+
+
+def supported_model_types() -> list[str]:
+    _ensure_loaded()
+    return sorted(_FAMILIES)
+
+
+def get_family(model_type: str | None) -> Family:
+    _ensure_loaded()
+    family = _FAMILIES.get(model_type or "")
+    if family is None:
+        raise HotrodError(
+            f"unsupported model_type {model_type!r}; supported: {', '.join(supported_model_types())}"
+        )
+    return family
+
+
+def all_families() -> list[Family]:
+    _ensure_loaded()
+    return list({f.name: f for f in _FAMILIES.values()}.values())
+
+
+def _ensure_loaded() -> None:
+    import hotrod.models  # noqa: F401  (registers the families)

@@ -1,0 +1,59 @@
+"""The one interface every backend satisfies.
+
+A backend runs the named graphs of a kind's contract (`hotrod.export.io`). Values it returns are
+opaque handles (an OrtValue, a torch tensor on some device) that can be fed straight back in, so the
+KV cache never leaves the backend between steps; `to_torch` is called only for what the decoding loop
+reads (logits, hidden states). Nothing outside `hotrod.runtime` imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+import torch
+
+from hotrod.export.io import GraphIO
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How to run a model: which backend, on which device, with how many CPU threads (0: all cores)."""
+
+    backend: str = "onnxruntime"
+    device: str = "cpu"
+    threads: int = 0
+
+
+class Backend(Protocol):
+    contracts: dict[str, GraphIO]
+    device: str
+
+    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run."""
+
+    def to_torch(self, value: Any) -> torch.Tensor:
+        """A handle's contents as a float or integer torch tensor."""
+
+    def select(self, value: Any, index: torch.Tensor) -> Any:
+        """Rows `index` of a handle along the batch axis (beam expansion and reordering)."""
+
+
+def cpu_threads(requested: int) -> int:
+    """`requested`, or every core this process may use when 0."""
+    if requested < 0:
+        from hotrod.errors import HotrodError
+
+        raise HotrodError(f"threads must be >= 0, got {requested}")
+    if requested:
+        return requested
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def missing_inputs(io: GraphIO, feeds: Mapping[str, Any]) -> list[str]:
+    return [name for name in io.input_names if name not in feeds]

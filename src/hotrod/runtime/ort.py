@@ -1,0 +1,84 @@
+"""ONNX Runtime backend with IO binding.
+
+Each run binds its outputs to ORT-allocated buffers and returns the OrtValues themselves; the next step
+binds those same OrtValues as its past inputs, so the KV cache is never copied through numpy. Only
+logits (and hidden states) are read back into torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from hotrod.errors import HotrodError
+from hotrod.export.io import GraphIO
+from hotrod.runtime.base import RuntimeOptions, cpu_threads, missing_inputs
+
+_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def providers_for(device: str) -> list[str]:
+    if device not in _PROVIDERS:
+        raise HotrodError(f"unknown device {device!r}; choose from {', '.join(_PROVIDERS)}")
+    wanted = _PROVIDERS[device]
+    if wanted[0] not in ort.get_available_providers():
+        raise HotrodError(
+            f"device {device!r} needs onnxruntime's {wanted[0]}, which this onnxruntime does not have "
+            f"(available: {', '.join(ort.get_available_providers())})"
+        )
+    return wanted
+
+
+class OrtBackend:
+    def __init__(self, files: dict[str, Path], contracts: dict[str, GraphIO], options: RuntimeOptions):
+        self.contracts = contracts
+        self.device = "cpu" if options.device == "cpu" else "cuda"
+        providers = providers_for(options.device)
+        session_options = ort.SessionOptions()
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session_options.intra_op_num_threads = cpu_threads(options.threads)
+        session_options.inter_op_num_threads = 1
+        session_options.log_severity_level = 3
+        self.sessions = {name: _open(path, session_options, providers) for name, path in files.items()}
+
+    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        io = self.contracts[graph]
+        missing = missing_inputs(io, feeds)
+        if missing:
+            raise KeyError(f"graph {graph} needs inputs {missing}")
+        binding = self.sessions[graph].io_binding()
+        for name in io.input_names:
+            binding.bind_ortvalue_input(name, self._handle(feeds[name]))
+        for name in io.output_names:
+            binding.bind_output(name, self.device)
+        self.sessions[graph].run_with_iobinding(binding)
+        return dict(zip(io.output_names, binding.get_outputs()))
+
+    def to_torch(self, value: Any) -> torch.Tensor:
+        return torch.from_numpy(value.numpy())
+
+    def select(self, value: Any, index: torch.Tensor) -> Any:
+        return self._handle(torch.from_numpy(value.numpy()[index.cpu().numpy()]))
+
+    def _handle(self, value: Any) -> ort.OrtValue:
+        if isinstance(value, ort.OrtValue):
+            return value
+        array = np.ascontiguousarray(value.detach().cpu().numpy())
+        # The OrtValue keeps a reference to `array`, so the buffer lives as long as the handle.
+        return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+
+def _open(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types for a bad file)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HotrodError(f"cannot load graph {path.name}: {first}") from None

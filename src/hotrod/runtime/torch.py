@@ -1,0 +1,38 @@
+"""Eager PyTorch backend: the lean family modules, run directly on CPU or CUDA."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from hotrod.export.io import GraphIO
+from hotrod.runtime.base import RuntimeOptions, cpu_threads, missing_inputs
+
+
+class TorchBackend:
+    def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: RuntimeOptions):
+        self.device = options.device
+        if options.device == "cpu":
+            torch.set_num_threads(cpu_threads(options.threads))
+        self.module = module.eval().to(options.device)
+        self.graphs = module.graphs()
+        self.contracts = contracts
+
+    @torch.inference_mode()
+    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        io = self.contracts[graph]
+        missing = missing_inputs(io, feeds)
+        if missing:
+            raise KeyError(f"graph {graph} needs inputs {missing}")
+        args = [feeds[name].to(self.device) for name in io.input_names]
+        outputs = self.graphs[graph](*args)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        return dict(zip(io.output_names, outputs))
+
+    def to_torch(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def select(self, value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return value.index_select(0, index.to(value.device))
