@@ -1,0 +1,1 @@
+"""Workloads and timing shared by the benchmark scripts and `hotrod demo`."""

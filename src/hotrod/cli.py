@@ -1,0 +1,221 @@
+"""The `hotrod` command: a thin layer over the Python API.
+
+Every error a user can cause ends as one line, `hotrod: error: ...`, and exit status 1 (2 for a
+malformed command line), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hotrod.errors import HotrodError
+from hotrod.options import BACKENDS, DEVICES, PRECISIONS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of argparse's usage dump
+        print(f"hotrod: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args) or 0
+    except HotrodError as exc:
+        print(f"hotrod: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hotrod: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hotrod", description="Hugging Face transformers at real-time latency.")
+    from hotrod.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"hotrod {__version__}")
+    sub = parser.add_subparsers(parser_class=_Parser, metavar="COMMAND")
+
+    p = sub.add_parser("optimize", help="export and optimize a checkpoint into an artifact directory")
+    p.add_argument("source", help="local Hugging Face checkpoint directory or hub id")
+    p.add_argument("--out", required=True, help="artifact directory to write")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--force", action="store_true", help="replace an existing --out directory whole")
+    p.set_defaults(handler=_optimize)
+
+    p = sub.add_parser("generate", help="generate text with an artifact (or a checkpoint)")
+    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+    p.add_argument("prompts", nargs="+", metavar="PROMPT")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--min-new-tokens", type=int, default=None)
+    p.add_argument("--num-beams", type=int, default=None)
+    p.add_argument("--num-return-sequences", type=int, default=None)
+    p.add_argument("--do-sample", action="store_true", default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed torch's generator, for reproducible sampling")
+    p.add_argument("--ids", action="store_true", help="prompts are space-separated token ids; print ids")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of text lines")
+    _runtime_args(p)
+    p.set_defaults(handler=_generate)
+
+    p = sub.add_parser("embed", help="sentence embeddings as JSON")
+    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--pooling", default="mean", choices=("mean", "cls"))
+    p.add_argument("--normalize", action="store_true")
+    p.add_argument("--ids", action="store_true", help="texts are space-separated token ids")
+    _runtime_args(p)
+    p.set_defaults(handler=_embed)
+
+    p = sub.add_parser("info", help="describe an artifact")
+    p.add_argument("artifact")
+    p.add_argument("--json", action="store_true", help="print the whole manifest")
+    p.set_defaults(handler=_info)
+
+    p = sub.add_parser("demo", help="optimize a built-in model, generate with it and time it against PyTorch")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--out", default=None, help="where to keep the demo's checkpoint and artifact")
+    p.set_defaults(handler=_demo)
+    return parser
+
+
+def _runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    p.add_argument("--device", default=None, choices=DEVICES)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+
+
+def _load(args):
+    import hotrod
+
+    return hotrod.load(args.model, backend=args.backend, device=args.device, threads=args.threads)
+
+
+def _optimize(args) -> int:
+    import hotrod
+
+    out = hotrod.optimize(args.source, args.out, precision=args.precision, backend=args.backend,
+                          device=args.device, force=args.force, progress=True)
+    print(out)
+    return 0
+
+
+def _parse_ids(texts: Sequence[str]) -> list[list[int]]:
+    rows = []
+    for text in texts:
+        try:
+            rows.append([int(tok) for tok in text.split()])
+        except ValueError:
+            raise HotrodError(f"--ids expects space-separated integers, got {text!r}") from None
+        if not rows[-1]:
+            raise HotrodError("empty prompt")
+    return rows
+
+
+def _generate(args) -> int:
+    import torch
+
+    if any(not p.strip() for p in args.prompts):
+        raise HotrodError("empty prompt")
+    model = _load(args)
+    kwargs = {k: getattr(args, k) for k in ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences",
+                                            "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    if args.ids:
+        rows = _parse_ids(args.prompts)
+        width = max(map(len, rows))
+        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        out = model.generate(ids, attention_mask=mask, **kwargs)
+        results = [{"prompt": p, "token_ids": row} for p, row in zip(_repeat(args.prompts, out), out.tolist())]
+    else:
+        batch = _tokenize(model, args.prompts)
+        out = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
+        texts = model.tokenizer.batch_decode(out, skip_special_tokens=True)
+        results = [{"prompt": p, "text": t, "token_ids": row}
+                   for p, t, row in zip(_repeat(args.prompts, out), texts, out.tolist())]
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for result in results:
+            print(result["text"] if "text" in result else " ".join(map(str, result["token_ids"])))
+    return 0
+
+
+def _repeat(prompts: Sequence[str], out) -> list[str]:
+    per_prompt = out.shape[0] // len(prompts)
+    return [p for p in prompts for _ in range(per_prompt)]
+
+
+def _tokenize(model, prompts: Sequence[str]):
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise HotrodError("this model has no tokenizer; pass token ids with --ids")
+    if model.kind == "decoder":
+        tokenizer.padding_side = "left"  # decoder-only prompts are left-padded, as transformers expects
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer(list(prompts), return_tensors="pt", padding=True)
+
+
+def _embed(args) -> int:
+    model = _load(args)
+    inputs = _parse_ids(args.texts) if args.ids else list(args.texts)
+    vectors = model.embed(inputs, pooling=args.pooling, normalize=args.normalize)
+    print(json.dumps({"pooling": args.pooling, "normalized": args.normalize, "dim": vectors.shape[1],
+                      "embeddings": vectors.tolist()}))
+    return 0
+
+
+def _info(args) -> int:
+    from hotrod.artifact import open_artifact
+
+    manifest = open_artifact(args.artifact).manifest
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+    source = manifest["source"]
+    print(f"artifact    {Path(args.artifact).resolve()}")
+    print(f"made by     hotrod {manifest['hotrod_version']} on {manifest['created']}")
+    print(f"source      {source['origin']} (weights sha256 {source['weights_sha256'][:16]}...)")
+    print(f"model       {manifest['model_type']} ({manifest['family']} family, {manifest['kind']})")
+    print("dims        " + ", ".join(f"{k}={v}" for k, v in manifest["dims"].items() if v))
+    print("options     " + ", ".join(f"{k}={v}" for k, v in manifest["options"].items()))
+    print("versions    " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
+    for name, graph in manifest["graphs"].items():
+        size = graph["bytes"] + (graph["external_data"]["bytes"] if graph.get("external_data") else 0)
+        ins = ", ".join(i["name"] for i in graph["inputs"] if "past_key_values" not in i["name"] and "cross" not in i["name"])
+        print(f"graph       {name:<13} {size / 1e6:8.1f} MB  inputs: {ins}{_cache_note(graph)}")
+    return 0
+
+
+def _cache_note(graph: dict) -> str:
+    caches = sum(1 for i in graph["inputs"] if "past_key_values" in i["name"] or "cross" in i["name"])
+    return f" + {caches} cache tensors" if caches else ""
+
+
+def _demo(args) -> int:
+    from hotrod.demo import run_demo
+
+    return run_demo(new_tokens=args.new_tokens, runs=args.runs, out=args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
