@@ -4,4 +4,4 @@ from hotrod.api import load, optimize
 from hotrod.errors import HotrodError
 from hotrod.version import __version__
 
-__all__ = ["load", "optimize", "HotrodError", "__version__"]
+__all__ = ["HotrodError", "__version__", "load", "optimize"]

@@ -13,10 +13,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from hotrod.errors import HotrodError
 from hotrod.load import file_sha256

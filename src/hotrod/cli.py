@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hotrod.errors import HotrodError
 from hotrod.options import BACKENDS, DEVICES, PRECISIONS

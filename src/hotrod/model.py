@@ -7,8 +7,9 @@ kind-specific is in the decoding states; nothing here knows a family or a backen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

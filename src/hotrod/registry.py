@@ -8,8 +8,9 @@ graphs exist and what their inputs and outputs are called (see `hotrod.export.io
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Literal
 
 from hotrod.errors import HotrodError
 
@@ -44,7 +45,7 @@ class Family:
     model_types: tuple[str, ...]
     kind: Kind
     dims: Callable[[object], Dims]
-    build: Callable[[object], "nn.Module"]  # config -> lean module with `graphs()` and `load_hf()`
+    build: Callable[[object], nn.Module]  # config -> lean module with `graphs()` and `load_hf()`
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def interleaved(systems: dict[str, Callable[[], object]], runs: int, warmup: int = 1) -> dict[str, list[float]]:

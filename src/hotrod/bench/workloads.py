@@ -8,9 +8,9 @@ forced with min_new_tokens = max_new_tokens so that no early EOS shortens a run.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 

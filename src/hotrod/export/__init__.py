@@ -3,4 +3,4 @@
 from hotrod.export.io import GraphIO, TensorSpec, graph_contracts, kv_names
 from hotrod.export.onnx import OPSET, export_graph
 
-__all__ = ["GraphIO", "TensorSpec", "graph_contracts", "kv_names", "OPSET", "export_graph"]
+__all__ = ["OPSET", "GraphIO", "TensorSpec", "export_graph", "graph_contracts", "kv_names"]

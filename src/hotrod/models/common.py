@@ -73,7 +73,7 @@ def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...])
     for prefix in prefixes:
         if any(key.startswith(prefix) for key in state_dict):
             return {
-                (key[len(prefix):] if key.startswith(prefix) else key): value
+                (key.removeprefix(prefix)): value
                 for key, value in state_dict.items()
             }
     return state_dict

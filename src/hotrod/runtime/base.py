@@ -8,8 +8,9 @@ reads (logits, hidden states). Nothing outside `hotrod.runtime` imports onnxrunt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 

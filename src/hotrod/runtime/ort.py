@@ -7,8 +7,9 @@ logits (and hidden states) are read back into torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
