@@ -22,10 +22,11 @@ from hotrod.load import (
     load_tokenizer,
     open_source,
     read_config,
+    source_fingerprint,
     weights_sha256,
 )
 from hotrod.model import HotrodModel
-from hotrod.options import BACKENDS, ExportOptions, check_choice
+from hotrod.options import BACKENDS, DEVICES, ExportOptions, check_choice
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
 
@@ -46,6 +47,8 @@ def optimize(
                           "run a checkpoint in PyTorch with hotrod.load(source, backend='torch')")
     out = Path(out)
     src = open_source(source)
+    if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
+        raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, force) as tmp:
         module = build_module(src)
         dims = src.family.dims(src.config)
@@ -85,16 +88,21 @@ def load(
 ) -> HotrodModel:
     """A drop-in model from an artifact, or from a checkpoint (exported on first use for onnxruntime)."""
     check_choice("backend", backend, BACKENDS)
+    if device is not None:
+        check_choice("device", device, DEVICES)
     if art.is_artifact(path_or_source):
         return _load_artifact(art.open_artifact(path_or_source), backend, device, threads)
     src = open_source(path_or_source)
     options = RuntimeOptions(backend=backend, device=device or "cpu", threads=threads)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
-    cached = _cache_dir() / f"{src.family.name}-{weights_sha256(src.path)[:20]}-fp32"
-    if not art.is_artifact(cached):
+    cached = _cache_dir() / f"{src.family.name}-{source_fingerprint(src.path)[:20]}-fp32"
+    try:
+        artifact = art.open_artifact(cached)
+    except HotrodError:  # not exported yet, or by an older hotrod, or damaged: export afresh
         optimize(src.origin if src.from_hub else src.path, cached, force=True, progress=sys.stderr.isatty())
-    return _load_artifact(art.open_artifact(cached), backend, device, threads)
+        artifact = art.open_artifact(cached)
+    return _load_artifact(artifact, backend, device, threads)
 
 
 def build_module(src: Source) -> torch.nn.Module:

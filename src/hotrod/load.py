@@ -49,6 +49,8 @@ def open_source(source: str | Path) -> Source:
         path, from_hub = _download(origin), True
     if not path.is_dir():
         raise HotrodError(f"not a model directory: {origin}")
+    if any(path.glob("*.onnx")) and not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        raise HotrodError(f"{origin} holds ONNX graphs but no manifest.json: an incomplete or damaged artifact")
     config = read_config(path)
     return Source(origin=origin, path=path, from_hub=from_hub, config=config, family=get_family(config.model_type))
 
@@ -113,6 +115,16 @@ def weights_sha256(path: Path) -> str:
     for file in weight_files(path):
         digest.update(file.name.encode())
         digest.update(file_sha256(file).encode())
+    return digest.hexdigest()
+
+
+def source_fingerprint(path: Path) -> str:
+    """A hash of everything an export reads: the weights, and every config and tokenizer file."""
+    digest = hashlib.sha256(weights_sha256(path).encode())
+    for file in sorted(path.iterdir()):
+        if file.is_file() and file.suffix in (".json", ".txt", ".model") and not file.name.endswith(".index.json"):
+            digest.update(file.name.encode())
+            digest.update(file_sha256(file).encode())
     return digest.hexdigest()
 
 

@@ -58,7 +58,12 @@ class HotrodModel:
             input_ids = kwargs.pop("inputs", None)
         input_ids = self._ids(input_ids)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
-        attention_mask = self._mask(input_ids, attention_mask, values)
+        if attention_mask is not None:
+            attention_mask = self._as_long(attention_mask, input_ids.shape)
+        elif self.kind == "decoder":
+            attention_mask = _infer_mask(input_ids, values)
+        else:  # transformers infers padding only for decoder-only models
+            attention_mask = torch.ones_like(input_ids)
         if self.kind == "decoder":
             settings = gen_config.resolve(values, input_ids.shape[1], self.dims.max_positions)
             state = DecoderState(self.backend, self.dims)
@@ -144,6 +149,8 @@ class HotrodModel:
         if isinstance(texts_or_ids, torch.Tensor):
             texts_or_ids = texts_or_ids.tolist() if texts_or_ids.dim() == 2 else [texts_or_ids.tolist()]
         items = list(texts_or_ids)
+        if items and all(isinstance(t, int) for t in items):  # one row of ids
+            items = [items]
         if not items:
             raise HotrodError("nothing to embed")
         if all(isinstance(t, str) for t in items):
@@ -163,7 +170,10 @@ class HotrodModel:
     def _ids(self, input_ids, check_length: bool = True) -> torch.Tensor:
         if input_ids is None:
             raise HotrodError("input_ids is required")
-        ids = torch.as_tensor(input_ids)
+        try:
+            ids = torch.as_tensor(input_ids)
+        except (TypeError, ValueError, RuntimeError):
+            raise HotrodError("input_ids must be a rectangular batch of token ids (pad shorter prompts)") from None
         if ids.dim() == 1:
             ids = ids[None, :]
         if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
@@ -192,17 +202,15 @@ class HotrodModel:
             raise HotrodError(f"mask shape {tuple(tensor.shape)} does not match input_ids {tuple(shape)}")
         return tensor
 
-    def _mask(self, input_ids: torch.Tensor, attention_mask, values: dict) -> torch.Tensor:
-        """The caller's mask, or transformers' inference: padding where the pad token differs from EOS."""
-        if attention_mask is not None:
-            return self._as_long(attention_mask, input_ids.shape)
-        pad, eos = values.get("pad_token_id"), values.get("eos_token_id")
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if pad is not None and pad not in eos_ids and bool((input_ids == pad).any()):
-            return (input_ids != pad).long()
-        return torch.ones_like(input_ids)
-
     def _pad_id(self) -> int:
         pad = getattr(self.config, "pad_token_id", None)
         return int(pad) if pad is not None else 0
 
+
+def _infer_mask(input_ids: torch.Tensor, values: dict) -> torch.Tensor:
+    """transformers' inference for decoder-only prompts: padding where the pad token differs from EOS."""
+    pad, eos = values.get("pad_token_id"), values.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if pad is not None and pad not in eos_ids and bool((input_ids == pad).any()):
+        return (input_ids != pad).long()
+    return torch.ones_like(input_ids)

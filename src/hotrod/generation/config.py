@@ -1,8 +1,9 @@
 """Resolving generation arguments the way transformers' `generate` does, and refusing bad ones.
 
 Precedence, as in transformers: the model's generation config, replaced by a `GenerationConfig` the
-caller passes, overridden by keyword arguments. Unset values take transformers' defaults
-(max_length 20, top_k 50, ...). `max_new_tokens` wins over `max_length`.
+caller passes, overridden by keyword arguments. Unset values take transformers' defaults (top_k 50,
+...); with no length set anywhere, 20 new tokens, capped at the model's positions. `max_new_tokens`
+wins over `max_length`. A setting hotrod does not implement is refused, never silently dropped.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 from hotrod.errors import HotrodError
 
 MAX_NEW_TOKENS_CAP = 1 << 16  # beyond this a request is a mistake, not a workload
+DEFAULT_NEW_TOKENS = 20
 
 DEFAULTS: dict[str, Any] = {
-    "max_length": 20,
+    "max_length": None,
     "max_new_tokens": None,
     "min_length": 0,
     "min_new_tokens": None,
@@ -36,6 +38,31 @@ DEFAULTS: dict[str, Any] = {
 # Accepted for compatibility with transformers' callers; hotrod always decodes with a cache and
 # returns a plain tensor.
 IGNORED = {"use_cache": True, "return_dict_in_generate": False, "output_scores": False, "output_logits": False}
+# transformers settings hotrod does not implement, with the values that mean "off".
+_OFF = (None, [], {})
+UNSUPPORTED: dict[str, tuple] = {
+    "no_repeat_ngram_size": (*_OFF, 0),
+    "encoder_no_repeat_ngram_size": (*_OFF, 0),
+    "encoder_repetition_penalty": (*_OFF, 1.0),
+    "bad_words_ids": _OFF,
+    "suppress_tokens": _OFF,
+    "begin_suppress_tokens": _OFF,
+    "forced_bos_token_id": _OFF,
+    "forced_eos_token_id": _OFF,
+    "sequence_bias": _OFF,
+    "exponential_decay_length_penalty": _OFF,
+    "typical_p": (*_OFF, 1.0),
+    "epsilon_cutoff": (*_OFF, 0.0),
+    "eta_cutoff": (*_OFF, 0.0),
+    "min_p": _OFF,
+    "top_h": _OFF,
+    "num_beam_groups": (*_OFF, 1),
+    "diversity_penalty": (*_OFF, 0.0),
+    "penalty_alpha": _OFF,
+    "guidance_scale": (*_OFF, 1.0),
+    "renormalize_logits": (*_OFF, False),
+    "remove_invalid_values": (*_OFF, False),
+}
 
 
 @dataclass(frozen=True)
@@ -64,17 +91,28 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
     values = dict(DEFAULTS)
     for config in (model_config, user_config):
         if config is not None:
-            values.update({k: v for k, v in config.to_dict().items() if k in DEFAULTS and v is not None})
+            settings = config.to_dict()
+            _refuse_unsupported(settings, "the generation config")
+            values.update({k: v for k, v in settings.items() if k in DEFAULTS and v is not None})
     for key, value in kwargs.items():
         if key in IGNORED:
             if value != IGNORED[key]:
                 raise HotrodError(f"generate() does not support {key}={value!r}")
+            continue
+        if key in UNSUPPORTED:
+            _refuse_unsupported({key: value}, "generate()")
             continue
         if key not in DEFAULTS:
             raise HotrodError(f"generate() got an unknown argument {key!r}")
         if value is not None:
             values[key] = value
     return values
+
+
+def _refuse_unsupported(settings: dict[str, Any], where: str) -> None:
+    for key, off in UNSUPPORTED.items():
+        if key in settings and settings[key] not in off:
+            raise HotrodError(f"{where} sets {key}={settings[key]!r}, which hotrod does not support")
 
 
 def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | None) -> Settings:
@@ -85,6 +123,12 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         if max_new > MAX_NEW_TOKENS_CAP:
             raise HotrodError(f"max_new_tokens {max_new} is beyond the limit of {MAX_NEW_TOKENS_CAP}")
         max_length = prompt_length + max_new
+    elif values["max_length"] is None:  # nothing set anywhere: transformers' 20 new tokens, within positions
+        max_length = prompt_length + DEFAULT_NEW_TOKENS
+        if max_positions is not None:
+            max_length = min(max_length, max_positions)
+        if max_length <= prompt_length:
+            raise HotrodError(f"the {prompt_length}-token prompt fills all {max_positions} positions of the model")
     else:
         max_length = _check_int("max_length", values["max_length"], 1)
         if max_length <= prompt_length:

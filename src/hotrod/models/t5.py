@@ -161,14 +161,16 @@ class T5Stack(nn.Module):
 
 
 class T5Model(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, rescale_output: bool | None = None):
         super().__init__()
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
         self.encoder = T5Stack(config, config.num_layers, is_decoder=False)
         self.decoder = T5Stack(config, config.num_decoder_layers, is_decoder=True)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         # Original T5 ties the head to the embedding and rescales the decoder output; v1.1 does neither.
-        self.output_scale = config.d_model**-0.5 if _scales_decoder_output(config) else 1.0
+        if rescale_output is None:
+            rescale_output = _scales_decoder_output(config)
+        self.output_scale = config.d_model**-0.5 if rescale_output else 1.0
 
     def encode(self, input_ids, attention_mask):
         x = self.shared(input_ids)
@@ -267,4 +269,10 @@ def t5_dims(config) -> Dims:
     )
 
 
-FAMILY = register(Family(name="t5", model_types=("t5", "mt5"), kind="seq2seq", dims=t5_dims, build=T5Model))
+def mt5_model(config) -> T5Model:
+    """mT5 is T5 v1.1 in layout; its decoder output is never rescaled, whatever its config says of tying."""
+    return T5Model(config, rescale_output=False)
+
+
+FAMILY = register(Family(name="t5", model_types=("t5",), kind="seq2seq", dims=t5_dims, build=T5Model))
+MT5 = register(Family(name="mt5", model_types=("mt5",), kind="seq2seq", dims=t5_dims, build=mt5_model))

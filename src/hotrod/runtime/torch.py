@@ -14,7 +14,7 @@ from hotrod.runtime.base import RuntimeOptions, cpu_threads, missing_inputs
 class TorchBackend:
     def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: RuntimeOptions):
         self.device = options.device
-        if options.device == "cpu":
+        if options.device == "cpu" and options.threads:  # torch's thread count is process-wide: only when asked
             torch.set_num_threads(cpu_threads(options.threads))
         self.module = module.eval().to(options.device)
         self.graphs = module.graphs()

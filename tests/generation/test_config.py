@@ -1,0 +1,168 @@
+"""Resolving generation arguments as transformers does: precedence, lengths, defaults and refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import hotrod
+from hotrod.generation.config import MAX_NEW_TOKENS_CAP, merge, resolve
+from tests.zoo import CASES, assert_same_tokens, prompt_batch
+
+
+def resolved(prompt_length: int = 5, max_positions: int | None = None, model=None, user=None, **kwargs):
+    return resolve(merge(model, user, kwargs), prompt_length, max_positions)
+
+
+def test_defaults_are_transformers_defaults():
+    s = resolved(max_new_tokens=1)
+    assert (s.num_beams, s.do_sample, s.top_k, s.top_p, s.temperature, s.repetition_penalty, s.length_penalty) == (
+        1, False, 50, 1.0, 1.0, 1.0, 1.0)
+
+
+def test_max_new_tokens_wins_over_max_length():
+    assert resolved(max_length=9, max_new_tokens=3).max_length == 5 + 3
+
+
+def test_max_length_counts_the_prompt():
+    assert resolved(max_length=9).max_length == 9
+
+
+def test_precedence_model_config_then_user_config_then_kwargs():
+    model = GenerationConfig(num_beams=2, top_k=7, max_new_tokens=4)
+    user = GenerationConfig(num_beams=3)
+    s = resolved(model=model, user=user, top_k=None, max_new_tokens=6)
+    assert (s.num_beams, s.top_k, s.max_length) == (3, 7, 5 + 6)
+
+
+def test_pad_defaults_to_the_first_eos():
+    s = resolved(eos_token_id=[7, 8])
+    assert (s.eos_token_ids, s.pad_token_id) == ((7, 8), 7)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(max_new_tokens=-3), "max_new_tokens must be >= 1"),
+    (dict(max_new_tokens=2.5), "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=True), "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=MAX_NEW_TOKENS_CAP + 1), "beyond the limit"),
+    (dict(max_length=5), "leaves no room"),
+    (dict(max_length=5 + MAX_NEW_TOKENS_CAP + 1), "beyond the limit"),
+    (dict(num_beams=0), "num_beams must be >= 1"),
+    (dict(top_p=0.0), "top_p must be in"),
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(do_sample=True, temperature=0.0), "temperature must be > 0"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+    (dict(early_stopping="sometimes"), "early_stopping must be"),
+    (dict(num_return_sequences=3, num_beams=2), "must not exceed num_beams"),
+    (dict(min_new_tokens=-1), "min_new_tokens must be >= 0"),
+])
+def test_bad_values_are_refused(kwargs, message):
+    with pytest.raises(hotrod.HotrodError, match=message):
+        resolved(**kwargs)
+
+
+def test_positions_limit_counts_prompt_and_new_tokens():
+    assert resolved(prompt_length=60, max_positions=64, max_new_tokens=4).max_length == 64
+    with pytest.raises(hotrod.HotrodError, match="exceeds the model's 64 positions"):
+        resolved(prompt_length=60, max_positions=64, max_new_tokens=5)
+
+
+def test_unknown_argument_is_refused_by_name():
+    with pytest.raises(hotrod.HotrodError, match="unknown argument 'no_such_option'"):
+        merge(None, None, {"no_such_option": 1})
+
+
+@pytest.mark.parametrize("kwargs", [dict(return_dict_in_generate=True), dict(output_scores=True),
+                                    dict(use_cache=False)])
+def test_unsupported_output_options_are_refused(kwargs):
+    with pytest.raises(hotrod.HotrodError, match="does not support"):
+        merge(None, None, kwargs)
+
+
+def test_compatible_output_options_are_accepted():
+    values = merge(None, None, dict(use_cache=True, return_dict_in_generate=False, output_scores=False))
+    assert "use_cache" not in values
+
+
+# -- through a model, against transformers ----------------------------------------------------------
+
+
+@pytest.fixture
+def prompt():
+    return prompt_batch(CASES["gpt2"], (5, 3))
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_length=9), dict(max_length=9, max_new_tokens=3), {}],
+                         ids=["max_length", "max_new_tokens_wins", "default_max_length"])
+def test_lengths_match_transformers(zoo, lm_case, backend, kwargs):
+    ids, mask = prompt_batch(CASES[lm_case], (5, 3))
+    expected = zoo.hf_generate(lm_case, ids, mask, **kwargs)
+    assert_same_tokens(zoo.model(lm_case, backend).generate(ids, attention_mask=mask, **kwargs), expected)
+
+
+def test_generation_config_object_is_accepted_and_kwargs_override_it(zoo, backend, prompt):
+    ids, mask = prompt
+    model = zoo.model("gpt2", backend)
+    config = GenerationConfig(num_beams=3, max_new_tokens=4)
+    expected = model.generate(ids, attention_mask=mask, num_beams=3, max_new_tokens=4)
+    assert_same_tokens(model.generate(ids, attention_mask=mask, generation_config=config), expected)
+    assert model.generate(ids, attention_mask=mask, generation_config=config, max_new_tokens=2).shape[1] == 5 + 2
+    assert config.max_new_tokens == 4, "the caller's GenerationConfig was modified"
+
+
+def test_unknown_generate_kwarg_is_refused(zoo, backend, prompt):
+    with pytest.raises(hotrod.HotrodError, match="unknown argument 'frobnicate'"):
+        zoo.model("gpt2", backend).generate(prompt[0], frobnicate=True)
+
+
+def test_model_generation_config_is_not_changed_by_a_call(zoo, backend, prompt):
+    model = zoo.model("gpt2", backend)
+    before = model.generation_config.to_dict()
+    model.generate(prompt[0], attention_mask=prompt[1], num_beams=2, max_new_tokens=2)
+    assert model.generation_config.to_dict() == before
+
+
+def test_generation_config_json_of_the_checkpoint_is_honoured(zoo, backend, tmp_path):
+    """Defaults written into the checkpoint's generation_config.json apply, as in transformers."""
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    GenerationConfig(bos_token_id=0, eos_token_id=0, num_beams=3, max_new_tokens=5, repetition_penalty=1.4,
+                     length_penalty=0.5).save_pretrained(source)
+    ids, mask = prompt_batch(CASES["gpt2"], (5, 3))
+    reference = CASES["gpt2"].hf_class.from_pretrained(source).eval()
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask)
+    model = hotrod.load(hotrod.optimize(source, tmp_path / "art", progress=False) if backend == "onnxruntime"
+                        else source, backend=backend)
+    assert_same_tokens(model.generate(ids, attention_mask=mask), expected)
+
+
+UNSUPPORTED = {  # generation_config.json settings, given a token the plain greedy output starts with
+    "no_repeat_ngram_size": lambda token: dict(no_repeat_ngram_size=1),
+    "bad_words_ids": lambda token: dict(bad_words_ids=[[token]]),
+    "suppress_tokens": lambda token: dict(suppress_tokens=[token]),
+    "begin_suppress_tokens": lambda token: dict(begin_suppress_tokens=[token]),
+    "forced_eos_token_id": lambda token: dict(forced_eos_token_id=token),
+}
+
+
+@pytest.mark.parametrize("setting", list(UNSUPPORTED))
+def test_unsupported_generation_config_is_not_silently_ignored(zoo, tmp_path, setting):
+    """A checkpoint asking for a processor hotrod lacks must give transformers' tokens or a clear error."""
+    ids, mask = prompt_batch(CASES["gpt2"], (5, 3))
+    plain = zoo.hf_generate("gpt2", ids, mask, max_new_tokens=8)
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    GenerationConfig(bos_token_id=0, eos_token_id=0, max_new_tokens=8,
+                     **UNSUPPORTED[setting](int(plain[0, 5]))).save_pretrained(source)
+    reference = CASES["gpt2"].hf_class.from_pretrained(source).eval()
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask)
+    assert not torch.equal(expected, plain), "the setting should change transformers' output"
+    model = hotrod.load(source, backend="torch")
+    try:
+        actual = model.generate(ids, attention_mask=mask)
+    except hotrod.HotrodError:
+        return
+    assert_same_tokens(actual, expected)

@@ -1,0 +1,112 @@
+"""The score processors against transformers' own, on random scores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from hotrod.generation import config as gen_config
+from hotrod.generation import sampling
+
+ROWS, VOCAB = 6, 50
+
+
+def random_scores(seed: int = 0, ties: bool = False) -> torch.Tensor:
+    scores = torch.randn(ROWS, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+    if ties:  # several equal values, some at the boundary of what is kept
+        scores = scores.round()
+    return scores
+
+
+def random_sequences(length: int = 9, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (ROWS, length), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_same_scores(ours: torch.Tensor, theirs: torch.Tensor):
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), "different tokens were filtered"
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("min_keep", [1, 3])
+@pytest.mark.parametrize("k", [1, 2, 10, 49, 50, 200])
+def test_top_k_matches_transformers(k, min_keep, ties):
+    scores = random_scores(ties=ties)
+    theirs = TopKLogitsWarper(top_k=k, min_tokens_to_keep=min_keep)(None, scores.clone())
+    assert_same_scores(sampling.top_k(scores, k, min_keep), theirs)
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("min_keep", [1, 3])
+@pytest.mark.parametrize("p", [0.01, 0.3, 0.75, 0.95, 1.0])
+def test_top_p_matches_transformers(p, min_keep, ties):
+    scores = random_scores(ties=ties)
+    theirs = TopPLogitsWarper(top_p=p, min_tokens_to_keep=min_keep)(None, scores.clone())
+    assert_same_scores(sampling.top_p(scores, p, min_keep), theirs)
+
+
+def test_top_p_after_top_k_matches_transformers():
+    """Already filtered (-inf) scores, as in the sampling chain."""
+    scores = sampling.top_k(random_scores(), 8)
+    theirs = TopPLogitsWarper(top_p=0.6)(None, scores.clone())
+    assert_same_scores(sampling.top_p(scores, 0.6), theirs)
+
+
+@pytest.mark.parametrize("penalty", [0.6, 1.0, 1.3, 2.0])
+def test_repetition_penalty_matches_transformers(penalty):
+    scores, sequences = random_scores(), random_sequences()
+    theirs = RepetitionPenaltyLogitsProcessor(penalty)(sequences, scores.clone())
+    assert_same_scores(sampling.repetition_penalty(scores, sequences, penalty, None), theirs)
+
+
+def test_repetition_penalty_skips_leading_padding_like_transformers():
+    scores, sequences = random_scores(), random_sequences()
+    skip = torch.tensor([0, 1, 3, 0, 8, 9])
+    theirs = RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=skip)(sequences, scores.clone())
+    ours = sampling.repetition_penalty(scores, sequences, 1.5, skip)
+    assert_same_scores(ours, theirs)
+    assert not torch.equal(ours, sampling.repetition_penalty(scores, sequences, 1.5, None)), "skip had no effect"
+
+
+def test_processors_do_not_modify_their_input():
+    scores, sequences = random_scores(), random_sequences()
+    original = scores.clone()
+    sampling.top_k(scores, 5)
+    sampling.top_p(scores, 0.5)
+    sampling.repetition_penalty(scores, sequences, 1.3, None)
+    sampling.suppress(scores, (1, 2))
+    assert torch.equal(scores, original)
+
+
+def settings(**kwargs) -> gen_config.Settings:
+    return gen_config.resolve(gen_config.merge(None, None, kwargs), prompt_length=5, max_positions=None)
+
+
+@pytest.mark.parametrize("length", [7, 12], ids=["below_min_length", "past_min_length"])
+def test_process_chain_matches_transformers_order(length):
+    """Repetition penalty, minimum length, temperature, top-k, top-p: transformers' order and semantics."""
+    s = settings(do_sample=True, repetition_penalty=1.2, min_length=10, eos_token_id=[3, 4], temperature=0.7,
+                 top_k=12, top_p=0.8, max_new_tokens=20)
+    scores, sequences = random_scores(), random_sequences(length)
+    chain = LogitsProcessorList([
+        RepetitionPenaltyLogitsProcessor(1.2),
+        MinLengthLogitsProcessor(10, [3, 4]),
+        TemperatureLogitsWarper(0.7),
+        TopKLogitsWarper(12),
+        TopPLogitsWarper(0.8),
+    ])
+    assert_same_scores(sampling.process(scores, sequences, s, None), chain(sequences, scores.clone()))
+
+
+def test_process_without_sampling_leaves_scores_alone():
+    scores = random_scores()
+    s = settings(temperature=0.5, top_k=3, top_p=0.5, max_new_tokens=3)
+    assert torch.equal(sampling.process(scores, random_sequences(), s, None), scores)

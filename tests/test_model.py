@@ -1,0 +1,161 @@
+"""HotrodModel's input checks (every mistake is a HotrodError) and embed()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hotrod
+from tests.zoo import CASES, HIDDEN, POSITIONS, VOCAB, prompt_batch
+
+
+def ids(*values: int) -> torch.Tensor:
+    return torch.tensor([values])
+
+
+def prompt(length: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(0))
+
+
+# Each entry: (model, how to call it, what the message says; None: any wording).
+BAD_CALLS = {
+    "empty_prompt": ("gpt2", lambda m: m.generate(torch.zeros(1, 0, dtype=torch.long)), "empty prompt"),
+    "empty_batch": ("gpt2", lambda m: m.generate(torch.zeros(0, 3, dtype=torch.long)), "empty prompt"),
+    "empty_list": ("gpt2", lambda m: m.generate([]), None),
+    "no_input": ("gpt2", lambda m: m.generate(), "input_ids is required"),
+    "prompt_too_long": ("gpt2", lambda m: m.generate(prompt(POSITIONS + 1), max_new_tokens=1),
+                        f"longer than the model's {POSITIONS} positions"),
+    "forward_too_long": ("gpt2", lambda m: m(input_ids=prompt(POSITIONS + 1)), "positions"),
+    "prompt_plus_new_too_long": ("gpt2", lambda m: m.generate(prompt(POSITIONS - 4), max_new_tokens=5),
+                                 "exceeds the model's"),
+    "max_new_tokens_negative": ("gpt2", lambda m: m.generate(ids(5, 6), max_new_tokens=-1), "max_new_tokens"),
+    "max_new_tokens_zero": ("gpt2", lambda m: m.generate(ids(5, 6), max_new_tokens=0), "max_new_tokens"),
+    "max_new_tokens_absurd": ("t5", lambda m: m.generate(ids(5, 6), max_new_tokens=65537), "beyond the limit"),
+    "num_beams_zero": ("gpt2", lambda m: m.generate(ids(5, 6), num_beams=0), "num_beams"),
+    "top_p_zero": ("gpt2", lambda m: m.generate(ids(5, 6), do_sample=True, top_p=0.0), "top_p"),
+    "top_p_above_one": ("gpt2", lambda m: m.generate(ids(5, 6), do_sample=True, top_p=1.5), "top_p"),
+    "temperature_zero_sampling": ("gpt2", lambda m: m.generate(ids(5, 6), do_sample=True, temperature=0.0),
+                                  "temperature"),
+    "token_above_vocab": ("gpt2", lambda m: m.generate(ids(5, VOCAB)), f"token id {VOCAB} is outside"),
+    "token_negative": ("t5", lambda m: m.generate(ids(5, -1)), "token id -1 is outside"),
+    "decoder_token_above_vocab": ("t5", lambda m: m(input_ids=ids(5, 6), decoder_input_ids=ids(0, VOCAB + 5)),
+                                  "outside the vocabulary"),
+    "forward_token_above_vocab": ("bert", lambda m: m(input_ids=ids(5, VOCAB)), "outside the vocabulary"),
+    "float_ids": ("gpt2", lambda m: m.generate(torch.tensor([[1.0, 2.0]])), "token ids"),
+    "bool_ids": ("gpt2", lambda m: m.generate(torch.tensor([[True, False]])), "token ids"),
+    "3d_ids": ("gpt2", lambda m: m.generate(torch.ones(1, 2, 3, dtype=torch.long)), "2-D"),
+    "ragged_list": ("gpt2", lambda m: m.generate([[5, 6, 7], [8, 9]]), None),
+    "text_instead_of_ids": ("gpt2", lambda m: m.generate("hello world"), None),
+    "mask_shape": ("gpt2", lambda m: m.generate(ids(5, 6, 7), attention_mask=ids(1, 1)), "mask shape"),
+    "generate_on_encoder": ("bert", lambda m: m.generate(ids(5, 6)), "encoder"),
+    "seq2seq_forward_without_decoder_ids": ("t5", lambda m: m(input_ids=ids(5, 6)), "decoder_input_ids"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_CALLS))
+def test_bad_input_raises_hotrod_error(zoo, backend, bad):
+    name, call, message = BAD_CALLS[bad]
+    with pytest.raises(hotrod.HotrodError, match=message):
+        call(zoo.model(name, backend))
+
+
+def test_hotrod_error_is_a_value_error():
+    assert issubclass(hotrod.HotrodError, ValueError)
+
+
+# -- embed ------------------------------------------------------------------------------------------
+
+EMBEDDABLE = ["bert", "roberta", "t5"]  # encoders, and the encoder of a seq2seq model
+
+
+def reference_hidden(zoo, name: str, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    reference = zoo.reference(name)
+    encoder = reference.get_encoder() if CASES[name].kind == "seq2seq" else reference
+    with torch.no_grad():
+        return encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def pooled(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    if pooling == "cls":
+        return hidden[:, 0]
+    weights = mask[:, :, None].float()
+    return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+@pytest.mark.parametrize("name", EMBEDDABLE)
+def test_embed_equals_pooled_transformers_hidden_states(zoo, backend, name, pooling):
+    ids, mask = prompt_batch(CASES[name], (6, 2, 9, 4))
+    expected = pooled(reference_hidden(zoo, name, ids, mask), mask, pooling)
+    actual = zoo.model(name, backend).embed(unpadded(ids, mask), pooling=pooling, batch_size=3)
+    assert actual.shape == (4, HIDDEN)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+
+
+def test_embed_normalize_gives_unit_vectors_in_the_same_direction(zoo, encoder_case, backend):
+    model = zoo.model(encoder_case, backend)
+    rows = unpadded(*prompt_batch(CASES[encoder_case], (5, 3, 8)))
+    raw, unit = model.embed(rows), model.embed(rows, normalize=True)
+    torch.testing.assert_close(unit.norm(dim=-1), torch.ones(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(unit, raw / raw.norm(dim=-1, keepdim=True), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 32])
+def test_embed_mixed_lengths_equal_one_by_one_in_order(zoo, encoder_case, backend, batch_size):
+    model = zoo.model(encoder_case, backend)
+    rows = unpadded(*prompt_batch(CASES[encoder_case], (9, 2, 6, 2, 12), seed=3))
+    one_by_one = torch.cat([model.embed([row]) for row in rows])
+    torch.testing.assert_close(model.embed(rows, batch_size=batch_size), one_by_one, atol=1e-5, rtol=0)
+
+
+def test_embed_accepts_tensors(zoo, encoder_case, backend):
+    model = zoo.model(encoder_case, backend)
+    row = [5, 9, 12, 7]
+    expected = model.embed([row])
+    torch.testing.assert_close(model.embed(torch.tensor([row])), expected)
+    torch.testing.assert_close(model.embed(torch.tensor(row)), expected)
+
+
+def test_embed_accepts_a_flat_list_of_ids_like_a_1d_tensor(zoo, backend):
+    model = zoo.model("bert", backend)
+    torch.testing.assert_close(model.embed([5, 9, 12, 7]), model.embed(torch.tensor([5, 9, 12, 7])))
+
+
+def test_embed_texts_go_through_the_tokenizer(zoo, backend):
+    model = zoo.model("bert", backend)
+    texts = ["hello world", "the quick brown fox jumps over the lazy dog", "a tiny model"]
+    batch = model.tokenizer(texts, padding=True, return_tensors="pt")
+    expected = pooled(reference_hidden(zoo, "bert", batch["input_ids"], batch["attention_mask"]),
+                      batch["attention_mask"], "mean")
+    torch.testing.assert_close(model.embed(texts), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(model.embed(texts[1]), expected[1:2], atol=1e-4, rtol=0)
+
+
+BAD_EMBEDS = {
+    "unknown_pooling": ("bert", lambda m: m.embed([[5, 6]], pooling="max"), "pooling"),
+    "decoder_model": ("gpt2", lambda m: m.embed([[5, 6]]), "decoder-only"),
+    "nothing": ("bert", lambda m: m.embed([]), "nothing to embed"),
+    "empty_text": ("bert", lambda m: m.embed(["hello", "  "]), "empty text"),
+    "empty_row": ("bert", lambda m: m.embed([[5, 6], []]), "empty prompt"),
+    "text_without_tokenizer": ("roberta", lambda m: m.embed(["hello"]), "no tokenizer"),
+    "batch_size_zero": ("bert", lambda m: m.embed([[5, 6]], batch_size=0), "batch_size"),
+    "id_above_vocab": ("roberta", lambda m: m.embed([[5, VOCAB]]), "outside the vocabulary"),
+    "row_too_long": ("bert", lambda m: m.embed([list(range(5, 5 + POSITIONS + 1))]), "positions"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_EMBEDS))
+def test_bad_embed_raises_hotrod_error(zoo, backend, bad):
+    name, call, message = BAD_EMBEDS[bad]
+    with pytest.raises(hotrod.HotrodError, match=message):
+        call(zoo.model(name, backend))
+
+
+def test_long_text_is_truncated_to_the_positions(zoo, backend):
+    model = zoo.model("bert", backend)
+    vector = model.embed(["hello world " * 100])
+    assert vector.shape == (1, HIDDEN) and torch.isfinite(vector).all()

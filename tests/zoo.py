@@ -1,0 +1,225 @@
+"""The table of tiny test models, and the session-wide zoo that builds, exports and loads them once.
+
+Every parametrized test is driven by `CASES`: one entry per architecture variant hotrod claims to
+support. A checkpoint is built from seeded random weights with transformers and `save_pretrained`,
+so transformers itself (loading the same directory) is the reference for every comparison.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+import hotrod
+
+VOCAB = 100
+HIDDEN = 32
+LAYERS = 2
+HEADS = 4
+POSITIONS = 64  # of the absolute-position models (GPT-2, BERT, RoBERTa)
+BACKENDS = ("onnxruntime", "torch")
+
+
+# -- tokenizers -------------------------------------------------------------------------------------
+
+_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world this is a tiny tokenizer for tests",
+    "a small model says hello to the whole world",
+    "pack my box with five dozen liquor jugs",
+    "sphinx of black quartz judge my vow",
+    "how vexingly quick daft zebras jump",
+]
+BERT_WORDS = "the quick brown fox jumps over lazy dog hello world this is a tiny model says to".split()
+
+
+def save_bpe_tokenizer(directory: Path) -> int:
+    """A byte-free BPE tokenizer trained on a few sentences (id 0 is `<|endoftext|>`); returns its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False)
+    tokenizer.train_from_iterator(_CORPUS * 10, trainer)
+    wrapped = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"
+    )
+    wrapped.save_pretrained(directory)
+    return len(wrapped)
+
+
+def save_bert_tokenizer(directory: Path) -> int:
+    """A WordPiece tokenizer whose vocabulary is exactly VOCAB entries."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+    words += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + BERT_WORDS
+    words = list(dict.fromkeys(words))
+    words += [f"[unused{i}]" for i in range(VOCAB - len(words))]
+    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+    tokenizer.save_pretrained(directory)
+    return len(tokenizer)
+
+
+# -- the table --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # test id
+    family: str  # hotrod family name
+    model_type: str
+    kind: str  # encoder, decoder or seq2seq
+    hf_class: type
+    config: Callable[[], transformers.PretrainedConfig]
+    tokenizer: Callable[[Path], int] | None = None  # writes tokenizer files, returns the tokenizer's size
+    pad_side: str = "right"  # how batches of unequal prompts are padded
+
+    @property
+    def is_lm(self) -> bool:
+        return self.kind != "encoder"
+
+
+def _t5_config(cls=transformers.T5Config, **overrides):
+    base = dict(vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=2 * HIDDEN, num_layers=LAYERS,
+                num_heads=HEADS, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+    return cls(**{**base, **overrides})
+
+
+_ENCODER = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                intermediate_size=2 * HIDDEN)
+
+CASES: dict[str, Case] = {
+    case.name: case
+    for case in [
+        Case("gpt2", "gpt2", "gpt2", "decoder", transformers.GPT2LMHeadModel,
+             lambda: transformers.GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=HIDDEN,
+                                             n_layer=LAYERS, n_head=HEADS, bos_token_id=0, eos_token_id=0),
+             tokenizer=save_bpe_tokenizer, pad_side="left"),
+        Case("t5", "t5", "t5", "seq2seq", transformers.T5ForConditionalGeneration, _t5_config),
+        Case("t5_v1_1", "t5", "t5", "seq2seq", transformers.T5ForConditionalGeneration,
+             lambda: _t5_config(num_decoder_layers=LAYERS + 1, feed_forward_proj="gated-gelu",
+                                tie_word_embeddings=False)),
+        Case("mt5", "mt5", "mt5", "seq2seq", transformers.MT5ForConditionalGeneration,
+             lambda: _t5_config(transformers.MT5Config, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+        Case("bert", "bert", "bert", "encoder", transformers.BertModel,
+             lambda: transformers.BertConfig(**_ENCODER, max_position_embeddings=POSITIONS),
+             tokenizer=save_bert_tokenizer),
+        Case("roberta", "roberta", "roberta", "encoder", transformers.RobertaModel,
+             lambda: transformers.RobertaConfig(**_ENCODER, max_position_embeddings=POSITIONS + 2,
+                                                pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)),
+    ]
+}
+LM_CASES = [name for name, case in CASES.items() if case.is_lm]
+SEQ2SEQ_CASES = [name for name, case in CASES.items() if case.kind == "seq2seq"]
+ENCODER_CASES = [name for name, case in CASES.items() if not case.is_lm]
+
+
+def build_checkpoint(case: Case, directory: Path, seed: int = 0, **save_kwargs) -> Path:
+    """Seeded random weights saved the way transformers saves them, plus the case's tokenizer."""
+    torch.manual_seed(seed)
+    model = case.hf_class(case.config()).eval()
+    model.save_pretrained(directory, **save_kwargs)
+    if case.tokenizer is not None:
+        assert case.tokenizer(directory) == model.config.vocab_size
+    return directory
+
+
+def hf_generate_kwargs(model) -> dict:
+    """Works around transformers sizing T5's self-attention cache from num_layers, not num_decoder_layers."""
+    config = model.config
+    if config.is_encoder_decoder and config.num_decoder_layers != config.num_layers:
+        return {"past_key_values": EncoderDecoderCache(DynamicCache(), DynamicCache())}
+    return {}
+
+
+# -- the zoo ----------------------------------------------------------------------------------------
+
+
+class Zoo:
+    """Builds each checkpoint, artifact, reference and loaded model once per session, on first use.
+
+    Everything it hands out is shared: tests that alter files work on `copy_checkpoint` / `copy_artifact`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._checkpoints: dict[str, Path] = {}
+        self._artifacts: dict[str, Path] = {}
+        self._references: dict[str, torch.nn.Module] = {}
+        self._models: dict[tuple[str, str], hotrod.HotrodModel] = {}
+        self._generated: dict[tuple, torch.Tensor] = {}
+
+    def checkpoint(self, name: str) -> Path:
+        if name not in self._checkpoints:
+            self._checkpoints[name] = build_checkpoint(CASES[name], self.root / "checkpoints" / name)
+        return self._checkpoints[name]
+
+    def artifact(self, name: str) -> Path:
+        if name not in self._artifacts:
+            self._artifacts[name] = hotrod.optimize(self.checkpoint(name), self.root / "artifacts" / name,
+                                                    progress=False)
+        return self._artifacts[name]
+
+    def reference(self, name: str) -> torch.nn.Module:
+        """transformers' own model, read from the same checkpoint directory."""
+        if name not in self._references:
+            self._references[name] = CASES[name].hf_class.from_pretrained(self.checkpoint(name)).eval()
+        return self._references[name]
+
+    def hf_generate(self, name: str, ids: torch.Tensor, mask: torch.Tensor | None, seed: int | None = None,
+                    **kwargs) -> torch.Tensor:
+        """transformers' `generate` on the reference (memoised: both backends compare with one run)."""
+        key = (name, str(ids.tolist()), str(None if mask is None else mask.tolist()), seed,
+               repr(sorted(kwargs.items())))
+        if key not in self._generated:
+            reference = self.reference(name)
+            if seed is not None:
+                torch.manual_seed(seed)
+            with torch.no_grad():
+                self._generated[key] = reference.generate(ids, attention_mask=mask, **kwargs,
+                                                          **hf_generate_kwargs(reference))
+        return self._generated[key]
+
+    def model(self, name: str, backend: str) -> hotrod.HotrodModel:
+        """The artifact on onnxruntime; the checkpoint itself on torch."""
+        if (name, backend) not in self._models:
+            source = self.artifact(name) if backend == "onnxruntime" else self.checkpoint(name)
+            self._models[name, backend] = hotrod.load(source, backend=backend)
+        return self._models[name, backend]
+
+    def copy_checkpoint(self, name: str, dest: Path) -> Path:
+        return Path(shutil.copytree(self.checkpoint(name), dest))
+
+    def copy_artifact(self, name: str, dest: Path) -> Path:
+        return Path(shutil.copytree(self.artifact(name), dest))
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+
+
+def prompt_batch(case: Case, lengths: tuple[int, ...], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts of the given lengths, padded on the case's side with its pad token (ids avoid specials)."""
+    generator = torch.Generator().manual_seed(seed)
+    config = case.config()
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        span = slice(width - length, width) if case.pad_side == "left" else slice(0, length)
+        ids[row, span] = torch.randint(3, config.vocab_size, (length,), generator=generator)
+        mask[row, span] = 1
+    return ids, mask
+
+
+def assert_same_tokens(actual: torch.Tensor, expected: torch.Tensor):
+    message = f"\nhotrod:\n{actual}\ntransformers:\n{expected}"
+    assert actual.dtype == torch.long
+    assert actual.shape == expected.shape, message
+    assert torch.equal(actual, expected), message
