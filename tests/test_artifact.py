@@ -261,3 +261,35 @@ def test_bad_optimize_options(zoo, tmp_path, option, value, message):
     with pytest.raises(hotrod.HotrodError, match=message):
         hotrod.optimize(zoo.checkpoint("bert"), tmp_path / "out", progress=False, **{option: value})
     assert not (tmp_path / "out").exists()
+
+
+def test_output_that_is_the_source_is_refused(zoo, tmp_path):
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    for out in (source, source.parent):
+        with pytest.raises(hotrod.HotrodError, match="would replace the source checkpoint"):
+            hotrod.optimize(source, out, force=True, progress=False)
+    assert (source / "model.safetensors").is_file()
+
+
+def test_large_graphs_keep_their_weights_in_one_external_file(zoo, tmp_path, monkeypatch):
+    import hotrod.export.onnx as exporter
+
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 1)  # every graph counts as "over 2 GB"
+    out = hotrod.optimize(zoo.checkpoint("t5"), tmp_path / "out", progress=False)
+    graphs = manifest(out)["graphs"]
+    for name, entry in graphs.items():
+        assert entry["external_data"]["file"] == f"{name}.onnx.data"
+        assert (out / f"{name}.onnx.data").stat().st_size == entry["external_data"]["bytes"]
+    ids, mask = prompt_batch(CASES["t5"], (5, 3))
+    expected = zoo.model("t5", "onnxruntime").generate(ids, attention_mask=mask, max_new_tokens=5)
+    assert torch.equal(hotrod.load(out).generate(ids, attention_mask=mask, max_new_tokens=5), expected)
+    (out / "decoder.onnx.data").write_bytes(b"")
+    with pytest.raises(hotrod.HotrodError, match="decoder.onnx.data is corrupt"):
+        hotrod.load(out)
+
+
+def test_graphs_without_manifest_are_named_as_a_damaged_artifact(zoo, tmp_path):
+    out = zoo.copy_artifact("gpt2", tmp_path / "out")
+    (out / "manifest.json").unlink()
+    with pytest.raises(hotrod.HotrodError, match="no manifest.json"):
+        hotrod.load(out)

@@ -8,6 +8,7 @@ kind-specific is in the decoding states; nothing here knows a family or a backen
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,8 @@ class HotrodModel:
             if start is None:
                 raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
             state = Seq2SeqState(self.backend, self.dims, start)
-        return run_search(state, input_ids, attention_mask, settings)
+        with _torch_threads(self.backend.loop_threads):
+            return run_search(state, input_ids, attention_mask, settings)
 
     # -- forward --------------------------------------------------------------------------------
 
@@ -214,3 +216,17 @@ def _infer_mask(input_ids: torch.Tensor, values: dict) -> torch.Tensor:
     if pad is not None and pad not in eos_ids and bool((input_ids == pad).any()):
         return (input_ids != pad).long()
     return torch.ones_like(input_ids)
+
+
+@contextmanager
+def _torch_threads(threads: int | None):
+    """Run the block with torch limited to `threads` (None: unchanged), then restore the old count."""
+    if threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

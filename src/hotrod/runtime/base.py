@@ -29,6 +29,10 @@ class RuntimeOptions:
 class Backend(Protocol):
     contracts: dict[str, GraphIO]
     device: str
+    # Torch threads the decoding loop should use around this backend's runs, or None to leave torch alone.
+    # A CPU engine with its own thread pool wants 1: the loop's vocab-sized ops gain nothing from threads,
+    # and torch's idle workers spinning on the same cores slow the engine down.
+    loop_threads: int | None
 
     def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run."""

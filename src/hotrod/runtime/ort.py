@@ -42,6 +42,7 @@ class OrtBackend:
     def __init__(self, files: dict[str, Path], contracts: dict[str, GraphIO], options: RuntimeOptions):
         self.contracts = contracts
         self.device = "cpu" if options.device == "cpu" else "cuda"
+        self.loop_threads = 1 if self.device == "cpu" else None
         providers = providers_for(options.device)
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
