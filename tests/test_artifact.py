@@ -47,7 +47,7 @@ def test_manifest_describes_the_model(zoo, case):
     assert data["source"]["origin"] == str(zoo.checkpoint(case))
     assert Path(data["source"]["path"]) == zoo.checkpoint(case).resolve()
     assert data["source"]["from_hub"] is False
-    assert data["options"] == {"precision": "fp32", "device": "cpu", "opset": 17}
+    assert data["options"] == {"precision": "fp32", "device": "cpu", "opset": 17, "fusion": True}
     assert data["dims"]["vocab_size"] == 100 and data["dims"]["hidden_size"] == 32
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                 "onnxruntime": onnxruntime.__version__}

@@ -26,6 +26,8 @@ from hotrod.load import (
     weights_sha256,
 )
 from hotrod.model import HotrodModel
+from hotrod.optimize import optimize_graph
+from hotrod.optimize.quantize import describe as describe_precision
 from hotrod.options import BACKENDS, DEVICES, ExportOptions, check_choice
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
@@ -39,9 +41,13 @@ def optimize(
     device: str = "cpu",
     force: bool = False,
     progress: bool = True,
+    fusion: bool = True,
 ) -> Path:
-    """Export `source` (a checkpoint directory or hub id) to an artifact directory `out`; returns its path."""
-    options = ExportOptions(precision=precision, device=device)
+    """Export `source` (a checkpoint directory or hub id) to an artifact directory `out`; returns its path.
+
+    Each graph is exported, fused (unless `fusion=False`) and quantized to `precision` (fp32, int8, int4).
+    """
+    options = ExportOptions(precision=precision, device=device, fusion=fusion)
     if check_choice("backend", backend, BACKENDS) != "onnxruntime":
         raise HotrodError("optimize writes ONNX graphs for the onnxruntime backend; "
                           "run a checkpoint in PyTorch with hotrod.load(source, backend='torch')")
@@ -55,13 +61,16 @@ def optimize(
         contracts = graph_contracts(src.family.kind, dims)
         graphs = module.graphs()
         entries = {}
-        for name, io in _progress(contracts.items(), progress, "export", len(contracts)):
-            external = export_graph(graphs[name], io, dims.vocab_size, tmp / f"{name}.onnx")
+        for name, io in _progress(contracts.items(), progress, "export + optimize", len(contracts)):
+            export_graph(graphs[name], io, dims.vocab_size, tmp / f"{name}.onnx")
+            optimizer = src.family.onnx_optimizer if options.fusion else None
+            external, report = optimize_graph(tmp / f"{name}.onnx", optimizer, dims, options.precision)
             entries[name] = {
                 **art.file_entry(tmp, f"{name}.onnx"),
                 "external_data": art.file_entry(tmp, external.name) if external else None,
                 "inputs": [t.to_dict() for t in io.inputs],
                 "outputs": [t.to_dict() for t in io.outputs],
+                **report,
             }
         del module
         files = _write_configs(src, tmp)
@@ -73,6 +82,7 @@ def optimize(
             "kind": src.family.kind,
             "dims": dims.to_dict(),
             "options": options.to_dict(),
+            "weights": describe_precision(options.precision),
             "versions": _versions(),
             "graphs": entries,
             "files": files,

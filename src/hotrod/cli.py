@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--force", action="store_true", help="replace an existing --out directory whole")
+    p.add_argument("--no-fusion", dest="fusion", action="store_false", help="skip kernel fusion")
     p.set_defaults(handler=_optimize)
 
     p = sub.add_parser("generate", help="generate text with an artifact (or a checkpoint)")
@@ -110,7 +111,7 @@ def _optimize(args) -> int:
     import hotrod
 
     out = hotrod.optimize(args.source, args.out, precision=args.precision, backend=args.backend,
-                          device=args.device, force=args.force, progress=True)
+                          device=args.device, force=args.force, progress=True, fusion=args.fusion)
     print(out)
     return 0
 
@@ -203,6 +204,10 @@ def _info(args) -> int:
         size = graph["bytes"] + (graph["external_data"]["bytes"] if graph.get("external_data") else 0)
         ins = ", ".join(i["name"] for i in graph["inputs"] if "past_key_values" not in i["name"] and "cross" not in i["name"])
         print(f"graph       {name:<13} {size / 1e6:8.1f} MB  inputs: {ins}{_cache_note(graph)}")
+        fused = graph.get("fused_ops") or {}
+        print("  fused     " + (", ".join(f"{op} x{n}" for op, n in fused.items()) or "none"))
+    if "weights" in manifest:
+        print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
     return 0
 
 

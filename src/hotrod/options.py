@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from hotrod.errors import HotrodError
 from hotrod.export.onnx import OPSET
 
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "int8", "int4")
 BACKENDS = ("onnxruntime", "torch")
 DEVICES = ("cpu", "cuda")
 
@@ -19,6 +19,7 @@ class ExportOptions:
     precision: str = "fp32"
     device: str = "cpu"
     opset: int = OPSET
+    fusion: bool = True
 
     def __post_init__(self):
         check_choice("precision", self.precision, PRECISIONS)

@@ -46,6 +46,7 @@ class Family:
     kind: Kind
     dims: Callable[[object], Dims]
     build: Callable[[object], nn.Module]  # config -> lean module with `graphs()` and `load_hf()`
+    onnx_optimizer: str | None = None  # model type for ONNX Runtime's transformer optimizer (fusion)
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -130,4 +130,6 @@ def bert_dims(config) -> Dims:
     )
 
 
-FAMILY = register(Family(name="bert", model_types=("bert",), kind="encoder", dims=bert_dims, build=BertEncoder))
+FAMILY = register(
+    Family(name="bert", model_types=("bert",), kind="encoder", dims=bert_dims, build=BertEncoder, onnx_optimizer="bert")
+)

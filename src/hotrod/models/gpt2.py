@@ -111,4 +111,5 @@ def gpt2_dims(config) -> Dims:
     )
 
 
-FAMILY = register(Family(name="gpt2", model_types=("gpt2",), kind="decoder", dims=gpt2_dims, build=GPT2LM))
+FAMILY = register(Family(name="gpt2", model_types=("gpt2",), kind="decoder", dims=gpt2_dims, build=GPT2LM,
+                         onnx_optimizer="gpt2"))

@@ -32,5 +32,6 @@ def roberta_dims(config) -> Dims:
 
 
 FAMILY = register(
-    Family(name="roberta", model_types=("roberta",), kind="encoder", dims=roberta_dims, build=RobertaEncoder)
+    Family(name="roberta", model_types=("roberta",), kind="encoder", dims=roberta_dims, build=RobertaEncoder,
+           onnx_optimizer="bert")
 )

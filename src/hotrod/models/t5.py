@@ -274,5 +274,9 @@ def mt5_model(config) -> T5Model:
     return T5Model(config, rescale_output=False)
 
 
-FAMILY = register(Family(name="t5", model_types=("t5",), kind="seq2seq", dims=t5_dims, build=T5Model))
-MT5 = register(Family(name="mt5", model_types=("mt5",), kind="seq2seq", dims=t5_dims, build=mt5_model))
+FAMILY = register(
+    Family(name="t5", model_types=("t5",), kind="seq2seq", dims=t5_dims, build=T5Model, onnx_optimizer="t5")
+)
+MT5 = register(
+    Family(name="mt5", model_types=("mt5",), kind="seq2seq", dims=t5_dims, build=mt5_model, onnx_optimizer="t5")
+)

@@ -1,0 +1,49 @@
+"""Kernel fusion with ONNX Runtime's transformer optimizer.
+
+ONNX Runtime's optimizer is the well-kept tool for this job: it matches LayerNorm / RMS norm,
+residual + norm (SkipLayerNormalization, SkipSimplifiedLayerNormalization), bias + GELU (FastGelu,
+BiasGelu) and the reshape chains around attention, and rewrites GPT-2's Gemm layers as MatMul + bias
+so that the quantizers see every weight. hotrod runs it with the family's optimizer model type.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import onnx
+
+from hotrod.registry import Dims
+
+# Operators whose count `hotrod info` reports: what the fusion produced.
+FUSED_OPS = (
+    "Attention", "MultiHeadAttention", "GroupQueryAttention", "EmbedLayerNormalization", "LayerNormalization",
+    "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "FastGelu", "BiasGelu", "Gelu", "GemmFastGelu", "RotaryEmbedding",
+)
+
+
+def fuse(model: onnx.ModelProto, optimizer_model_type: str, dims: Dims) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """The fused graph and the count of each fused operator in it."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    options = FusionOptions(optimizer_model_type)
+    fused = optimize_model(
+        model,
+        model_type=optimizer_model_type,
+        num_heads=dims.num_heads,
+        hidden_size=dims.hidden_size,
+        opt_level=0,  # graph-level passes only; ONNX Runtime applies its own when the session starts
+        optimization_options=options,
+    )
+    model = fused.model
+    if not any(op.domain == "com.microsoft" for op in model.opset_import):  # the fused ops live there
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return model, fused_op_counts(model)
+
+
+def fused_op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts = Counter(node.op_type for node in model.graph.node)
+    return {op: counts[op] for op in FUSED_OPS if counts[op]}

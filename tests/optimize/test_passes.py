@@ -1,0 +1,126 @@
+"""Fusion and quantization passes, on every family of the table."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+
+import hotrod
+from hotrod.optimize.quantize import prune_initializers
+from tests.zoo import CASES, prompt_batch
+
+# The fused operators each family's graphs must contain (ONNX Runtime's optimizer output).
+EXPECTED_FUSIONS = {
+    "gpt2": {"SkipLayerNormalization", "FastGelu"},
+    "t5": {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"},
+    "mt5": {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "FastGelu"},
+    "bert": {"SkipLayerNormalization", "FastGelu"},
+    "roberta": {"SkipLayerNormalization", "FastGelu"},
+}
+# Logit (or hidden state) cosine to fp32 each precision must keep on the tiny random models.
+MIN_COSINE = {"int8": 0.999, "int4": 0.95}
+QUANTIZED_OPS = {"int8": {"DynamicQuantizeMatMul", "MatMulInteger"}, "int4": {"MatMulNBits"}}
+
+
+def graph_ops(path) -> set[str]:
+    return {node.op_type for node in onnx.load(str(path)).graph.node}
+
+
+def test_every_family_has_expected_fusions():
+    assert {case.family for case in CASES.values()} <= set(EXPECTED_FUSIONS)
+
+
+def test_fused_op_counts_are_recorded_and_present(zoo, case):
+    artifact = zoo.artifact(case)
+    graphs = json.loads((artifact / "manifest.json").read_text())["graphs"]
+    expected = EXPECTED_FUSIONS[CASES[case].family]
+    for name, entry in graphs.items():
+        counts = entry["fused_ops"]
+        assert counts, f"{name} has no fused operators"
+        ops = graph_ops(artifact / entry["file"])
+        assert set(counts) <= ops
+        assert expected & set(counts), f"{name}: expected some of {expected}, got {counts}"
+    layer_norms = sum(graphs[g]["fused_ops"].get("SkipLayerNormalization", 0) for g in graphs)
+    if CASES[case].family in ("gpt2", "bert", "roberta"):
+        assert layer_norms >= 2 * 2 - 1  # two per layer, less the first, for the 2-layer models
+
+
+def test_info_lists_fused_ops(zoo, capsys):
+    from hotrod.cli import main
+
+    assert main(["info", str(zoo.artifact("gpt2"))]) == 0
+    assert "SkipLayerNormalization x" in capsys.readouterr().out
+
+
+def test_no_fusion_option_keeps_the_plain_graph(zoo, tmp_path):
+    out = hotrod.optimize(zoo.checkpoint("gpt2"), tmp_path / "plain", fusion=False, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["fusion"] is False
+    assert manifest["graphs"]["decoder"]["fused_ops"] == {}
+    assert "SkipLayerNormalization" not in graph_ops(out / "decoder.onnx")
+
+
+def _outputs(model, case_name):
+    case = CASES[case_name]
+    ids, mask = prompt_batch(case, (6, 4))
+    if case.kind == "encoder":
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+    if case.kind == "seq2seq":
+        return model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3]).logits
+    return model(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+
+
+@pytest.fixture(scope="module")
+def quantized(zoo, tmp_path_factory):
+    made = {}
+
+    def build(case_name: str, precision: str):
+        if (case_name, precision) not in made:
+            out = tmp_path_factory.mktemp(f"{case_name}-{precision}")
+            made[case_name, precision] = hotrod.optimize(zoo.checkpoint(case_name), out, precision=precision,
+                                                         force=True, progress=False)
+        return made[case_name, precision]
+
+    return build
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert"])
+def test_quantized_outputs_stay_within_tolerance(zoo, quantized, case_name, precision):
+    artifact = quantized(case_name, precision)
+    reference = _outputs(zoo.model(case_name, "onnxruntime"), case_name)
+    actual = _outputs(hotrod.load(artifact), case_name)
+    cosine = torch.nn.functional.cosine_similarity(reference.flatten(), actual.flatten(), dim=0)
+    assert cosine >= MIN_COSINE[precision]
+    assert not torch.equal(reference, actual), "quantization changed nothing"
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_artifact_holds_quantized_weights_only(zoo, quantized, precision):
+    artifact = quantized("gpt2", precision)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["options"]["precision"] == precision
+    assert manifest["weights"]["embeddings"] == "fp32" and precision in manifest["weights"]["lm_head"]
+    ops = graph_ops(artifact / "decoder.onnx")
+    assert ops & QUANTIZED_OPS[precision]
+    fp32_size = (zoo.artifact("gpt2") / "decoder.onnx").stat().st_size
+    assert (artifact / "decoder.onnx").stat().st_size < 0.6 * fp32_size  # the fp32 originals are gone
+    ids, mask = prompt_batch(CASES["gpt2"], (5, 3))
+    out = hotrod.load(artifact).generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=2)
+    assert out.shape[0] == 2 and out.shape[1] <= 9
+
+
+def test_prune_initializers_drops_only_unused_weights():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    used = numpy_helper.from_array(np.ones((2, 2), np.float32), "used")
+    unused = numpy_helper.from_array(np.ones((2, 2), np.float32), "unused")
+    node = helper.make_node("MatMul", ["x", "used"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [used, unused])
+    pruned = prune_initializers(helper.make_model(graph))
+    assert [t.name for t in pruned.graph.initializer] == ["used"]
