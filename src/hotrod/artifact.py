@@ -76,7 +76,7 @@ def file_entry(directory: Path, name: str) -> dict:
 
 def write_manifest(directory: Path, manifest: dict) -> None:
     manifest = {"format": FORMAT, "hotrod_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **manifest}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def open_artifact(path: str | Path, check_hashes: bool = True) -> Artifact:

@@ -52,7 +52,7 @@ def _int4_weight_only(model: onnx.ModelProto) -> onnx.ModelProto:
 
     quantizer = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4)
     quantizer.process()
-    return prune_initializers(quantizer.model.model)
+    return quantizer.model.model  # the pass pipeline prunes the fp32 originals it leaves behind
 
 
 def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
