@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import hotrod
 from hotrod.artifact import is_artifact
 from hotrod.bench.timing import interleaved, median
 from hotrod.bench.workloads import WORKLOADS, checkpoint
+from hotrod.load import cache_dir
 from hotrod.runtime.base import cpu_threads
 
 HF_CLASSES = {"W1": transformers.AutoModelForCausalLM, "W2": transformers.AutoModelForSeq2SeqLM}
@@ -79,7 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
-    cache = Path(os.environ.get("HOTROD_CACHE", Path.home() / ".cache" / "hotrod")) / "bench"
+    cache = cache_dir() / "bench"
     precisions = [p.strip() for p in args.precisions.split(",")]
     results = [run_workload(w.strip(), precisions, args.runs, threads, cache) for w in args.workloads.split(",")]
 

@@ -5,7 +5,6 @@ The CLI is a thin layer over these two functions.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from hotrod.errors import HotrodError
 from hotrod.export import export_graph, graph_contracts
 from hotrod.load import (
     Source,
+    cache_dir,
     load_generation_config,
     load_state_dict,
     load_tokenizer,
@@ -106,7 +106,7 @@ def load(
     options = RuntimeOptions(backend=backend, device=device or "cpu", threads=threads)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
-    cached = _cache_dir() / f"{src.family.name}-{source_fingerprint(src.path)[:20]}-fp32"
+    cached = cache_dir() / f"{src.family.name}-{source_fingerprint(src.path)[:20]}-fp32"
     try:
         artifact = art.open_artifact(cached)
     except HotrodError:  # not exported yet, or by an older hotrod, or damaged: export afresh
@@ -187,10 +187,6 @@ def _versions() -> dict:
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
     }
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("HOTROD_CACHE", Path.home() / ".cache" / "hotrod"))
 
 
 def _progress(items, enabled: bool, desc: str, total: int):

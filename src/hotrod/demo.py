@@ -6,7 +6,6 @@ needs no download; it checks that hotrod's tokens equal transformers' before sho
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -14,6 +13,7 @@ import torch
 from hotrod.bench.timing import interleaved, median
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError
+from hotrod.load import cache_dir
 
 
 def run_demo(new_tokens: int = 32, runs: int = 3, out: str | None = None) -> int:
@@ -24,7 +24,7 @@ def run_demo(new_tokens: int = 32, runs: int = 3, out: str | None = None) -> int
 
     if new_tokens < 1 or runs < 1:
         raise HotrodError("--new-tokens and --runs must be >= 1")
-    root = Path(out) if out else Path(os.environ.get("HOTROD_CACHE", Path.home() / ".cache" / "hotrod")) / "demo"
+    root = Path(out) if out else cache_dir() / "demo"
     workload = WORKLOADS["W1"]
     print(f"demo model: {workload.description.split(',')[0]} (seeded random weights)")
     source = checkpoint(workload, root / "checkpoints")
@@ -36,18 +36,16 @@ def run_demo(new_tokens: int = 32, runs: int = 3, out: str | None = None) -> int
     reference = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
     ids, mask = workload.inputs(model.dims.vocab_size)
     kwargs = {**workload.generate_kwargs(), "max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
-    with torch.inference_mode():
-        ours = model.generate(ids, attention_mask=mask, **kwargs)
-        theirs = reference.generate(ids, attention_mask=mask, pad_token_id=reference.config.eos_token_id, **kwargs)
-    same = torch.equal(ours, theirs)
+    def run_pytorch():
+        with torch.inference_mode():
+            return reference.generate(ids, attention_mask=mask, pad_token_id=reference.config.eos_token_id, **kwargs)
+
+    def run_hotrod():
+        return model.generate(ids, attention_mask=mask, **kwargs)
+
+    same = torch.equal(run_hotrod(), run_pytorch())
     print(f"tokens identical to transformers: {'yes' if same else 'NO'}")
-    times = interleaved(
-        {
-            "pytorch": lambda: reference.generate(ids, attention_mask=mask, pad_token_id=reference.config.eos_token_id, **kwargs),
-            "hotrod": lambda: model.generate(ids, attention_mask=mask, **kwargs),
-        },
-        runs=runs,
-    )
+    times = interleaved({"pytorch": run_pytorch, "hotrod": run_hotrod}, runs=runs)
     base = median(times["pytorch"])
     print(f"\n{'system':<28}{'median s':>10}{'ms/token':>10}{'speedup':>9}")
     for name, label in (("pytorch", "PyTorch eager (transformers)"), ("hotrod", "hotrod fp32 onnxruntime")):

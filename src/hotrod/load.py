@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,11 @@ def weights_sha256(path: Path) -> str:
         digest.update(file.name.encode())
         digest.update(file_sha256(file).encode())
     return digest.hexdigest()
+
+
+def cache_dir() -> Path:
+    """Where hotrod keeps what it builds on its own (exports of checkpoints, workload checkpoints, the demo)."""
+    return Path(os.environ.get("HOTROD_CACHE", Path.home() / ".cache" / "hotrod"))
 
 
 def source_fingerprint(path: Path) -> str:

@@ -7,12 +7,13 @@ forced with min_new_tokens = max_new_tokens so that no early EOS shortens a run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from hotrod.load import cache_dir
 
 
 def _gpt2():
@@ -76,7 +77,7 @@ WORKLOADS: dict[str, Workload] = {
 
 def checkpoint(workload: Workload, root: Path | None = None) -> Path:
     """The workload's seeded random checkpoint, built once and kept under the hotrod cache."""
-    root = root or Path(os.environ.get("HOTROD_CACHE", Path.home() / ".cache" / "hotrod")) / "workloads"
+    root = root or cache_dir() / "workloads"
     path = root / workload.id
     if not (path / "config.json").is_file():
         torch.manual_seed(0)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import onnx
 
+from hotrod.export.onnx import EXTERNAL_DATA_THRESHOLD
+
 QUANTIZED = {"int8": "int8 per-channel (dynamic)", "int4": "int4 block-32 symmetric (MatMulNBits)"}
 
 
@@ -37,7 +39,7 @@ def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
 
     with tempfile.TemporaryDirectory() as scratch:
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
-        large = model.ByteSize() > 2**31 - 2**24
+        large = sum(t.ByteSize() for t in model.graph.initializer) >= EXTERNAL_DATA_THRESHOLD
         onnx.save_model(model, str(src), save_as_external_data=large, all_tensors_to_one_file=True)
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
