@@ -47,7 +47,8 @@ def test_manifest_describes_the_model(zoo, case):
     assert data["source"]["origin"] == str(zoo.checkpoint(case))
     assert Path(data["source"]["path"]) == zoo.checkpoint(case).resolve()
     assert data["source"]["from_hub"] is False
-    assert data["options"] == {"precision": "fp32", "device": "cpu", "opset": 17, "fusion": True}
+    assert data["options"] == {"precision": "fp32", "device": "cpu", "opset": 17, "fusion": True,
+                               "calibration_method": "minmax"}
     assert data["dims"]["vocab_size"] == 100 and data["dims"]["hidden_size"] == 32
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                 "onnxruntime": onnxruntime.__version__}
@@ -252,7 +253,9 @@ def test_failed_forced_export_keeps_the_previous_artifact(zoo, tmp_path):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("precision", "fp16", "unknown precision 'fp16'"),
+    ("precision", "fp8", "unknown precision 'fp8'"),
+    ("precision", "bf16", "bf16 on cpu"),
+    ("calibration_method", "kl", "unknown calibration method 'kl'"),
     ("device", "tpu", "unknown device 'tpu'"),
     ("backend", "torch", "optimize writes ONNX graphs"),
     ("backend", "tensorflow", "unknown backend"),

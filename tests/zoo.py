@@ -24,6 +24,7 @@ LAYERS = 2
 HEADS = 4
 POSITIONS = 64  # of the absolute-position models (GPT-2, BERT, RoBERTa)
 BACKENDS = ("onnxruntime", "torch")
+VERIFY_EXAMPLES = 8  # each zoo artifact is verified against its checkpoint on this many built-in texts
 
 
 # -- tokenizers -------------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Zoo:
     def artifact(self, name: str) -> Path:
         if name not in self._artifacts:
             self._artifacts[name] = hotrod.optimize(self.checkpoint(name), self.root / "artifacts" / name,
-                                                    progress=False)
+                                                    progress=False, verify_examples=VERIFY_EXAMPLES)
         return self._artifacts[name]
 
     def reference(self, name: str) -> torch.nn.Module:

@@ -1,7 +1,7 @@
 """hotrod: Hugging Face transformers at real-time latency, with the same answers."""
 
-from hotrod.api import load, optimize
+from hotrod.api import load, optimize, verify
 from hotrod.errors import HotrodError
 from hotrod.version import __version__
 
-__all__ = ["HotrodError", "__version__", "load", "optimize"]
+__all__ = ["HotrodError", "__version__", "load", "optimize", "verify"]

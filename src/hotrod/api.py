@@ -5,20 +5,25 @@ The CLI is a thin layer over these two functions.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from hotrod import artifact as art
+from hotrod import build
+from hotrod.build import build_module
 from hotrod.errors import HotrodError
-from hotrod.export import export_graph, graph_contracts
+from hotrod.export import graph_contracts
 from hotrod.load import (
     Source,
     cache_dir,
     load_generation_config,
-    load_state_dict,
     load_tokenizer,
     open_source,
     read_config,
@@ -26,11 +31,16 @@ from hotrod.load import (
     weights_sha256,
 )
 from hotrod.model import HotrodModel
-from hotrod.optimize import optimize_graph
-from hotrod.optimize.quantize import describe as describe_precision
-from hotrod.options import BACKENDS, DEVICES, ExportOptions, check_choice
+from hotrod.optimize.calibration import Feeds, builtin_texts, capture_feeds, read_texts
+from hotrod.optimize.passes import HALF
+from hotrod.optimize.precision import half_supported
+from hotrod.optimize.quantize import NEEDS_CALIBRATION
+from hotrod.options import AUTO, BACKENDS, DEVICES, ExportOptions, check_choice
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
+from hotrod.verify import DEFAULT_EXAMPLES, Example, builtin_examples, compare, read_examples
+
+NEEDS_FEEDS = frozenset(HALF) | NEEDS_CALIBRATION
 
 
 def optimize(
@@ -42,52 +52,153 @@ def optimize(
     force: bool = False,
     progress: bool = True,
     fusion: bool = True,
+    calibration: str | Path | Sequence[str] | None = None,
+    calibration_method: str = "minmax",
+    verify_texts: str | Path | Sequence[str | Example] | None = None,
+    verify_examples: int = 32,
+    max_drop: float = 0.01,
 ) -> Path:
     """Export `source` (a checkpoint directory or hub id) to an artifact directory `out`; returns its path.
 
-    Each graph is exported, fused (unless `fusion=False`) and quantized to `precision` (fp32, int8, int4).
+    Every graph is exported and fused (unless `fusion=False`), then lowered to `precision` (see
+    `hotrod.options.PRECISIONS`, or "auto"). Precisions that calibrate record real feeds from the fp32
+    model on `calibration` texts (a file, a list, or the built-in set). The result is verified against the
+    source on `verify_examples` examples (0 skips it) and the figures are stored in manifest.json. With
+    "auto", every candidate is built, verified and timed, and the fastest whose score drops at most
+    `max_drop` below the source's is kept; the manifest's "auto" section holds the whole table.
     """
-    options = ExportOptions(precision=precision, device=device, fusion=fusion)
+    auto = precision == AUTO
+    options = ExportOptions(precision="fp32" if auto else precision, device=device, fusion=fusion,
+                            calibration_method=calibration_method)
+    if options.precision in HALF and device == "cpu" and not half_supported(options.precision, "cpu"):
+        raise HotrodError(f"onnxruntime's CPU provider has no {options.precision} kernels, so {options.precision} "
+                          "on cpu would only be slower; build it with --device cuda, or choose int8/int4 for CPU")
     if check_choice("backend", backend, BACKENDS) != "onnxruntime":
         raise HotrodError("optimize writes ONNX graphs for the onnxruntime backend; "
                           "run a checkpoint in PyTorch with hotrod.load(source, backend='torch')")
+    if verify_examples < 0 or (auto and verify_examples == 0):
+        raise HotrodError("verify_examples must be >= 1 with precision 'auto' (and >= 0 otherwise)")
+    if auto and device != "cpu" and not _has_device(device):
+        raise HotrodError(f"--precision auto times every candidate on the device, and {device} is not available here")
+    if not 0 <= max_drop <= 1:
+        raise HotrodError(f"max_drop must be between 0 and 1, got {max_drop}")
+    texts = _calibration_texts(calibration)  # a bad file fails before any work
+    examples = _examples(verify_texts)[:verify_examples]
     out = Path(out)
     src = open_source(source)
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, force) as tmp:
-        module = build_module(src)
-        dims = src.family.dims(src.config)
-        contracts = graph_contracts(src.family.kind, dims)
-        graphs = module.graphs()
-        entries = {}
-        for name, io in _progress(contracts.items(), progress, "export + optimize", len(contracts)):
-            export_graph(graphs[name], io, dims.vocab_size, tmp / f"{name}.onnx")
-            optimizer = src.family.onnx_optimizer if options.fusion else None
-            external, report = optimize_graph(tmp / f"{name}.onnx", optimizer, dims, options.precision)
-            entries[name] = {
-                **art.file_entry(tmp, f"{name}.onnx"),
-                "external_data": art.file_entry(tmp, external.name) if external else None,
-                "inputs": [t.to_dict() for t in io.inputs],
-                "outputs": [t.to_dict() for t in io.outputs],
-                **report,
-            }
-        del module
-        files = _write_configs(src, tmp)
-        art.write_manifest(tmp, {
-            "source": {"origin": src.origin, "path": str(src.path.resolve()), "from_hub": src.from_hub,
-                       "weights_sha256": weights_sha256(src.path)},
-            "family": src.family.name,
-            "model_type": src.config.model_type,
-            "kind": src.family.kind,
-            "dims": dims.to_dict(),
-            "options": options.to_dict(),
-            "weights": describe_precision(options.precision),
-            "versions": _versions(),
-            "graphs": entries,
-            "files": files,
-        })
+        entries = build.export_graphs(src, tmp, options.fusion, progress)
+        files = build.write_configs(src, tmp)
+        art.write_manifest(tmp, build.manifest(src, options, entries, files))
+        reference = _torch_model(src, RuntimeOptions(backend="torch"), load_tokenizer(src.path)) if examples else None
+        lowered = _Lowering(src, options, tmp, entries, files, texts, progress)
+        if auto:
+            options, entries, extra = _auto(lowered, reference, examples, max_drop, progress)
+        else:
+            entries, extra = lowered.apply(precision, tmp), {}
+        art.write_manifest(tmp, build.manifest(src, options, entries, files, **extra))
+        if examples:
+            runs_on = device if device == "cpu" or _has_device(device) else "cpu"
+            model = _load_artifact(art.open_artifact(tmp), "onnxruntime", runs_on, 0)
+            extra["verification"] = {"against": src.origin, "examples_from": _origin(verify_texts), "device": runs_on,
+                                     **(extra.pop("figures", None) or compare(model, reference, examples))}
+        else:
+            extra["verification"] = None
+        art.write_manifest(tmp, build.manifest(src, options, entries, files, **extra))
     return out
+
+
+def _has_device(device: str) -> bool:
+    """Whether onnxruntime here can run on `device`; an artifact built for another machine is verified on CPU."""
+    from hotrod.runtime.ort import providers_for
+
+    try:
+        providers_for(device)
+    except HotrodError:
+        return False
+    return True
+
+
+class _Lowering:
+    """Lowers the fp32 export in `base` to a precision in some directory, calibrating once if needed."""
+
+    def __init__(self, src: Source, options: ExportOptions, base: Path, entries: dict, files: dict,
+                 texts: list[str], progress: bool):
+        self.src, self.options, self.base, self.entries, self.files = src, options, base, entries, files
+        self.texts, self.progress = texts, progress
+        self._feeds: Feeds | None = None
+
+    def feeds(self) -> Feeds:
+        if self._feeds is None:
+            model = _load_artifact(art.open_artifact(self.base), "onnxruntime", "cpu", 0)
+            self._feeds = capture_feeds(model, self.texts)
+        return self._feeds
+
+    def apply(self, precision: str, directory: Path) -> dict:
+        """Lower the graphs in `directory` (a copy of the fp32 export, or the export itself)."""
+        feeds = self.feeds() if precision in NEEDS_FEEDS else None
+        return build.lower(directory, self.entries, precision, feeds, self.options.calibration_method, self.progress)
+
+    def build(self, precision: str, directory: Path) -> Path:
+        build.copy_graphs(self.base, directory)
+        entries = self.apply(precision, directory)
+        options = replace(self.options, precision=precision)
+        art.write_manifest(directory, build.manifest(self.src, options, entries, self.files))
+        return directory
+
+
+def _auto(lowered: _Lowering, reference, examples, max_drop: float, progress: bool) -> tuple[ExportOptions, dict, dict]:
+    """Choose the precision, move the winner's graphs into the staging directory, and describe the choice."""
+    from hotrod import auto
+
+    device = lowered.options.device
+    workdir = Path(tempfile.mkdtemp(prefix=".auto.", dir=lowered.base))
+    try:
+        winner, table = auto.choose(lowered.build, lambda p: _load_artifact(art.open_artifact(p), "onnxruntime",
+                                                                           device, 0),
+                                    reference, examples, auto.candidates(device), max_drop, workdir, progress)
+        chosen = workdir / winner.precision
+        entries = json.loads((chosen / art.MANIFEST).read_text())["graphs"]
+        for name in {e["file"] for e in lowered.entries.values()} | {p.name for p in lowered.base.glob("*.onnx.data")}:
+            (lowered.base / name).unlink(missing_ok=True)
+        for file in chosen.iterdir():
+            if file.name.endswith(build.GRAPH_SUFFIXES):
+                shutil.move(str(file), lowered.base / file.name)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    section = {"max_drop": max_drop, "chosen": winner.precision, "score": (winner.figures or {}).get("score_name"),
+               "candidates": [c.row() for c in table]}
+    return replace(lowered.options, precision=winner.precision), entries, {"auto": section, "figures": winner.figures}
+
+
+def _calibration_texts(calibration) -> list[str]:
+    if calibration is None:
+        return builtin_texts()
+    if isinstance(calibration, (str, Path)):
+        return read_texts(calibration)
+    texts = [t.strip() for t in calibration if isinstance(t, str) and t.strip()]
+    if not texts:
+        raise HotrodError("calibration texts are empty")
+    return texts
+
+
+def _examples(verify_texts) -> list[Example]:
+    if verify_texts is None:
+        return builtin_examples()
+    if isinstance(verify_texts, (str, Path)):
+        return read_examples(verify_texts)
+    examples = [e if isinstance(e, Example) else Example(str(e)) for e in verify_texts]
+    if not examples:
+        raise HotrodError("verification examples are empty")
+    return examples
+
+
+def _origin(texts) -> str:
+    if texts is None:
+        return "built-in texts"
+    return str(texts) if isinstance(texts, (str, Path)) else "given examples"
 
 
 def load(
@@ -110,16 +221,38 @@ def load(
     try:
         artifact = art.open_artifact(cached)
     except HotrodError:  # not exported yet, or by an older hotrod, or damaged: export afresh
-        optimize(src.origin if src.from_hub else src.path, cached, force=True, progress=sys.stderr.isatty())
+        optimize(src.origin if src.from_hub else src.path, cached, force=True, progress=sys.stderr.isatty(),
+                 verify_examples=0)  # a cache for load(); `hotrod verify` measures it on request
         artifact = art.open_artifact(cached)
     return _load_artifact(artifact, backend, device, threads)
 
 
-def build_module(src: Source) -> torch.nn.Module:
-    """The family's lean module with the checkpoint's weights, in eval mode."""
-    module = src.family.build(src.config)
-    module.load_hf(load_state_dict(src.path))
-    return module.eval()
+def verify(
+    path: str | Path,
+    against: str | Path | None = None,
+    texts: str | Path | Sequence[str | Example] | None = None,
+    examples: int = DEFAULT_EXAMPLES,
+    max_new_tokens: int | None = None,
+    threads: int = 0,
+) -> dict:
+    """Compare an artifact with its source model (or the checkpoint `against`); returns the figures.
+
+    See `hotrod.verify` for what is measured. `texts` is a file of examples (`input[<TAB>target]` per
+    line), a list, or None for the built-in texts; the first `examples` of them are used.
+    """
+    if examples < 1:
+        raise HotrodError(f"examples must be >= 1, got {examples}")
+    if not art.is_artifact(path):
+        raise HotrodError(f"{path} is not a hotrod artifact (no manifest.json); verify checks an artifact")
+    chosen = _examples(texts)[:examples]
+    artifact = art.open_artifact(path)
+    model = _load_artifact(artifact, "onnxruntime", None, threads)
+    src = _artifact_source(artifact) if against is None else open_source(against)
+    if src.family.dims(src.config) != model.dims:
+        raise HotrodError(f"{src.origin} is not the model of {path} (its dimensions differ)")
+    reference = _torch_model(src, RuntimeOptions(backend="torch", threads=threads), model.tokenizer)
+    figures = compare(model, reference, chosen, max_new_tokens=max_new_tokens)
+    return {"against": src.origin, "examples_from": _origin(texts), **figures}
 
 
 def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int) -> HotrodModel:
@@ -162,36 +295,3 @@ def _artifact_source(artifact: art.Artifact) -> Source:
     return open_source(path)
 
 
-def _write_configs(src: Source, out: Path) -> dict:
-    """Copy config.json, write generation_config.json and the tokenizer; returns their manifest entries."""
-    shutil.copyfile(src.path / "config.json", out / "config.json")
-    load_generation_config(src.path, src.config).save_pretrained(out)
-    tokenizer = load_tokenizer(src.path)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    names = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.endswith((".onnx", ".data")))
-    return {name: art.file_entry(out, name) for name in names}
-
-
-def _versions() -> dict:
-    import onnx
-    import onnxruntime
-    import tokenizers
-    import transformers
-
-    return {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-    }
-
-
-def _progress(items, enabled: bool, desc: str, total: int):
-    if not enabled:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, total=total, unit="graph", file=sys.stderr)

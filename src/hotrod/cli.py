@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod.errors import HotrodError
-from hotrod.options import BACKENDS, DEVICES, PRECISIONS
+from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, PRECISIONS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,12 +48,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="export and optimize a checkpoint into an artifact directory")
     p.add_argument("source", help="local Hugging Face checkpoint directory or hub id")
     p.add_argument("--out", required=True, help="artifact directory to write")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    p.add_argument("--precision", default="fp32", choices=(*PRECISIONS, AUTO),
+                   help="auto: build every candidate, keep the fastest within --max-drop")
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--force", action="store_true", help="replace an existing --out directory whole")
     p.add_argument("--no-fusion", dest="fusion", action="store_false", help="skip kernel fusion")
+    p.add_argument("--calibration", metavar="FILE", help="calibration texts, one per line (default: built-in set)")
+    p.add_argument("--calibration-method", default="minmax", choices=CALIBRATION_METHODS)
+    p.add_argument("--max-drop", type=float, default=0.01,
+                   help="with --precision auto: the largest score drop below the source's to accept")
+    p.add_argument("--verify-texts", metavar="FILE", help="examples to verify on, input[<TAB>target] per line")
+    p.add_argument("--verify-examples", type=int, default=32, help="how many examples to verify on (0: skip)")
     p.set_defaults(handler=_optimize)
+
+    p = sub.add_parser("verify", help="compare an artifact's outputs with its source model's")
+    p.add_argument("artifact")
+    p.add_argument("--against", metavar="SOURCE", help="checkpoint or hub id (default: the recorded source)")
+    p.add_argument("--texts", metavar="FILE", help="examples, input[<TAB>target] per line (default: built-in)")
+    p.add_argument("--examples", type=int, default=100, help="how many examples to use")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(handler=_verify)
 
     p = sub.add_parser("generate", help="generate text with an artifact (or a checkpoint)")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
@@ -87,10 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole manifest")
     p.set_defaults(handler=_info)
 
-    p = sub.add_parser("demo", help="optimize a built-in model, generate with it and time it against PyTorch")
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--out", default=None, help="where to keep the demo's checkpoint and artifact")
+    p = sub.add_parser("demo", help="optimize the built-in models for this machine, verify them, time them "
+                                    "against PyTorch and write a report")
+    p.add_argument("--models", default=None, help="comma-separated demo model names (default: all)")
+    p.add_argument("--runs", type=int, default=3, help="timed runs per system (medians are reported)")
+    p.add_argument("--max-drop", type=float, default=0.01, help="accuracy budget for --precision auto")
+    p.add_argument("--out", default=None, help="where to keep the demo's artifacts and report")
     p.set_defaults(handler=_demo)
     return parser
 
@@ -111,9 +130,41 @@ def _optimize(args) -> int:
     import hotrod
 
     out = hotrod.optimize(args.source, args.out, precision=args.precision, backend=args.backend,
-                          device=args.device, force=args.force, progress=True, fusion=args.fusion)
+                          device=args.device, force=args.force, progress=True, fusion=args.fusion,
+                          calibration=args.calibration, calibration_method=args.calibration_method,
+                          verify_texts=args.verify_texts, verify_examples=args.verify_examples,
+                          max_drop=args.max_drop)
+    manifest = json.loads((out / "manifest.json").read_text())
+    if manifest.get("auto"):
+        from hotrod.auto import format_table
+
+        print(format_table(manifest["auto"]["candidates"]), file=sys.stderr)
+    if manifest.get("verification"):
+        print(_figures_line(manifest["verification"]), file=sys.stderr)
     print(out)
     return 0
+
+
+def _verify(args) -> int:
+    import hotrod
+
+    figures = hotrod.verify(args.artifact, against=args.against, texts=args.texts, examples=args.examples,
+                            max_new_tokens=args.max_new_tokens, threads=args.threads)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    width = max(map(len, figures))
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value:.6g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    return 0
+
+
+def _figures_line(figures: dict) -> str:
+    shown = [f"{figures['score_name']} {figures['score']:.4f}"]
+    for key in ("logits_max_abs", "logits_cosine", "token_agreement", "embedding_cosine", "hidden_max_abs"):
+        if key in figures:
+            shown.append(f"{key} {figures[key]:.4g}")
+    return f"verified on {figures['examples']} examples against {figures['against']}: " + ", ".join(shown)
 
 
 def _parse_ids(texts: Sequence[str]) -> list[list[int]]:
@@ -208,6 +259,15 @@ def _info(args) -> int:
         print("  fused     " + (", ".join(f"{op} x{n}" for op, n in fused.items()) or "none"))
     if "weights" in manifest:
         print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
+    verification = manifest.get("verification")
+    print("verified    " + (_figures_line(verification) if verification else "no (run `hotrod verify`)"))
+    if manifest.get("auto"):
+        from hotrod.auto import format_table
+
+        section = manifest["auto"]
+        print(f"auto        kept {section['chosen']}: fastest whose {section.get('score') or 'score'} "
+              f"drops at most {section['max_drop']} below the source's")
+        print(format_table(manifest["auto"]["candidates"]))
     return 0
 
 
@@ -219,7 +279,9 @@ def _cache_note(graph: dict) -> str:
 def _demo(args) -> int:
     from hotrod.demo import run_demo
 
-    return run_demo(new_tokens=args.new_tokens, runs=args.runs, out=args.out)
+    names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
+    run_demo(names, runs=args.runs, out=args.out, max_drop=args.max_drop)
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
 from hotrod.generation.cache import DecoderState, Seq2SeqState, empty_past
@@ -88,8 +89,7 @@ class HotrodModel:
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if self.kind == "encoder":
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
-            out = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": types})
-            return ModelOutput(last_hidden_state=self.backend.to_torch(out["last_hidden_state"]))
+            return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
         if self.kind == "decoder":
             positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
             feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
@@ -125,12 +125,28 @@ class HotrodModel:
         if batch_size < 1:
             raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
         rows = self._rows(texts_or_ids)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         result = torch.empty(len(rows), self.dims.hidden_size)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            result[chunk] = self._embed_batch([rows[i] for i in chunk], pooling)
+        for group in plan([len(r) for r in rows], batch_size):
+            result[group] = self._embed_batch([rows[i] for i in group], pooling)
         return torch.nn.functional.normalize(result, dim=-1) if normalize else result
+
+    def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        """The encoder's last hidden state; a right-padded batch runs as padding-free sub-batches.
+
+        Positions past a row's length are zero (transformers fills them with values of no meaning).
+        """
+        lengths = trailing_lengths(mask) if ids.shape[0] > 1 else None
+        if lengths is None or min(lengths) == ids.shape[1]:
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            return self.backend.to_torch(self.backend.run("encoder", feeds)["last_hidden_state"])
+        hidden = torch.zeros(*ids.shape, self.dims.hidden_size)
+        for group in plan(lengths, max_batch=len(lengths)):
+            width = lengths[group[-1]]
+            feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width],
+                     "token_type_ids": types[group, :width]}
+            out = self.backend.to_torch(self.backend.run("encoder", feeds)["last_hidden_state"]).float()
+            hidden[group, :width] = out * mask[group, :width, None]
+        return hidden
 
     def _embed_batch(self, rows: list[list[int]], pooling: str) -> torch.Tensor:
         width = max(len(r) for r in rows)

@@ -7,7 +7,11 @@ from dataclasses import asdict, dataclass
 from hotrod.errors import HotrodError
 from hotrod.export.onnx import OPSET
 
-PRECISIONS = ("fp32", "int8", "int4")
+# int8: dynamic (weights per-channel, activations per call); int8-static: QDQ with calibrated activation
+# ranges; int8-weight and int4: weight-only block-quantized MatMulNBits; fp16/bf16: mixed precision.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-static", "int8-weight", "int4")
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+AUTO = "auto"  # build every candidate precision, keep the fastest within the accuracy budget
 BACKENDS = ("onnxruntime", "torch")
 DEVICES = ("cpu", "cuda")
 
@@ -20,10 +24,12 @@ class ExportOptions:
     device: str = "cpu"
     opset: int = OPSET
     fusion: bool = True
+    calibration_method: str = "minmax"  # for precisions that calibrate activation ranges (int8-static)
 
     def __post_init__(self):
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("device", self.device, DEVICES)
+        check_choice("calibration method", self.calibration_method, CALIBRATION_METHODS)
 
     def to_dict(self) -> dict:
         return asdict(self)

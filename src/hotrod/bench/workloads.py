@@ -42,6 +42,7 @@ class Workload:
     task: str  # "generate" or "forward"
     lengths: tuple[int, ...]  # prompt length of each row of the batch
     new_tokens: int = 0
+    accuracy_model: str = ""  # the trained demo model of the same family, on which precisions are judged
 
     def inputs(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Seeded token ids and attention mask; shorter rows are left-padded for generation, right for encoders."""
@@ -67,10 +68,14 @@ def _w4_lengths() -> tuple[int, ...]:
 WORKLOADS: dict[str, Workload] = {
     w.id: w
     for w in (
-        Workload("W1", "GPT-2 124M, batch 1, 32-token prompt, 64 new tokens, greedy", _gpt2, "generate", (32,), 64),
-        Workload("W2", "t5-small shape, batch 1, 32 input tokens, 64 new tokens, greedy", _t5_small, "generate", (32,), 64),
-        Workload("W3", "bert-base, batch 1, 128 tokens, forward", _bert_base, "forward", (128,)),
-        Workload("W4", "bert-base, batch 16, lengths uniform in 16..128, forward", _bert_base, "forward", _w4_lengths()),
+        Workload("W1", "GPT-2 124M, batch 1, 32-token prompt, 64 new tokens, greedy", _gpt2, "generate", (32,), 64,
+                 "gpt2-numbers"),
+        Workload("W2", "t5-small shape, batch 1, 32 input tokens, 64 new tokens, greedy", _t5_small, "generate", (32,),
+                 64, "t5-dates"),
+        Workload("W3", "bert-base, batch 1, 128 tokens, forward", _bert_base, "forward", (128,),
+                 accuracy_model="all-minilm-l6-v2"),
+        Workload("W4", "bert-base, batch 16, lengths uniform in 16..128, forward", _bert_base, "forward", _w4_lengths(),
+                 accuracy_model="all-minilm-l6-v2"),
     )
 }
 

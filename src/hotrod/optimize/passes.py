@@ -1,9 +1,15 @@
-"""The pass pipeline for one exported graph: fusion, then quantization, written back in place."""
+"""The pass pipeline for one exported graph, in the order the design fixes.
+
+`fuse_graph` runs on the fp32 export; `lower_graph` then applies the precision: mixed precision
+(fp16/bf16) or quantization (int8 dynamic or static, int8/int4 weight-only). Each rewrites the file in
+place and returns its external data file (if any) and what it did, for the manifest.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from hotrod.export.onnx import save_model
@@ -11,14 +17,39 @@ from hotrod.optimize.fusion import fuse
 from hotrod.optimize.quantize import prune_initializers, quantize
 from hotrod.registry import Dims
 
+HALF = ("fp16", "bf16")
 
-def optimize_graph(path: Path, optimizer_model_type: str | None, dims: Dims, precision: str) -> tuple[Path | None, dict]:
-    """Rewrite `path`; returns its external data file (if any) and the pass report for the manifest."""
-    model = onnx.load(str(path), load_external_data=True)
-    report: dict = {"fused_ops": {}}
-    if optimizer_model_type:
-        model, report["fused_ops"] = fuse(model, optimizer_model_type, dims)
-    model = prune_initializers(quantize(model, precision))
+
+def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims) -> tuple[Path | None, dict]:
+    model, counts = fuse(_read(path), optimizer_model_type, dims)
+    return _write(model, path), {"fused_ops": counts}
+
+
+def lower_graph(path: Path, precision: str, feeds: list[dict[str, np.ndarray]] | None = None,
+                method: str = "minmax") -> tuple[Path | None, dict]:
+    """Apply `precision` to one fp32 graph; `feeds` are its recorded inputs, for passes that calibrate."""
+    if precision == "fp32":
+        return _external(path), {}
+    model, report = _read(path), {}
+    if precision in HALF:
+        from hotrod.optimize.precision import to_half
+
+        model, report["mixed_precision"] = to_half(model, precision, feeds or [], name=path.stem)
+    else:
+        model = prune_initializers(quantize(model, precision, feeds=feeds, method=method))
+    return _write(model, path), report
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path), load_external_data=True)
+
+
+def _write(model: onnx.ModelProto, path: Path) -> Path | None:
     for stale in path.parent.glob(path.name + ".data"):
         stale.unlink()
-    return save_model(model, path), report
+    return save_model(model, path)
+
+
+def _external(path: Path) -> Path | None:
+    data = path.with_name(path.name + ".data")
+    return data if data.is_file() else None

@@ -1,36 +1,91 @@
-"""Weight quantization with ONNX Runtime's quantization tools.
+"""Weight (and activation) quantization with ONNX Runtime's quantization tools.
 
 - int8: dynamic quantization with per-channel int8 weights for every MatMul with a constant weight,
   the LM head included; activations are quantized per call, so no calibration is needed.
+- int8-static: QDQ (QuantizeLinear / DequantizeLinear around fp32 ops) with per-channel int8 weights for
+  every MatMul and Gemm with a constant weight, the LM head included, and uint8 activations whose ranges
+  are calibrated once, on feeds recorded from the fp32 graph (min-max, percentile or entropy). ONNX
+  Runtime fuses each DequantizeLinear -> MatMul pair into an integer kernel when the session starts.
+- int8-weight: block-wise (32) symmetric int8 weights through MatMulNBits, computed with int8
+  activations (accuracy level 4): int4's layout and kernel with twice the bits, for models int4 hurts.
 - int4: block-wise (32) symmetric int4 weights through MatMulNBits, computed with int8 activations
   (accuracy level 4); batch-1 decoding is bound by weight bytes, and this reads an eighth of fp32's.
-In both, the token embedding stays fp32: a Gather reads one row per token, so quantizing it saves
+In all of them the token embedding stays fp32: a Gather reads one row per token, so quantizing it saves
 memory but no time, and costs accuracy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
 
+from hotrod.errors import HotrodError
 from hotrod.export.onnx import EXTERNAL_DATA_THRESHOLD
+from hotrod.options import CALIBRATION_METHODS, check_choice
 
-QUANTIZED = {"int8": "int8 per-channel (dynamic)", "int4": "int4 block-32 symmetric (MatMulNBits)"}
+Feed = dict[str, np.ndarray]
+
+# Precisions whose activation ranges are calibrated: `quantize` needs the graph's recorded feeds for them.
+NEEDS_CALIBRATION = frozenset({"int8-static"})
+
+# hotrod's calibration method names -> onnxruntime.quantization.CalibrationMethod members.
+_ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
+
+# At most this many feeds per graph are calibrated on, evenly spread over the recorded ones. Min-max keeps
+# two numbers per tensor, so feeds cost only time; percentile and entropy histogram every value of every
+# calibrated tensor (logits included), which is where the time goes, so they see fewer.
+MAX_CALIBRATION_FEEDS = {"minmax": 32, "percentile": 16, "entropy": 16}
+
+# Operators whose constant weight int8-static quantizes. ONNX Runtime's GPT-2 fusion leaves the attention
+# output projection a Gemm, so Gemm is here too (ORT runs it as QGemm), or those weights would stay fp32.
+_WEIGHT_OPS = ("MatMul", "Gemm")
+
+# Ends the names of the nodes hotrod adds, or names, for ORT's static quantizer.
+_ISOLATED = "hotrod_int8_input"
+
+_PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
+_DESCRIPTIONS = {  # precision -> (MatMul weights and LM head, activations)
+    "int8": ("int8 per-channel (dynamic)", "uint8 per-tensor, range measured on every call (dynamic)"),
+    "int8-static": ("int8 per-channel (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with {method}"),
+    "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", _PER_BLOCK),
+    "int4": ("int4 block-32 symmetric (MatMulNBits)", _PER_BLOCK),
+}
 
 
-def describe(precision: str) -> dict[str, str]:
-    """What the manifest says about where each kind of weight ended up."""
-    weights = QUANTIZED.get(precision, precision)
-    return {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32"}
+def describe(precision: str, method: str | None = None) -> dict[str, str]:
+    """What the manifest says about where each kind of weight, and the activations, ended up."""
+    weights, activations = _DESCRIPTIONS.get(precision, (precision, precision))
+    activations = activations.format(method=method or "minmax")
+    return {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
 
 
-def quantize(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+def quantize(model: onnx.ModelProto, precision: str, feeds: Sequence[Feed] | None = None,
+             method: str = "minmax") -> onnx.ModelProto:
+    """`model` quantized to `precision`; other precisions come back untouched.
+
+    `feeds` (input dicts recorded from this graph in fp32, see calibration.capture_feeds) and `method`
+    are used by the precisions in NEEDS_CALIBRATION only. The input model may be changed (ONNX's
+    external-data saving moves the weights of a graph above 2 GB out of it); use the returned one.
+    """
+    check_choice("calibration method", method, CALIBRATION_METHODS)
+    if precision in NEEDS_CALIBRATION and not feeds:
+        raise HotrodError(f"precision {precision} calibrates activation ranges and needs feeds recorded "
+                          "from the fp32 graph; none were given")
     if precision == "int8":
         return _int8_dynamic(model)
+    if precision == "int8-static":
+        return _int8_static(model, feeds, method)
+    if precision == "int8-weight":
+        return _weight_only(model, bits=8)
     if precision == "int4":
-        return _int4_weight_only(model)
+        return _weight_only(model, bits=4)
     return model
 
 
@@ -39,8 +94,7 @@ def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
 
     with tempfile.TemporaryDirectory() as scratch:
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
-        large = sum(t.ByteSize() for t in model.graph.initializer) >= EXTERNAL_DATA_THRESHOLD
-        onnx.save_model(model, str(src), save_as_external_data=large, all_tensors_to_one_file=True)
+        large = _save(model, src)
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
             use_external_data_format=large,
@@ -49,12 +103,179 @@ def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.load(str(dst), load_external_data=True)
 
 
-def _int4_weight_only(model: onnx.ModelProto) -> onnx.ModelProto:
+def _int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str) -> onnx.ModelProto:
+    """QDQ int8 with calibrated activation ranges; only MatMul / Gemm with a constant weight are quantized.
+
+    The MatMuls between two activations (attention scores and their product with V) stay fp32: their
+    operands are the KV cache and softmax probabilities, whose ranges vary per step and per position
+    far more than a layer's input does, and for the short sequences of decoding they are a small share
+    of the work. Only the inputs of the quantized nodes are quantized, never outputs, so logits, hidden
+    states and the KV cache leave every graph in fp32, and so does everything fusion produced (layer
+    norms, GELU, ...) and the residual stream.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    if not _weight_op_nodes(model.graph):
+        return model
+    with tempfile.TemporaryDirectory() as scratch:  # ORT's augmented calibration models go to its own temp dirs
+        src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
+        large = _save(model, src)
+        nodes = _isolate_int8_inputs(src)
+        reader = _FeedReader(_spread(_graph_feeds(src, feeds), MAX_CALIBRATION_FEEDS[method]))
+        with _quiet():
+            quantize_static(
+                str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
+                # uint8 activations with int8 weights: x86's integer GEMM (VNNI's vpdpbusd, AMX) multiplies u8
+                # by s8, and ONNX Runtime recommends U8S8 for x86. Measured on ORT 1.31: the two are as
+                # accurate (an asymmetric range has 256 levels either way), but with int8 activations ORT's
+                # CPU optimizer leaves the MatMuls that share one quantized input (Q/K/V) as an fp32 MatMul
+                # on dequantized weights, slower than fp32; with uint8 every one becomes MatMulIntegerToFloat,
+                # QLinearMatMul or QGemm. VNNI does not saturate, so the weights keep all 8 bits (no reduce_range).
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+                reduce_range=False, op_types_to_quantize=list(_WEIGHT_OPS), nodes_to_quantize=nodes,
+                use_external_data_format=large,
+                calibrate_method=getattr(CalibrationMethod, _ORT_METHODS[method]),
+                extra_options={
+                    "OpTypesToExcludeOutputQuantization": list(_WEIGHT_OPS),
+                    # One feed per calibration pass: histograms then hold one feed's tensors at a time, and
+                    # feeds of different sequence lengths never have to be stacked into one array.
+                    "CalibStridedMinMax": 1,
+                },
+            )
+        return _drop_isolation(onnx.load(str(dst), load_external_data=True))
+
+
+def _weight_only(model: onnx.ModelProto, bits: int) -> onnx.ModelProto:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
     quantizer.process()
     return quantizer.model.model  # the pass pipeline prunes the fp32 originals it leaves behind
+
+
+def _save(model: onnx.ModelProto, path: Path) -> bool:
+    """Save for ONNX Runtime's tools, which read files; True when the weights went to external data."""
+    large = sum(t.ByteSize() for t in model.graph.initializer) >= EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True)
+    return large
+
+
+def _weight_op_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The MatMul / Gemm nodes whose second input is an fp32 weight: the ones int8-static quantizes."""
+    weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    return [node for node in graph.node if node.op_type in _WEIGHT_OPS and node.input[1] in weights]
+
+
+def _isolate_int8_inputs(path: Path) -> list[str]:
+    """Prepare the graph at `path` for ORT's QDQ quantizer; returns the names of the nodes to quantize.
+
+    Two things the quantizer gets wrong on hotrod's graphs are set right here:
+    - it skips, with a mere warning, every tensor whose type ONNX's shape inference cannot find, and that
+      inference does not know the contrib operators fusion introduces (SkipLayerNormalization, FastGelu,
+      ...), so most layer inputs would silently stay fp32. A MatMul's inputs share one type, so an fp32
+      weight makes its activation fp32: declared here, it is seen.
+    - it routes every reader of a quantized tensor through the DequantizeLinear, so BERT's residual
+      stream (a layer norm's output, read by the next Q/K/V and by the next residual add) would be
+      rounded to uint8 as well. Each quantized activation is read here through an Identity that only the
+      quantized nodes use, so the other readers keep the fp32 tensor; `_drop_isolation` removes it after.
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    nodes = _weight_op_nodes(model.graph)
+    for index, node in enumerate(nodes):
+        node.name = node.name or f"{node.op_type}_{index}_{_ISOLATED}"  # the quantizer selects nodes by name
+    _isolate(model.graph, nodes)
+    _declare_fp32(model.graph, {node.input[0] for node in nodes})
+    onnx.save_model(model, str(path))  # external weights, if any, stay where they are
+    return [node.name for node in nodes]
+
+
+def _isolate(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Make `nodes` read their activation through an Identity of their own where anything else reads it too."""
+    chosen = {id(node) for node in nodes}
+    shared = {name for node in graph.node if id(node) not in chosen for name in node.input}
+    shared |= {output.name for output in graph.output}
+    ordered, copies = [], {}
+    for node in graph.node:
+        source = node.input[0] if id(node) in chosen else None
+        if source in shared:
+            if source not in copies:  # placed before its first reader, so the order stays topological
+                copies[source] = f"{source}/{_ISOLATED}"
+                ordered.append(onnx.helper.make_node("Identity", [source], [copies[source]], name=copies[source]))
+            node.input[0] = copies[source]
+        ordered.append(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _declare_fp32(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Give the tensors in `names` that have no type yet an fp32 type (shape left unknown)."""
+    typed = {v.name for v in [*graph.input, *graph.value_info, *graph.output]}
+    for name in sorted(names - typed):
+        graph.value_info.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+
+
+def _drop_isolation(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove the Identity nodes `_isolate_int8_inputs` added; their readers read the source instead."""
+    graph = model.graph
+    added = [node for node in graph.node if node.op_type == "Identity" and node.name.endswith(_ISOLATED)]
+    source = {node.output[0]: node.input[0] for node in added}
+    kept = [node for node in graph.node if node.output[0] not in source]
+    for node in kept:
+        node.input[:] = [source.get(name, name) for name in node.input]
+    del graph.node[:]
+    graph.node.extend(kept)
+    value_info = [v for v in graph.value_info if v.name not in source]
+    del graph.value_info[:]
+    graph.value_info.extend(value_info)
+    return model
+
+
+def _graph_feeds(path: Path, feeds: Sequence[Feed]) -> list[Feed]:
+    """The feeds restricted to the graph's inputs; a feed missing one is an error, not a silent skip."""
+    inputs = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+    for feed in feeds:
+        missing = [name for name in inputs if name not in feed]
+        if missing:
+            raise HotrodError(f"calibration feeds lack graph input(s) {', '.join(missing)}; "
+                              "record them from this same graph")
+    return [{name: feed[name] for name in inputs} for feed in feeds]
+
+
+def _spread(items: list, count: int) -> list:
+    """At most `count` items, evenly spread, so the prompt and the late decoding steps are both represented."""
+    if len(items) <= count:
+        return items
+    return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
+
+
+class _FeedReader:
+    """An onnxruntime CalibrationDataReader over recorded feeds; `set_range` lets ORT calibrate in slices."""
+
+    def __init__(self, feeds: list[Feed]):
+        self.feeds = feeds
+        self._pending: Iterator[Feed] = iter(feeds)
+
+    def get_next(self) -> Feed | None:
+        return next(self._pending, None)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._pending = iter(self.feeds[start_index:end_index])
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Hush the quantizer's progress prints and its advice to pre-process, which hotrod's graphs don't need."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
 
 
 def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:

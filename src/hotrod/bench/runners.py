@@ -1,0 +1,64 @@
+"""The two sides of every timing: transformers' PyTorch model and hotrod, on the same inputs.
+
+`hotrod demo` and the benchmark scripts build their callables here, so both sides are always run the
+same way: generation with the same forced length and greedy settings, encoders as one padded forward
+(PyTorch) against hotrod's padding-free forward of the same batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+AUTO_CLASSES = {"decoder": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM", "encoder": "AutoModel"}
+
+
+def pytorch_model(source: str | Path, kind: str) -> torch.nn.Module:
+    """transformers' own model for `source`, in eval mode: the baseline."""
+    import transformers
+
+    return getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval()
+
+
+def pytorch_runner(model: torch.nn.Module, kind: str, ids: torch.Tensor, mask: torch.Tensor,
+                   generate_kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
+    """A no-argument call running `model` once; returns tokens (LMs) or the last hidden state (encoders)."""
+    if kind == "encoder":
+        def forward():
+            with torch.inference_mode():
+                return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        return forward
+    kwargs = dict(generate_kwargs or {})
+    if kind == "decoder" and model.generation_config.pad_token_id is None:
+        kwargs["pad_token_id"] = model.config.eos_token_id
+
+    def generate():
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=mask, **kwargs)
+
+    return generate
+
+
+def hotrod_runner(model: Any, ids: torch.Tensor, mask: torch.Tensor,
+                  generate_kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
+    """The same call on a HotrodModel."""
+    if model.kind == "encoder":
+        return lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return lambda: model.generate(ids, attention_mask=mask, **(generate_kwargs or {}))
+
+
+def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.Tensor) -> float:
+    """Share of generated tokens that agree (LMs), or hidden-state cosine over real tokens (encoders)."""
+    if kind == "encoder":
+        keep = mask.bool()
+        cosine = torch.nn.functional.cosine_similarity(ours.float()[keep], theirs.float()[keep], dim=-1)
+        return float(cosine.mean())
+    if ours.shape != theirs.shape:
+        width = min(ours.shape[1], theirs.shape[1])
+        ours, theirs = ours[:, :width], theirs[:, :width]
+    start = mask.shape[1] if kind == "decoder" else 0
+    return float((ours[:, start:] == theirs[:, start:]).float().mean())

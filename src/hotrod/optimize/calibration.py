@@ -1,0 +1,107 @@
+"""Calibration inputs: real feeds for every graph, recorded while the fp32 model runs on texts.
+
+Static int8 needs activation ranges and the fp16 overflow search needs activations to look at; both
+must see what the graphs see at run time, including the KV cache of later decoding steps. Rather than
+build those inputs per family, the fp32 model is run through the ordinary decoding loop (or forward, for
+encoders) with a backend wrapper that records each graph's feeds as numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hotrod.errors import HotrodError
+
+Feeds = dict[str, list[dict[str, np.ndarray]]]  # graph name -> recorded input dicts
+BUILTIN = Path(__file__).with_name("calibration.txt")
+
+
+def builtin_texts() -> list[str]:
+    """A few dozen varied English sentences, used when the user gives no calibration file."""
+    return read_texts(BUILTIN)
+
+
+def read_texts(path: str | Path, what: str = "calibration file") -> list[str]:
+    """Non-empty lines of a UTF-8 text file, one example per line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise HotrodError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise HotrodError(f"cannot read {what} {path}: it is not UTF-8 text") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise HotrodError(f"{what} {path} has no text (one example per line)")
+    return texts
+
+
+class _Recorder:
+    """A backend that forwards every call and keeps a numpy copy of each graph's feeds."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.feeds: Feeds = {}
+
+    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        self.feeds.setdefault(graph, []).append({name: _array(self.inner, v) for name, v in feeds.items()})
+        return self.inner.run(graph, feeds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _array(backend: Any, value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy().copy()
+    return backend.to_torch(value).numpy().copy()
+
+
+def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per_graph: int = 32,
+                  seed: int = 0) -> Feeds:
+    """Run `model` (a HotrodModel) on `texts` one at a time and return up to `per_graph` feeds per graph.
+
+    Language models generate `max_new_tokens` greedily, so the step graphs are seen with real caches;
+    encoders run one forward per text. Without a tokenizer, seeded random token ids of the texts' word
+    counts stand in (the ranges then describe random inputs, which is all such a model ever sees).
+    """
+    room = max_new_tokens if model.kind == "decoder" else 0
+    rows = _token_rows(model, texts, seed, room)
+    recorder = _Recorder(model.backend)
+    model.backend = recorder
+    try:
+        for row in rows:
+            ids = torch.tensor([row], dtype=torch.long)
+            if model.kind == "encoder":
+                model(ids)
+            else:
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                               min_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+    finally:
+        model.backend = recorder.inner
+    return {graph: _spread(items, per_graph) for graph, items in recorder.feeds.items()}
+
+
+def _token_rows(model: Any, texts: Sequence[str], seed: int, room: int) -> list[list[int]]:
+    if not texts:
+        raise HotrodError("calibration needs at least one text")
+    limit = max(1, min(model.dims.max_positions or 512, 512) - room)
+    if model.tokenizer is not None:
+        rows = model.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
+        return [r for r in rows if r] or [[0]]
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [max(1, min(limit, len(t.split()))) for t in texts]
+    return [torch.randint(0, model.dims.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def _spread(items: list, count: int) -> list:
+    """At most `count` items, evenly spread, so prefill and late decoding steps are both represented."""
+    if len(items) <= count:
+        return items
+    picks = np.linspace(0, len(items) - 1, count).round().astype(int)
+    return [items[i] for i in picks]

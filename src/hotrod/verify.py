@@ -1,0 +1,160 @@
+"""Verification: an optimized model's answers against the source model's, on real inputs.
+
+The reference is the source checkpoint run by hotrod's torch backend, which the test suite holds
+token-identical to transformers; both sides then go through the same decoding loop, so every difference
+measured here comes from the graphs (fusion, precision, quantization) and nothing else.
+
+Figures, per kind:
+- language models: logits max-abs difference and cosine, teacher-forced on the reference's own
+  generation; greedy token agreement; exact match of whole generations; and, when examples carry
+  targets, task exact match of both sides;
+- encoders: last hidden state max-abs and cosine, and mean-pooled sentence embedding cosine.
+`score` is the one number `--precision auto` budgets against: task exact match when targets exist,
+else generation exact match with the source (language models) or mean embedding cosine (encoders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hotrod.errors import HotrodError
+
+DEFAULT_EXAMPLES = 100
+
+
+@dataclass(frozen=True)
+class Example:
+    """One input text, and optionally the output a task expects (`input<TAB>target` in a file)."""
+
+    text: str
+    target: str | None = None
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """One example per non-empty line; a tab separates an optional expected output."""
+    from hotrod.optimize.calibration import read_texts
+
+    examples = []
+    for line in read_texts(path, what="examples file"):
+        text, _, target = line.partition("\t")
+        if text.strip():
+            examples.append(Example(text.strip(), target.strip() if target else None))
+    if not examples:
+        raise HotrodError(f"{path} has no examples")
+    return examples
+
+
+def builtin_examples() -> list[Example]:
+    from hotrod.optimize.calibration import builtin_texts
+
+    return [Example(text) for text in builtin_texts()]
+
+
+@torch.inference_mode()
+def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new_tokens: int | None = None,
+            seed: int = 0) -> dict:
+    """Run both HotrodModels on each example (batch 1) and return the figures for the manifest."""
+    if not examples:
+        raise HotrodError("verification needs at least one example")
+    rows = _rows(candidate, examples, max_new_tokens, seed)
+    if candidate.kind == "encoder":
+        figures = _compare_encoder(candidate, reference, rows)
+    else:
+        figures = _compare_lm(candidate, reference, rows, examples, max_new_tokens)
+    return {"examples": len(rows), **figures}
+
+
+def _rows(model: Any, examples: Sequence[Example], max_new_tokens: int | None, seed: int) -> list[torch.Tensor]:
+    room = (max_new_tokens or 20) if model.kind == "decoder" else 0
+    limit = max(1, (model.dims.max_positions or 512) - room)
+    if model.tokenizer is not None:
+        ids = model.tokenizer([e.text for e in examples], truncation=True, max_length=limit)["input_ids"]
+        return [torch.tensor([row], dtype=torch.long) for row in ids if row]
+    generator = torch.Generator().manual_seed(seed)  # no tokenizer: seeded ids, one per word
+    lengths = [max(1, min(limit, len(e.text.split()))) for e in examples]
+    return [torch.randint(0, model.dims.vocab_size, (1, n), generator=generator) for n in lengths]
+
+
+def _compare_encoder(candidate: Any, reference: Any, rows: list[torch.Tensor]) -> dict:
+    max_abs, cosines, embeddings = 0.0, [], []
+    for ids in rows:
+        ours = candidate(ids).last_hidden_state.float()[0]
+        theirs = reference(ids).last_hidden_state.float()[0]
+        max_abs = max(max_abs, float((ours - theirs).abs().max()))
+        cosines.append(float(torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).mean()))
+        embeddings.append(float(torch.nn.functional.cosine_similarity(ours.mean(0), theirs.mean(0), dim=0)))
+    return {
+        "hidden_max_abs": max_abs,
+        "hidden_cosine": _mean(cosines),
+        "embedding_cosine": _mean(embeddings),
+        "embedding_cosine_min": min(embeddings),
+        "score": _mean(embeddings),
+        "score_name": "embedding cosine",
+    }
+
+
+def _compare_lm(candidate: Any, reference: Any, rows: list[torch.Tensor], examples: Sequence[Example],
+                max_new_tokens: int | None) -> dict:
+    kwargs = {"do_sample": False, "num_beams": 1}
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
+    max_abs, cosines, agree, total, exact = 0.0, [], 0, 0, 0
+    task = {"ours": 0, "source": 0, "n": 0}
+    for ids, example in zip(rows, examples):
+        mask = torch.ones_like(ids)
+        theirs = reference.generate(ids, attention_mask=mask, **kwargs)
+        ours = candidate.generate(ids, attention_mask=mask, **kwargs)
+        exact += int(torch.equal(ours, theirs))
+        agree, total = agree + _agreement(ours[0], theirs[0]), total + theirs.shape[1]
+        difference, cosine = _logits(candidate, reference, ids, theirs)
+        max_abs = max(max_abs, difference)
+        cosines.append(cosine)
+        if example.target is not None and candidate.tokenizer is not None:
+            start = ids.shape[1] if candidate.kind == "decoder" else 0
+            task["ours"] += int(_text(candidate, ours[0, start:]) == example.target)
+            task["source"] += int(_text(candidate, theirs[0, start:]) == example.target)
+            task["n"] += 1
+    figures = {
+        "logits_max_abs": max_abs,
+        "logits_cosine": _mean(cosines),
+        "logits_cosine_min": min(cosines),
+        "token_agreement": agree / max(total, 1),
+        "exact_match": exact / len(rows),
+        "score": exact / len(rows),
+        "score_name": "exact match with the source's generations",
+    }
+    if task["n"]:
+        figures.update({"task_exact_match": task["ours"] / task["n"], "source_task_exact_match":
+                        task["source"] / task["n"], "score": task["ours"] / task["n"], "score_name": "task exact match"})
+    return figures
+
+
+def _agreement(ours: torch.Tensor, theirs: torch.Tensor) -> int:
+    """Positions of the reference's sequence where the candidate has the same token."""
+    n = min(len(ours), len(theirs))
+    return int((ours[:n] == theirs[:n]).sum())
+
+
+def _logits(candidate: Any, reference: Any, ids: torch.Tensor, generated: torch.Tensor) -> tuple[float, float]:
+    """Teacher-forced logits of both models over the reference's generation: max-abs and mean cosine."""
+    if candidate.kind == "decoder":
+        ours, theirs = candidate(generated).logits, reference(generated).logits
+    else:
+        ours = candidate(ids, decoder_input_ids=generated).logits
+        theirs = reference(ids, decoder_input_ids=generated).logits
+    ours, theirs = ours.float()[0], theirs.float()[0]
+    cosine = torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).mean()
+    return float((ours - theirs).abs().max()), float(cosine)
+
+
+def _text(model: Any, tokens: torch.Tensor) -> str:
+    return model.tokenizer.decode(tokens.tolist(), skip_special_tokens=True).strip()
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
