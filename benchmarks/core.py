@@ -29,6 +29,7 @@ from hotrod.artifact import MANIFEST, is_artifact
 from hotrod.bench.runners import agreement, hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.timing import interleaved, median
 from hotrod.bench.workloads import WORKLOADS, Workload, checkpoint
+from hotrod.build import code_fingerprint
 from hotrod.load import cache_dir
 from hotrod.runtime.base import cpu_threads
 
@@ -51,7 +52,7 @@ def run_workload(workload: Workload, precisions: list[str], runs: int, threads: 
     ours = {}
     for precision in precisions:
         artifact = cache / "artifacts" / f"{workload.id}-{precision}"
-        if not is_artifact(artifact):
+        if not is_artifact(artifact) or _manifest(artifact).get("code") != code_fingerprint():
             hotrod.optimize(source, artifact, precision=precision, force=True, verify_examples=0)
         ours[precision] = hotrod.load(artifact, threads=threads)
     theirs = pytorch_model(source, kind)
@@ -72,6 +73,10 @@ def run_workload(workload: Workload, precisions: list[str], runs: int, threads: 
         "median_s": {name: median(t) for name, t in times.items()},
         "speedup": {name: base / median(t) for name, t in times.items()},
     }
+
+
+def _manifest(artifact: Path) -> dict:
+    return json.loads((artifact / MANIFEST).read_text())
 
 
 def main() -> int:

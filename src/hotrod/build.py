@@ -102,10 +102,23 @@ def manifest(src: Source, options: ExportOptions, entries: dict[str, dict], file
         "options": options.to_dict(),
         "weights": describe_precision(options.precision, options.calibration_method),
         "versions": versions(),
+        "code": code_fingerprint(),
         "graphs": entries,
         "files": files,
         **extra,
     }
+
+
+def code_fingerprint() -> str:
+    """A hash of the code that shapes an artifact (models, export, passes), so caches know a stale build."""
+    import hashlib
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for folder in ("models", "export", "optimize"):
+        for file in sorted((package / folder).glob("*.py")):
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def versions() -> dict:

@@ -22,6 +22,7 @@ from hotrod.artifact import MANIFEST, is_artifact
 from hotrod.auto import format_table
 from hotrod.bench.runners import hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.timing import interleaved, median
+from hotrod.build import code_fingerprint
 from hotrod.demo_models import DEMO_MODELS, DemoModel, demo_model
 from hotrod.errors import HotrodError
 from hotrod.load import cache_dir, weights_sha256
@@ -105,11 +106,11 @@ def demo_artifact(demo: DemoModel, root: Path, max_drop: float, progress: bool =
 
 
 def _reusable(artifact: Path, source: Path, max_drop: float) -> bool:
-    """An earlier demo artifact is kept while hotrod, the source weights and the budget are unchanged."""
+    """An earlier demo artifact is kept while hotrod's code, the source weights and the budget are unchanged."""
     if not is_artifact(artifact):
         return False
     manifest = json.loads((artifact / MANIFEST).read_text())
-    return (manifest.get("hotrod_version") == __version__ and (manifest.get("auto") or {}).get("max_drop") == max_drop
+    return (manifest.get("code") == code_fingerprint() and (manifest.get("auto") or {}).get("max_drop") == max_drop
             and manifest["source"]["weights_sha256"] == weights_sha256(source))
 
 

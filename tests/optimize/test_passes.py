@@ -48,6 +48,26 @@ def test_fused_op_counts_are_recorded_and_present(zoo, case):
         assert layer_norms >= 2 * 2 - 1  # two per layer, less the first, for the 2-layer models
 
 
+def test_attention_is_one_fused_node_per_attention_block(zoo, case):
+    """Each self-attention (and T5's cross-attention) is one MultiHeadAttention node fed by one QKV MatMul."""
+    artifact = zoo.artifact(case)
+    graphs = json.loads((artifact / "manifest.json").read_text())["graphs"]
+    config = CASES[case].config()
+    layers = getattr(config, "num_hidden_layers", None) or config.num_layers
+    decoder_layers = getattr(config, "num_decoder_layers", None) or layers
+    expected = {"encoder": layers, "decoder": 2 * decoder_layers, "decoder_init": 2 * decoder_layers}
+    if CASES[case].kind == "decoder":
+        expected["decoder"] = layers
+    for name, entry in graphs.items():
+        assert entry["fused_ops"].get("MultiHeadAttention") == expected[name], name
+        model = onnx.load(str(artifact / entry["file"]))
+        producers = {out: node for node in model.graph.node for out in node.output}
+        for node in (n for n in model.graph.node if n.op_type == "MultiHeadAttention"):
+            assert "Softmax" not in {n.op_type for n in model.graph.node}
+            query = producers[node.input[0]]
+            assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q
+
+
 def test_info_lists_fused_ops(zoo, capsys):
     from hotrod.cli import main
 

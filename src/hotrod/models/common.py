@@ -1,16 +1,22 @@
 """Building blocks shared by the lean family modules.
 
 Everything here is written for inference and for a clean ONNX trace: explicit tensors in and out,
-masks as booleans applied with one `masked_fill` (so that a fully masked row, such as a left-pad
-query, yields a uniform softmax instead of NaN), no Python branches on tensor values.
+no Python branches on tensor values. Attention runs eagerly in PyTorch and exports as one ONNX Runtime
+`MultiHeadAttention` node (com.microsoft), so the graphs carry no per-layer reshape/transpose chains and
+the KV cache is appended inside the kernel. Masks are additive (0 or the dtype's minimum), the form that
+op takes; a fully masked row (a left-pad query) gets a uniform softmax instead of NaN.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from hotrod.errors import HotrodError
+
+FUSED_ATTENTION_DOMAIN = "com.microsoft"
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -43,6 +49,98 @@ def attend(
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """bool -> 0 where attention is allowed, the dtype's minimum where it is not."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _eager_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
+    """q [B, Sq, H*D]; k, v [B, H, Sk, D]; bias additive, broadcastable to [B, H, Sq, Sk]."""
+    scores = torch.matmul(split_heads(q, num_heads), k.transpose(-1, -2)) * scale + bias
+    return merge_heads(torch.matmul(torch.softmax(scores, dim=-1), v))
+
+
+def _heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    return x if x.dim() == 4 else split_heads(x, num_heads)
+
+
+def _none(g):
+    from torch.onnx import symbolic_helper
+
+    return symbolic_helper._optional_input_placeholder_tensor(g)
+
+
+class _Attention(torch.autograd.Function):
+    """Attention without a cache; key/value are [B, Sk, H*D] projections or [B, H, Sk, D] (cross K/V)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, num_heads: int, scale: float):
+        return _eager_attention(q, _heads(k, num_heads), _heads(v, num_heads), bias, num_heads, scale)
+
+    @staticmethod
+    def symbolic(g, q, k, v, bias, num_heads: int, scale: float):
+        out = g.op(f"{FUSED_ATTENTION_DOMAIN}::MultiHeadAttention", q, k, v, _none(g), _none(g), bias,
+                   num_heads_i=num_heads, scale_f=scale)
+        out.setType(q.type())
+        return out
+
+
+class _AttentionWithPast(torch.autograd.Function):
+    """Attention over past + new keys; returns the output and the present (past with the new K/V appended)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
+        k = torch.cat([past_k, split_heads(k, num_heads)], dim=2)
+        v = torch.cat([past_v, split_heads(v, num_heads)], dim=2)
+        return _eager_attention(q, k, v, bias, num_heads, scale), k, v
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
+        out, present_k, present_v = g.op(
+            f"{FUSED_ATTENTION_DOMAIN}::MultiHeadAttention", q, k, v, _none(g), _none(g), bias, past_k, past_v,
+            num_heads_i=num_heads, scale_f=scale, outputs=3,
+        )
+        out.setType(q.type())
+        present_k.setType(past_k.type())
+        present_v.setType(past_v.type())
+        return out, present_k, present_v
+
+
+def multi_head_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
+    """Fused attention: q [B, Sq, H*D]; k, v [B, Sk, H*D] or [B, H, Sk, D]; returns [B, Sq, H*D]."""
+    return _Attention.apply(q, k, v, bias, num_heads, float(scale))
+
+
+def multi_head_attention_with_past(q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
+    """Fused attention that appends k, v ([B, Sq, H*D]) to the cache; returns (out, present_k, present_v)."""
+    return _AttentionWithPast.apply(q, k, v, past_k, past_v, bias, num_heads, float(scale))
+
+
+class FusedProjection:
+    """Several projections of one input (Q, K, V) as one matmul over concatenated weights.
+
+    The concatenation is cached (rebuilt if a weight changes) and becomes one initializer on export.
+    """
+
+    def __init__(self, *layers: nn.Linear):
+        self.layers = layers
+        self._key: tuple | None = None
+        self._fused: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def __call__(self, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        return torch.nn.functional.linear(x, *self._weights()).split([layer.out_features for layer in self.layers], dim=-1)
+
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        params = [p for layer in self.layers for p in (layer.weight, layer.bias) if p is not None]
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if key != self._key:
+            weight = torch.cat([layer.weight for layer in self.layers]).detach()
+            biases = [layer.bias for layer in self.layers]
+            bias = torch.cat(biases).detach() if all(b is not None for b in biases) else None
+            self._key, self._fused = key, (weight, bias)
+        return self._fused
+
+
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, Sk] 0/1 -> bool [B, 1, 1, Sk]: which keys may be attended to."""
     return attention_mask.bool()[:, None, None, :]
@@ -64,8 +162,8 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape[:-1] + (self.weight.shape[1],)
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+        # MatMul + Add on the 3-D input: no reshape chain in the graph, and every weight is a MatMul's.
+        return torch.matmul(x, self.weight) + self.bias
 
 
 def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import Conv1D, attend, causal_mask, load_weights, merge_heads, padding_mask, split_heads
+from hotrod.models.common import (
+    Conv1D,
+    additive_mask,
+    causal_mask,
+    load_weights,
+    multi_head_attention_with_past,
+    padding_mask,
+)
 from hotrod.registry import Dims, Family, register
 
 
@@ -25,13 +32,10 @@ class GPT2Attention(nn.Module):
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= float(layer_idx + 1)
 
-    def forward(self, x, allowed, past_k, past_v):
-        q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
-        q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
-        k = torch.cat([past_k, k], dim=2)
-        v = torch.cat([past_v, v], dim=2)
-        out = attend(q, k, v, allowed, self.scale)
-        return self.c_proj(merge_heads(out)), k, v
+    def forward(self, x, bias, past_k, past_v):
+        q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)  # c_attn is already one fused QKV projection
+        out, k, v = multi_head_attention_with_past(q, k, v, past_k, past_v, bias, self.num_heads, self.scale)
+        return self.c_proj(out), k, v
 
 
 class GPT2MLP(nn.Module):
@@ -55,8 +59,8 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.hidden_size, eps=eps)
         self.mlp = GPT2MLP(config)
 
-    def forward(self, x, allowed, past_k, past_v):
-        attn, k, v = self.attn(self.ln_1(x), allowed, past_k, past_v)
+    def forward(self, x, bias, past_k, past_v):
+        attn, k, v = self.attn(self.ln_1(x), bias, past_k, past_v)
         x = x + attn
         return x + self.mlp(self.ln_2(x)), k, v
 
@@ -84,9 +88,10 @@ class GPT2LM(nn.Module):
         body = self.transformer
         x = body.wte(input_ids) + body.wpe(position_ids)
         allowed = causal_mask(input_ids.shape[1], attention_mask.shape[1], x.device) & padding_mask(attention_mask)
+        bias = additive_mask(allowed, x.dtype)  # computed once, shared by every layer
         present = []
         for i, block in enumerate(body.h):
-            x, k, v = block(x, allowed, past[2 * i], past[2 * i + 1])
+            x, k, v = block(x, bias, past[2 * i], past[2 * i + 1])
             present += [k, v]
         logits = torch.matmul(body.ln_f(x), body.wte.weight.t())
         return (logits, *present)

@@ -13,7 +13,16 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import attend, causal_mask, load_weights, merge_heads, padding_mask, split_heads
+from hotrod.models.common import (
+    FusedProjection,
+    additive_mask,
+    causal_mask,
+    load_weights,
+    multi_head_attention,
+    multi_head_attention_with_past,
+    padding_mask,
+    split_heads,
+)
 from hotrod.registry import Dims, Family, register
 
 
@@ -57,6 +66,7 @@ class T5Attention(nn.Module):
         self.k = nn.Linear(config.d_model, inner, bias=False)
         self.v = nn.Linear(config.d_model, inner, bias=False)
         self.o = nn.Linear(inner, config.d_model, bias=False)
+        self.qkv = FusedProjection(self.q, self.k, self.v)
         self.bidirectional = bidirectional
         self.num_buckets = config.relative_attention_num_buckets
         self.max_distance = config.relative_attention_max_distance
@@ -73,9 +83,18 @@ class T5Attention(nn.Module):
     def project_kv(self, states):
         return split_heads(self.k(states), self.num_heads), split_heads(self.v(states), self.num_heads)
 
-    def forward(self, x, k, v, allowed, bias):
-        q = split_heads(self.q(x), self.num_heads)
-        return self.o(merge_heads(attend(q, k, v, allowed, 1.0, bias)))
+    def self_attention(self, x, past_k, past_v, bias):
+        """Returns (output, present K, present V); without a past, the present is this input's K/V."""
+        q, k, v = self.qkv(x)
+        if past_k is not None:
+            out, k, v = multi_head_attention_with_past(q, k, v, past_k, past_v, bias, self.num_heads, 1.0)
+        else:
+            k, v = split_heads(k, self.num_heads), split_heads(v, self.num_heads)
+            out = multi_head_attention(q, k, v, bias, self.num_heads, 1.0)
+        return self.o(out), k, v
+
+    def cross_attention(self, x, k, v, bias):
+        return self.o(multi_head_attention(self.q(x), k, v, bias, self.num_heads, 1.0))
 
 
 class T5LayerFF(nn.Module):
@@ -137,17 +156,14 @@ class T5Block(nn.Module):
         layers.append(T5LayerFF(config))
         self.layer = nn.ModuleList(layers)
 
-    def self_attention(self, x, past_k, past_v, allowed, bias):
+    def self_attention(self, x, past_k, past_v, bias):
         layer = self.layer[0]
-        h = layer.layer_norm(x)
-        k, v = layer.SelfAttention.project_kv(h)
-        if past_k is not None:
-            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        return x + layer.SelfAttention(h, k, v, allowed, bias), k, v
+        out, k, v = layer.SelfAttention.self_attention(layer.layer_norm(x), past_k, past_v, bias)
+        return x + out, k, v
 
-    def cross_attention(self, x, cross_k, cross_v, allowed):
+    def cross_attention(self, x, cross_k, cross_v, bias):
         layer = self.layer[1]
-        return x + layer.EncDecAttention(layer.layer_norm(x), cross_k, cross_v, allowed, None)
+        return x + layer.EncDecAttention.cross_attention(layer.layer_norm(x), cross_k, cross_v, bias)
 
 
 class T5Stack(nn.Module):
@@ -175,10 +191,10 @@ class T5Model(nn.Module):
     def encode(self, input_ids, attention_mask):
         x = self.shared(input_ids)
         seq = input_ids.shape[1]
-        bias = self.encoder.bias(seq, seq, x.device)
-        allowed = padding_mask(attention_mask)
+        # Position bias [1, H, S, S] plus the padding mask [B, 1, 1, S]: one additive bias for every layer.
+        bias = self.encoder.bias(seq, seq, x.device) + additive_mask(padding_mask(attention_mask), x.dtype)
         for block in self.encoder.block:
-            x, _, _ = block.self_attention(x, None, None, allowed, bias)
+            x, _, _ = block.self_attention(x, None, None, bias)
             x = block.layer[-1](x)
         return self.encoder.final_layer_norm(x)
 
@@ -187,14 +203,14 @@ class T5Model(nn.Module):
         x = self.shared(input_ids)
         query_len = input_ids.shape[1]
         key_len = query_len + (self_past[0][0].shape[2] if self_past is not None else 0)
-        bias = self.decoder.bias(query_len, key_len, x.device)
-        allowed = causal_mask(query_len, key_len, x.device)
-        cross_allowed = padding_mask(encoder_mask)
+        bias = self.decoder.bias(query_len, key_len, x.device) + additive_mask(causal_mask(query_len, key_len, x.device))
+        cross_allowed = padding_mask(encoder_mask).expand(-1, -1, query_len, -1)  # the query axis spelled out
+        cross_bias = additive_mask(cross_allowed, x.dtype)
         present = []
         for i, block in enumerate(self.decoder.block):
             past_k, past_v = self_past[i] if self_past is not None else (None, None)
-            x, k, v = block.self_attention(x, past_k, past_v, allowed, bias)
-            x = block.cross_attention(x, cross[i][0], cross[i][1], cross_allowed)
+            x, k, v = block.self_attention(x, past_k, past_v, bias)
+            x = block.cross_attention(x, cross[i][0], cross[i][1], cross_bias)
             x = block.layer[-1](x)
             present += [k, v]
         x = self.decoder.final_layer_norm(x) * self.output_scale

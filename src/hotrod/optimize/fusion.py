@@ -1,9 +1,12 @@
-"""Kernel fusion with ONNX Runtime's transformer optimizer.
+"""Kernel fusion: attention from the exporter, everything else from ONNX Runtime's transformer optimizer.
 
-ONNX Runtime's optimizer is the well-kept tool for this job: it matches LayerNorm / RMS norm,
-residual + norm (SkipLayerNormalization, SkipSimplifiedLayerNormalization), bias + GELU (FastGelu,
-BiasGelu) and the reshape chains around attention, and rewrites GPT-2's Gemm layers as MatMul + bias
-so that the quantizers see every weight. hotrod runs it with the family's optimizer model type.
+Attention is emitted fused by the exporter itself (`hotrod.models.common`): each attention block is one
+QKV MatMul, a Split and one `MultiHeadAttention` node that adds the relative-position or mask bias and
+appends the KV cache in the kernel. Matching a traced attention subgraph afterwards is fragile (ONNX
+Runtime's matcher knows transformers' own patterns, not ours), and emitting the op costs nothing.
+ONNX Runtime's optimizer, the well-kept tool for the rest, then fuses LayerNorm / RMS norm, residual +
+norm (SkipLayerNormalization, SkipSimplifiedLayerNormalization) and bias + GELU (FastGelu, BiasGelu);
+hotrod runs it with the family's optimizer model type.
 """
 
 from __future__ import annotations
