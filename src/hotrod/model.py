@@ -89,7 +89,8 @@ class HotrodModel:
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if self.kind == "encoder":
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
-            return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
+            with _torch_threads(self.backend.loop_threads):
+                return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
         if self.kind == "decoder":
             positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
             feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
@@ -126,8 +127,9 @@ class HotrodModel:
             raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
         rows = self._rows(texts_or_ids)
         result = torch.empty(len(rows), self.dims.hidden_size)
-        for group in plan([len(r) for r in rows], batch_size):
-            result[group] = self._embed_batch([rows[i] for i in group], pooling)
+        with _torch_threads(self.backend.loop_threads):
+            for group in plan([len(r) for r in rows], batch_size):
+                result[group] = self._embed_batch([rows[i] for i in group], pooling)
         return torch.nn.functional.normalize(result, dim=-1) if normalize else result
 
     def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:

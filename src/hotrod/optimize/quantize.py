@@ -95,11 +95,12 @@ def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as scratch:
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
         large = _save(model, src)
-        quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-            use_external_data_format=large,
-            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
+        with _quiet():
+            quantize_dynamic(
+                str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
+                use_external_data_format=large,
+                extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
         return onnx.load(str(dst), load_external_data=True)
 
 
