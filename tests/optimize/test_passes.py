@@ -144,3 +144,16 @@ def test_prune_initializers_drops_only_unused_weights():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [used, unused])
     pruned = prune_initializers(helper.make_model(graph))
     assert [t.name for t in pruned.graph.initializer] == ["used"]
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert"])
+def test_no_weight_escapes_quantization(quantized, case_name, precision):
+    """Every MatMul left in fp32 multiplies two activations (attention is inside the fused op)."""
+    artifact = quantized(case_name, precision)
+    for graph in artifact.glob("*.onnx"):
+        model = onnx.load(str(graph))
+        constants = {t.name for t in model.graph.initializer}
+        constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+        fp32_weights = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in constants]
+        assert not fp32_weights, f"{graph.name}: {fp32_weights}"

@@ -64,7 +64,36 @@ def export_graph(module: torch.nn.Module, io: GraphIO, vocab_size: int, path: Pa
             )
         model = onnx.load(str(raw), load_external_data=True)
         _check_io(model, io)
-        return save_model(model, path)
+        return save_model(constants_to_initializers(model), path)
+
+
+def constants_to_initializers(model: onnx.ModelProto, min_elements: int = 1024) -> onnx.ModelProto:
+    """Turn large Constant nodes into initializers.
+
+    Weights built at trace time (such as a concatenated QKV projection) are traced as Constant nodes;
+    the quantizers and the external-data writer only see initializers, so they are moved there.
+    """
+    graph = model.graph
+    kept = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if node.op_type == "Constant" and value is not None and _elements(value) >= min_elements:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
+
+
+def _elements(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    return count
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> Path | None:

@@ -150,7 +150,8 @@ def _weight_only(model: onnx.ModelProto, bits: int) -> onnx.ModelProto:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
-    quantizer.process()
+    with _quiet():
+        quantizer.process()
     return quantizer.model.model  # the pass pipeline prunes the fp32 originals it leaves behind
 
 
