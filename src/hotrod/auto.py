@@ -75,7 +75,7 @@ def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Exa
     if not models:
         raise HotrodError("no candidate precision could be built")
     workload = _workload(next(iter(models.values())), examples)
-    times = interleaved({p: (lambda m=m: workload(m)) for p, m in models.items()}, runs=TIMING_RUNS)
+    times = interleaved({p: (lambda m=m: workload(m)) for p, m in models.items()}, runs=TIMING_RUNS, settle=0.05)
     base = median(times["fp32"]) if "fp32" in times else None
     for candidate in table:
         if candidate.precision in times:

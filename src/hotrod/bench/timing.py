@@ -1,4 +1,9 @@
-"""Side-by-side timing: warm-up, then runs interleaved A B A B so machine drift hits every system alike."""
+"""Side-by-side timing: warm-up, then runs interleaved A B A B so machine drift hits every system alike.
+
+Between two timed calls the machine is left idle for a moment: thread pools (OpenMP's, ONNX Runtime's)
+keep spinning for a while after their work ends, and without the pause one system's spinning threads
+would be timed as part of the next system's run.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,11 @@ import statistics
 import time
 from collections.abc import Callable
 
+SETTLE_S = 0.3  # longer than GNU OpenMP's default spin before its threads sleep
 
-def interleaved(systems: dict[str, Callable[[], object]], runs: int, warmup: int = 1) -> dict[str, list[float]]:
+
+def interleaved(systems: dict[str, Callable[[], object]], runs: int, warmup: int = 1,
+                settle: float = SETTLE_S) -> dict[str, list[float]]:
     """Seconds per run for each system; every system runs once per round, in turn."""
     for fn in systems.values():
         for _ in range(warmup):
@@ -15,6 +23,7 @@ def interleaved(systems: dict[str, Callable[[], object]], runs: int, warmup: int
     times: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(runs):
         for name, fn in systems.items():
+            time.sleep(settle)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
