@@ -26,6 +26,7 @@ import transformers
 
 import hotrod
 from hotrod.artifact import MANIFEST, is_artifact
+from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
 from hotrod.bench.runners import agreement, hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.timing import interleaved, median
 from hotrod.bench.workloads import WORKLOADS, Workload, checkpoint
@@ -46,7 +47,19 @@ def passing_precisions(workload: Workload, max_drop: float) -> tuple[list[str], 
     return [r["precision"] for r in rows if r["status"] in ("kept", "passed")], workload.accuracy_model
 
 
-def run_workload(workload: Workload, precisions: list[str], runs: int, threads: int, cache: Path) -> dict:
+def floors(workload: Workload, model, kind: str, precisions: list[str], m: Machine) -> dict[str, float]:
+    """The hardware floor of the workload at each precision (PyTorch's is fp32's)."""
+    step, total = matmul_params(model, kind)
+    tokens = sum(workload.lengths)
+    if kind == "encoder":
+        found = {p: forward_floor(total, tokens, p, m) for p in ["fp32", *precisions]}
+    else:
+        found = {p: generation_floor(step, total, tokens, workload.new_tokens, p, m) for p in ["fp32", *precisions]}
+    return {"pytorch": found["fp32"], **{f"hotrod {p}": found[p] for p in precisions}}
+
+
+def run_workload(workload: Workload, precisions: list[str], runs: int, threads: int, cache: Path,
+                 m: Machine) -> dict:
     kind = KINDS[workload.id]
     source = checkpoint(workload, cache / "checkpoints")
     ours = {}
@@ -64,8 +77,11 @@ def run_workload(workload: Workload, precisions: list[str], runs: int, threads: 
     systems = {"pytorch": run_theirs, **{f"hotrod {p}": hotrod_runner(m, ids, mask, kwargs) for p, m in ours.items()}}
     times = interleaved(systems, runs=runs)
     base = median(times["pytorch"])
+    floor = floors(workload, theirs, kind, precisions, m)
     return {
         "workload": workload.id,
+        "floor_s": floor,
+        "times_floor": {name: median(t) / floor[name] for name, t in times.items()},
         "description": workload.description,
         "agreement": agree,
         "agreement_measure": "hidden-state cosine" if kind == "encoder" else "share of tokens equal",
@@ -91,6 +107,9 @@ def main() -> int:
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
     cache = cache_dir() / "bench"
+    m = machine(threads)
+    print(f"machine: {m.cpu}, {threads} threads: {m.bandwidth_gbs:.1f} GB/s, {m.matmul_gflops:.0f} GFLOP/s fp32, "
+          f"{m.int8_gops or 0:.0f} GOP/s int8 (measured {m.measured})")
     results = []
     for wid in (w.strip() for w in args.workloads.split(",")):
         workload = WORKLOADS[wid]
@@ -98,7 +117,7 @@ def main() -> int:
             precisions, judged_on = passing_precisions(workload, args.max_drop)
         else:
             precisions, judged_on = [p.strip() for p in args.precisions.split(",")], None
-        result = run_workload(workload, precisions, args.runs, threads, cache)
+        result = run_workload(workload, precisions, args.runs, threads, cache, m)
         if judged_on:
             fastest = min(precisions, key=lambda p: result["median_s"][f"hotrod {p}"])
             result.update(auto=fastest, judged_on=judged_on, passing=precisions)
@@ -109,7 +128,7 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"threads": threads, "machine": platform.uname()._asdict(),
-                                         "results": results}, indent=2))
+                                         "floor_machine": m.__dict__, "results": results}, indent=2))
     fp32_faithful = all(r["agreement"].get("fp32", 1.0) > 0.999 for r in results)
     return 0 if fp32_faithful else 1
 
@@ -119,12 +138,13 @@ def _print(result: dict) -> None:
     if "auto" in result:
         print(f"  auto: {result['auto']} (fastest of {', '.join(result['passing'])}, "
               f"which pass the budget on {result['judged_on']})")
-    print(f"  {'system':<22}{'median s':>10}{'speedup':>9}  {result['agreement_measure']} with PyTorch")
+    print(f"  {'system':<22}{'median s':>10}{'speedup':>9}{'x floor':>9}  {result['agreement_measure']} with PyTorch")
     for name, seconds in result["median_s"].items():
         precision = name.split()[-1]
         agree = f"{result['agreement'][precision]:.4f}" if name != "pytorch" else ""
         mark = " <- auto" if result.get("auto") == precision and name != "pytorch" else ""
-        print(f"  {name:<22}{seconds:>10.3f}{result['speedup'][name]:>8.2f}x  {agree}{mark}")
+        print(f"  {name:<22}{seconds:>10.3f}{result['speedup'][name]:>8.2f}x{result['times_floor'][name]:>8.1f}x"
+              f"  {agree}{mark}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,137 @@
+"""The hardware floor: the least time this machine allows for a workload.
+
+Two numbers describe the machine: its streaming memory bandwidth and its fp32 matrix-multiply rate,
+both measured with torch on the threads the benchmark uses, and cached per machine (CPU model, cores,
+threads) so every run compares against the same floor. A workload's floor is then the larger of its
+weight traffic over the bandwidth (batch-1 decoding reads every weight once per token) and its matrix
+work over the rate (encoders and prefill are compute bound).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from hotrod.load import cache_dir
+
+# Bytes per weight each precision reads; block-32 weight-only formats carry one fp32 scale per block.
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-static": 1.0,
+                "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32}
+INT8_COMPUTE = ("int8", "int8-static", "int8-weight", "int4")  # int4 runs at accuracy level 4: int8 math
+EMBEDDING_NAMES = ("embed", "wte", "wpe", "shared", "relative_attention_bias")
+
+
+@dataclass(frozen=True)
+class Machine:
+    cpu: str
+    threads: int
+    bandwidth_gbs: float  # streaming read, GB/s
+    matmul_gflops: float  # fp32 GEMM, GFLOP/s
+    int8_gops: float | None  # int8 GEMM (int32 accumulate), GOP/s, where torch has one for this CPU
+    measured: str
+
+    def rate(self, precision: str) -> float:
+        """Operations per second for matrix work at `precision` (quantized formats compute in int8)."""
+        if precision in INT8_COMPUTE and self.int8_gops:
+            return self.int8_gops * 1e9
+        return self.matmul_gflops * 1e9
+
+
+def machine(threads: int, refresh: bool = False, root: Path | None = None) -> Machine:
+    """This machine's figures, measured once per (CPU, cores, threads) and then read from the cache."""
+    cpu = _cpu_name()
+    key = hashlib.sha256(f"{cpu}|{torch.get_num_threads()}|{threads}".encode()).hexdigest()[:12]
+    path = (root or cache_dir() / "machine") / f"{key}.json"
+    if path.is_file() and not refresh:
+        return Machine(**json.loads(path.read_text()))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        found = Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(), matmul_gflops=_matmul_rate(),
+                        int8_gops=_int8_rate(),
+                        measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    finally:
+        torch.set_num_threads(previous)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(found), indent=2) + "\n")
+    return found
+
+
+def _best(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _bandwidth(megabytes: int = 512) -> float:
+    data = torch.ones(megabytes * 2**20 // 4)
+    return data.numel() * 4 / _best(data.sum, 5) / 1e9
+
+
+def _matmul_rate(size: int = 2048) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return 2 * size**3 / _best(lambda: a @ b, 5) / 1e9
+
+
+def _int8_rate(size: int = 2048) -> float | None:
+    a = torch.randint(-128, 127, (size, size), dtype=torch.int8)
+    b = torch.randint(-128, 127, (size, size), dtype=torch.int8)
+    try:
+        return 2 * size**3 / _best(lambda: torch._int_mm(a, b), 5) / 1e9
+    except (RuntimeError, AttributeError):  # no int8 GEMM in this torch build for this device
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def matmul_params(model: torch.nn.Module, kind: str) -> tuple[int, int]:
+    """(weights read per decoding step, weights of the whole model) counted over matrix-multiply weights.
+
+    Embedding tables are gathered, not multiplied, so they are left out; an LM head tied to the
+    embedding is counted once. For encoder-decoders a step reads only the decoder and the head.
+    """
+    seen, step, total = set(), 0, 0
+    for name, param in model.named_parameters():
+        if param.dim() != 2 or id(param) in seen or any(e in name for e in EMBEDDING_NAMES):
+            continue
+        seen.add(id(param))
+        total += param.numel()
+        if kind != "seq2seq" or "decoder" in name or "lm_head" in name:
+            step += param.numel()
+    if kind != "encoder" and not any("lm_head" in n for n, _ in model.named_parameters()):
+        head = model.get_input_embeddings().weight.numel()  # tied head: the embedding, read as a matrix
+        step, total = step + head, total + head
+    return step, total
+
+
+def generation_floor(step_params: int, total_params: int, prompt_tokens: int, new_tokens: int,
+                     precision: str, m: Machine) -> float:
+    """Seconds: the prompt's matrix work, then each new token's weight traffic (or work, if larger)."""
+    prefill = 2 * total_params * prompt_tokens / m.rate(precision)
+    per_token = max(step_params * WEIGHT_BYTES[precision] / (m.bandwidth_gbs * 1e9),
+                    2 * step_params / m.rate(precision))
+    return prefill + new_tokens * per_token
+
+
+def forward_floor(total_params: int, real_tokens: int, precision: str, m: Machine) -> float:
+    """Seconds for an encoder forward over the real (unpadded) tokens: work over rate, or weights over bandwidth."""
+    return max(2 * total_params * real_tokens / m.rate(precision),
+               total_params * WEIGHT_BYTES[precision] / (m.bandwidth_gbs * 1e9))

@@ -1,0 +1,49 @@
+"""The hardware floor: machine figures measured once and cached, and the floor arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from hotrod.bench import floor
+from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
+
+MACHINE = Machine(cpu="test", threads=2, bandwidth_gbs=20.0, matmul_gflops=200.0, int8_gops=800.0, measured="now")
+
+
+def test_machine_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(floor, "_bandwidth", lambda: calls.append("bw") or 12.5)
+    monkeypatch.setattr(floor, "_matmul_rate", lambda: 150.0)
+    monkeypatch.setattr(floor, "_int8_rate", lambda: None)
+    first = machine(2, root=tmp_path)
+    second = machine(2, root=tmp_path)
+    assert first == second and first.bandwidth_gbs == 12.5 and calls == ["bw"]
+    assert machine(2, root=tmp_path, refresh=True) == first and calls == ["bw", "bw"]
+    assert first.rate("int8") == first.rate("fp32") == 150e9  # no int8 GEMM: the fp32 rate stands in
+
+
+def test_real_measurements_are_positive_rates():
+    assert floor._bandwidth(megabytes=16) > 0.1  # GB/s
+    assert floor._matmul_rate(size=256) > 0.1  # GFLOP/s
+    int8 = floor._int8_rate(size=256)
+    assert int8 is None or int8 > 0.1
+
+
+def test_matmul_params_count_matrices_not_embeddings():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100))
+    step, total = matmul_params(gpt2, "decoder")
+    per_layer = 32 * 96 + 32 * 32 + 32 * 128 + 128 * 32
+    assert step == total == 2 * per_layer + 100 * 32  # the tied head counted once, positions left out
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
+    step, total = matmul_params(t5, "seq2seq")
+    assert step < total  # a decoding step does not read the encoder
+
+
+def test_floors_follow_bytes_and_work():
+    per_token = 1e8 * 0.625 / 20e9  # int4 weights over bandwidth beat 2 * 1e8 ops at 800 GOP/s
+    assert generation_floor(10**8, 10**8, 0, 10, "int4", MACHINE) == pytest.approx(10 * per_token)
+    assert generation_floor(10**8, 10**8, 0, 10, "fp32", MACHINE) == pytest.approx(10 * 1e8 * 4 / 20e9)
+    assert forward_floor(10**8, 1000, "fp32", MACHINE) == pytest.approx(2e11 / 200e9)
+    assert forward_floor(10**8, 1000, "int8", MACHINE) == pytest.approx(2e11 / 800e9)
