@@ -104,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole manifest")
     p.set_defaults(handler=_info)
 
+    p = sub.add_parser("bench", help="time hotrod against PyTorch (and installed peers) against the hardware floor")
+    p.add_argument("source", nargs="?", help="checkpoint or hub id for a batch x sequence sweep")
+    p.add_argument("--workload", default=None, help="comma-separated workload ids (W1-W4); need no model")
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes for the sweep")
+    p.add_argument("--seq", default="32", help="comma-separated prompt lengths for the sweep")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")
+    p.add_argument("--precision", default="fp32", help="comma-separated hotrod precisions to time")
+    p.add_argument("--peers", default="torch", help="comma-separated peers: torch (always), optimum, ctranslate2")
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="threads for every system (default: all cores)")
+    p.add_argument("--out", default="bench-results", help="folder for results.json, report.md and charts")
+    p.set_defaults(handler=_bench)
+
     p = sub.add_parser("demo", help="optimize the built-in models for this machine, verify them, time them "
                                     "against PyTorch and write a report")
     p.add_argument("--models", default=None, help="comma-separated demo model names (default: all)")
@@ -274,6 +288,52 @@ def _info(args) -> int:
 def _cache_note(graph: dict) -> str:
     caches = sum(1 for i in graph["inputs"] if "past_key_values" in i["name"] or "cross" in i["name"])
     return f" + {caches} cache tensors" if caches else ""
+
+
+def _bench(args) -> int:
+    import torch
+
+    from hotrod.bench import harness
+    from hotrod.bench.report import write_report
+    from hotrod.runtime.base import cpu_threads
+
+    if args.device != "cpu":
+        raise HotrodError("hotrod bench runs on cpu for now; --device cuda is not supported yet")
+    if bool(args.workload) == bool(args.source):
+        raise HotrodError("give either a model to sweep or --workload W1,..., not both or neither")
+    precisions = _names(args.precision, "--precision")
+    for precision in precisions:
+        from hotrod.options import check_choice
+
+        check_choice("precision", precision, PRECISIONS)
+    peers = _names(args.peers, "--peers")
+    if args.workload:
+        cases = harness.workload_cases(_names(args.workload, "--workload"))
+    else:
+        cases = harness.sweep_cases(args.source, _ints(args.batch, "--batch"), _ints(args.seq, "--seq"),
+                                    args.new_tokens)
+    threads = cpu_threads(args.threads)
+    torch.set_num_threads(threads)
+    out = Path(args.out)
+    results = harness.run(cases, precisions, peers, args.runs, threads, out)
+    report = write_report(results, out)
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0
+
+
+def _names(text: str, option: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise HotrodError(f"{option} is empty")
+    return names
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(n) for n in _names(text, option)]
+    except ValueError:
+        raise HotrodError(f"{option} expects comma-separated integers, got {text!r}") from None
 
 
 def _demo(args) -> int:
