@@ -71,12 +71,7 @@ def _speedup_chart(plt, results: Sequence[Result], path: Path) -> Path:
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(results))],
                   [r.case["name"] for r in results])
-    ax.set_ylabel("speedup over PyTorch")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, "speedup over PyTorch", path)
 
 
 def _latency_chart(plt, results: Sequence[Result], axis: str, label: str, path: Path) -> Path | None:
@@ -98,7 +93,11 @@ def _latency_chart(plt, results: Sequence[Result], axis: str, label: str, path: 
     for system in best[0].systems:
         ax.plot([key(r) for r in best], [r.systems[system]["p50_s"] for r in best], marker="o", label=system)
     ax.set_xlabel(label)
-    ax.set_ylabel("p50 latency, s")
+    return _save(plt, fig, ax, "p50 latency, s", path)
+
+
+def _save(plt, fig, ax, ylabel: str, path: Path) -> Path:
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
