@@ -20,6 +20,7 @@ import torch
 
 from hotrod.bench.timing import interleaved, median
 from hotrod.errors import HotrodError
+from hotrod.optimize.calibration import token_rows
 from hotrod.verify import Example, compare
 
 TIMING_RUNS = 3
@@ -87,11 +88,10 @@ def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
     """What a candidate is timed on: greedy generation of a few prompts, or embedding all examples."""
     texts = [e.text for e in examples]
     if model.kind == "encoder":
-        if model.tokenizer is None:
-            rows = [[1 + i % (model.dims.vocab_size - 1) for i in range(len(t.split()) + 2)] for t in texts]
-            return lambda m: m.embed(rows)
-        return lambda m: m.embed(texts)
-    prompts = [torch.tensor([row], dtype=torch.long) for row in _prompt_rows(model, texts[:TIMED_EXAMPLES])]
+        rows = [row for row in token_rows(model, texts) if row]
+        return lambda m: m.embed(rows)
+    rows = token_rows(model, texts[:TIMED_EXAMPLES], room=TIMED_NEW_TOKENS)
+    prompts = [torch.tensor([row], dtype=torch.long) for row in rows if row]
 
     def generate(m):
         for ids in prompts:
@@ -99,14 +99,6 @@ def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
                        min_new_tokens=TIMED_NEW_TOKENS, do_sample=False, num_beams=1)
 
     return generate
-
-
-def _prompt_rows(model: Any, texts: Sequence[str]) -> list[list[int]]:
-    limit = max(1, (model.dims.max_positions or 512) - TIMED_NEW_TOKENS)
-    if model.tokenizer is not None:
-        rows = model.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
-        return [r for r in rows if r]
-    return [[1 + i % (model.dims.vocab_size - 1) for i in range(min(limit, len(t.split())))] for t in texts]
 
 
 def _judge(table: list[Candidate], max_drop: float) -> None:

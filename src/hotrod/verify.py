@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hotrod.errors import HotrodError
+from hotrod.optimize.calibration import builtin_texts, read_texts, token_rows
 
 DEFAULT_EXAMPLES = 100
 
@@ -37,8 +38,6 @@ class Example:
 
 def read_examples(path: str | Path) -> list[Example]:
     """One example per non-empty line; a tab separates an optional expected output."""
-    from hotrod.optimize.calibration import read_texts
-
     examples = []
     for line in read_texts(path, what="examples file"):
         text, _, target = line.partition("\t")
@@ -50,8 +49,6 @@ def read_examples(path: str | Path) -> list[Example]:
 
 
 def builtin_examples() -> list[Example]:
-    from hotrod.optimize.calibration import builtin_texts
-
     return [Example(text) for text in builtin_texts()]
 
 
@@ -61,23 +58,17 @@ def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new
     """Run both HotrodModels on each example (batch 1) and return the figures for the manifest."""
     if not examples:
         raise HotrodError("verification needs at least one example")
-    rows = _rows(candidate, examples, max_new_tokens, seed)
+    room = (max_new_tokens or 20) if candidate.kind == "decoder" else 0
+    pairs = [(torch.tensor([row], dtype=torch.long), example)
+             for row, example in zip(token_rows(candidate, [e.text for e in examples], room, seed), examples) if row]
+    rows, examples = [ids for ids, _ in pairs], [example for _, example in pairs]  # targets stay with their rows
+    if not rows:
+        raise HotrodError("none of the verification examples has any token")
     if candidate.kind == "encoder":
         figures = _compare_encoder(candidate, reference, rows)
     else:
         figures = _compare_lm(candidate, reference, rows, examples, max_new_tokens)
     return {"examples": len(rows), **figures}
-
-
-def _rows(model: Any, examples: Sequence[Example], max_new_tokens: int | None, seed: int) -> list[torch.Tensor]:
-    room = (max_new_tokens or 20) if model.kind == "decoder" else 0
-    limit = max(1, (model.dims.max_positions or 512) - room)
-    if model.tokenizer is not None:
-        ids = model.tokenizer([e.text for e in examples], truncation=True, max_length=limit)["input_ids"]
-        return [torch.tensor([row], dtype=torch.long) for row in ids if row]
-    generator = torch.Generator().manual_seed(seed)  # no tokenizer: seeded ids, one per word
-    lengths = [max(1, min(limit, len(e.text.split()))) for e in examples]
-    return [torch.randint(0, model.dims.vocab_size, (1, n), generator=generator) for n in lengths]
 
 
 def _compare_encoder(candidate: Any, reference: Any, rows: list[torch.Tensor]) -> dict:

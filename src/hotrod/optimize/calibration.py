@@ -70,8 +70,10 @@ def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per
     encoders run one forward per text. Without a tokenizer, seeded random token ids of the texts' word
     counts stand in (the ranges then describe random inputs, which is all such a model ever sees).
     """
+    if not texts:
+        raise HotrodError("calibration needs at least one text")
     room = max_new_tokens if model.kind == "decoder" else 0
-    rows = _token_rows(model, texts, seed, room)
+    rows = [row for row in token_rows(model, texts, room, seed) if row] or [[0]]
     recorder = _Recorder(model.backend)
     model.backend = recorder
     try:
@@ -87,13 +89,16 @@ def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per
     return {graph: _spread(items, per_graph) for graph, items in recorder.feeds.items()}
 
 
-def _token_rows(model: Any, texts: Sequence[str], seed: int, room: int) -> list[list[int]]:
-    if not texts:
-        raise HotrodError("calibration needs at least one text")
+def token_rows(model: Any, texts: Sequence[str], room: int = 0, seed: int = 0) -> list[list[int]]:
+    """Each text as the token ids `model` (a HotrodModel) would see, one row per text, in order.
+
+    Rows are cut to leave `room` positions for generated tokens (and at 512). A model without a tokenizer
+    gets seeded random ids, one per word of the text: calibration, verification and auto's timing all
+    run such models on the same stand-in inputs. A row may be empty if its text has no tokens.
+    """
     limit = max(1, min(model.dims.max_positions or 512, 512) - room)
     if model.tokenizer is not None:
-        rows = model.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
-        return [r for r in rows if r] or [[0]]
+        return [list(r) for r in model.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]]
     generator = torch.Generator().manual_seed(seed)
     lengths = [max(1, min(limit, len(t.split()))) for t in texts]
     return [torch.randint(0, model.dims.vocab_size, (n,), generator=generator).tolist() for n in lengths]
