@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hotrod.bench.timing import interleaved, median
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.calibration import token_rows
 from hotrod.verify import Example, compare
 
@@ -64,7 +64,7 @@ def choose(build: Callable[[str, Path], Path], load: Callable[[Path], Any], refe
             models[precision] = load(path)
             candidate.figures = compare(models[precision], reference, examples)
         except (HotrodError, RuntimeError, ValueError) as exc:  # one failing candidate never sinks the others
-            candidate.status, candidate.reason = "failed", _one_line(exc)
+            candidate.status, candidate.reason = "failed", first_line(exc)
             shutil.rmtree(workdir / precision, ignore_errors=True)
             models.pop(precision, None)
     _time(models, table, examples, reference)
@@ -129,11 +129,6 @@ def _pick(table: list[Candidate], max_drop: float) -> Candidate:
     warnings.warn(f"no candidate met --max-drop {max_drop}{note}; keeping fp32", stacklevel=2)
     fallback.status, fallback.reason = "kept", f"no candidate met the budget{note}"
     return fallback
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def format_table(rows: Sequence[dict]) -> str:

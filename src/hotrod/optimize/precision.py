@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, first_line
 
 KEEP_FP32_OPS: tuple[str, ...] = (
     "Pow",  # x**2 of a hand-written norm overflows fp16 once |x| > 256
@@ -308,8 +308,7 @@ def _record_types(model: onnx.ModelProto) -> None:
     try:
         session = _Runner(model, values).session
     except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own exception types)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HotrodError(f"the fp16 converter produced a graph onnxruntime refuses: {first}") from None
+        raise HotrodError(f"the fp16 converter produced a graph onnxruntime refuses: {first_line(exc)}") from None
     types = {o.name: _ORT_TYPES.get(o.type) for o in session.get_outputs()}
     graph = model.graph
     interface = {v.name for v in [*graph.input, *graph.output]}

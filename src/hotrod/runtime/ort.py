@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, first_line
 from hotrod.export.io import GraphIO
 from hotrod.runtime.base import RuntimeOptions, cpu_threads, missing_inputs
 
@@ -82,5 +82,4 @@ def _open(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types for a bad file)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HotrodError(f"cannot load graph {path.name}: {first}") from None
+        raise HotrodError(f"cannot load graph {path.name}: {first_line(exc)}") from None
