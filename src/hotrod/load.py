@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, first_line
 from hotrod.registry import Family, get_family
 
 SAFETENSORS = "model.safetensors"
@@ -71,7 +71,7 @@ def read_config(path: Path):
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as exc:
-        raise HotrodError(f"cannot parse {config_file}: {_first_line(exc)}") from None
+        raise HotrodError(f"cannot parse {config_file}: {first_line(exc)}") from None
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -107,7 +107,7 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
             return load_file(str(file))
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001  (any parse failure means a corrupt or unsafe file)
-        raise HotrodError(f"cannot read weights {file}: {_first_line(exc)}") from None
+        raise HotrodError(f"cannot read weights {file}: {first_line(exc)}") from None
 
 
 def weights_sha256(path: Path) -> str:
@@ -155,7 +155,7 @@ def load_tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as exc:
-        raise HotrodError(f"cannot load the tokenizer in {path}: {_first_line(exc)}") from None
+        raise HotrodError(f"cannot load the tokenizer in {path}: {first_line(exc)}") from None
 
 
 def load_generation_config(path: Path, config):
@@ -166,7 +166,7 @@ def load_generation_config(path: Path, config):
         try:
             return GenerationConfig.from_pretrained(path)
         except (OSError, ValueError) as exc:
-            raise HotrodError(f"cannot read {path / 'generation_config.json'}: {_first_line(exc)}") from None
+            raise HotrodError(f"cannot read {path / 'generation_config.json'}: {first_line(exc)}") from None
     return GenerationConfig.from_model_config(config)
 
 
@@ -190,11 +190,6 @@ def _download(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as exc:  # noqa: BLE001  (offline, unknown repo, gated repo, rate limit...)
         raise HotrodError(
-            f"cannot download {repo_id!r} from the Hugging Face hub ({_first_line(exc)}); "
+            f"cannot download {repo_id!r} from the Hugging Face hub ({first_line(exc)}); "
             "give a local checkpoint directory or connect to the hub"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
