@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -46,7 +47,7 @@ class Machine:
 def machine(threads: int, refresh: bool = False, root: Path | None = None) -> Machine:
     """This machine's figures, measured once per (CPU, cores, threads) and then read from the cache."""
     cpu = _cpu_name()
-    key = hashlib.sha256(f"{cpu}|{torch.get_num_threads()}|{threads}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{cpu}|{os.cpu_count()}|{threads}".encode()).hexdigest()[:12]
     path = (root or cache_dir() / "machine") / f"{key}.json"
     if path.is_file() and not refresh:
         return Machine(**json.loads(path.read_text()))
