@@ -1,8 +1,9 @@
 """W1-W4 side by side: hotrod on ONNX Runtime against transformers' PyTorch model, in one run.
 
-Both systems get the same seeded random checkpoint (speed does not depend on weight values), the same
-inputs and the same thread count; runs are interleaved after a warm-up and medians compared as ratios.
-hotrod's fp32 answers are checked against PyTorch's before any timing.
+The timing is `hotrod bench`'s harness (`hotrod.bench.harness`): the same seeded random checkpoint and
+inputs for both systems, the same thread count, interleaved runs after a warm-up, medians compared as
+ratios, each system's time as a multiple of the hardware floor. hotrod's fp32 answers are checked
+against PyTorch's.
 
 `--precisions auto` (the default) is hotrod's `--precision auto` split in its two halves: accuracy is
 judged on the trained demo model of the workload's family (`hotrod demo`'s artifacts: a precision passes
@@ -19,22 +20,18 @@ import argparse
 import json
 import platform
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import transformers
 
-import hotrod
-from hotrod.artifact import MANIFEST, is_artifact
-from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
-from hotrod.bench.runners import agreement, hotrod_runner, pytorch_model, pytorch_runner
-from hotrod.bench.timing import interleaved, median
-from hotrod.bench.workloads import WORKLOADS, Workload, checkpoint
-from hotrod.build import code_fingerprint
+from hotrod.artifact import MANIFEST
+from hotrod.bench import harness
+from hotrod.bench.floor import machine
+from hotrod.bench.workloads import WORKLOADS, Workload
 from hotrod.load import cache_dir
 from hotrod.runtime.base import cpu_threads
-
-KINDS = {"W1": "decoder", "W2": "seq2seq", "W3": "encoder", "W4": "encoder"}
 
 
 def passing_precisions(workload: Workload, max_drop: float) -> tuple[list[str], str]:
@@ -45,54 +42,6 @@ def passing_precisions(workload: Workload, max_drop: float) -> tuple[list[str], 
     artifact = demo_artifact(demo_model(workload.accuracy_model), cache_dir() / "demo", max_drop)
     rows = json.loads((artifact / MANIFEST).read_text())["auto"]["candidates"]
     return [r["precision"] for r in rows if r["status"] in ("kept", "passed")], workload.accuracy_model
-
-
-def floors(workload: Workload, model, kind: str, precisions: list[str], m: Machine) -> dict[str, float]:
-    """The hardware floor of the workload at each precision (PyTorch's is fp32's)."""
-    step, total = matmul_params(model, kind)
-    tokens = sum(workload.lengths)
-    if kind == "encoder":
-        found = {p: forward_floor(total, tokens, p, m) for p in ["fp32", *precisions]}
-    else:
-        found = {p: generation_floor(step, total, tokens, workload.new_tokens, p, m) for p in ["fp32", *precisions]}
-    return {"pytorch": found["fp32"], **{f"hotrod {p}": found[p] for p in precisions}}
-
-
-def run_workload(workload: Workload, precisions: list[str], runs: int, threads: int, cache: Path,
-                 m: Machine) -> dict:
-    kind = KINDS[workload.id]
-    source = checkpoint(workload, cache / "checkpoints")
-    ours = {}
-    for precision in precisions:
-        artifact = cache / "artifacts" / f"{workload.id}-{precision}"
-        if not is_artifact(artifact) or _manifest(artifact).get("code") != code_fingerprint():
-            hotrod.optimize(source, artifact, precision=precision, force=True, verify_examples=0)
-        ours[precision] = hotrod.load(artifact, threads=threads)
-    theirs = pytorch_model(source, kind)
-    ids, mask = workload.inputs(theirs.config.vocab_size)
-    kwargs = workload.generate_kwargs() if kind != "encoder" else None
-    run_theirs = pytorch_runner(theirs, kind, ids, mask, kwargs)
-    reference = run_theirs()
-    agree = {p: agreement(hotrod_runner(m, ids, mask, kwargs)(), reference, kind, mask) for p, m in ours.items()}
-    systems = {"pytorch": run_theirs, **{f"hotrod {p}": hotrod_runner(m, ids, mask, kwargs) for p, m in ours.items()}}
-    times = interleaved(systems, runs=runs)
-    base = median(times["pytorch"])
-    floor = floors(workload, theirs, kind, precisions, m)
-    return {
-        "workload": workload.id,
-        "floor_s": floor,
-        "times_floor": {name: median(t) / floor[name] for name, t in times.items()},
-        "description": workload.description,
-        "agreement": agree,
-        "agreement_measure": "hidden-state cosine" if kind == "encoder" else "share of tokens equal",
-        "seconds": times,
-        "median_s": {name: median(t) for name, t in times.items()},
-        "speedup": {name: base / median(t) for name, t in times.items()},
-    }
-
-
-def _manifest(artifact: Path) -> dict:
-    return json.loads((artifact / MANIFEST).read_text())
 
 
 def main() -> int:
@@ -106,7 +55,6 @@ def main() -> int:
     args = parser.parse_args()
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
-    cache = cache_dir() / "bench"
     m = machine(threads)
     print(f"machine: {m.cpu}, {threads} threads: {m.bandwidth_gbs:.1f} GB/s, {m.matmul_gflops:.0f} GFLOP/s fp32, "
           f"{m.int8_gops or 0:.0f} GOP/s int8 (measured {m.measured})")
@@ -117,33 +65,37 @@ def main() -> int:
             precisions, judged_on = passing_precisions(workload, args.max_drop)
         else:
             precisions, judged_on = [p.strip() for p in args.precisions.split(",")], None
-        result = run_workload(workload, precisions, args.runs, threads, cache, m)
+        [result] = harness.run(harness.workload_cases([wid]), precisions, ["torch"], args.runs, threads,
+                               cache_dir() / "bench" / "core")
+        entry = {"workload": wid, "description": workload.description, **asdict(result)}
         if judged_on:
-            fastest = min(precisions, key=lambda p: result["median_s"][f"hotrod {p}"])
-            result.update(auto=fastest, judged_on=judged_on, passing=precisions)
-        results.append(result)
-        _print(result)
+            fastest = min(precisions, key=lambda p: result.systems[f"hotrod {p}"]["p50_s"])
+            entry.update(auto=fastest, judged_on=judged_on, passing=precisions)
+        results.append(entry)
+        _print(entry)
     print(f"\n{platform.processor() or platform.machine()}, {threads} threads, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, medians of {args.runs} interleaved runs")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"threads": threads, "machine": platform.uname()._asdict(),
-                                         "floor_machine": m.__dict__, "results": results}, indent=2))
-    fp32_faithful = all(r["agreement"].get("fp32", 1.0) > 0.999 for r in results)
+                                         "floor_machine": asdict(m), "results": results}, indent=2))
+    fp32_faithful = all(r["systems"].get("hotrod fp32", {}).get("agreement", 1.0) > 0.999 for r in results)
     return 0 if fp32_faithful else 1
 
 
-def _print(result: dict) -> None:
-    print(f"\n{result['workload']}: {result['description']}")
-    if "auto" in result:
-        print(f"  auto: {result['auto']} (fastest of {', '.join(result['passing'])}, "
-              f"which pass the budget on {result['judged_on']})")
-    print(f"  {'system':<22}{'median s':>10}{'speedup':>9}{'x floor':>9}  {result['agreement_measure']} with PyTorch")
-    for name, seconds in result["median_s"].items():
+def _print(entry: dict) -> None:
+    encoder = entry["case"]["kind"] == "encoder"
+    print(f"\n{entry['workload']}: {entry['description']}")
+    if "auto" in entry:
+        print(f"  auto: {entry['auto']} (fastest of {', '.join(entry['passing'])}, "
+              f"which pass the budget on {entry['judged_on']})")
+    measure = "hidden-state cosine" if encoder else "share of tokens equal"
+    print(f"  {'system':<22}{'median s':>10}{'speedup':>9}{'x floor':>9}  {measure} with PyTorch")
+    for name, figures in entry["systems"].items():
         precision = name.split()[-1]
-        agree = f"{result['agreement'][precision]:.4f}" if name != "pytorch" else ""
-        mark = " <- auto" if result.get("auto") == precision and name != "pytorch" else ""
-        print(f"  {name:<22}{seconds:>10.3f}{result['speedup'][name]:>8.2f}x{result['times_floor'][name]:>8.1f}x"
+        agree = f"{figures['agreement']:.4f}" if name != "pytorch" else ""
+        mark = " <- auto" if entry.get("auto") == precision and name != "pytorch" else ""
+        print(f"  {name:<22}{figures['p50_s']:>10.3f}{figures['speedup']:>8.2f}x{figures['times_floor']:>8.1f}x"
               f"  {agree}{mark}")
 
 

@@ -44,21 +44,6 @@ class Workload:
     new_tokens: int = 0
     accuracy_model: str = ""  # the trained demo model of the same family, on which precisions are judged
 
-    def inputs(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Seeded token ids and attention mask; shorter rows are left-padded for generation, right for encoders."""
-        generator = torch.Generator().manual_seed(1234)
-        width = max(self.lengths)
-        ids = torch.zeros(len(self.lengths), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, length in enumerate(self.lengths):
-            tokens = torch.randint(2, vocab_size, (length,), generator=generator)
-            span = slice(width - length, width) if self.task == "generate" else slice(0, length)
-            ids[row, span], mask[row, span] = tokens, 1
-        return ids, mask
-
-    def generate_kwargs(self) -> dict:
-        return {"max_new_tokens": self.new_tokens, "min_new_tokens": self.new_tokens, "do_sample": False, "num_beams": 1}
-
 
 def _w4_lengths() -> tuple[int, ...]:
     generator = torch.Generator().manual_seed(4)
