@@ -91,14 +91,15 @@ def optimize(
     with art.staging(out, force) as tmp:
         entries = build.export_graphs(src, tmp, options.fusion, progress)
         files = build.write_configs(src, tmp)
-        art.write_manifest(tmp, build.manifest(src, options, entries, files))
+        described = build.describe_source(src)
+        art.write_manifest(tmp, build.manifest(described, options, entries, files))
         reference = _torch_model(src, RuntimeOptions(backend="torch"), load_tokenizer(src.path)) if examples else None
-        lowered = _Lowering(src, options, tmp, entries, files, texts, progress)
+        lowered = _Lowering(described, options, tmp, entries, files, texts, progress)
         if auto:
             options, entries, extra = _auto(lowered, reference, examples, max_drop, progress)
         else:
             entries, extra = lowered.apply(precision, tmp), {}
-        art.write_manifest(tmp, build.manifest(src, options, entries, files, **extra))
+        art.write_manifest(tmp, build.manifest(described, options, entries, files, **extra))
         if examples:
             runs_on = device if device == "cpu" or _has_device(device) else "cpu"
             model = _load_artifact(art.open_artifact(tmp), "onnxruntime", runs_on, 0)
@@ -106,7 +107,7 @@ def optimize(
                                      **(extra.pop("figures", None) or compare(model, reference, examples))}
         else:
             extra["verification"] = None
-        art.write_manifest(tmp, build.manifest(src, options, entries, files, **extra))
+        art.write_manifest(tmp, build.manifest(described, options, entries, files, **extra))
     return out
 
 
@@ -124,9 +125,9 @@ def _has_device(device: str) -> bool:
 class _Lowering:
     """Lowers the fp32 export in `base` to a precision in some directory, calibrating once if needed."""
 
-    def __init__(self, src: Source, options: ExportOptions, base: Path, entries: dict, files: dict,
+    def __init__(self, described: dict, options: ExportOptions, base: Path, entries: dict, files: dict,
                  texts: list[str], progress: bool):
-        self.src, self.options, self.base, self.entries, self.files = src, options, base, entries, files
+        self.described, self.options, self.base, self.entries, self.files = described, options, base, entries, files
         self.texts, self.progress = texts, progress
         self._feeds: Feeds | None = None
 
@@ -145,7 +146,7 @@ class _Lowering:
         build.copy_graphs(self.base, directory)
         entries = self.apply(precision, directory)
         options = replace(self.options, precision=precision)
-        art.write_manifest(directory, build.manifest(self.src, options, entries, self.files))
+        art.write_manifest(directory, build.manifest(self.described, options, entries, self.files))
         return directory
 
 

@@ -90,8 +90,9 @@ def write_configs(src: Source, out: Path) -> dict:
     return {name: art.file_entry(out, name) for name in names if name != art.MANIFEST}
 
 
-def manifest(src: Source, options: ExportOptions, entries: dict[str, dict], files: dict, **extra) -> dict:
-    """Everything the artifact records about itself; `extra` adds sections (verification, auto, ...)."""
+def describe_source(src: Source) -> dict:
+    """What every manifest of a build says about its source and makers; computed once per build, since
+    hashing the weights reads the whole checkpoint."""
     return {
         "source": {"origin": src.origin, "path": str(src.path.resolve()), "from_hub": src.from_hub,
                    "weights_sha256": weights_sha256(src.path)},
@@ -99,10 +100,17 @@ def manifest(src: Source, options: ExportOptions, entries: dict[str, dict], file
         "model_type": src.config.model_type,
         "kind": src.family.kind,
         "dims": src.family.dims(src.config).to_dict(),
-        "options": options.to_dict(),
-        "weights": describe_precision(options.precision, options.calibration_method),
         "versions": versions(),
         "code": code_fingerprint(),
+    }
+
+
+def manifest(described: dict, options: ExportOptions, entries: dict[str, dict], files: dict, **extra) -> dict:
+    """Everything the artifact records about itself; `extra` adds sections (verification, auto, ...)."""
+    return {
+        **described,
+        "options": options.to_dict(),
+        "weights": describe_precision(options.precision, options.calibration_method),
         "graphs": entries,
         "files": files,
         **extra,
