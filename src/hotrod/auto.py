@@ -21,7 +21,7 @@ import torch
 from hotrod.bench.timing import interleaved, median
 from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.calibration import token_rows
-from hotrod.verify import Example, compare
+from hotrod.verify import Example, Remembered, compare
 
 TIMING_RUNS = 3
 TIMED_EXAMPLES = 4
@@ -56,6 +56,7 @@ def choose(build: Callable[[str, Path], Path], load: Callable[[Path], Any], refe
            progress: bool = False) -> tuple[Candidate, list[Candidate]]:
     """Build (`build(precision, dir)`), verify and time each precision; returns the winner and the table."""
     table, models = [], {}
+    reference = Remembered(reference)  # every candidate is compared with the same source outputs
     for precision in precisions:
         candidate = Candidate(precision)
         table.append(candidate)
@@ -67,12 +68,12 @@ def choose(build: Callable[[str, Path], Path], load: Callable[[Path], Any], refe
             candidate.status, candidate.reason = "failed", first_line(exc)
             shutil.rmtree(workdir / precision, ignore_errors=True)
             models.pop(precision, None)
-    _time(models, table, examples, reference)
+    _time(models, table, examples)
     _judge(table, max_drop)
     return _pick(table, max_drop), table
 
 
-def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Example], reference: Any) -> None:
+def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Example]) -> None:
     if not models:
         raise HotrodError("no candidate precision could be built")
     workload = _workload(next(iter(models.values())), examples)

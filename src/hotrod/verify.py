@@ -71,6 +71,34 @@ def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new
     return {"examples": len(rows), **figures}
 
 
+class Remembered:
+    """A reference model whose answers are computed once: `--precision auto` compares every candidate with
+    the same source outputs, and the source (eager PyTorch) is the slowest model in the comparison."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self._answers: dict[tuple, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._remember("call", self.model, args, kwargs)
+
+    def generate(self, *args, **kwargs):
+        return self._remember("generate", self.model.generate, args, kwargs)
+
+    def _remember(self, what: str, fn, args, kwargs):
+        key = (what, *(_key(a) for a in args), *sorted((k, _key(v)) for k, v in kwargs.items()))
+        if key not in self._answers:
+            self._answers[key] = fn(*args, **kwargs)
+        return self._answers[key]
+
+
+def _key(value: Any) -> Any:
+    return (tuple(value.shape), tuple(value.flatten().tolist())) if isinstance(value, torch.Tensor) else value
+
+
 def _compare_encoder(candidate: Any, reference: Any, rows: list[torch.Tensor]) -> dict:
     max_abs, cosines, embeddings = 0.0, [], []
     for ids in rows:
