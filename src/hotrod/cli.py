@@ -302,10 +302,6 @@ def _bench(args) -> int:
     if bool(args.workload) == bool(args.source):
         raise HotrodError("give either a model to sweep or --workload W1,..., not both or neither")
     precisions = _names(args.precision, "--precision")
-    for precision in precisions:
-        from hotrod.options import check_choice
-
-        check_choice("precision", precision, PRECISIONS)
     peers = _names(args.peers, "--peers")
     if args.workload:
         cases = harness.workload_cases(_names(args.workload, "--workload"))
@@ -339,7 +335,7 @@ def _ints(text: str, option: str) -> list[int]:
 def _demo(args) -> int:
     from hotrod.demo import run_demo
 
-    names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
+    names = _names(args.models, "--models") if args.models else None
     run_demo(names, runs=args.runs, out=args.out, max_drop=args.max_drop)
     return 0
 

@@ -26,6 +26,7 @@ from hotrod.bench.timing import interleaved
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError
 from hotrod.load import cache_dir, open_source
+from hotrod.options import PRECISIONS, check_choice
 
 PEERS = ("torch", "optimum", "ctranslate2")
 _PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2"}
@@ -134,6 +135,8 @@ def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], 
 
     if runs < 1:
         raise HotrodError("--runs must be >= 1")
+    for precision in precisions:
+        check_choice("precision", precision, PRECISIONS)
     skipped = missing_peers(peers)
     m = machine(threads)
     out.mkdir(parents=True, exist_ok=True)
