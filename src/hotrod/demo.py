@@ -20,6 +20,7 @@ import torch
 
 from hotrod.artifact import MANIFEST, is_artifact
 from hotrod.auto import format_table
+from hotrod.bench.report import pyplot, save_chart
 from hotrod.bench.runners import hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.timing import interleaved, median
 from hotrod.build import code_fingerprint
@@ -185,13 +186,8 @@ def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_
 
 
 def _chart(results: Sequence[DemoResult], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hotrod[demo]'): no chart", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = [r.name for r in results]
@@ -200,10 +196,6 @@ def _chart(results: Sequence[DemoResult], path: Path) -> Path | None:
     for bar, r in zip(bars, results):
         ax.annotate(f"{r.speedup:.1f}x\n{r.precision}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("speedup over PyTorch")
     ax.set_title("hotrod --precision auto vs PyTorch eager")
     ax.set_ylim(0, max(r.speedup for r in results) * 1.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_chart(plt, fig, ax, "speedup over PyTorch", path, legend=False)

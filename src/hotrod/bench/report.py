@@ -44,7 +44,8 @@ def _case_table(result: Result) -> list[str]:
     return lines + [""]
 
 
-def _charts(results: Sequence[Result], out: Path) -> list[Path]:
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None (with a note) where matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -52,6 +53,13 @@ def _charts(results: Sequence[Result], out: Path) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install 'hotrod[demo]'): no charts", file=sys.stderr)
+        return None
+    return plt
+
+
+def _charts(results: Sequence[Result], out: Path) -> list[Path]:
+    plt = pyplot()
+    if plt is None:
         return []
     charts = [_speedup_chart(plt, results, out / "speedup.png")]
     for axis, label in (("batch", "batch size"), ("seq", "sequence length")):
@@ -71,7 +79,7 @@ def _speedup_chart(plt, results: Sequence[Result], path: Path) -> Path:
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(results))],
                   [r.case["name"] for r in results])
-    return _save(plt, fig, ax, "speedup over PyTorch", path)
+    return save_chart(plt, fig, ax, "speedup over PyTorch", path)
 
 
 def _latency_chart(plt, results: Sequence[Result], axis: str, label: str, path: Path) -> Path | None:
@@ -93,12 +101,13 @@ def _latency_chart(plt, results: Sequence[Result], axis: str, label: str, path: 
     for system in best[0].systems:
         ax.plot([key(r) for r in best], [r.systems[system]["p50_s"] for r in best], marker="o", label=system)
     ax.set_xlabel(label)
-    return _save(plt, fig, ax, "p50 latency, s", path)
+    return save_chart(plt, fig, ax, "p50 latency, s", path)
 
 
-def _save(plt, fig, ax, ylabel: str, path: Path) -> Path:
+def save_chart(plt, fig, ax, ylabel: str, path: Path, legend: bool = True) -> Path:
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7)
+    if legend:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
