@@ -86,7 +86,7 @@ def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per
                                min_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
     finally:
         model.backend = recorder.inner
-    return {graph: _spread(items, per_graph) for graph, items in recorder.feeds.items()}
+    return {graph: spread(items, per_graph) for graph, items in recorder.feeds.items()}
 
 
 def token_rows(model: Any, texts: Sequence[str], room: int = 0, seed: int = 0) -> list[list[int]]:
@@ -104,9 +104,18 @@ def token_rows(model: Any, texts: Sequence[str], room: int = 0, seed: int = 0) -
     return [torch.randint(0, model.dims.vocab_size, (n,), generator=generator).tolist() for n in lengths]
 
 
-def _spread(items: list, count: int) -> list:
+def spread(items: list, count: int) -> list:
     """At most `count` items, evenly spread, so prefill and late decoding steps are both represented."""
     if len(items) <= count:
         return items
     picks = np.linspace(0, len(items) - 1, count).round().astype(int)
     return [items[i] for i in picks]
+
+
+def graph_feed(input_names: Sequence[str], feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A recorded feed restricted to one graph's inputs; a missing input is an error, not a silent skip."""
+    missing = [name for name in input_names if name not in feed]
+    if missing:
+        raise HotrodError(f"calibration feeds lack graph input(s) {', '.join(missing)}; "
+                          "record them from this same graph")
+    return {name: np.asarray(feed[name]) for name in input_names}

@@ -42,6 +42,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.errors import HotrodError, first_line
+from hotrod.optimize.calibration import graph_feed
 
 KEEP_FP32_OPS: tuple[str, ...] = (
     "Pow",  # x**2 of a hand-written norm overflows fp16 once |x| > 256
@@ -115,7 +116,7 @@ def to_half(model: onnx.ModelProto, dtype: str, feeds: Sequence[Mapping[str, np.
         raise HotrodError(f"max_rounds must be >= 1, got {max_rounds}")
     base = _named(model)
     graph = _GraphInfo(base)
-    feeds = [_graph_feeds(base, feed) for feed in feeds]
+    feeds = [graph_feed([i.name for i in base.graph.input], feed) for feed in feeds]
     reference = _Runner(base, graph.all_values())
     graph.learn_types(reference.run(feeds[0]))
     op_kept = set(KEEP_FP32_OPS) | _converter_default_blocks()
@@ -195,14 +196,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
-
-
-def _graph_feeds(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    names = [i.name for i in model.graph.input]
-    missing = [n for n in names if n not in feed]
-    if missing:
-        raise HotrodError(f"recorded inputs lack {', '.join(missing)} of graph {model.graph.name or 'graph'}")
-    return {name: np.asarray(feed[name]) for name in names}
 
 
 @dataclass

@@ -28,6 +28,7 @@ import onnx
 
 from hotrod.errors import HotrodError
 from hotrod.export.onnx import EXTERNAL_DATA_THRESHOLD
+from hotrod.optimize.calibration import graph_feed, spread
 from hotrod.options import CALIBRATION_METHODS, check_choice
 
 Feed = dict[str, np.ndarray]
@@ -122,7 +123,7 @@ def _int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str) -> 
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
         large = _save(model, src)
         nodes = _isolate_int8_inputs(src)
-        reader = _FeedReader(_spread(_graph_feeds(src, feeds), MAX_CALIBRATION_FEEDS[method]))
+        reader = _FeedReader(spread(_graph_feeds(src, feeds), MAX_CALIBRATION_FEEDS[method]))
         with _quiet():
             quantize_static(
                 str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
@@ -233,21 +234,8 @@ def _drop_isolation(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _graph_feeds(path: Path, feeds: Sequence[Feed]) -> list[Feed]:
-    """The feeds restricted to the graph's inputs; a feed missing one is an error, not a silent skip."""
     inputs = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
-    for feed in feeds:
-        missing = [name for name in inputs if name not in feed]
-        if missing:
-            raise HotrodError(f"calibration feeds lack graph input(s) {', '.join(missing)}; "
-                              "record them from this same graph")
-    return [{name: feed[name] for name in inputs} for feed in feeds]
-
-
-def _spread(items: list, count: int) -> list:
-    """At most `count` items, evenly spread, so the prompt and the late decoding steps are both represented."""
-    if len(items) <= count:
-        return items
-    return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
+    return [graph_feed(inputs, feed) for feed in feeds]
 
 
 class _FeedReader:
