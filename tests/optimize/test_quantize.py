@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from hotrod.errors import HotrodError
-from hotrod.optimize import quantize as quantize_module
+from hotrod.export import onnx as exporter
 from hotrod.optimize.calibration import builtin_texts, capture_feeds
 from hotrod.optimize.quantize import MAX_CALIBRATION_FEEDS, NEEDS_CALIBRATION, describe, prune_initializers, quantize
 from hotrod.options import CALIBRATION_METHODS, PRECISIONS
@@ -150,7 +150,7 @@ def test_embeddings_stay_fp32(zoo, feeds):
 def test_large_graphs_go_through_external_data(zoo, feeds, monkeypatch):
     """Above the 2 GB threshold the graph is handed to ORT with external data; pretend every graph is large."""
     calibration, held_out = feeds("t5")
-    monkeypatch.setattr(quantize_module, "EXTERNAL_DATA_THRESHOLD", 0)
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 0)  # the one threshold, where graphs are saved
     fp32 = graphs(zoo.artifact("t5"))["decoder"]
     quantized = quantize(graphs(zoo.artifact("t5"))["decoder"], "int8-static", calibration["decoder"], "minmax")
     assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in quantized.graph.initializer)

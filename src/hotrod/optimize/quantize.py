@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from hotrod.errors import HotrodError
-from hotrod.export.onnx import EXTERNAL_DATA_THRESHOLD
+from hotrod.export.onnx import save_model
 from hotrod.optimize.calibration import graph_feed, spread
 from hotrod.options import CALIBRATION_METHODS, check_choice
 
@@ -95,7 +95,7 @@ def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
 
     with tempfile.TemporaryDirectory() as scratch:
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
-        large = _save(model, src)
+        large = save_model(model, src) is not None  # the tools read files; big weights go to .data
         with _quiet():
             quantize_dynamic(
                 str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
@@ -121,7 +121,7 @@ def _int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str) -> 
         return model
     with tempfile.TemporaryDirectory() as scratch:  # ORT's augmented calibration models go to its own temp dirs
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
-        large = _save(model, src)
+        large = save_model(model, src) is not None  # the tools read files; big weights go to .data
         nodes = _isolate_int8_inputs(src)
         reader = _FeedReader(spread(_graph_feeds(src, feeds), MAX_CALIBRATION_FEEDS[method]))
         with _quiet():
@@ -154,13 +154,6 @@ def _weight_only(model: onnx.ModelProto, bits: int) -> onnx.ModelProto:
     with _quiet():
         quantizer.process()
     return quantizer.model.model  # the pass pipeline prunes the fp32 originals it leaves behind
-
-
-def _save(model: onnx.ModelProto, path: Path) -> bool:
-    """Save for ONNX Runtime's tools, which read files; True when the weights went to external data."""
-    large = sum(t.ByteSize() for t in model.graph.initializer) >= EXTERNAL_DATA_THRESHOLD
-    onnx.save_model(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True)
-    return large
 
 
 def _weight_op_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
