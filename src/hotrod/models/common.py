@@ -31,24 +31,6 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch, seq, heads * dim)
 
 
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allowed: torch.Tensor,
-    scale: float = 1.0,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Eager scaled dot-product attention; `allowed` is a bool mask broadcastable to [B, H, Sq, Sk]."""
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    if scale != 1.0:
-        scores = scores * scale
-    if bias is not None:
-        scores = scores + bias
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """bool -> 0 where attention is allowed, the dtype's minimum where it is not."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
