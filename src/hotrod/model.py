@@ -85,12 +85,17 @@ class HotrodModel:
     @torch.inference_mode()
     def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None) -> ModelOutput:
         """One forward pass: `.logits` for language models, `.last_hidden_state` for encoders."""
+        with _torch_threads(self.backend.loop_threads):
+            return self._forward(input_ids, attention_mask, token_type_ids, decoder_input_ids)
+
+    forward = __call__
+
+    def _forward(self, input_ids, attention_mask, token_type_ids, decoder_input_ids) -> ModelOutput:
         input_ids = self._ids(input_ids)
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if self.kind == "encoder":
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
-            with _torch_threads(self.backend.loop_threads):
-                return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
+            return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
         if self.kind == "decoder":
             positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
             feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
@@ -107,8 +112,6 @@ class HotrodModel:
         return ModelOutput(
             logits=self.backend.to_torch(out["logits"]), encoder_last_hidden_state=self.backend.to_torch(hidden)
         )
-
-    forward = __call__
 
     # -- embeddings -----------------------------------------------------------------------------
 
