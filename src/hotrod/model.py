@@ -66,26 +66,34 @@ class HotrodModel:
             attention_mask = _infer_mask(input_ids, values)
         else:  # transformers infers padding only for decoder-only models
             attention_mask = torch.ones_like(input_ids)
-        if self.kind == "decoder":
-            settings = gen_config.resolve(values, input_ids.shape[1], self.dims.max_positions)
-            state = DecoderState(self.backend, self.dims)
-        else:
-            settings = gen_config.resolve(values, 1, None)
-            start = settings.decoder_start_token_id
-            if start is None:
-                start = getattr(self.config, "decoder_start_token_id", None)
-            if start is None:
-                raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
-            state = Seq2SeqState(self.backend, self.dims, start)
-        with _torch_threads(self.backend.loop_threads):
+        settings = self.settings(input_ids.shape[1], values)
+        state = self.decoding_state(settings)
+        with torch_threads(self.backend.loop_threads):
             return run_search(state, input_ids, attention_mask, settings)
+
+    def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
+        """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""
+        if self.kind == "decoder":
+            return gen_config.resolve(values, prompt_length, self.dims.max_positions)
+        return gen_config.resolve(values, 1, None)
+
+    def decoding_state(self, settings: gen_config.Settings) -> DecoderState | Seq2SeqState:
+        """A fresh decoding state for this model (the server keeps one per running batch)."""
+        if self.kind == "decoder":
+            return DecoderState(self.backend, self.dims)
+        start = settings.decoder_start_token_id
+        if start is None:
+            start = getattr(self.config, "decoder_start_token_id", None)
+        if start is None:
+            raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
+        return Seq2SeqState(self.backend, self.dims, start)
 
     # -- forward --------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None) -> ModelOutput:
         """One forward pass: `.logits` for language models, `.last_hidden_state` for encoders."""
-        with _torch_threads(self.backend.loop_threads):
+        with torch_threads(self.backend.loop_threads):
             return self._forward(input_ids, attention_mask, token_type_ids, decoder_input_ids)
 
     forward = __call__
@@ -130,7 +138,7 @@ class HotrodModel:
             raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
         rows = self._rows(texts_or_ids)
         result = torch.empty(len(rows), self.dims.hidden_size)
-        with _torch_threads(self.backend.loop_threads):
+        with torch_threads(self.backend.loop_threads):
             for group in plan([len(r) for r in rows], batch_size):
                 result[group] = self._embed_batch([rows[i] for i in group], pooling)
         return torch.nn.functional.normalize(result, dim=-1) if normalize else result
@@ -240,7 +248,7 @@ def _infer_mask(input_ids: torch.Tensor, values: dict) -> torch.Tensor:
 
 
 @contextmanager
-def _torch_threads(threads: int | None):
+def torch_threads(threads: int | None):
     """Run the block with torch limited to `threads` (None: unchanged), then restore the old count."""
     if threads is None:
         yield

@@ -88,7 +88,8 @@ def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
     )
     step = GraphIO(
         "decoder",
-        (_ids("decoder_input_ids"), enc_mask, *_kv("past_key_values", dims, layers, "past_sequence"), *cross),
+        (_ids("decoder_input_ids"), _ids("decoder_attention_mask", "total_sequence"), enc_mask,
+         *_kv("past_key_values", dims, layers, "past_sequence"), *cross),
         (logits, *_kv("present", dims, layers, "total_sequence")),
     )
     return {"encoder": encoder, "decoder_init": init, "decoder": step}

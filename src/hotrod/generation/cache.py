@@ -3,6 +3,11 @@
 A state turns the kind's graph contract into three calls the decoding loop needs: `start` (prefill,
 or encode and first decoder step), `step` (one token per row) and `reorder` (beam search). The cache
 stays as backend handles throughout; only the last-position logits come back as torch tensors.
+
+For continuous batching, `join` appends the rows of another started state (the cache of rows that began
+at different steps is aligned by left padding, which the masks hide) and `keep` lets finished rows leave,
+dropping cache columns no remaining row needs. Both copy the cache, once per arrival or departure, never
+per step.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ class DecodingState(Protocol):
     def reorder(self, index: torch.Tensor) -> None:
         """Rows of the cache become rows `index` of the old cache (beams within one prompt)."""
 
+    def join(self, other: DecodingState) -> None:
+        """Append the rows of `other`, a state of the same model that has been started."""
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only rows `index` (the others have finished), trimming padding none of them needs."""
+
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
@@ -36,6 +47,46 @@ def _expand_index(rows: int, expand: int) -> torch.Tensor:
 def empty_past(dims: Dims, layers: int, batch: int) -> dict[str, torch.Tensor]:
     shape = (batch, dims.num_heads, 0, dims.head_dim)
     return {name: torch.zeros(shape) for name in kv_names("past_key_values", layers)}
+
+
+def _pad(backend: Backend, value: Any, before: int, after: int, axis: int = 2) -> torch.Tensor:
+    """A cache tensor with `before`/`after` zero entries added along its sequence axis."""
+    tensor = backend.to_torch(value)
+    if not before and not after:
+        return tensor
+    pad = [0, 0] * (tensor.dim() - 1 - axis) + [before, after]
+    return torch.nn.functional.pad(tensor, pad)
+
+
+def _join_left(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, their_len: int) -> list[Any]:
+    """Concatenate two caches along the batch, the shorter one left-padded to the longer."""
+    width = max(our_len, their_len)
+    return [torch.cat([_pad(backend, a, width - our_len, 0), _pad(backend, b, width - their_len, 0)])
+            for a, b in zip(ours, theirs)]
+
+
+def _join_right(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, their_len: int) -> list[Any]:
+    width = max(our_len, their_len)
+    return [torch.cat([_pad(backend, a, 0, width - our_len), _pad(backend, b, 0, width - their_len)])
+            for a, b in zip(ours, theirs)]
+
+
+def _mask_cat(a: torch.Tensor, b: torch.Tensor, left: bool) -> torch.Tensor:
+    width = max(a.shape[1], b.shape[1])
+    pads = [(width - m.shape[1], 0) if left else (0, width - m.shape[1]) for m in (a, b)]
+    return torch.cat([torch.nn.functional.pad(m, p) for m, p in zip((a, b), pads)])
+
+
+def _unused_columns(mask: torch.Tensor, leading: bool) -> int:
+    """How many leading (or trailing) mask columns are zero in every row."""
+    used = mask.bool().any(dim=0)
+    if leading:
+        return int(used.int().argmax()) if used.any() else 0
+    return int(used.flip(0).int().argmax()) if used.any() else 0
+
+
+def _trim(backend: Backend, values: list[Any], start: int, stop: int) -> list[Any]:
+    return [backend.to_torch(v)[:, :, start:stop] for v in values]
 
 
 def generation_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -85,6 +136,24 @@ class DecoderState:
         self.mask = self.mask[index]
         self.next_position = self.next_position[index]
 
+    def join(self, other: DecoderState) -> None:
+        if not self.cache:
+            self.cache, self.mask, self.next_position = other.cache, other.mask, other.next_position
+            return
+        self.cache = _join_left(self.backend, self.cache, other.cache, self.mask.shape[1], other.mask.shape[1])
+        self.mask = _mask_cat(self.mask, other.mask, left=True)
+        self.next_position = torch.cat([self.next_position, other.next_position])
+
+    def keep(self, index: torch.Tensor) -> None:
+        if not len(index):
+            self.cache = []
+            return
+        self.reorder(index)
+        drop = _unused_columns(self.mask, leading=True)
+        if drop:
+            self.cache = _trim(self.backend, self.cache, drop, self.mask.shape[1])
+            self.mask = self.mask[:, drop:]
+
 
 class Seq2SeqState:
     """Encoder-decoder: encode once, first step returns the cross-attention K/V, then step with past."""
@@ -115,10 +184,13 @@ class Seq2SeqState:
         )
         self.cache = [out[name] for name in self.present]
         self.cross = [out[name] for name in self.cross_names]
+        self.self_mask = torch.ones_like(sequences)
         return sequences, self.backend.to_torch(out["logits"])[:, -1].float()
 
     def step(self, tokens):
-        feeds = {"decoder_input_ids": tokens[:, None], "encoder_attention_mask": self.mask}
+        self.self_mask = torch.cat([self.self_mask, self.self_mask.new_ones(self.self_mask.shape[0], 1)], dim=1)
+        feeds = {"decoder_input_ids": tokens[:, None], "decoder_attention_mask": self.self_mask,
+                 "encoder_attention_mask": self.mask}
         feeds.update(zip(self.past, self.cache))
         feeds.update(zip(self.cross_names, self.cross))
         out = self.backend.run("decoder", feeds)
@@ -128,3 +200,31 @@ class Seq2SeqState:
     def reorder(self, index):
         # Beams of one prompt share its encoder output, so the cross K/V need no reordering.
         self.cache = [self.backend.select(value, index) for value in self.cache]
+        self.self_mask = self.self_mask[index]
+
+    def join(self, other: Seq2SeqState) -> None:
+        """Self-attention caches align on the left (masked); cross K/V and encoder masks pad on the right."""
+        if not self.cache:
+            self.cache, self.cross, self.mask, self.self_mask = other.cache, other.cross, other.mask, other.self_mask
+            return
+        b = self.backend
+        self.cache = _join_left(b, self.cache, other.cache, self.self_mask.shape[1], other.self_mask.shape[1])
+        self.cross = _join_right(b, self.cross, other.cross, self.mask.shape[1], other.mask.shape[1])
+        self.self_mask = _mask_cat(self.self_mask, other.self_mask, left=True)
+        self.mask = _mask_cat(self.mask, other.mask, left=False)
+
+    def keep(self, index: torch.Tensor) -> None:
+        if not len(index):
+            self.cache = self.cross = []
+            return
+        self.reorder(index)
+        self.cross = [self.backend.select(value, index) for value in self.cross]
+        self.mask = self.mask[index]
+        drop = _unused_columns(self.self_mask, leading=True)
+        if drop:
+            self.cache = _trim(self.backend, self.cache, drop, self.self_mask.shape[1])
+            self.self_mask = self.self_mask[:, drop:]
+        unused = _unused_columns(self.mask, leading=False)
+        if unused:
+            self.cross = _trim(self.backend, self.cross, 0, self.mask.shape[1] - unused)
+            self.mask = self.mask[:, : self.mask.shape[1] - unused]

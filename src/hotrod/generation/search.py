@@ -29,6 +29,15 @@ def _skip(state: DecodingState, attention_mask: torch.Tensor, expand: int) -> to
     return (attention_mask != 0).int().argmax(dim=1).repeat_interleave(expand)
 
 
+def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch.Tensor | None = None,
+         generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token of each row: processed scores, then argmax or a draw."""
+    scores = process(logits, sequences, s, skip)
+    if s.do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1)
+    return torch.argmax(scores, dim=-1)
+
+
 def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
     expand = s.num_return_sequences if s.do_sample else 1
     sequences, logits = state.start(input_ids, attention_mask, expand)
@@ -36,11 +45,7 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
     eos = torch.tensor(s.eos_token_ids or [-1])
     while True:
-        scores = process(logits, sequences, s, skip)
-        if s.do_sample:
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-        else:
-            tokens = torch.argmax(scores, dim=-1)
+        tokens = pick(logits, sequences, s, skip)
         if s.eos_token_ids:
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, s.pad_token_id))
         sequences = torch.cat([sequences, tokens[:, None]], dim=1)

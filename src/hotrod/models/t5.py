@@ -198,12 +198,19 @@ class T5Model(nn.Module):
             x = block.layer[-1](x)
         return self.encoder.final_layer_norm(x)
 
-    def decode(self, input_ids, encoder_mask, self_past, cross):
-        """One decoder pass; `self_past` is a list of (k, v) or None, `cross` a list of (k, v)."""
+    def decode(self, input_ids, encoder_mask, self_past, cross, self_mask=None):
+        """One decoder pass; `self_past` is a list of (k, v) or None, `cross` a list of (k, v).
+
+        `self_mask` [B, past + new] marks real cache entries. Rows that joined a running batch at different
+        steps carry left padding in their caches; relative positions are unchanged by it, since query and
+        keys shift together, so the mask alone makes a padded row compute what it would alone.
+        """
         x = self.shared(input_ids)
         query_len = input_ids.shape[1]
         key_len = query_len + (self_past[0][0].shape[2] if self_past is not None else 0)
         bias = self.decoder.bias(query_len, key_len, x.device) + additive_mask(causal_mask(query_len, key_len, x.device))
+        if self_mask is not None:
+            bias = bias + additive_mask(padding_mask(self_mask), x.dtype)
         cross_allowed = padding_mask(encoder_mask).expand(-1, -1, query_len, -1)  # the query axis spelled out
         cross_bias = additive_mask(cross_allowed, x.dtype)
         present = []
@@ -260,16 +267,17 @@ class T5DecoderInit(nn.Module):
 
 
 class T5DecoderStep(nn.Module):
-    """(decoder_input_ids, encoder_attention_mask, *past, *cross) -> (logits, *present)"""
+    """(decoder_input_ids, decoder_attention_mask, encoder_attention_mask, *past, *cross) -> (logits, *present)"""
 
     def __init__(self, model: T5Model):
         super().__init__()
         self.model = model
 
-    def forward(self, decoder_input_ids, encoder_attention_mask, *caches):
+    def forward(self, decoder_input_ids, decoder_attention_mask, encoder_attention_mask, *caches):
         layers = len(self.model.decoder.block)
         pairs = [(caches[2 * i], caches[2 * i + 1]) for i in range(2 * layers)]
-        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, pairs[:layers], pairs[layers:])
+        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, pairs[:layers], pairs[layers:],
+                                            decoder_attention_mask)
         return (logits, *present)
 
 

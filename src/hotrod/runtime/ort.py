@@ -57,15 +57,19 @@ class OrtBackend:
         if missing:
             raise KeyError(f"graph {graph} needs inputs {missing}")
         binding = self.sessions[graph].io_binding()
-        for name in io.input_names:
-            binding.bind_ortvalue_input(name, self._handle(feeds[name]))
+        # The binding holds only the native value, and a value made from numpy does not own its buffer:
+        # the Python handles must outlive the run, or a copied feed (a non-contiguous slice) is freed early.
+        handles = [self._handle(feeds[name]) for name in io.input_names]
+        for name, handle in zip(io.input_names, handles):
+            binding.bind_ortvalue_input(name, handle)
         for name in io.output_names:
             binding.bind_output(name, self.device)
         self.sessions[graph].run_with_iobinding(binding)
         return dict(zip(io.output_names, binding.get_outputs()))
 
     def to_torch(self, value: Any) -> torch.Tensor:
-        return torch.from_numpy(value.numpy())
+        # numpy() is a view of ORT's buffer that does not keep it alive; the copy outlives the handle.
+        return torch.from_numpy(value.numpy().copy())
 
     def select(self, value: Any, index: torch.Tensor) -> Any:
         return self._handle(torch.from_numpy(value.numpy()[index.cpu().numpy()]))

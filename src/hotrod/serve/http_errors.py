@@ -1,0 +1,252 @@
+"""What can be wrong with a request, and how the server says so: one error shape, one outcome per request.
+
+Clients (OpenAI's among them) read `{"error": {"message", "type", "param"}}`; FastAPI's own errors (bad
+JSON, a wrong-typed field, an unknown route) are converted to it, and an unexpected exception becomes a
+plain 500 without a traceback. Each API request is counted once, under the outcome its status implies.
+The checks that need the served model (kind, vocabulary, positions, limits) live here too: they are the
+4xx answers that a schema cannot give.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hotrod.errors import HotrodError, first_line
+from hotrod.serve.metrics import Metrics
+from hotrod.serve.protocol import Engine, QueueFull, ShuttingDown
+
+log = logging.getLogger("hotrod.serve")
+
+DEFAULT_NEW_TOKENS = 32
+CLIENT_CLOSED = 499  # nginx's code for "the client went away"; nobody reads the answer
+
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_error", CLIENT_CLOSED: "cancelled",
+          500: "server_error", 503: "unavailable_error", 504: "timeout_error"}
+_OUTCOMES = {429: "rejected", CLIENT_CLOSED: "cancelled", 503: "unavailable", 504: "timeout"}
+
+
+def outcome_of(status: int) -> str:
+    """The metrics outcome of a request answered with `status`."""
+    if status < 400:
+        return "ok"
+    return _OUTCOMES.get(status, "failed" if status >= 500 else "invalid")
+
+
+class ApiError(Exception):
+    """A request the server refuses or could not complete; `param` names the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param}}
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+class Recorder:
+    """Counts one request once: the first outcome reported wins, later ones (a cleanup path) are ignored."""
+
+    def __init__(self, metrics: Metrics, endpoint: str, model: str = "unknown"):
+        self.metrics = metrics
+        self.endpoint = endpoint
+        self.model = model
+        self.start = time.perf_counter()
+        self.recorded: str | None = None
+
+    def done(self, outcome: str) -> None:
+        if self.recorded is None:
+            self.recorded = outcome
+            self.metrics.request(self.model, self.endpoint, outcome, time.perf_counter() - self.start)
+
+
+def model_label(engines: dict[str, Any], name: Any) -> str:
+    """The metrics label of a request for `name`: a served name, never a client's arbitrary string."""
+    if isinstance(name, str) and name in engines:
+        return name
+    return next(iter(engines)) if name is None and len(engines) == 1 else "unknown"
+
+
+def _record(request: Request, status: int, body: Any = None) -> None:
+    recorder: Recorder | None = getattr(request.state, "recorder", None)
+    if recorder is None:
+        endpoint = request.app.state.endpoints.get(request.url.path)
+        if endpoint is None:  # not an API endpoint: /health, an unknown route...
+            return
+        name = body.get("model") if isinstance(body, dict) else None
+        recorder = Recorder(request.app.state.metrics, endpoint, model_label(request.app.state.engines, name))
+    recorder.done(outcome_of(status))
+
+
+def _validation_error(exc: RequestValidationError) -> tuple[int, str, str | None]:
+    """FastAPI's list of errors as (status, message naming the first offending field, that field).
+
+    A union field (prompt: str | list[int]) reports one error per member; the deepest one of the first
+    field says most (`prompt[1]: Input should be a valid integer`).
+    """
+    errors = exc.errors()
+    if not errors:
+        return 422, "the request is invalid", None
+    if errors[0].get("type") == "json_invalid":
+        reason = (errors[0].get("ctx") or {}).get("error", "it could not be parsed")
+        return 400, f"the request body is not valid JSON: {reason}", None
+
+    def path(error: Any) -> list[Any]:
+        return [part for part in error.get("loc", ()) if part != "body"]
+
+    field = next(iter(path(errors[0])), None)
+    param = field if isinstance(field, str) else None
+    first = max((e for e in errors if next(iter(path(e)), None) == field), key=lambda e: len(path(e)))
+    where = (param or "body") + "".join(f"[{part}]" for part in path(first)[1:] if isinstance(part, int))
+    message = "unknown field" if first.get("type") == "extra_forbidden" else first.get("msg", "invalid value")
+    return 422, f"{where}: {message}", param
+
+
+class JsonBodies:
+    """Reads every API request body as JSON, whatever its content type says.
+
+    FastAPI parses a body only when it is declared JSON; `curl -d` declares a form, so a valid request
+    would be refused as "not an object" and a broken one never reported as invalid JSON.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error FastAPI, Starlette or the app raises through the one error shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        _record(request, exc.status)
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message, param = _validation_error(exc)
+        _record(request, status, exc.body)
+        return error_response(status, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        _record(request, exc.status_code)
+        return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc)
+        _record(request, 500)
+        return error_response(500, "internal server error")
+
+
+# -- the checks a request must pass before it takes a slot ------------------------------------------------
+
+def resolve(request: Request, endpoint: str, name: str | None, kinds: tuple[str, ...]) -> tuple[Engine, Recorder]:
+    """The engine a request names, once known to be served, of the right kind and ready; starts its record."""
+    state = request.app.state
+    recorder = Recorder(state.metrics, endpoint, model_label(state.engines, name))
+    request.state.recorder = recorder
+    if state.shutting_down:
+        raise ApiError(503, "the server is shutting down")
+    served = ", ".join(state.engines)
+    if name is None:
+        if len(state.engines) != 1:
+            raise ApiError(400, f"model: required when several models are served ({served})", "model")
+        name = next(iter(state.engines))
+    elif name not in state.engines:
+        raise ApiError(404, f"model: '{name}' is not served here; served: {served}", "model")
+    engine = state.engines[name]
+    if engine.info.kind not in kinds:
+        raise ApiError(400, f"model: '{name}' is a model of kind {engine.info.kind}; /v1/{endpoint} needs "
+                            f"one of kind {' or '.join(kinds)}", "model")
+    if not engine.ready():
+        raise ApiError(503, f"model '{name}' is still loading")
+    return engine, recorder
+
+
+def exactly_one(text: Any, ids: Any, text_param: str, ids_param: str) -> str:
+    """The name of the one prompt field given, refusing none or both."""
+    if (text is None) == (ids is None):
+        raise ApiError(400, f"{text_param}: give exactly one of {text_param} and {ids_param}", text_param)
+    return text_param if text is not None else ids_param
+
+
+def token_ids(engine: Engine, item: str | list[int], param: str, where: str | None = None) -> list[int]:
+    """Token ids of a text or an id row, refused when empty or outside the vocabulary.
+
+    Tokenizing on the event loop is fast enough, and keeps tokenizers (not all thread-safe) on one thread.
+    """
+    where = where or param
+    try:
+        ids = (engine.encode(item) if item else []) if isinstance(item, str) else item
+    except HotrodError as exc:
+        raise ApiError(400, f"{where}: {first_line(exc)}", param) from None
+    if not ids:
+        raise ApiError(400, f"{where}: the input is empty", param)
+    vocab = engine.info.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab})", param)
+    return ids
+
+
+def new_tokens(request: Request, engine: Engine, prompt: list[int], new: int | None, where: str, param: str) -> int:
+    """How many tokens to generate (default 32), refused above the server's limit or the model's positions."""
+    limit = request.app.state.limits.max_new_tokens_limit
+    new = min(DEFAULT_NEW_TOKENS, limit) if new is None else new
+    if new > limit:
+        raise ApiError(400, f"{param}: {new} is above this server's limit of {limit}", param)
+    positions = engine.info.max_positions
+    if positions is not None and len(prompt) > positions:
+        raise ApiError(400, f"{where}: the prompt has {len(prompt)} tokens; the model takes at most {positions}",
+                       where)
+    if positions is not None and engine.info.kind == "decoder" and len(prompt) + new > positions:
+        raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
+                            f"{positions} positions", where)
+    return new
+
+
+def embed_rows(engine: Engine, items: list[str] | list[list[int]], param: str) -> list[list[int]]:
+    """Token id rows to embed, each refused like a prompt."""
+    if not items:
+        raise ApiError(400, f"{param}: nothing to embed", param)
+    rows = [token_ids(engine, item, param, f"{param}[{i}]") for i, item in enumerate(items)]
+    positions = engine.info.max_positions
+    for i, row in enumerate(rows):
+        if positions is not None and len(row) > positions:
+            raise ApiError(400, f"{param}[{i}]: {len(row)} tokens; the model takes at most {positions}", param)
+    return rows
+
+
+def engine_error(exc: BaseException) -> ApiError:
+    """The answer to an engine refusing a request at submission or failing it later."""
+    if isinstance(exc, QueueFull):
+        return ApiError(429, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+    if isinstance(exc, ShuttingDown):
+        return ApiError(503, str(exc))
+    if isinstance(exc, HotrodError):
+        return ApiError(400, first_line(exc))
+    return ApiError(500, f"the model failed on this request: {first_line(exc)}")

@@ -1,0 +1,138 @@
+"""What the HTTP layer and a served model's engine exchange: plain dataclasses and one Protocol.
+
+The app validates a request, turns it into token ids and `Params`, and submits it to the model's
+`Engine`; the engine queues it, batches it with others (dynamic batching for encoders, continuous
+batching for generation) and reports back through a `Ticket`. Neither side knows how the other works:
+the app is tested with a fake engine, the scheduler with a fake model runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Params:
+    """Generation parameters of one request, already checked by the app."""
+
+    max_new_tokens: int = 32
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    num_beams: int = 1
+    seed: int | None = None
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The same request as keyword arguments of `HotrodModel.generate`."""
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "num_beams": self.num_beams,
+                                  "repetition_penalty": self.repetition_penalty, "do_sample": self.do_sample}
+        if self.do_sample:
+            kwargs.update(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        return kwargs
+
+
+class QueueFull(Exception):
+    """The model's queue is at its bound: the client should retry after `retry_after` seconds (429)."""
+
+    def __init__(self, retry_after: float = 1.0):
+        super().__init__("the server is at capacity; retry later")
+        self.retry_after = retry_after
+
+
+class ShuttingDown(Exception):
+    """The server has stopped accepting requests (503)."""
+
+    def __init__(self):
+        super().__init__("the server is shutting down")
+
+
+class BatchFailed(Exception):
+    """Running the batch this request was in raised; only that batch's requests see it (500)."""
+
+
+@dataclass
+class Event:
+    """One step of a ticket: new tokens, or the end (`finish_reason` set, or `error` set)."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "timeout"
+    error: BaseException | None = None
+    result: Any = None  # an encoder's embeddings [rows, hidden] (a torch tensor) on its final event
+
+
+class Ticket:
+    """A submitted request: events arrive from the engine's thread, the app reads them with `events()`.
+
+    `cancel()` (a disconnected client, a timeout) tells the engine to free the request's slot at its next
+    step; the ticket then ends with finish_reason "cancelled".
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.loop = loop or asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = False
+        self.done = False
+        self.submitted = 0.0  # time.perf_counter() when queued
+        self.started: float | None = None  # when it first ran
+
+    def push(self, event: Event) -> None:
+        """Called from the engine's thread."""
+        if event.finish_reason is not None or event.error is not None:
+            self.done = True
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self.queue.get()
+            yield event
+            if event.finish_reason is not None or event.error is not None:
+                return
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the app needs to validate requests for one served model."""
+
+    name: str
+    kind: str  # "decoder" | "seq2seq" | "encoder"
+    vocab_size: int
+    max_positions: int | None  # longest sequence the model accepts (prompt + new tokens for decoders)
+    created: int  # unix time the model was loaded
+    path: str
+
+
+class Engine(Protocol):
+    """One served model: a tokenizer, a queue, a scheduler and a runner on a thread of its own."""
+
+    info: ModelInfo
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (with the model's special tokens, as the model expects)."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of generated ids, special tokens dropped."""
+
+    def submit_generate(self, prompt: list[int], params: Params) -> Ticket:
+        """Queue a generation; raises QueueFull or ShuttingDown. Must be called on the event loop."""
+
+    def submit_embed(self, rows: list[list[int]], pooling: str, normalize: bool) -> Ticket:
+        """Queue embeddings of `rows` (its final event carries a [rows, hidden] tensor)."""
+
+    def queue_depth(self) -> int:
+        """Requests waiting to run."""
+
+    def start(self) -> None:
+        """Load, warm up and begin serving; `ready()` is true after it returns."""
+
+    def ready(self) -> bool: ...
+
+    def stop(self, drain: bool = True) -> None:
+        """Stop accepting; with `drain`, finish what is queued and running first. Blocks until done."""

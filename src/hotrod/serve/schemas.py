@@ -1,0 +1,161 @@
+"""Request and response bodies of the HTTP API, and the server's limits.
+
+The request models are the one statement of what the server accepts: FastAPI derives the OpenAPI schema
+from them, and `extra="forbid"` plus strict types keep the two honest (a field the schema does not list, or
+"5" where an integer belongs, is refused rather than silently dropped or coerced). Checks that depend on the
+served model (vocabulary, positions, kind) cannot live in a schema; the app makes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What the server allows any request, whatever the model (a model's own limits come from its ModelInfo)."""
+
+    max_new_tokens_limit: int = 256
+    request_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens_limit < 1:
+            raise ValueError(f"max_new_tokens_limit must be at least 1, not {self.max_new_tokens_limit}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be positive, not {self.request_timeout_s}")
+
+
+_MODEL = Field(None, description="A served model's name; optional when the server serves exactly one.")
+_SEED = Field(None, ge=0, le=2**63 - 1, description="Seed of the sampler, for repeatable samples.")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class GenerateRequest(_Request):
+    """Continue `text` (or `token_ids`, exactly one of the two) with a decoder or seq2seq model."""
+
+    model: str | None = _MODEL
+    text: str | None = Field(None, description="The prompt; tokenized by the model's tokenizer.")
+    token_ids: list[int] | None = Field(None, description="The prompt as token ids, instead of text.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: 32, or the server's limit if lower.")
+    do_sample: bool = False
+    temperature: float = Field(1.0, ge=0, description="0 means greedy even when do_sample is true.")
+    top_k: int = Field(0, ge=0, description="0: no top-k filter.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    num_beams: int = Field(1, ge=1, le=8)
+    seed: int | None = _SEED
+    stream: bool = Field(False, description="Answer with server-sent events, one per step, then [DONE].")
+
+
+class EmbedRequest(_Request):
+    """Embed `texts` (or `token_ids`, exactly one of the two) with an encoder model."""
+
+    model: str | None = _MODEL
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = Field(True, description="Scale each embedding to unit length.")
+
+
+class CompletionRequest(_Request):
+    """OpenAI's legacy completions request, as far as it applies to one prompt and one choice."""
+
+    model: str | None = _MODEL
+    prompt: str | list[int]
+    max_tokens: int = Field(16, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, description="0 or absent: greedy; above 0: sampling.")
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    stream: bool = False
+    stop: str | list[str] | None = Field(None, description="Not supported: must be absent or null.")
+    seed: int | None = _SEED
+    user: str | None = None
+
+
+class EmbeddingsRequest(_Request):
+    """OpenAI's embeddings request (mean pooling, unit-length vectors)."""
+
+    model: str | None = _MODEL
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float"] = "float"
+    user: str | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+
+
+class GenerateResponse(BaseModel):
+    model: str
+    text: str
+    token_ids: list[int] = Field(description="The generated tokens only, not the prompt.")
+    finish_reason: str
+    usage: Usage
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    embeddings: list[list[float]]
+    usage: Usage
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int = 0
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float]
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "hotrod"
+    kind: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error the server answers, whatever the status."""
+
+    error: ErrorDetail
