@@ -16,10 +16,11 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError, first_line
 from hotrod.model import HotrodModel
+from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, ShuttingDown, Ticket
 from hotrod.serve.runner import EncoderRunner, GenerationRunner
-from hotrod.serve.scheduler import ContinuousScheduler, DynamicBatcher, Request
+from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Request
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,16 @@ class ServeOptions:
     max_queue: int = 256
     kv_cache_mb: float = 1024.0
     batching: str = "continuous"  # continuous | request | none (generation)
-    threads: int = 0
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_queue"):
+            if getattr(self, name) < 1:
+                raise HotrodError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_queue_delay_ms", "kv_cache_mb"):
+            if not getattr(self, name) >= 0:
+                raise HotrodError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.batching not in POLICIES:
+            raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")
 
 
 class ModelEngine:
@@ -109,7 +119,8 @@ class ModelEngine:
             self._accepting = False
             if not drain:
                 for request in self._abandon():
-                    request.ticket.push(Event(error=ShuttingDown()))
+                    if not request.ticket.done:
+                        request.ticket.push(Event(error=ShuttingDown()))
             self._stop = True
             self._cond.notify()
         if self._thread is not None:
@@ -240,7 +251,8 @@ class ModelEngine:
         self.metrics.queue(self.info.name, len(self.scheduler.waiting), running)
 
 
-def load_engines(dirs: list[str], options: ServeOptions, metrics: Metrics) -> dict[str, ModelEngine]:
+def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions,
+                 metrics: Metrics) -> dict[str, ModelEngine]:
     """One engine per artifact directory, named after the directory; names must be unique."""
     import hotrod
 
@@ -249,7 +261,7 @@ def load_engines(dirs: list[str], options: ServeOptions, metrics: Metrics) -> di
         name = Path(directory).resolve().name
         if name in engines:
             raise HotrodError(f"two models would both be served as {name!r}; serve them from differently named folders")
-        model = hotrod.load(directory, threads=options.threads)
+        model = hotrod.load(directory, backend=runtime.backend, device=runtime.device, threads=runtime.threads)
         engines[name] = ModelEngine(name, model, options, metrics, str(directory))
     return engines
 

@@ -84,7 +84,10 @@ class Ticket:
         """Called from the engine's thread."""
         if event.finish_reason is not None or event.error is not None:
             self.done = True
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is left to read this ticket
+            pass
 
     def cancel(self) -> None:
         self.cancelled = True

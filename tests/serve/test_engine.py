@@ -1,0 +1,200 @@
+"""The real engine on tiny models: batched requests get exactly the tokens each gets alone.
+
+Requests are submitted concurrently to a ModelEngine (and once through the HTTP app), with arrivals
+spread over time so that rows join and leave a running batch of differing cache lengths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+
+from hotrod.serve.app import create_app
+from hotrod.serve.engine import ModelEngine, ServeOptions
+from hotrod.serve.protocol import BatchFailed, Params, QueueFull
+
+OPTIONS = ServeOptions(max_batch_size=4, max_queue_delay_ms=2.0, max_queue=64)
+
+
+def _workload(vocab: int, count: int = 10, seed: int = 0) -> list[tuple[list[int], int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 12, (count,), generator=generator).tolist()
+    news = torch.randint(1, 12, (count,), generator=generator).tolist()
+    return [(torch.randint(2, vocab, (n,), generator=generator).tolist(), new) for n, new in zip(lengths, news)]
+
+
+def _alone(model, prompt: list[int], params: Params, eos: tuple[int, ...]) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), **params.generate_kwargs())
+    start = len(prompt) if model.kind == "decoder" else 1
+    tokens = out[0, start:].tolist()
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:i]
+    return tokens
+
+
+async def _collect(ticket) -> tuple[list[int], str | None, BaseException | None]:
+    tokens: list[int] = []
+    async for event in ticket.events():
+        tokens += event.tokens
+        if event.finish_reason or event.error:
+            return tokens, event.finish_reason, event.error
+    return tokens, None, None
+
+
+async def _serve_all(engine, requests, spacing: float = 0.01):
+    async def one(i, prompt, params):
+        await asyncio.sleep(i * spacing)  # staggered: rows join a batch already running
+        return await _collect(engine.submit_generate(prompt, params))
+
+    return await asyncio.gather(*(one(i, p, params) for i, (p, params) in enumerate(requests)))
+
+
+@pytest.fixture
+def engine_for(zoo):
+    engines = []
+
+    def make(name: str, backend: str = "onnxruntime", options: ServeOptions = OPTIONS) -> ModelEngine:
+        engine = ModelEngine(name, zoo.model(name, backend), options)
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop(drain=False)
+
+
+def test_concurrent_greedy_matches_each_request_alone(lm_case, backend, engine_for):
+    engine = engine_for(lm_case, backend)
+    requests = [(p, Params(max_new_tokens=n)) for p, n in _workload(engine.info.vocab_size)]
+    results = asyncio.run(_serve_all(engine, requests))
+    eos = engine.runner.eos_ids
+    for (prompt, params), (tokens, reason, error) in zip(requests, results):
+        assert error is None and reason in ("length", "stop")
+        assert tokens == _alone(engine.model, prompt, params, eos)
+    assert max(engine.metrics.batch_size.collect()[0].samples, key=lambda s: s.value).value > 0
+
+
+def test_seeded_sampling_and_beams_share_the_batch_with_greedy(engine_for):
+    engine = engine_for("gpt2")
+    vocab, eos = engine.info.vocab_size, engine.runner.eos_ids
+    work = _workload(vocab, count=6, seed=1)
+    params = [Params(max_new_tokens=8), Params(max_new_tokens=8, do_sample=True, temperature=0.8, top_k=20, seed=7),
+              Params(max_new_tokens=6, num_beams=3), Params(max_new_tokens=8, repetition_penalty=1.3),
+              Params(max_new_tokens=8, do_sample=True, top_p=0.9, seed=3), Params(max_new_tokens=5)]
+    requests = [(prompt, p) for (prompt, _), p in zip(work, params)]
+    batched = asyncio.run(_serve_all(engine, requests, spacing=0.0))
+    alone = [asyncio.run(_serve_all(engine, [r]))[0] for r in requests]
+    assert [b[0] for b in batched] == [a[0] for a in alone]  # a seeded sample does not depend on its neighbours
+    for (prompt, p), (tokens, _, _) in zip(requests, batched):
+        if not p.do_sample:
+            assert tokens == _alone(engine.model, prompt, p, eos)
+
+
+def test_streamed_tokens_equal_the_whole_answer_over_http(engine_for):
+    engine = engine_for("t5")
+    app = create_app({"t5": engine})
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = {"token_ids": [5, 6, 7, 8], "max_new_tokens": 6}
+            whole = (await client.post("/v1/generate", json=body)).json()
+            streamed = await client.post("/v1/generate", json={**body, "stream": True})
+        return whole, streamed
+
+    whole, streamed = asyncio.run(go())
+    chunks = [line[6:] for line in streamed.text.split("\n\n") if line.startswith("data: ")]
+    import json
+
+    tokens = [t for chunk in chunks[:-1] for t in json.loads(chunk)["token_ids"]]
+    assert chunks[-1] == "[DONE]" and tokens == whole["token_ids"] and len(tokens) >= 1
+
+
+def test_a_failing_step_fails_only_its_batch(engine_for, monkeypatch):
+    engine = engine_for("gpt2")
+    real_step, calls = engine.runner.step, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("kernel exploded")
+        return real_step()
+
+    monkeypatch.setattr(engine.runner, "step", flaky)
+    first = asyncio.run(_serve_all(engine, [([5, 6, 7], Params(max_new_tokens=6))]))[0]
+    assert isinstance(first[2], BatchFailed) and "kernel exploded" in str(first[2])
+    again = asyncio.run(_serve_all(engine, [([5, 6, 7], Params(max_new_tokens=6))]))[0]
+    assert again[2] is None and again[0] == _alone(engine.model, [5, 6, 7], Params(max_new_tokens=6),
+                                                   engine.runner.eos_ids)
+
+
+def test_cancel_frees_the_slot(engine_for):
+    engine = engine_for("gpt2")
+
+    async def go():
+        ticket = engine.submit_generate([5, 6, 7], Params(max_new_tokens=60))
+        async for event in ticket.events():
+            if event.tokens:
+                ticket.cancel()
+            if event.finish_reason or event.error:
+                return event.finish_reason
+
+    assert asyncio.run(go()) == "cancelled"
+    assert not engine.runner.rows and not engine.scheduler.busy()
+
+
+def test_drain_finishes_queued_and_running_requests(engine_for):
+    engine = engine_for("gpt2", options=ServeOptions(max_batch_size=2, max_queue=64))
+
+    async def go():
+        tickets = [engine.submit_generate(p, Params(max_new_tokens=n)) for p, n in _workload(100, count=6)]
+        stopping = asyncio.get_running_loop().run_in_executor(None, engine.stop, True)
+        results = await asyncio.gather(*(_collect(t) for t in tickets))
+        await stopping
+        return results
+
+    results = asyncio.run(go())
+    assert all(r[1] in ("length", "stop") and r[2] is None for r in results)
+
+
+def test_overload_is_refused_and_nothing_is_lost(engine_for):
+    engine = engine_for("gpt2", options=ServeOptions(max_batch_size=2, max_queue=3))
+
+    async def go():
+        accepted, refused = [], 0
+        for prompt, new in _workload(100, count=12):
+            try:
+                accepted.append(engine.submit_generate(prompt, Params(max_new_tokens=new)))
+            except QueueFull:
+                refused += 1
+        results = await asyncio.wait_for(asyncio.gather(*(_collect(t) for t in accepted)), timeout=60)
+        return refused, results
+
+    refused, results = asyncio.run(go())
+    assert refused > 0 and len(results) + refused == 12
+    assert all(r[1] in ("length", "stop") for r in results)
+
+
+def test_concurrent_embeddings_match_each_alone(encoder_case, engine_for):
+    engine = engine_for(encoder_case)
+    rows = [torch.randint(5, engine.info.vocab_size, (n,)).tolist() for n in (3, 9, 4, 12, 5, 7)]
+
+    async def go():
+        tickets = [engine.submit_embed([row], "mean", True) for row in rows]
+        return [(await _last(t)).result for t in tickets]
+
+    batched = asyncio.run(go())
+    for row, vectors in zip(rows, batched):
+        alone = engine.model.embed([row], pooling="mean", normalize=True)
+        torch.testing.assert_close(vectors, alone, atol=1e-5, rtol=1e-4)
+
+
+async def _last(ticket):
+    async for event in ticket.events():
+        last = event
+    return last
