@@ -49,26 +49,22 @@ def empty_past(dims: Dims, layers: int, batch: int) -> dict[str, torch.Tensor]:
     return {name: torch.zeros(shape) for name in kv_names("past_key_values", layers)}
 
 
-def _pad(backend: Backend, value: Any, before: int, after: int, axis: int = 2) -> torch.Tensor:
-    """A cache tensor with `before`/`after` zero entries added along its sequence axis."""
-    tensor = backend.to_torch(value)
-    if not before and not after:
-        return tensor
-    pad = [0, 0] * (tensor.dim() - 1 - axis) + [before, after]
-    return torch.nn.functional.pad(tensor, pad)
+def _join(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, their_len: int,
+          left: bool) -> list[torch.Tensor]:
+    """Two caches stacked along the batch, the shorter padded with zeros along the sequence axis (2).
 
-
-def _join_left(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, their_len: int) -> list[Any]:
-    """Concatenate two caches along the batch, the shorter one left-padded to the longer."""
+    Each part is copied once, straight from the backend's buffers into the joined tensor.
+    """
     width = max(our_len, their_len)
-    return [torch.cat([_pad(backend, a, width - our_len, 0), _pad(backend, b, width - their_len, 0)])
-            for a, b in zip(ours, theirs)]
-
-
-def _join_right(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, their_len: int) -> list[Any]:
-    width = max(our_len, their_len)
-    return [torch.cat([_pad(backend, a, 0, width - our_len), _pad(backend, b, 0, width - their_len)])
-            for a, b in zip(ours, theirs)]
+    joined = []
+    for a, b in zip(ours, theirs):
+        a, b = backend.view(a), backend.view(b)
+        out = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
+        for part, rows, length in ((a, slice(0, a.shape[0]), our_len), (b, slice(a.shape[0], None), their_len)):
+            span = slice(width - length, width) if left else slice(0, length)
+            out[rows, :, span] = part
+        joined.append(out)
+    return joined
 
 
 def _mask_cat(a: torch.Tensor, b: torch.Tensor, left: bool) -> torch.Tensor:
@@ -85,8 +81,10 @@ def _unused_columns(mask: torch.Tensor, leading: bool) -> int:
     return int(used.flip(0).int().argmax()) if used.any() else 0
 
 
-def _trim(backend: Backend, values: list[Any], start: int, stop: int) -> list[Any]:
-    return [backend.to_torch(v)[:, :, start:stop] for v in values]
+def _keep_rows(backend: Backend, values: list[Any], index: torch.Tensor, start: int, stop: int) -> list[torch.Tensor]:
+    """Rows `index`, sequence positions start:stop, of each cache tensor: one copy each."""
+    views = [backend.view(v) for v in values]
+    return [t[index.to(t.device), :, start:stop] for t in views]
 
 
 def generation_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -140,7 +138,7 @@ class DecoderState:
         if not self.cache:
             self.cache, self.mask, self.next_position = other.cache, other.mask, other.next_position
             return
-        self.cache = _join_left(self.backend, self.cache, other.cache, self.mask.shape[1], other.mask.shape[1])
+        self.cache = _join(self.backend, self.cache, other.cache, self.mask.shape[1], other.mask.shape[1], left=True)
         self.mask = _mask_cat(self.mask, other.mask, left=True)
         self.next_position = torch.cat([self.next_position, other.next_position])
 
@@ -148,11 +146,10 @@ class DecoderState:
         if not len(index):
             self.cache = []
             return
-        self.reorder(index)
+        self.mask, self.next_position = self.mask[index], self.next_position[index]
         drop = _unused_columns(self.mask, leading=True)
-        if drop:
-            self.cache = _trim(self.backend, self.cache, drop, self.mask.shape[1])
-            self.mask = self.mask[:, drop:]
+        self.cache = _keep_rows(self.backend, self.cache, index, drop, self.mask.shape[1])
+        self.mask = self.mask[:, drop:]
 
 
 class Seq2SeqState:
@@ -208,8 +205,8 @@ class Seq2SeqState:
             self.cache, self.cross, self.mask, self.self_mask = other.cache, other.cross, other.mask, other.self_mask
             return
         b = self.backend
-        self.cache = _join_left(b, self.cache, other.cache, self.self_mask.shape[1], other.self_mask.shape[1])
-        self.cross = _join_right(b, self.cross, other.cross, self.mask.shape[1], other.mask.shape[1])
+        self.cache = _join(b, self.cache, other.cache, self.self_mask.shape[1], other.self_mask.shape[1], left=True)
+        self.cross = _join(b, self.cross, other.cross, self.mask.shape[1], other.mask.shape[1], left=False)
         self.self_mask = _mask_cat(self.self_mask, other.self_mask, left=True)
         self.mask = _mask_cat(self.mask, other.mask, left=False)
 
@@ -217,14 +214,10 @@ class Seq2SeqState:
         if not len(index):
             self.cache = self.cross = []
             return
-        self.reorder(index)
-        self.cross = [self.backend.select(value, index) for value in self.cross]
-        self.mask = self.mask[index]
+        self.self_mask, self.mask = self.self_mask[index], self.mask[index]
         drop = _unused_columns(self.self_mask, leading=True)
-        if drop:
-            self.cache = _trim(self.backend, self.cache, drop, self.self_mask.shape[1])
-            self.self_mask = self.self_mask[:, drop:]
-        unused = _unused_columns(self.mask, leading=False)
-        if unused:
-            self.cross = _trim(self.backend, self.cross, 0, self.mask.shape[1] - unused)
-            self.mask = self.mask[:, : self.mask.shape[1] - unused]
+        self.cache = _keep_rows(self.backend, self.cache, index, drop, self.self_mask.shape[1])
+        self.self_mask = self.self_mask[:, drop:]
+        width = self.mask.shape[1] - _unused_columns(self.mask, leading=False)
+        self.cross = _keep_rows(self.backend, self.cross, index, 0, width)
+        self.mask = self.mask[:, :width]

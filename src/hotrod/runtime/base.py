@@ -40,6 +40,9 @@ class Backend(Protocol):
     def to_torch(self, value: Any) -> torch.Tensor:
         """A handle's contents as a float or integer torch tensor."""
 
+    def view(self, value: Any) -> torch.Tensor:
+        """A handle's contents without a copy, valid only while the handle lives (for an immediate copy)."""
+
     def select(self, value: Any, index: torch.Tensor) -> Any:
         """Rows `index` of a handle along the batch axis (beam expansion and reordering)."""
 

@@ -71,6 +71,9 @@ class OrtBackend:
         # numpy() is a view of ORT's buffer that does not keep it alive; the copy outlives the handle.
         return torch.from_numpy(value.numpy().copy())
 
+    def view(self, value: Any) -> torch.Tensor:
+        return torch.from_numpy(value.numpy()) if isinstance(value, ort.OrtValue) else value
+
     def select(self, value: Any, index: torch.Tensor) -> Any:
         return self._handle(torch.from_numpy(value.numpy()[index.cpu().numpy()]))
 

@@ -36,5 +36,8 @@ class TorchBackend:
     def to_torch(self, value: torch.Tensor) -> torch.Tensor:
         return value
 
+    def view(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
     def select(self, value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return value.index_select(0, index.to(value.device))
