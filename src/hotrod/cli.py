@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError
 from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, PRECISIONS
+from hotrod.serve.scheduler import POLICIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,12 +112,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", default="32", help="comma-separated prompt lengths for the sweep")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")
     p.add_argument("--precision", default="fp32", help="comma-separated hotrod precisions to time")
-    p.add_argument("--peers", default="torch", help="comma-separated peers: torch (always), optimum, ctranslate2")
+    p.add_argument("--peers", default="torch", help="comma-separated peers beside PyTorch eager: torch "
+                   "(torch.compile), ctranslate2, optimum (needs an environment of its own: reported as skipped)")
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="threads for every system (default: all cores)")
     p.add_argument("--out", default="bench-results", help="folder for results.json, report.md and charts")
     p.set_defaults(handler=_bench)
+
+    p = sub.add_parser("serve", help="serve artifacts over HTTP with dynamic and continuous batching")
+    p.add_argument("models", nargs="+", metavar="DIR", help="artifact directories; each is served by its folder name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (generation: running requests)")
+    p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="longest an encoder request waits for a batch")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before 429")
+    p.add_argument("--max-new-tokens-limit", type=int, default=256)
+    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request ends with 504")
+    p.add_argument("--kv-cache-mb", type=float, default=1024.0, help="KV-cache budget of a running batch")
+    p.add_argument("--batching", default="continuous", choices=POLICIES,
+                   help="generation: continuous (iteration-level), request (request-level) or none")
+    _runtime_args(p)
+    p.set_defaults(handler=_serve)
 
     p = sub.add_parser("demo", help="optimize the built-in models for this machine, verify them, time them "
                                     "against PyTorch and write a report")
@@ -297,12 +314,12 @@ def _bench(args) -> int:
     from hotrod.bench.report import write_report
     from hotrod.runtime.base import cpu_threads
 
-    if args.device != "cpu":
-        raise HotrodError("hotrod bench runs on cpu for now; --device cuda is not supported yet")
+    harness.check_device(args.device)
     if bool(args.workload) == bool(args.source):
         raise HotrodError("give either a model to sweep or --workload W1,..., not both or neither")
     precisions = _names(args.precision, "--precision")
     peers = _names(args.peers, "--peers")
+    harness.check_options(precisions, peers, args.runs, args.device)  # before any checkpoint is built
     if args.workload:
         cases = harness.workload_cases(_names(args.workload, "--workload"))
     else:
@@ -311,7 +328,7 @@ def _bench(args) -> int:
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
     out = Path(args.out)
-    results = harness.run(cases, precisions, peers, args.runs, threads, out)
+    results = harness.run(cases, precisions, peers, args.runs, threads, out, device=args.device)
     report = write_report(results, out)
     print(report.read_text())
     print(f"report: {report}")
@@ -339,6 +356,28 @@ def _demo(args) -> int:
     run_demo(names, runs=args.runs, out=args.out, max_drop=args.max_drop)
     return 0
 
+
+def _serve(args) -> int:
+    from hotrod.runtime.base import RuntimeOptions
+    from hotrod.serve.app import StartupFailed, serve
+    from hotrod.serve.engine import ServeOptions, load_engines
+    from hotrod.serve.metrics import Metrics
+    from hotrod.serve.schemas import ServeLimits
+
+    options = ServeOptions(args.max_batch_size, args.max_queue_delay_ms, args.max_queue, args.kv_cache_mb,
+                           args.batching)
+    if args.max_new_tokens_limit < 1 or not args.request_timeout > 0:
+        raise HotrodError("--max-new-tokens-limit must be >= 1 and --request-timeout > 0")
+    if not 0 <= args.port < 65536:
+        raise HotrodError(f"--port must be in 0..65535, got {args.port}")
+    metrics = Metrics()
+    engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads),
+                           metrics)
+    try:
+        serve(engines, ServeLimits(args.max_new_tokens_limit, args.request_timeout), args.host, args.port, metrics)
+    except StartupFailed as exc:
+        raise HotrodError(str(exc)) from None
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -47,3 +47,10 @@ def test_floors_follow_bytes_and_work():
     assert generation_floor(10**8, 10**8, 0, 10, "fp32", MACHINE) == pytest.approx(10 * 1e8 * 4 / 20e9)
     assert forward_floor(10**8, 1000, "fp32", MACHINE) == pytest.approx(2e11 / 200e9)
     assert forward_floor(10**8, 1000, "int8", MACHINE) == pytest.approx(2e11 / 800e9)
+
+
+def test_half_precision_uses_the_gpus_half_rate_where_measured():
+    gpu = Machine(cpu="test", threads=2, bandwidth_gbs=4000.0, matmul_gflops=50_000.0, int8_gops=None,
+                  measured="now", device="cuda", gpu="test gpu", half_gflops=700_000.0)
+    assert gpu.rate("fp16") == gpu.rate("bf16") == 700_000e9 and gpu.rate("fp32") == 50_000e9
+    assert MACHINE.rate("fp16") == MACHINE.rate("fp32")  # a CPU: no half rate measured, fp32 stands in

@@ -5,11 +5,13 @@ Nothing here asserts speed: the machines that run the tests are shared and noisy
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
+import torch
 
-from hotrod.bench import harness
+from hotrod.bench import ct2, harness, peers, timing
 from hotrod.cli import main
 
 
@@ -19,21 +21,35 @@ def no_floor_measurement(monkeypatch):
     from hotrod.bench.floor import Machine
 
     fixed = Machine(cpu="test", threads=1, bandwidth_gbs=10.0, matmul_gflops=50.0, int8_gops=100.0, measured="-")
-    monkeypatch.setattr(harness, "machine", lambda threads: fixed)
+    monkeypatch.setattr(harness, "machine", lambda threads, device="cpu": fixed)
+
+
+@pytest.fixture(autouse=True)
+def short_settle(monkeypatch):
+    """The pause between timed calls matters for real figures, not for checking that figures are made."""
+    monkeypatch.setattr(harness, "interleaved", functools.partial(timing.interleaved, settle=0.001))
+
+
+def sweep(zoo, name: str, out, *args: str) -> dict:
+    """One small `hotrod bench` sweep on a zoo checkpoint; returns results.json."""
+    argv = ["bench", str(zoo.checkpoint(name)), "--new-tokens", "2", "--runs", "2", "--out", str(out), *args]
+    assert main(argv) == 0
+    return json.loads((out / "results.json").read_text())
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5", "bert"])
 def test_sweep_writes_figures_and_report(zoo, tmp_path, capsys, no_floor_measurement, name):
     out = tmp_path / "bench"
     args = ["bench", str(zoo.checkpoint(name)), "--batch", "1,2", "--seq", "4,8", "--new-tokens", "2",
-            "--precision", "fp32,int8", "--peers", "torch,optimum,ctranslate2", "--runs", "2", "--out", str(out)]
+            "--precision", "fp32,int8", "--peers", "optimum,ctranslate2", "--runs", "2", "--out", str(out)]
     assert main(args) == 0
     assert "report:" in capsys.readouterr().out
     payload = json.loads((out / "results.json").read_text())
     assert payload["machine"]["cpu"] == "test" and len(payload["results"]) == 4
     for result in payload["results"]:
-        assert set(result["systems"]) == {"pytorch", "hotrod fp32", "hotrod int8"}
-        assert set(result["skipped"]) == {"optimum", "ctranslate2"}  # each with its reason
+        assert set(result["systems"]) == {"pytorch", "hotrod fp32", "hotrod int8", "ctranslate2 fp32",
+                                          "ctranslate2 int8"}
+        assert set(result["skipped"]) == {"optimum"} and "environment of its own" in result["skipped"]["optimum"]
         for system in result["systems"].values():
             assert len(system["runs_s"]) == 2 and all(t > 0 for t in system["runs_s"])
             assert system["p50_s"] <= system["p90_s"] <= system["p99_s"]
@@ -43,6 +59,7 @@ def test_sweep_writes_figures_and_report(zoo, tmp_path, capsys, no_floor_measure
             else:
                 assert system["tokens_per_s"] > 0 and 0 < system["first_token_s"]
         assert result["systems"]["hotrod fp32"]["agreement"] > 0.999
+        assert result["systems"]["ctranslate2 fp32"]["agreement"] > 0.999  # same weights, same ids, same answer
     report = (out / "report.md").read_text()
     assert "| hotrod int8 |" in report and "x floor" in report
     for chart in ("speedup.png", "latency_vs_batch.png", "latency_vs_seq.png"):
@@ -77,3 +94,72 @@ def test_bad_bench_input_is_refused_before_any_run(zoo, tmp_path, capsys, no_flo
 def test_unknown_workload_is_refused():
     with pytest.raises(harness.HotrodError, match="unknown workload 'W9'"):
         harness.workload_cases(["W9"])
+
+
+def test_missing_peers_name_why_optimum_is_not_timed_here():
+    skipped = harness.missing_peers(["torch", "optimum", "ctranslate2"])
+    assert list(skipped) == ["optimum"] and skipped["optimum"]  # ctranslate2 and torch run
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_torch_compile_is_timed_or_skipped_with_its_reason(zoo, tmp_path, no_floor_measurement, name):
+    payload = sweep(zoo, name, tmp_path / "b", "--batch", "2", "--seq", "4", "--peers", "torch")
+    result = payload["results"][0]
+    if "pytorch compiled" in result["skipped"]:  # no working compiler here: one line saying so
+        assert result["skipped"]["pytorch compiled"] and "\n" not in result["skipped"]["pytorch compiled"]
+    else:
+        compiled = result["systems"]["pytorch compiled"]
+        assert compiled["p50_s"] > 0 and compiled["agreement"] > 0.999
+
+
+def test_torch_compile_without_a_compiler_is_skipped(zoo, tmp_path, no_floor_measurement, monkeypatch):
+    monkeypatch.setattr(peers.shutil, "which", lambda name: None)
+    payload = sweep(zoo, "bert", tmp_path / "b", "--seq", "4", "--peers", "torch")
+    result = payload["results"][0]
+    assert "C++ compiler" in result["skipped"]["pytorch compiled"] and "pytorch compiled" not in result["systems"]
+
+
+def test_a_peer_that_fails_is_skipped_and_the_run_goes_on(zoo, tmp_path, no_floor_measurement, monkeypatch):
+    def broken(source, quantization):
+        if quantization == "int8":
+            raise ValueError("no int8 here\nsecond line")
+        return real(source, quantization)
+
+    real = ct2.convert
+    monkeypatch.setattr(ct2, "convert", broken)
+    payload = sweep(zoo, "t5", tmp_path / "b", "--seq", "4", "--peers", "ctranslate2")
+    result = payload["results"][0]
+    assert result["skipped"]["ctranslate2 int8"] == "ValueError: no int8 here"
+    assert result["systems"]["ctranslate2 fp32"]["agreement"] > 0.999
+
+
+def test_ctranslate2_converts_once_and_maps_ids_through_its_vocabulary(zoo):
+    source = str(zoo.checkpoint("gpt2"))
+    first = ct2.convert(source, "float32")
+    stamp = (first / "model.bin").stat().st_mtime_ns
+    assert ct2.convert(source, "float32") == first and (first / "model.bin").stat().st_mtime_ns == stamp
+    tokens = ct2.vocabulary(first)
+    assert len(tokens) == 100 and tokens[7] == "<7>"
+
+
+def test_cuda_without_a_gpu_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(harness, "workload_cases", lambda ids: pytest.fail("workloads built before the check"))
+    assert main(["bench", "--workload", "W1", "--device", "cuda", "--out", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hotrod: error: --device cuda") and "no CUDA device" in err and "\n" not in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_report_shows_device_memory_when_measured(tmp_path):
+    from hotrod.bench.report import write_report
+
+    figures = {"p50_s": 0.01, "p90_s": 0.01, "p99_s": 0.01, "speedup": 1.0, "times_floor": 2.0,
+               "sequences_per_s": 100.0, "agreement": 1.0, "size_bytes": 10**6, "rss_bytes": 10**8,
+               "gpu_memory_bytes": 3 * 10**8}
+    result = harness.Result(case={"name": "c", "kind": "encoder", "lengths": [4], "new_tokens": 0, "device": "cuda"},
+                            systems={"pytorch": figures}, skipped={"ctranslate2": "no | CUDA"})
+    report = write_report([result], tmp_path).read_text()
+    assert "on cuda" in report and "| GPU MB |" in report and "| 300 |" in report
+    skipped_row = next(line for line in report.splitlines() if line.startswith("| ctranslate2 "))
+    assert skipped_row.count("|") == report.splitlines()[6].count("|")  # as many cells as the header

@@ -1,8 +1,9 @@
 """The hardware floor: the least time this machine allows for a workload.
 
 Two numbers describe the machine: its streaming memory bandwidth and its fp32 matrix-multiply rate,
-both measured with torch on the threads the benchmark uses, and cached per machine (CPU model, cores,
-threads) so every run compares against the same floor. A workload's floor is then the larger of its
+both measured with torch on the threads the benchmark uses (or on the GPU, for `--device cuda`: a large
+device-to-device copy and large matrix products), and cached per machine (CPU model, cores, threads,
+device) so every run compares against the same floor. A workload's floor is then the larger of its
 weight traffic over the bandwidth (batch-1 decoding reads every weight once per token) and its matrix
 work over the rate (encoders and prefill are compute bound).
 """
@@ -36,27 +37,32 @@ class Machine:
     matmul_gflops: float  # fp32 GEMM, GFLOP/s
     int8_gops: float | None  # int8 GEMM (int32 accumulate), GOP/s, where torch has one for this CPU
     measured: str
+    device: str = "cpu"
+    gpu: str | None = None  # the GPU's name, for device "cuda"
+    half_gflops: float | None = None  # fp16 GEMM, GFLOP/s, measured on GPUs (a CPU has no fast fp16 path)
 
     def rate(self, precision: str) -> float:
         """Operations per second for matrix work at `precision` (quantized formats compute in int8)."""
         if precision in INT8_COMPUTE and self.int8_gops:
             return self.int8_gops * 1e9
+        if precision in ("fp16", "bf16") and self.half_gflops:
+            return self.half_gflops * 1e9
         return self.matmul_gflops * 1e9
 
 
-def machine(threads: int, refresh: bool = False, root: Path | None = None) -> Machine:
-    """This machine's figures, measured once per (CPU, cores, threads) and then read from the cache."""
+def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
+    """This machine's figures, measured once per (CPU, cores, threads, device) and then read from the cache."""
     cpu = _cpu_name()
-    key = hashlib.sha256(f"{cpu}|{os.cpu_count()}|{threads}".encode()).hexdigest()[:12]
+    gpu = torch.cuda.get_device_name() if device == "cuda" else None
+    identity = f"{cpu}|{os.cpu_count()}|{threads}" + (f"|{device}|{gpu}" if gpu else "")
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
     path = (root or cache_dir() / "machine") / f"{key}.json"
     if path.is_file() and not refresh:
         return Machine(**json.loads(path.read_text()))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        found = Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(), matmul_gflops=_matmul_rate(),
-                        int8_gops=_int8_rate(),
-                        measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        found = _measure(cpu, threads, device, gpu)
     finally:
         torch.set_num_threads(previous)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,31 +70,62 @@ def machine(threads: int, refresh: bool = False, root: Path | None = None) -> Ma
     return found
 
 
-def _best(fn, repeats: int) -> float:
-    fn()
+def _measure(cpu: str, threads: int, device: str, gpu: str | None) -> Machine:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if device == "cuda":  # sizes that keep a large GPU busy for milliseconds, not microseconds
+        return Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(2048, "cuda"),
+                       matmul_gflops=_tf32_rate(8192), int8_gops=_int8_rate(8192, "cuda"), measured=now,
+                       device="cuda", gpu=gpu, half_gflops=_matmul_rate(8192, "cuda", torch.float16))
+    return Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(), matmul_gflops=_matmul_rate(),
+                   int8_gops=_int8_rate(), measured=now)
+
+
+def _best(fn, repeats: int, device: str = "cpu") -> float:
+    """The fastest of `repeats` timed calls after one untimed; GPU work is waited for inside the timing."""
+    def once():
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    once()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()
+        once()
         times.append(time.perf_counter() - start)
     return min(times)
 
 
-def _bandwidth(megabytes: int = 512) -> float:
-    data = torch.ones(megabytes * 2**20 // 4)
+def _bandwidth(megabytes: int = 512, device: str = "cpu") -> float:
+    data = torch.ones(megabytes * 2**20 // 4, device=device)
+    if device == "cuda":  # a device copy reads and writes every byte: the traffic a weight read sees, twice
+        target = torch.empty_like(data)
+        return 2 * data.numel() * 4 / _best(lambda: target.copy_(data), 5, device) / 1e9
     return data.numel() * 4 / _best(data.sum, 5) / 1e9
 
 
-def _matmul_rate(size: int = 2048) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    return 2 * size**3 / _best(lambda: a @ b, 5) / 1e9
+def _matmul_rate(size: int = 2048, device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    return 2 * size**3 / _best(lambda: a @ b, 5, device) / 1e9
 
 
-def _int8_rate(size: int = 2048) -> float | None:
-    a = torch.randint(-128, 127, (size, size), dtype=torch.int8)
-    b = torch.randint(-128, 127, (size, size), dtype=torch.int8)
+def _tf32_rate(size: int) -> float:
+    """The GPU's fp32 rate with TF32 allowed: onnxruntime's CUDA provider runs fp32 products that way by
+    default, so a floor from strict fp32 would be beaten; the least time is the tensor cores' time."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        return 2 * size**3 / _best(lambda: torch._int_mm(a, b), 5) / 1e9
+        return _matmul_rate(size, "cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _int8_rate(size: int = 2048, device: str = "cpu") -> float | None:
+    a = torch.randint(-128, 127, (size, size), dtype=torch.int8, device=device)
+    b = torch.randint(-128, 127, (size, size), dtype=torch.int8, device=device)
+    try:
+        return 2 * size**3 / _best(lambda: torch._int_mm(a, b), 5, device) / 1e9
     except (RuntimeError, AttributeError):  # no int8 GEMM in this torch build for this device
         return None
 

@@ -1,15 +1,18 @@
 """`hotrod bench`: hotrod's precisions side by side with its peers on the same weights, in one run.
 
 A run is a list of cases (the workloads of WORKLOADS.md, or a batch x sequence sweep over any model)
-and a list of systems (PyTorch eager, the baseline; hotrod at each precision; peers that are installed).
-Every case times every system interleaved after a warm-up, with the machine left to settle between calls,
-and reports latency percentiles, time to first token and throughput, each system's time as a multiple
-of the hardware floor (`hotrod.bench.floor`), memory, artifact size and agreement with PyTorch.
-Results are written as they come, so an interrupted run keeps what it measured.
+and a list of systems (PyTorch eager, the baseline; hotrod at each precision; the peers of
+`hotrod.bench.peers`), on the CPU or a CUDA GPU. Every case builds and warms up every system, then times
+them interleaved, with the machine left to settle between calls, and reports latency percentiles, time
+to first token and throughput, each system's time as a multiple of the hardware floor
+(`hotrod.bench.floor`), memory, artifact size and agreement with PyTorch. A system that cannot run here
+(a precision the device lacks, a peer that fails to convert or compile) is skipped with its reason and
+the run goes on. Results are written as they come, so an interrupted run keeps what it measured.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -20,20 +23,18 @@ from pathlib import Path
 
 import torch
 
+from hotrod.bench import peers as peer_systems
+from hotrod.bench.device import check_device, check_providers, gpu_figures, gpu_start, ort_has_cuda
 from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
-from hotrod.bench.runners import agreement, hotrod_runner, pytorch_model, pytorch_runner
-from hotrod.bench.timing import interleaved
+from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
+from hotrod.bench.timing import interleaved, synchronized
 from hotrod.bench.workloads import WORKLOADS, checkpoint
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, first_line
 from hotrod.load import cache_dir, open_source
 from hotrod.options import PRECISIONS, check_choice
 
-PEERS = ("torch", "optimum", "ctranslate2")
-_PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2"}
-_INSTALL = {
-    "ctranslate2": "pip install 'hotrod[bench]'",
-    "optimum": "optimum-onnx pins an older transformers, so it needs a virtual environment of its own",
-}
+PEERS = peer_systems.PEERS
+missing_peers = peer_systems.missing_peers
 
 
 @dataclass(frozen=True)
@@ -112,96 +113,152 @@ def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_to
             for b in batches for s in seqs]
 
 
-def missing_peers(peers: Sequence[str]) -> dict[str, str]:
-    """Peers that cannot run here, with the reason (the run goes on without them)."""
-    import importlib.util
-
-    skipped = {}
-    for peer in peers:
-        if peer not in PEERS:
-            raise HotrodError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
-        module = _PEER_MODULES.get(peer)
-        if module and importlib.util.find_spec(module.split(".")[0]) is None:
-            skipped[peer] = f"not installed: no module {module} ({_INSTALL[peer]})"
-        elif module:
-            skipped[peer] = "installed, but hotrod's runner for it is not written yet"
-    return skipped
-
-
-def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], runs: int, threads: int,
-        out: Path, progress: bool = True) -> list[Result]:
-    """Time every case on every system; writes `out`/results.json after each case."""
-    import hotrod
-
+def check_options(precisions: Sequence[str], peers: Sequence[str], runs: int, device: str) -> None:
+    """Refuses a bad option in one line before anything is built or loaded."""
     if runs < 1:
         raise HotrodError("--runs must be >= 1")
     for precision in precisions:
         check_choice("precision", precision, PRECISIONS)
-    skipped = missing_peers(peers)
-    m = machine(threads)
+    for peer in peers:
+        check_choice("peer", peer, PEERS)
+    check_device(device)
+
+
+def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], runs: int, threads: int,
+        out: Path, progress: bool = True, device: str = "cpu") -> list[Result]:
+    """Time every case on every system; writes `out`/results.json after each case."""
+    check_options(precisions, peers, runs, device)
+    skipped = missing_peers(peers, device)
+    plan = _Plan(precisions, [p for p in peers if p not in skipped], runs, threads, device,
+                 machine(threads, device=device), progress)
     out.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
-    artifacts: dict[tuple[str, str], Path] = {}
     for case in cases:
-        result = Result(case=asdict(case), skipped=dict(skipped))
-        reference = pytorch_model(case.source, case.kind)
-        ids, mask = case.inputs(reference.config.vocab_size)
-        systems = {"pytorch": _pytorch(reference, case, ids, mask)}
-        for precision in precisions:
-            key = (case.source, precision)
-            if key not in artifacts:
-                artifacts[key] = _artifact(hotrod, case, precision, progress)
-            model = hotrod.load(artifacts[key], threads=threads)
-            systems[f"hotrod {precision}"] = _hotrod(model, case, ids, mask, artifacts[key])
-        _time(case, systems, runs, mask, reference, m, result)
+        result = Result(case={**asdict(case), "device": device}, skipped=dict(skipped))
+        _run_case(case, plan, result)
         results.append(result)
-        write_json(results, m, out)
+        write_json(results, plan.machine, out)
     return results
 
 
 @dataclass
-class _System:
-    call: Callable[[], torch.Tensor]
-    first_token: Callable[[], torch.Tensor] | None
-    precision: str
-    size_bytes: int | None
-    rss_bytes: int
+class _Plan:
+    """What every case of a run shares; `artifacts` remembers hotrod's builds (or why one failed)."""
+
+    precisions: Sequence[str]
+    peers: Sequence[str]
+    runs: int
+    threads: int
+    device: str
+    machine: Machine
+    progress: bool
+    artifacts: dict[tuple[str, str], Path | HotrodError] = field(default_factory=dict)
 
 
-def _pytorch(model, case: Case, ids, mask) -> _System:
+def _run_case(case: Case, plan: _Plan, result: Result) -> None:
+    reference = pytorch_model(case.source, case.kind)  # moved to the device by its builder, to count it there
+    ids, mask = case.inputs(reference.config.vocab_size)
+    device = plan.device
+    builders: dict[str, _Builder] = {"pytorch": (functools.partial(_pytorch, reference, case, ids, mask, device), ())}
+    for precision in plan.precisions:
+        build = functools.partial(_hotrod, case, ids, mask, precision, plan)
+        builders[f"hotrod {precision}"] = (build, (Exception,) if device == "cuda" else (HotrodError,))
+    for peer in plan.peers:
+        for name, build in peer_systems.builders(peer, case, ids, mask, device, plan.threads).items():
+            builders[name] = (build, (Exception,))
+    systems, outputs = _prepare(builders, device, result)
+    _time(case, systems, outputs, plan.runs, mask, reference, plan.machine, result)
+
+
+# A system's builder, and the errors that skip it (with their reason) instead of ending the run.
+_Builder = tuple[Callable[[], System], tuple[type[Exception], ...]]
+
+
+def _prepare(builders: dict[str, _Builder], device: str, result: Result) -> tuple[dict[str, System], dict]:
+    """Builds and warms up each system in turn: compiling, converting and first-call allocation are done
+    here, untimed, and the warm-up's answer is the one compared with PyTorch's."""
+    systems, outputs = {}, {}
+    for name, (build, errors) in builders.items():
+        start = gpu_start(device)
+        try:
+            system = build()
+            system.rss_bytes = _rss()
+            system.call = synchronized(system.call, device)
+            if system.first_token:
+                system.first_token = synchronized(system.first_token, device)
+                system.first_token()
+            outputs[name] = system.call().cpu()
+        except errors as exc:
+            result.skipped[name] = _reason(exc)
+            continue
+        system.figures.update(gpu_figures(device, start))
+        systems[name] = system
+    return systems, outputs
+
+
+def _reason(exc: Exception) -> str:
+    text = first_line(exc) if isinstance(exc, HotrodError) else f"{type(exc).__name__}: {first_line(exc)}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _pytorch(model: torch.nn.Module, case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str) -> System:
+    model.to(device)
+    ids, mask = ids.to(device), mask.to(device)
     first = pytorch_runner(model, case.kind, ids, mask, _one_token(case)) if case.kind != "encoder" else None
-    return _System(pytorch_runner(model, case.kind, ids, mask, case.generate_kwargs()), first, "fp32",
-                   _dir_size(Path(case.source)), _rss())
+    return System(pytorch_runner(model, case.kind, ids, mask, case.generate_kwargs()), first, "fp32",
+                  dir_size(Path(case.source)))
 
 
-def _hotrod(model, case: Case, ids, mask, artifact: Path) -> _System:
+def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, plan: _Plan) -> System:
+    """hotrod at `precision`: its artifact on onnxruntime, or on CUDA without onnxruntime's CUDA provider,
+    the checkpoint on hotrod's torch backend (fp32 only: that backend runs the checkpoint's weights)."""
+    import hotrod
+
+    if plan.device == "cuda" and not ort_has_cuda():
+        if precision != "fp32":
+            raise HotrodError("this onnxruntime has no CUDAExecutionProvider, and hotrod's torch backend runs "
+                              "fp32 only")
+        model, path, backend = hotrod.load(case.source, backend="torch", device="cuda"), Path(case.source), "torch"
+    else:
+        key = (case.source, precision)
+        if key not in plan.artifacts:
+            try:
+                plan.artifacts[key] = _artifact(hotrod, case, precision, plan.device, plan.progress)
+            except HotrodError as exc:  # remembered: the next case of this model is not built again to fail
+                plan.artifacts[key] = exc
+        if isinstance(plan.artifacts[key], HotrodError):
+            raise plan.artifacts[key]
+        path, backend = plan.artifacts[key], "onnxruntime"
+        model = hotrod.load(path, device=plan.device, threads=plan.threads)
+        check_providers(model, plan.device)
     first = hotrod_runner(model, ids, mask, _one_token(case)) if case.kind != "encoder" else None
-    return _System(hotrod_runner(model, ids, mask, case.generate_kwargs()), first,
-                   model.manifest["options"]["precision"], _dir_size(artifact), _rss())
+    return System(hotrod_runner(model, ids, mask, case.generate_kwargs()), first, precision, dir_size(path),
+                  figures={"backend": backend})
 
 
 def _one_token(case: Case) -> dict:
     return {**case.generate_kwargs(), "max_new_tokens": 1, "min_new_tokens": 1}
 
 
-def _artifact(hotrod, case: Case, precision: str, progress: bool) -> Path:
+def _artifact(hotrod, case: Case, precision: str, device: str, progress: bool) -> Path:
     import hashlib
 
     from hotrod.build import code_fingerprint
 
-    tag = hashlib.sha256(f"{case.source}|{precision}|{code_fingerprint()}".encode()).hexdigest()[:16]
+    built_for = "" if device == "cpu" else f"|{device}"
+    tag = hashlib.sha256(f"{case.source}|{precision}{built_for}|{code_fingerprint()}".encode()).hexdigest()[:16]
     path = cache_dir() / "bench" / "artifacts" / f"{Path(case.source).name}-{precision}-{tag}"
     if not (path / "manifest.json").is_file():
-        hotrod.optimize(case.source, path, precision=precision, force=True, progress=progress, verify_examples=0)
+        hotrod.optimize(case.source, path, precision=precision, device=device, force=True, progress=progress,
+                        verify_examples=0)
     return path
 
 
-def _time(case: Case, systems: dict[str, _System], runs: int, mask: torch.Tensor, reference, m: Machine,
-          result: Result) -> None:
-    outputs = {name: s.call() for name, s in systems.items()}  # the warm-up, and the answers compared
+def _time(case: Case, systems: dict[str, System], outputs: dict, runs: int, mask: torch.Tensor, reference,
+          m: Machine, result: Result) -> None:
     times = interleaved({name: s.call for name, s in systems.items()}, runs=runs, warmup=0)
-    first = ({name: s.first_token for name, s in systems.items()} if case.kind != "encoder" else {})
-    first_times = interleaved(first, runs=runs) if first else {}
+    first = {name: s.first_token for name, s in systems.items() if s.first_token is not None}
+    first_times = interleaved(first, runs=runs, warmup=0) if first else {}
     step, total = matmul_params(reference, case.kind)
     base = statistics.median(times["pytorch"])
     for name, system in systems.items():
@@ -218,6 +275,7 @@ def _time(case: Case, systems: dict[str, _System], runs: int, mask: torch.Tensor
             "agreement": agreement(outputs[name], outputs["pytorch"], case.kind, mask),
             "size_bytes": system.size_bytes,
             "rss_bytes": system.rss_bytes,
+            **system.figures,
         }
         if case.kind == "encoder":
             figures["sequences_per_s"] = case.batch / p50
@@ -239,12 +297,6 @@ def _percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
-
-
-def _dir_size(path: Path) -> int | None:
-    if not path.is_dir():
-        return None
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
 def _rss() -> int:

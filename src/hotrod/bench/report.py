@@ -12,9 +12,11 @@ from hotrod.bench.harness import Result
 def write_report(results: Sequence[Result], out: Path) -> Path:
     """report.md (and, with matplotlib, speedup.png and latency charts) in `out`; returns report.md."""
     charts = _charts(results, out)
+    gpu = any("gpu_memory_bytes" in f for r in results for f in r.systems.values())
     lines = ["# hotrod bench", "", "Medians (p50) and tails of interleaved runs after a warm-up; `x floor` is the "
              "time over the least this machine allows (`hotrod.bench.floor`); RSS is the process's after loading "
-             "the system.", ""]
+             "the system" + ("; GPU MB is the device memory the system added by loading and its first call"
+                             if gpu else "") + ".", ""]
     for result in results:
         lines += _case_table(result)
     lines += [f"![{chart.stem}]({chart.name})" for chart in charts]
@@ -26,21 +28,25 @@ def write_report(results: Sequence[Result], out: Path) -> Path:
 def _case_table(result: Result) -> list[str]:
     case = result.case
     lm = case["kind"] != "encoder"
+    gpu = any("gpu_memory_bytes" in f for f in result.systems.values())
     title = f"## {case['name']}: batch {len(case['lengths'])}, prompt {max(case['lengths'])}"
     title += f", {case['new_tokens']} new tokens" if lm else ", forward"
+    title += f", on {case['device']}" if case.get("device", "cpu") != "cpu" else ""
     rate = "tokens/s" if lm else "seq/s"
+    columns = 10 + lm + gpu
     lines = [title, "", f"| system | p50 s | p90 s | p99 s | speedup | x floor | {rate} |"
-             + (" first token s |" if lm else "") + " agreement | size MB | RSS MB |",
-             "|---" * (10 + lm) + "|"]
+             + (" first token s |" if lm else "") + " agreement | size MB | RSS MB |" + (" GPU MB |" if gpu else ""),
+             "|---" * columns + "|"]
     for name, f in result.systems.items():
         throughput = f.get("tokens_per_s", f.get("sequences_per_s"))
         first = f" {f['first_token_s']:.4f} |" if lm else ""
         size = f"{f['size_bytes'] / 1e6:.1f}" if f.get("size_bytes") else "-"
+        device_memory = f" {f['gpu_memory_bytes'] / 1e6:.0f} |" if gpu else ""
         lines.append(f"| {name} | {f['p50_s']:.4f} | {f['p90_s']:.4f} | {f['p99_s']:.4f} | {f['speedup']:.2f}x | "
                      f"{f['times_floor']:.1f}x | {throughput:.1f} |{first} {f['agreement']:.4f} | {size} | "
-                     f"{f['rss_bytes'] / 1e6:.0f} |")
+                     f"{f['rss_bytes'] / 1e6:.0f} |{device_memory}")
     for peer, why in result.skipped.items():
-        lines.append(f"| {peer} | skipped: {why} |" + " |" * (9 + lm))
+        lines.append(f"| {peer} | skipped: {why.replace('|', '/')} |" + " |" * (columns - 2))
     return lines + [""]
 
 
@@ -98,7 +104,7 @@ def _latency_chart(plt, results: Sequence[Result], axis: str, label: str, path: 
         return None
     best.sort(key=key)
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for system in best[0].systems:
+    for system in (s for s in best[0].systems if all(s in r.systems for r in best)):
         ax.plot([key(r) for r in best], [r.systems[system]["p50_s"] for r in best], marker="o", label=system)
     ax.set_xlabel(label)
     return save_chart(plt, fig, ax, "p50 latency, s", path)

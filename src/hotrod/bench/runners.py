@@ -8,6 +8,7 @@ same way: generation with the same forced length and greedy settings, encoders a
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,34 @@ import torch
 AUTO_CLASSES = {"decoder": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM", "encoder": "AutoModel"}
 
 
-def pytorch_model(source: str | Path, kind: str) -> torch.nn.Module:
-    """transformers' own model for `source`, in eval mode: the baseline."""
+@dataclass
+class System:
+    """One way of running a case, as the harness times it: hotrod, PyTorch or a peer.
+
+    `call` runs the whole case and returns what `agreement` compares (tokens, or hidden states);
+    `first_token` runs it for one new token (None for encoders). `figures` are reported as they are.
+    """
+
+    call: Callable[[], torch.Tensor]
+    first_token: Callable[[], torch.Tensor] | None
+    precision: str
+    size_bytes: int | None
+    rss_bytes: int = 0
+    figures: dict = field(default_factory=dict)
+
+
+def dir_size(path: Path) -> int | None:
+    """Bytes of the files directly in `path` (a checkpoint, an artifact, a converted model), or None."""
+    if not path.is_dir():
+        return None
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def pytorch_model(source: str | Path, kind: str, device: str = "cpu") -> torch.nn.Module:
+    """transformers' own model for `source`, in eval mode on `device`: the baseline."""
     import transformers
 
-    model = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval()
+    model = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval().to(device)
     # from_pretrained maps safetensors files into memory; on a machine that reclaims cold file pages
     # between runs, PyTorch would be timed on page faults. Private copies keep the baseline honest.
     with torch.no_grad():

@@ -10,6 +10,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 SETTLE_S = 0.3  # longer than GNU OpenMP's default spin before its threads sleep
 
@@ -28,6 +31,20 @@ def interleaved(systems: dict[str, Callable[[], object]], runs: int, warmup: int
             fn()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def synchronized(fn: Callable[[], T], device: str) -> Callable[[], T]:
+    """`fn`, waiting for the GPU's queued work before it returns, so a timing covers the work, not its launch."""
+    if device != "cuda":
+        return fn
+    import torch
+
+    def call() -> T:
+        output = fn()
+        torch.cuda.synchronize()
+        return output
+
+    return call
 
 
 def median(values: list[float]) -> float:

@@ -1,0 +1,129 @@
+"""The peers hotrod is timed against, beside PyTorch eager (the baseline, always timed).
+
+- torch: the same transformers model under `torch.compile`, the way transformers itself offers it
+  (a static KV cache and a compiled decoding step for generation; the compiled module for encoders).
+- ctranslate2: the same checkpoint converted by CTranslate2 at fp32 and int8 (`hotrod.bench.ct2`).
+- optimum: optimum-onnx pins an older transformers than hotrod's, so it cannot share this environment;
+  it is reported as skipped, with that reason.
+
+Each peer hands the harness named builders; a builder that raises, or a system whose first call raises,
+is skipped with a one-line reason and the run goes on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from hotrod.bench.runners import System, dir_size, pytorch_model, pytorch_runner
+from hotrod.errors import HotrodError
+
+if TYPE_CHECKING:
+    from hotrod.bench.harness import Case
+
+PEERS = ("torch", "optimum", "ctranslate2")
+_PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2"}
+_INSTALL = {
+    "ctranslate2": "pip install 'hotrod[bench]'",
+    "optimum": "optimum-onnx pins an older transformers, so it needs a virtual environment of its own",
+}
+_OPTIMUM_SKIP = ("optimum-onnx pins an older transformers than hotrod's, so it is not timed in the same "
+                 "process; time it in an environment of its own")
+
+
+def missing_peers(peers: Sequence[str], device: str = "cpu") -> dict[str, str]:
+    """Peers that cannot run here, with the reason (the run goes on without them)."""
+    skipped = {}
+    for peer in peers:
+        if peer not in PEERS:
+            raise HotrodError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+        module = _PEER_MODULES.get(peer)
+        if module and importlib.util.find_spec(module.split(".")[0]) is None:
+            skipped[peer] = f"not installed: no module {module} ({_INSTALL[peer]})"
+        elif peer == "optimum":
+            skipped[peer] = _OPTIMUM_SKIP
+        elif peer == "ctranslate2" and device == "cuda":
+            from hotrod.bench import ct2
+
+            problem = ct2.cuda_problem()
+            if problem:
+                skipped[peer] = problem
+    return skipped
+
+
+def builders(peer: str, case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str,
+             threads: int) -> dict[str, Callable[[], System]]:
+    """The systems `peer` adds to a case, by name, each built only when the harness asks."""
+    if peer == "torch":
+        return {"pytorch compiled": lambda: compiled_system(case, ids, mask, device)}
+    if peer == "ctranslate2":
+        from hotrod.bench import ct2
+
+        return ct2.builders(case, ids, mask, device, threads)
+    return {}
+
+
+def compiled_system(case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str) -> System:
+    """transformers' model under torch.compile; compiling happens in the harness's warm-up, not in timing.
+
+    Generation uses transformers' own route: a static KV cache, so decoding steps keep one shape, and
+    `compile_config`, which compiles the decoding step (the prompt's forward stays eager, as transformers
+    chooses). Where transformers declines to compile, the system fails rather than time eager code.
+    """
+    problem = compiler_problem(device)
+    if problem:
+        raise RuntimeError(problem)
+    model = pytorch_model(case.source, case.kind, device)  # its own copy: compiling must not touch the baseline
+    ids, mask, size = ids.to(device), mask.to(device), dir_size(Path(case.source))
+    if case.kind == "encoder":
+        return System(_strict(pytorch_runner(torch.compile(model), case.kind, ids, mask)), None, "fp32", size)
+    kwargs = {**case.generate_kwargs(), "cache_implementation": "static", "compile_config": _compile_config(device)}
+    call = _strict(_checked(model, pytorch_runner(model, case.kind, ids, mask, kwargs)))
+    first = pytorch_runner(model, case.kind, ids, mask, {**kwargs, "max_new_tokens": 1, "min_new_tokens": 1})
+    return System(call, first, "fp32", size)
+
+
+def compiler_problem(device: str) -> str | None:
+    """Why torch.compile cannot work here, found before paying for a compilation; None if it may."""
+    if device == "cpu":
+        names = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+        if not any(name and shutil.which(name) for name in names):
+            return "torch.compile on CPU needs a C++ compiler (c++, g++ or clang++), and none is on PATH"
+    elif importlib.util.find_spec("triton") is None:
+        return "torch.compile on CUDA needs triton, which is not installed"
+    return None
+
+
+def _compile_config(device: str):
+    from transformers import CompileConfig
+
+    config = CompileConfig(mode="reduce-overhead" if device == "cuda" else "default")
+    if device == "cpu":
+        config._compile_all_devices = True  # transformers compiles generate on accelerators unless told
+    return config
+
+
+def _strict(call: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """`call`, raising where torch would silently fall back to eager code after too many recompilations."""
+    import torch._dynamo
+
+    if not hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        return call
+    return torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)(call)
+
+
+def _checked(model: torch.nn.Module, call: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """`call`, refusing to stand for compiled code if transformers ran its decoding step eagerly."""
+    def run() -> torch.Tensor:
+        output = call()
+        if not hasattr(model, "_compiled_call"):
+            raise RuntimeError("transformers did not compile the decoding step (its generate ran eagerly)")
+        return output
+
+    return run
