@@ -39,6 +39,20 @@ class DecodingState(Protocol):
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (the others have finished), trimming padding none of them needs."""
 
+    @property
+    def length(self) -> int:
+        """Cache positions per row, padding included: what each step reads and copies for every row."""
+
+    def room_for(self, other: DecodingState) -> bool:
+        """Whether rows of `other` fit in this state's rows without widening it (see `place`)."""
+
+    def place(self, other: DecodingState, pairs: list[tuple[int, int]]) -> None:
+        """For each (slot, row): row `row` of `other` overwrites row `slot` of this state, in place.
+
+        The slot's row has left; its cache is overwritten only where the new row has entries, and the
+        mask hides the rest. This costs the new row's bytes alone, where `join` copies the whole batch.
+        """
+
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
@@ -65,6 +79,15 @@ def _join(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, th
             out[rows, :, span] = part
         joined.append(out)
     return joined
+
+
+def _place_rows(backend: Backend, ours: list[Any], theirs: list[Any], pairs: list[tuple[int, int]],
+                start: int) -> None:
+    """Write rows of `theirs` into rows of `ours` (in place), from sequence position `start` on."""
+    for a, b in zip(ours, theirs):
+        mine, new = backend.view(a), backend.view(b)
+        for slot, row in pairs:
+            mine[slot, :, start : start + new.shape[2]] = new[row]
 
 
 def _mask_cat(a: torch.Tensor, b: torch.Tensor, left: bool) -> torch.Tensor:
@@ -134,6 +157,21 @@ class DecoderState:
         self.mask = self.mask[index]
         self.next_position = self.next_position[index]
 
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def room_for(self, other: DecoderState) -> bool:
+        return bool(self.cache) and other.length <= self.length
+
+    def place(self, other: DecoderState, pairs: list[tuple[int, int]]) -> None:
+        start = self.length - other.length
+        _place_rows(self.backend, self.cache, other.cache, pairs, start)
+        for slot, row in pairs:
+            self.mask[slot] = 0
+            self.mask[slot, start:] = other.mask[row]
+            self.next_position[slot] = other.next_position[row]
+
     def join(self, other: DecoderState) -> None:
         if not self.cache:
             self.cache, self.mask, self.next_position = other.cache, other.mask, other.next_position
@@ -198,6 +236,24 @@ class Seq2SeqState:
         # Beams of one prompt share its encoder output, so the cross K/V need no reordering.
         self.cache = [self.backend.select(value, index) for value in self.cache]
         self.self_mask = self.self_mask[index]
+
+    @property
+    def length(self) -> int:
+        return self.self_mask.shape[1]
+
+    def room_for(self, other: Seq2SeqState) -> bool:
+        return bool(self.cache) and other.length <= self.length and other.mask.shape[1] <= self.mask.shape[1]
+
+    def place(self, other: Seq2SeqState, pairs: list[tuple[int, int]]) -> None:
+        start = self.length - other.length
+        _place_rows(self.backend, self.cache, other.cache, pairs, start)
+        _place_rows(self.backend, self.cross, other.cross, pairs, 0)
+        width = other.mask.shape[1]
+        for slot, row in pairs:
+            self.self_mask[slot] = 0
+            self.self_mask[slot, start:] = other.self_mask[row]
+            self.mask[slot] = 0
+            self.mask[slot, :width] = other.mask[row]
 
     def join(self, other: Seq2SeqState) -> None:
         """Self-attention caches align on the left (masked); cross K/V and encoder masks pad on the right."""

@@ -1,13 +1,25 @@
 """The model side of the server: runs what the scheduler decided, on a HotrodModel.
 
-`GenerationRunner` keeps one decoding state for the whole running batch. Joining requests are
-prefilled together (left-padded prompts for decoders, padded encoder inputs for seq2seq) and their
-cache appended to the batch's; every step feeds each row its last token; finished rows leave. Token
-choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where requests differ
-in settings, so a request gets the tokens it would get alone.
+`GenerationRunner` holds the running batch as a few groups of rows, each one decoding state. Joining
+requests are prefilled together (left-padded prompts for decoders, padded encoder inputs for seq2seq)
+into a new group; every step runs each group once, feeding each row its last token; finished rows leave
+their group. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where
+requests differ in settings, so a request gets the tokens it would get alone.
+
+Why groups: a state's cache is padded to its longest row, and every step reads and copies all of it,
+while each extra group costs one more pass over the weights. Two groups merge when the padding the merge
+adds costs less per step than that pass (`merge_limit`), which keeps rows of very different lengths
+apart and everything else together.
+
+Why slots: copying a whole batch's cache for every arrival and departure would cost as much as the
+steps themselves. A finished row leaves a free slot (it runs on, unread, until reused); a newcomer that
+fits takes a free slot in place, copying only its own cache; a group is compacted only once most of
+its slots are free.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -32,11 +44,20 @@ class RowOptions:
         self.plain = not settings.do_sample and settings.repetition_penalty == 1.0 and settings.min_length <= settings.prompt_length
 
 
+@dataclass
+class Group:
+    state: DecodingState
+    rows: list[Request | None]  # None: a free slot
+
+    def free(self) -> list[int]:
+        return [i for i, r in enumerate(self.rows) if r is None]
+
+
 class GenerationRunner:
     def __init__(self, model: HotrodModel):
         self.model = model
-        self.state: DecodingState | None = None
-        self.rows: list[Request] = []
+        self.groups: list[Group] = []
+        self.merge_limit = merge_limit(model)
         defaults = gen_config.merge(model.generation_config, None, {})
         eos = defaults["eos_token_id"]
         self.eos_ids: tuple[int, ...] = tuple([eos] if isinstance(eos, int) else (eos or []))
@@ -55,35 +76,76 @@ class GenerationRunner:
         ids, mask = _padded([r.prompt for r in requests], left=self.model.kind == "decoder")
         state = self.model.decoding_state(requests[0].options.settings)
         with torch_threads(self.model.backend.loop_threads):
-            sequences, logits = state.start(ids, mask, 1)
+            _, logits = state.start(ids, mask, 1)
             tokens = self._pick(logits, requests, first=True)
-        if self.state is None:
-            self.state = state
-        else:
-            self.state.join(state)
-        self.rows += requests
+            left = self._fill_slots(Group(state, list(requests)))
+            if left.rows:
+                self.groups.append(left)
+                self._merge()
         return tokens
+
+    @property
+    def rows(self) -> list[Request]:
+        """Every running request, in the order `step` returns their tokens."""
+        return [r for group in self.groups for r in group.rows if r is not None]
 
     @torch.inference_mode()
     def step(self) -> list[int]:
-        """One decoding step for every running row."""
-        last = torch.tensor([r.tokens[-1] for r in self.rows])
+        """One decoding step for every running row (free slots are fed a dummy token and not read)."""
+        tokens: list[int] = []
         with torch_threads(self.model.backend.loop_threads):
-            return self._pick(self.state.step(last), self.rows)
+            for group in self.groups:
+                last = torch.tensor([r.tokens[-1] if r is not None else 0 for r in group.rows])
+                logits = group.state.step(last)
+                live = [i for i, r in enumerate(group.rows) if r is not None]
+                tokens += self._pick(logits[live], [group.rows[i] for i in live])
+        return tokens
 
+    @torch.inference_mode()
     def leave(self, requests: list[Request]) -> None:
         gone = set(map(id, requests))
-        keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
-        if len(keep) == len(self.rows):
-            return
-        self.rows = [self.rows[i] for i in keep]
-        if keep:
-            self.state.keep(torch.tensor(keep))
-        else:
-            self.state = None
+        with torch_threads(self.model.backend.loop_threads):
+            for group in self.groups:
+                group.rows = [None if r is not None and id(r) in gone else r for r in group.rows]
+                if 2 * len(group.free()) > len(group.rows):
+                    _compact(group)
+            self.groups = [g for g in self.groups if g.rows]
+            self._merge()
+
+    def _fill_slots(self, new: Group) -> Group:
+        """Put rows of `new` into free slots of groups that have room; returns what is left of `new`."""
+        for group in self.groups:
+            pairs = list(zip(group.free(), range(len(new.rows))))
+            if not pairs or not group.state.room_for(new.state):
+                continue
+            group.state.place(new.state, pairs)
+            for slot, row in pairs:
+                group.rows[slot] = new.rows[row]
+                new.rows[row] = None
+            _compact(new)
+            if not new.rows:
+                break
+        return new
 
     def reset(self) -> None:
-        self.state, self.rows = None, []
+        self.groups = []
+
+    def _merge(self) -> None:
+        """Merge the two groups whose union pads least, while that padding is worth one pass less."""
+        while len(self.groups) > 1:
+            pairs = [(a, b) for a in range(len(self.groups)) for b in range(a + 1, len(self.groups))]
+            a, b = min(pairs, key=lambda p: self._padding(*p))
+            if self._padding(a, b) > self.merge_limit:
+                return
+            first, second = self.groups[a], self.groups.pop(b)
+            first.state.join(second.state)
+            first.rows += second.rows
+
+    def _padding(self, a: int, b: int) -> int:
+        """Cache positions a merge of groups a and b would add as padding."""
+        ga, gb = self.groups[a], self.groups[b]
+        ra, rb, la, lb = len(ga.rows), len(gb.rows), ga.state.length, gb.state.length
+        return (ra + rb) * max(la, lb) - ra * la - rb * lb
 
     @torch.inference_mode()
     def run_whole(self, request: Request) -> list[int]:
@@ -109,6 +171,27 @@ class GenerationRunner:
         if self.model.kind == "decoder":
             return request.prompt + generated
         return [self.start_token] + generated
+
+
+def _compact(group: Group) -> None:
+    """Drop the free slots of `group` (one copy of its cache)."""
+    keep = [i for i, r in enumerate(group.rows) if r is not None]
+    if len(keep) < len(group.rows):
+        group.rows = [group.rows[i] for i in keep]
+        if keep:
+            group.state.keep(torch.tensor(keep, dtype=torch.long))
+
+
+def merge_limit(model: HotrodModel) -> int:
+    """Padding positions (all rows) whose per-step cost, read and copied, equals one pass over the weights."""
+    dims = model.dims
+    layers = dims.num_decoder_layers if model.kind == "seq2seq" else dims.num_layers
+    position = 2 * layers * dims.num_heads * dims.head_dim * 4  # key + value of one position, fp32
+    graphs = (model.manifest or {}).get("graphs", {})
+    weights = graphs.get("decoder", {}).get("bytes")
+    if not weights:  # no artifact (the torch backend on a checkpoint): fp32 parameters
+        weights = 4 * (12 * layers * dims.hidden_size**2 + model.config.vocab_size * dims.hidden_size)
+    return int(weights // (2 * position))
 
 
 def _padded(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:

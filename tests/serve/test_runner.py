@@ -1,0 +1,71 @@
+"""The runner under a scripted schedule: rows join, fill free slots, merge and leave; tokens never change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotrod.generation import cache
+from hotrod.serve.protocol import Params
+from hotrod.serve.runner import GenerationRunner
+from hotrod.serve.scheduler import ContinuousScheduler, Request
+
+
+class _Ticket:
+    cancelled = False
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How often each state operation ran, so the test knows every path was taken."""
+    counts = {"join": 0, "keep": 0, "place": 0}
+    for cls in (cache.DecoderState, cache.Seq2SeqState):
+        for name in counts:
+            original = getattr(cls, name)
+
+            def counted(self, *args, _original=original, _name=name):
+                counts[_name] += 1
+                return _original(self, *args)
+
+            monkeypatch.setattr(cls, name, counted)
+    return counts
+
+
+def _alone(model, request: Request, eos) -> list[int]:
+    out = model.generate(torch.tensor([request.prompt]), max_new_tokens=request.params.max_new_tokens)
+    tokens = out[0, len(request.prompt) if model.kind == "decoder" else 1 :].tolist()
+    return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
+
+
+def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, calls):
+    model = zoo.model(lm_case, backend)
+    runner = GenerationRunner(model)
+    runner.merge_limit = 40  # small enough that groups of different lengths stay apart for a while
+    scheduler = ContinuousScheduler(4, 10**6, 100, runner.eos_ids)
+    generator = torch.Generator().manual_seed(1)
+    lengths = [3, 11, 5, 9, 4, 10, 6, 2]
+    news = [12, 3, 9, 5, 11, 4, 7, 6]
+    requests = [Request(_Ticket(), prompt=torch.randint(2, 100, (n,), generator=generator).tolist(),
+                        params=Params(max_new_tokens=new)) for n, new in zip(lengths, news)]
+    for request in requests:
+        request.options = runner.options(request.prompt, request.params)
+    pending, step = list(requests), 0
+    while pending or scheduler.busy():
+        if pending and step % 2 == 0:
+            scheduler.add(pending.pop(0))
+        plan = scheduler.plan()
+        if runner.rows:
+            _record(scheduler, runner, list(runner.rows), runner.step())
+        if plan.admit:
+            _record(scheduler, runner, plan.admit, runner.admit(plan.admit))
+        step += 1
+    for request in requests:
+        assert request.tokens == _alone(model, request, runner.eos_ids)
+    assert calls["join"] and calls["keep"] and calls["place"]
+    assert not runner.groups
+
+
+def _record(scheduler, runner, rows, tokens) -> None:
+    done = [r for r, t in zip(rows, tokens) if scheduler.record(r, t)]
+    scheduler.leave(done)
+    runner.leave(done)
