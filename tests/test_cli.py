@@ -276,3 +276,18 @@ def test_console_script_writes_an_artifact_this_process_loads(zoo, tmp_path):
 def test_a_real_process_prints_one_error_line(zoo, tmp_path, argv, status, match):
     done = hotrod_process(*argv(zoo), tmp_path=tmp_path)
     assert_one_error_line(done.returncode, done.stdout, done.stderr, status, match)
+
+
+def test_serve_refuses_bad_options_before_loading(zoo, capsys, tmp_path):
+    import socket
+
+    artifact = str(zoo.artifact("gpt2"))
+    code, out, err = run(capsys, "serve", artifact, "--max-batch-size", "0")
+    assert_one_error_line(code, out, err, 1, "max_batch_size must be >= 1")
+    code, out, err = run(capsys, "serve", str(tmp_path / "missing"))
+    assert_one_error_line(code, out, err, 1, "no such model directory")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        code, out, err = run(capsys, "serve", artifact, "--port", str(busy.getsockname()[1]))
+    assert_one_error_line(code, out, err, 1, "cannot listen on")

@@ -370,6 +370,7 @@ def _serve(args) -> int:
         raise HotrodError("--max-new-tokens-limit must be >= 1 and --request-timeout > 0")
     if not 0 <= args.port < 65536:
         raise HotrodError(f"--port must be in 0..65535, got {args.port}")
+    _check_listen(args.host, args.port)
     metrics = Metrics()
     engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads),
                            metrics)
@@ -378,6 +379,19 @@ def _serve(args) -> int:
     except StartupFailed as exc:
         raise HotrodError(str(exc)) from None
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse a host or port the server could not listen on before any model is loaded."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise HotrodError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 if __name__ == "__main__":
     sys.exit(main())
