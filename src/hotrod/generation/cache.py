@@ -73,10 +73,12 @@ def _join(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, th
     joined = []
     for a, b in zip(ours, theirs):
         a, b = backend.view(a), backend.view(b)
-        out = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
+        out = a.new_empty((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
         for part, rows, length in ((a, slice(0, a.shape[0]), our_len), (b, slice(a.shape[0], None), their_len)):
-            span = slice(width - length, width) if left else slice(0, length)
+            span, pad = (slice(width - length, width), slice(0, width - length)) if left else \
+                (slice(0, length), slice(length, width))
             out[rows, :, span] = part
+            out[rows, :, pad] = 0  # masked, but never left as uninitialised memory
         joined.append(out)
     return joined
 

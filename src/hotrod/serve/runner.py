@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotrod.batching import plan
 from hotrod.generation import config as gen_config
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
@@ -72,16 +73,28 @@ class GenerationRunner:
 
     @torch.inference_mode()
     def admit(self, requests: list[Request]) -> list[int]:
-        """Prefill `requests` as one batch and join them to the running batch; returns their first tokens."""
+        """Prefill `requests` and add them to the running batch; returns their first tokens.
+
+        Prompts are prefilled in sub-batches of similar length (`hotrod.batching.plan`): prefill is
+        compute bound, and a short prompt padded to a long one would pay for its padding.
+        """
+        tokens: dict[int, int] = {}
+        for part in plan([len(r.prompt) for r in requests], len(requests)):
+            group = [requests[i] for i in part]
+            tokens.update(zip((r.id for r in group), self._prefill(group)))
+        return [tokens[r.id] for r in requests]
+
+    def _prefill(self, requests: list[Request]) -> list[int]:
         ids, mask = _padded([r.prompt for r in requests], left=self.model.kind == "decoder")
         state = self.model.decoding_state(requests[0].options.settings)
         with torch_threads(self.model.backend.loop_threads):
             _, logits = state.start(ids, mask, 1)
             tokens = self._pick(logits, requests, first=True)
-            left = self._fill_slots(Group(state, list(requests)))
-            if left.rows:
-                self.groups.append(left)
-                self._merge()
+        # Cache copies run with all of torch's threads: the engine is idle meanwhile.
+        left = self._fill_slots(Group(state, list(requests)))
+        if left.rows:
+            self.groups.append(left)
+            self._merge()
         return tokens
 
     @property
@@ -104,13 +117,12 @@ class GenerationRunner:
     @torch.inference_mode()
     def leave(self, requests: list[Request]) -> None:
         gone = set(map(id, requests))
-        with torch_threads(self.model.backend.loop_threads):
-            for group in self.groups:
-                group.rows = [None if r is not None and id(r) in gone else r for r in group.rows]
-                if 2 * len(group.free()) > len(group.rows):
-                    _compact(group)
-            self.groups = [g for g in self.groups if g.rows]
-            self._merge()
+        for group in self.groups:
+            group.rows = [None if r is not None and id(r) in gone else r for r in group.rows]
+            if 2 * len(group.free()) > len(group.rows):
+                _compact(group)
+        self.groups = [g for g in self.groups if g.rows]
+        self._merge()
 
     def _fill_slots(self, new: Group) -> Group:
         """Put rows of `new` into free slots of groups that have room; returns what is left of `new`."""
