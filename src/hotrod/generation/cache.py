@@ -43,6 +43,9 @@ class DecodingState(Protocol):
     def length(self) -> int:
         """Cache positions per row, padding included: what each step reads and copies for every row."""
 
+    def slack(self, rows: torch.Tensor) -> int:
+        """Leading cache positions none of `rows` uses: what `keep(rows)` would trim."""
+
     def room_for(self, other: DecodingState) -> bool:
         """Whether rows of `other` fit in this state's rows without widening it (see `place`)."""
 
@@ -163,6 +166,9 @@ class DecoderState:
     def length(self) -> int:
         return self.mask.shape[1]
 
+    def slack(self, rows: torch.Tensor) -> int:
+        return _unused_columns(self.mask[rows], leading=True)
+
     def room_for(self, other: DecoderState) -> bool:
         return bool(self.cache) and other.length <= self.length
 
@@ -242,6 +248,9 @@ class Seq2SeqState:
     @property
     def length(self) -> int:
         return self.self_mask.shape[1]
+
+    def slack(self, rows: torch.Tensor) -> int:
+        return _unused_columns(self.self_mask[rows], leading=True)
 
     def room_for(self, other: Seq2SeqState) -> bool:
         return bool(self.cache) and other.length <= self.length and other.mask.shape[1] <= self.mask.shape[1]
