@@ -1,9 +1,9 @@
 """The model side of the server: runs what the scheduler decided, on a HotrodModel.
 
 `GenerationRunner` holds the running batch as a few groups of rows, each one decoding state. Joining
-requests are prefilled together (left-padded prompts for decoders, padded encoder inputs for seq2seq)
-into a new group; every step runs each group once, feeding each row its last token; finished rows leave
-their group. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where
+requests are prefilled in sub-batches of similar length (left-padded prompts for decoders, padded
+encoder inputs for seq2seq); their rows take free slots where they fit, or form a new group. Every step
+runs each group once, feeding each row its last token; finished rows leave their group. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where
 requests differ in settings, so a request gets the tokens it would get alone.
 
 Why groups: a state's cache is padded to its longest row, and every step reads and copies all of it,
@@ -13,8 +13,8 @@ apart and everything else together.
 
 Why slots: copying a whole batch's cache for every arrival and departure would cost as much as the
 steps themselves. A finished row leaves a free slot (it runs on, unread, until reused); a newcomer that
-fits takes a free slot in place, copying only its own cache; a group is compacted only once most of
-its slots are free.
+fits takes a free slot in place, copying only its own cache. A group is compacted (one copy) once most
+of its slots are free, or once the rows that remain leave a quarter of its cache positions unused.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ class RowOptions:
         if settings.do_sample:
             self.generator = torch.Generator()
             self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        self.plain = not settings.do_sample and settings.repetition_penalty == 1.0 and settings.min_length <= settings.prompt_length
+        # Plain greedy rows need no score processing: the whole batch takes one argmax.
+        self.plain = (not settings.do_sample and settings.repetition_penalty == 1.0
+                      and settings.min_length <= settings.prompt_length)
 
 
 @dataclass
