@@ -366,8 +366,7 @@ def _serve(args) -> int:
 
     options = ServeOptions(args.max_batch_size, args.max_queue_delay_ms, args.max_queue, args.kv_cache_mb,
                            args.batching)
-    if args.max_new_tokens_limit < 1 or not args.request_timeout > 0:
-        raise HotrodError("--max-new-tokens-limit must be >= 1 and --request-timeout > 0")
+    limits = ServeLimits(args.max_new_tokens_limit, args.request_timeout)
     if not 0 <= args.port < 65536:
         raise HotrodError(f"--port must be in 0..65535, got {args.port}")
     _check_listen(args.host, args.port)
@@ -375,7 +374,7 @@ def _serve(args) -> int:
     engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads),
                            metrics)
     try:
-        serve(engines, ServeLimits(args.max_new_tokens_limit, args.request_timeout), args.host, args.port, metrics)
+        serve(engines, limits, args.host, args.port, metrics)
     except StartupFailed as exc:
         raise HotrodError(str(exc)) from None
     return 0

@@ -184,7 +184,7 @@ class DecoderState:
         if not self.cache:
             self.cache, self.mask, self.next_position = other.cache, other.mask, other.next_position
             return
-        self.cache = _join(self.backend, self.cache, other.cache, self.mask.shape[1], other.mask.shape[1], left=True)
+        self.cache = _join(self.backend, self.cache, other.cache, self.length, other.length, left=True)
         self.mask = _mask_cat(self.mask, other.mask, left=True)
         self.next_position = torch.cat([self.next_position, other.next_position])
 
@@ -272,7 +272,7 @@ class Seq2SeqState:
             self.cache, self.cross, self.mask, self.self_mask = other.cache, other.cross, other.mask, other.self_mask
             return
         b = self.backend
-        self.cache = _join(b, self.cache, other.cache, self.self_mask.shape[1], other.self_mask.shape[1], left=True)
+        self.cache = _join(b, self.cache, other.cache, self.length, other.length, left=True)
         self.cross = _join(b, self.cross, other.cross, self.mask.shape[1], other.mask.shape[1], left=False)
         self.self_mask = _mask_cat(self.self_mask, other.self_mask, left=True)
         self.mask = _mask_cat(self.mask, other.mask, left=False)

@@ -19,7 +19,7 @@ from hotrod.model import HotrodModel
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import EncoderRunner, GenerationRunner
+from hotrod.serve.runner import EncoderRunner, GenerationRunner, position_bytes
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Request
 
 
@@ -63,9 +63,7 @@ class ModelEngine:
                                             options.max_queue)
         else:
             self.runner = GenerationRunner(model)
-            layers = dims.num_decoder_layers if model.kind == "seq2seq" else dims.num_layers
-            per_position = 2 * layers * dims.num_heads * dims.head_dim * 4  # key + value, fp32
-            budget = int(options.kv_cache_mb * 2**20 // per_position)
+            budget = int(options.kv_cache_mb * 2**20 // position_bytes(model))
             self.scheduler = ContinuousScheduler(options.max_batch_size, budget, options.max_queue,
                                                  self.runner.eos_ids, options.batching)
 

@@ -61,12 +61,10 @@ class GenerationRunner:
         self.model = model
         self.groups: list[Group] = []
         self.merge_limit = merge_limit(model)
-        defaults = gen_config.merge(model.generation_config, None, {})
-        eos = defaults["eos_token_id"]
-        self.eos_ids: tuple[int, ...] = tuple([eos] if isinstance(eos, int) else (eos or []))
-        self.start_token = None
-        if model.kind == "seq2seq":
-            self.start_token = model.decoding_state(model.settings(1, {**defaults, "max_new_tokens": 1})).start_token
+        # The model's own settings, resolved as generate() resolves them: its EOS ids and start token.
+        defaults = model.settings(1, {**gen_config.merge(model.generation_config, None, {}), "max_new_tokens": 1})
+        self.eos_ids: tuple[int, ...] = defaults.eos_token_ids
+        self.start_token = model.decoding_state(defaults).start_token if model.kind == "seq2seq" else None
 
     def options(self, prompt: list[int], params: Params) -> RowOptions:
         """Resolve a request's settings as `generate()` would; raises HotrodError for a bad combination."""
@@ -211,14 +209,22 @@ def merge_limit(model: HotrodModel) -> int:
     (measured on W5: half the break-even gave 15% more tokens/s than the break-even itself).
     """
     dims = model.dims
-    layers = dims.num_decoder_layers if model.kind == "seq2seq" else dims.num_layers
-    position = 2 * layers * dims.num_heads * dims.head_dim * 4  # key + value of one position, fp32
     embeddings = 4 * model.config.vocab_size * dims.hidden_size
     graphs = (model.manifest or {}).get("graphs", {})
     weights = graphs.get("decoder", {}).get("bytes", 0) - embeddings
     if weights <= 0:  # no artifact (the torch backend on a checkpoint): fp32 parameters
-        weights = 4 * 12 * layers * dims.hidden_size**2
-    return max(1, int(weights // (2 * 3 * position)))
+        weights = 4 * 12 * _cache_layers(model) * dims.hidden_size**2
+    return max(1, int(weights // (2 * 3 * position_bytes(model))))
+
+
+def position_bytes(model: HotrodModel) -> int:
+    """Bytes one cached position of one row takes: key and value of every decoder layer, fp32."""
+    dims = model.dims
+    return 2 * _cache_layers(model) * dims.num_heads * dims.head_dim * 4
+
+
+def _cache_layers(model: HotrodModel) -> int:
+    return model.dims.num_decoder_layers if model.kind == "seq2seq" else model.dims.num_layers
 
 
 def _padded(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hotrod.errors import HotrodError
+
 
 @dataclass(frozen=True)
 class ServeLimits:
@@ -23,9 +25,9 @@ class ServeLimits:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens_limit < 1:
-            raise ValueError(f"max_new_tokens_limit must be at least 1, not {self.max_new_tokens_limit}")
+            raise HotrodError(f"max_new_tokens_limit must be at least 1, not {self.max_new_tokens_limit}")
         if not self.request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s must be positive, not {self.request_timeout_s}")
+            raise HotrodError(f"request_timeout_s must be positive, not {self.request_timeout_s}")
 
 
 _MODEL = Field(None, description="A served model's name; optional when the server serves exactly one.")
