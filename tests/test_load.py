@@ -261,3 +261,19 @@ def test_artifact_runs_on_torch_from_its_recorded_checkpoint(zoo, tmp_path):
     build_checkpoint(CASES["gpt2"], source, seed=9)
     with pytest.raises(hotrod.HotrodError, match="the torch backend needs the checkpoint"):
         hotrod.load(artifact, backend="torch")
+
+
+def test_a_gpu_device_that_falls_back_to_the_cpu_is_refused():
+    from hotrod.runtime.ort import _check_placement
+
+    class Session:
+        def __init__(self, provider):
+            self.provider = provider
+
+        def get_providers(self):
+            return [self.provider, "CPUExecutionProvider"]
+
+    _check_placement({"decoder": Session("CPUExecutionProvider")}, "cpu")
+    _check_placement({"decoder": Session("CUDAExecutionProvider")}, "cuda")
+    with pytest.raises(hotrod.HotrodError, match="would run decoder on the CPU"):
+        _check_placement({"decoder": Session("CPUExecutionProvider")}, "cuda")

@@ -18,15 +18,6 @@ def check_device(device: str) -> None:
                           "run on a machine with one, or use --device cpu")
 
 
-def check_providers(model, device: str) -> None:
-    """onnxruntime falls back to its CPU provider when CUDA's libraries fail to load; that is no GPU timing."""
-    sessions = getattr(model.backend, "sessions", {})
-    first = {session.get_providers()[0] for session in sessions.values()}
-    if device == "cuda" and first != {"CUDAExecutionProvider"}:
-        raise RuntimeError(f"onnxruntime runs the graphs on {', '.join(sorted(first))}, not CUDA "
-                           "(its CUDA provider failed to load)")
-
-
 def ort_has_cuda() -> bool:
     """Whether this onnxruntime is a GPU build; without one, hotrod runs on CUDA through its torch backend."""
     from hotrod.runtime.ort import providers_for

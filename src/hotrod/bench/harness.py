@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from hotrod.bench import peers as peer_systems
-from hotrod.bench.device import check_device, check_providers, gpu_figures, gpu_start, ort_has_cuda
+from hotrod.bench.device import check_device, gpu_figures, gpu_start, ort_has_cuda
 from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
 from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.timing import interleaved, synchronized
@@ -229,8 +229,7 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
         if isinstance(plan.artifacts[key], HotrodError):
             raise plan.artifacts[key]
         path, backend = plan.artifacts[key], "onnxruntime"
-        model = hotrod.load(path, device=plan.device, threads=plan.threads)
-        check_providers(model, plan.device)
+        model = hotrod.load(path, device=plan.device, threads=plan.threads)  # refuses a silent CPU fallback
     first = hotrod_runner(model, ids, mask, _one_token(case)) if case.kind != "encoder" else None
     return System(hotrod_runner(model, ids, mask, case.generate_kwargs()), first, precision, dir_size(path),
                   figures={"backend": backend})

@@ -50,6 +50,7 @@ class OrtBackend:
         session_options.inter_op_num_threads = 1
         session_options.log_severity_level = 3
         self.sessions = {name: _open(path, session_options, providers) for name, path in files.items()}
+        _check_placement(self.sessions, options.device)
 
     def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
         io = self.contracts[graph]
@@ -83,6 +84,17 @@ class OrtBackend:
         array = np.ascontiguousarray(value.detach().cpu().numpy())
         # The OrtValue keeps a reference to `array`, so the buffer lives as long as the handle.
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+
+def _check_placement(sessions: dict[str, ort.InferenceSession], device: str) -> None:
+    """onnxruntime falls back to its CPU provider when a GPU provider's libraries fail to load; asked for a
+    GPU, running on the CPU unannounced would be wrong answers about speed, so it is refused."""
+    if device == "cpu":
+        return
+    on_cpu = [name for name, session in sessions.items() if session.get_providers()[0] == "CPUExecutionProvider"]
+    if on_cpu:
+        raise HotrodError(f"device {device!r}: onnxruntime could not start its GPU provider (its libraries failed "
+                          f"to load) and would run {', '.join(on_cpu)} on the CPU")
 
 
 def _open(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
