@@ -198,3 +198,11 @@ async def _last(ticket):
     async for event in ticket.events():
         last = event
     return last
+
+
+def test_beam_requests_end_at_their_first_eos(seq2seq_case, engine_for):
+    engine = engine_for(seq2seq_case)
+    requests = [(prompt, Params(max_new_tokens=new, num_beams=3)) for prompt, new in _workload(100, count=3)]
+    for (prompt, params), (tokens, reason, error) in zip(requests, asyncio.run(_serve_all(engine, requests))):
+        assert error is None and reason in ("length", "stop")
+        assert tokens == _alone(engine.model, prompt, params, engine.runner.eos_ids)

@@ -210,12 +210,14 @@ class ModelEngine:
         self._started(request)
 
         def work():
-            tokens = [t for t in self.runner.run_whole(request) if t not in self.scheduler.eos_ids]
-            tokens = tokens[: request.params.max_new_tokens]
-            reason = "length" if len(tokens) >= request.params.max_new_tokens else "stop"
+            # The scheduler's own record() ends the request at its first EOS, as in a batch; what follows
+            # in generate()'s output is padding.
+            for token in self.runner.run_whole(request):
+                if self.scheduler.record(request, token):
+                    break
             self.metrics.batch(self.info.name, self.info.kind, 1)
-            self.metrics.tokens(self.info.name, len(tokens))
-            request.ticket.push(Event(tokens=tokens, finish_reason=reason))
+            self.metrics.tokens(self.info.name, len(request.tokens))
+            request.ticket.push(Event(tokens=request.tokens, finish_reason=request.finish_reason or "length"))
 
         self._guard([request], work, self._drop([request], reset=False))
 
