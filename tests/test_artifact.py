@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import hotrod
-from hotrod.artifact import open_artifact
+from hotrod.artifact import FORMAT, open_artifact
 from tests.zoo import CASES, build_checkpoint, prompt_batch
 
 GRAPHS = {"decoder": {"decoder"}, "seq2seq": {"encoder", "decoder_init", "decoder"}, "encoder": {"encoder"}}
@@ -42,7 +42,7 @@ def leftovers(parent: Path, name: str) -> list[str]:
 def test_manifest_describes_the_model(zoo, case):
     data = manifest(zoo.artifact(case))
     expected = CASES[case]
-    assert (data["format"], data["hotrod_version"]) == (1, hotrod.__version__)
+    assert (data["format"], data["hotrod_version"]) == (FORMAT, hotrod.__version__)
     assert (data["family"], data["model_type"], data["kind"]) == (expected.family, expected.model_type, expected.kind)
     assert data["source"]["origin"] == str(zoo.checkpoint(case))
     assert Path(data["source"]["path"]) == zoo.checkpoint(case).resolve()
@@ -169,7 +169,7 @@ def test_missing_manifest_is_not_an_artifact(zoo, tmp_path):
         hotrod.load(artifact)
 
 
-@pytest.mark.parametrize("content", ["{broken", json.dumps({"format": 1})], ids=["not_json", "no_graphs"])
+@pytest.mark.parametrize("content", ["{broken", json.dumps({"format": 2})], ids=["not_json", "no_graphs"])
 def test_unreadable_manifest(zoo, tmp_path, content):
     artifact = zoo.copy_artifact("gpt2", tmp_path / "art")
     (artifact / "manifest.json").write_text(content)
@@ -177,7 +177,7 @@ def test_unreadable_manifest(zoo, tmp_path, content):
         hotrod.load(artifact)
 
 
-@pytest.mark.parametrize("fmt", [0, 2, 999])
+@pytest.mark.parametrize("fmt", [0, FORMAT - 1, FORMAT + 1, 999])
 def test_incompatible_format_version(zoo, backend, tmp_path, fmt):
     artifact = zoo.copy_artifact("gpt2", tmp_path / "art")
     data = manifest(artifact)

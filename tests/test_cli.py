@@ -65,7 +65,7 @@ def test_optimize_then_info(zoo, capsys, tmp_path):
     assert ok(capsys, "optimize", zoo.checkpoint("gpt2"), "--out", out).strip() == str(out)
     info = ok(capsys, "info", out)
     assert re.search(r"model\s+gpt2 \(gpt2 family, decoder\)", info)
-    assert re.search(r"graph\s+decoder .*inputs: input_ids, attention_mask, position_ids \+ 4 cache tensors", info)
+    assert re.search(r"graph\s+decoder .*inputs: input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions \+ 4 cache tensors", info)
     assert str(zoo.checkpoint("gpt2")) in info
     assert json.loads(ok(capsys, "info", out, "--json")) == json.loads((out / "manifest.json").read_text())
 

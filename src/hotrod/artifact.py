@@ -23,7 +23,7 @@ from hotrod.load import file_sha256
 from hotrod.version import __version__
 
 MANIFEST = "manifest.json"
-FORMAT = 1  # bump when an older hotrod could misread a newer artifact (or the reverse)
+FORMAT = 2  # bump when an older hotrod could misread a newer artifact (or the reverse); 2: in-place decoder cache
 
 
 @dataclass(frozen=True)

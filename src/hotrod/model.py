@@ -16,8 +16,9 @@ import torch
 
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError
+from hotrod.export.io import kv_names
 from hotrod.generation import config as gen_config
-from hotrod.generation.cache import DecoderState, Seq2SeqState, empty_past
+from hotrod.generation.cache import DecoderState, Seq2SeqState, compact_prompts
 from hotrod.generation.search import generate as run_search
 from hotrod.registry import Family
 
@@ -80,7 +81,7 @@ class HotrodModel:
     def decoding_state(self, settings: gen_config.Settings) -> DecoderState | Seq2SeqState:
         """A fresh decoding state for this model (the server keeps one per running batch)."""
         if self.kind == "decoder":
-            return DecoderState(self.backend, self.dims)
+            return DecoderState(self.backend, self.dims, capacity=settings.max_length)
         start = settings.decoder_start_token_id
         if start is None:
             start = getattr(self.config, "decoder_start_token_id", None)
@@ -105,10 +106,7 @@ class HotrodModel:
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
             return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
         if self.kind == "decoder":
-            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
-            feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
-            feeds.update(empty_past(self.dims, self.dims.num_layers, input_ids.shape[0]))
-            return ModelOutput(logits=self.backend.to_torch(self.backend.run("decoder", feeds)["logits"]))
+            return ModelOutput(logits=self._decoder_logits(input_ids, mask))
         if decoder_input_ids is None:
             raise HotrodError("an encoder-decoder forward needs decoder_input_ids")
         decoder_ids = self._ids(decoder_input_ids, check_length=False)
@@ -120,6 +118,27 @@ class HotrodModel:
         return ModelOutput(
             logits=self.backend.to_torch(out["logits"]), encoder_last_hidden_state=self.backend.to_torch(hidden)
         )
+
+    def _decoder_logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits at every position, as transformers' forward: positions are column indices, masked
+        tokens are not attended to. Masked positions themselves get zero logits (they have no meaning).
+        """
+        ids, columns, lengths = compact_prompts(input_ids, mask)
+        rows, width = ids.shape
+        buffers = [self.backend.empty((rows, self.dims.num_heads, width, self.dims.head_dim))
+                   for _ in kv_names("past_key_values", self.dims.num_layers)]
+        feeds = {"input_ids": ids, "position_ids": columns, "seqlens_k": (lengths - 1).int(),
+                 "total_sequence_length": torch.tensor(width, dtype=torch.int32),
+                 "logits_positions": torch.arange(width).expand(rows, width)}
+        feeds.update(zip(kv_names("past_key_values", self.dims.num_layers), buffers))
+        into = dict(zip(kv_names("present", self.dims.num_layers), buffers))
+        logits = self.backend.to_torch(self.backend.run("decoder", feeds, into=into)["logits"])
+        if width == input_ids.shape[1] and bool(mask.ne(0).all()):
+            return logits
+        result = logits.new_zeros(*input_ids.shape, logits.shape[-1])
+        real = torch.arange(width)[None, :] < lengths[:, None]
+        result[torch.arange(rows)[:, None].expand(rows, width)[real], columns[real]] = logits[real]
+        return result
 
     # -- embeddings -----------------------------------------------------------------------------
 

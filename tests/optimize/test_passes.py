@@ -49,7 +49,8 @@ def test_fused_op_counts_are_recorded_and_present(zoo, case):
 
 
 def test_attention_is_one_fused_node_per_attention_block(zoo, case):
-    """Each self-attention (and T5's cross-attention) is one MultiHeadAttention node fed by one QKV MatMul."""
+    """Each self-attention (and T5's cross-attention) is one attention node fed by one QKV MatMul: a
+    MultiHeadAttention, or for decoder-only models a GroupQueryAttention over the in-place cache."""
     artifact = zoo.artifact(case)
     graphs = json.loads((artifact / "manifest.json").read_text())["graphs"]
     config = CASES[case].config()
@@ -58,11 +59,12 @@ def test_attention_is_one_fused_node_per_attention_block(zoo, case):
     expected = {"encoder": layers, "decoder": 2 * decoder_layers, "decoder_init": 2 * decoder_layers}
     if CASES[case].kind == "decoder":
         expected["decoder"] = layers
+    op = "GroupQueryAttention" if CASES[case].kind == "decoder" else "MultiHeadAttention"
     for name, entry in graphs.items():
-        assert entry["fused_ops"].get("MultiHeadAttention") == expected[name], name
+        assert entry["fused_ops"].get(op) == expected[name], name
         model = onnx.load(str(artifact / entry["file"]))
         producers = {out: node for node in model.graph.node for out in node.output}
-        for node in (n for n in model.graph.node if n.op_type == "MultiHeadAttention"):
+        for node in (n for n in model.graph.node if n.op_type == op):
             assert "Softmax" not in {n.op_type for n in model.graph.node}
             query = producers[node.input[0]]
             assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from hotrod.registry import Dims, Kind
 
 INT64 = "int64"
+INT32 = "int32"
 FLOAT32 = "float32"
 
 
@@ -62,15 +63,22 @@ def encoder_io(dims: Dims) -> dict[str, GraphIO]:
 
 
 def decoder_io(dims: Dims) -> dict[str, GraphIO]:
+    """One graph for prefill and steps. The cache is a buffer of `cache_capacity` positions per row that
+    the graph updates in place (`present.*` is `past_key_values.*`, bound to the same memory): rows have
+    their own lengths (`seqlens_k` = length after this call - 1), so nothing is padded on the left.
+    A prefill passes right-padded prompts and `total_sequence_length` equal to their width; a step
+    passes one token per row and the longest row's new length."""
     layers = dims.num_layers
     inputs = (
         _ids("input_ids"),
-        _ids("attention_mask", "total_sequence"),
         _ids("position_ids"),
-        *_kv("past_key_values", dims, layers, "past_sequence"),
+        TensorSpec("seqlens_k", INT32, ("batch",)),
+        TensorSpec("total_sequence_length", INT32, ()),
+        _ids("logits_positions", "logits_sequence"),
+        *_kv("past_key_values", dims, layers, "cache_capacity"),
     )
-    logits = TensorSpec("logits", FLOAT32, ("batch", "sequence", dims.vocab_size))
-    outputs = (logits, *_kv("present", dims, layers, "total_sequence"))
+    logits = TensorSpec("logits", FLOAT32, ("batch", "logits_sequence", dims.vocab_size))
+    outputs = (logits, *_kv("present", dims, layers, "cache_capacity"))
     return {"decoder": GraphIO("decoder", inputs, outputs)}
 
 

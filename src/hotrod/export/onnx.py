@@ -18,7 +18,8 @@ from hotrod.export.io import FLOAT32, GraphIO
 
 OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**24  # protobuf's 2 GB limit, with headroom for the graph itself
-_DUMMY_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "total_sequence": 7, "encoder_sequence": 5}
+_DUMMY_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "total_sequence": 7, "encoder_sequence": 5,
+                "cache_capacity": 6, "logits_sequence": 1}
 
 
 def dummy_inputs(io: GraphIO, vocab_size: int) -> tuple[torch.Tensor, ...]:
@@ -29,6 +30,12 @@ def dummy_inputs(io: GraphIO, vocab_size: int) -> tuple[torch.Tensor, ...]:
         shape = [_DUMMY_SIZES[a] if isinstance(a, str) else a for a in spec.axes]
         if spec.dtype == FLOAT32:
             tensors.append(torch.randn(shape, generator=generator) * 0.1)
+        elif spec.name == "seqlens_k":  # a first prompt: rows of 3 and 2 tokens
+            tensors.append(torch.arange(_DUMMY_SIZES["sequence"] - 1, 0, -1, dtype=torch.int32)[: shape[0]])
+        elif spec.name == "total_sequence_length":
+            tensors.append(torch.tensor(_DUMMY_SIZES["sequence"], dtype=torch.int32))
+        elif spec.name == "logits_positions":
+            tensors.append(torch.full(shape, _DUMMY_SIZES["sequence"] - 2, dtype=torch.long))
         elif spec.name.endswith("attention_mask"):
             tensors.append(torch.ones(shape, dtype=torch.long))
         elif spec.name == "position_ids":

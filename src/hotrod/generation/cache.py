@@ -4,10 +4,11 @@ A state turns the kind's graph contract into three calls the decoding loop needs
 or encode and first decoder step), `step` (one token per row) and `reorder` (beam search). The cache
 stays as backend handles throughout; only the last-position logits come back as torch tensors.
 
-For continuous batching, `join` appends the rows of another started state (the cache of rows that began
-at different steps is aligned by left padding, which the masks hide) and `keep` lets finished rows leave,
-dropping cache columns no remaining row needs. Both copy the cache, once per arrival or departure, never
-per step.
+For continuous batching, `join` appends the rows of another started state, `place` writes new rows
+into free slots, and `keep` lets finished rows leave. The decoder-only cache is ragged (each row its own
+length, in buffers updated in place), so rows that began at different steps need no alignment. The
+seq2seq self-attention cache is aligned by left padding, which the masks hide, and `keep` drops columns
+no remaining row needs. All of these copy cache rows once per arrival or departure, never per step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hotrod.errors import HotrodError
 from hotrod.export.io import kv_names
 from hotrod.registry import Dims
 from hotrod.runtime.base import Backend
@@ -23,6 +25,7 @@ from hotrod.runtime.base import Backend
 
 class DecodingState(Protocol):
     sequences_include_prompt: bool  # rows start with the prompt (decoder-only) or a start token (seq2seq)
+    ragged: bool  # rows keep their own cache lengths: batching rows of different lengths pads nothing
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, expand: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (initial sequences, next-token logits), each row repeated `expand` times."""
@@ -53,17 +56,19 @@ class DecodingState(Protocol):
         """For each (slot, row): row `row` of `other` overwrites row `slot` of this state, in place.
 
         The slot's row has left; its cache is overwritten only where the new row has entries, and the
-        mask hides the rest. This costs the new row's bytes alone, where `join` copies the whole batch.
+        mask (or the row's length) hides the rest. This costs the new row's bytes alone, where `join`
+        copies the whole batch.
         """
+
+    def reserve(self, positions: int) -> None:
+        """Make room for rows of `positions` cache positions (before `start`, or before `place`)."""
+
+    def release(self, rows: list[int]) -> None:
+        """Rows `rows` have left: keep them as cheap free slots until `place` reuses them."""
 
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
-
-
-def empty_past(dims: Dims, layers: int, batch: int) -> dict[str, torch.Tensor]:
-    shape = (batch, dims.num_heads, 0, dims.head_dim)
-    return {name: torch.zeros(shape) for name in kv_names("past_key_values", layers)}
 
 
 def _join(backend: Backend, ours: list[Any], theirs: list[Any], our_len: int, their_len: int,
@@ -115,93 +120,147 @@ def _keep_rows(backend: Backend, values: list[Any], index: torch.Tensor, start: 
     return [t[index.to(t.device), :, start:stop] for t in views]
 
 
-def generation_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only, so left padding does not shift them (as transformers)."""
-    positions = attention_mask.long().cumsum(-1) - 1
-    return positions.masked_fill(attention_mask == 0, 0)
+def compact_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's real tokens moved to the front, in order: (ids, their original columns, lengths).
+
+    The result is right-padded to the longest row. Dropping the masked tokens computes exactly what
+    masking them does; a row's generation positions count its real tokens (as transformers' do).
+    """
+    lengths = attention_mask.ne(0).sum(dim=1)
+    if not bool((lengths > 0).all()):
+        raise HotrodError("a prompt row has no tokens (its attention_mask is all zeros)")
+    order = torch.sort(attention_mask.eq(0).int(), dim=1, stable=True).indices[:, : int(lengths.max())]
+    return input_ids.gather(1, order), order, lengths
 
 
 class DecoderState:
-    """Decoder-only: one graph, prefill with an empty past, then one token at a time."""
+    """Decoder-only: one graph, prefill then one token per row, over cache buffers updated in place.
+
+    Each row has its own length: its cache holds exactly its tokens, from position 0, so rows that began
+    at different steps share a batch with no padding and no mask. The buffers hold `capacity` positions
+    per row and grow (one copy) only when a row would pass that.
+    """
 
     sequences_include_prompt = True
+    ragged = True
 
-    def __init__(self, backend: Backend, dims: Dims):
+    def __init__(self, backend: Backend, dims: Dims, capacity: int):
         self.backend = backend
         self.dims = dims
         self.present = kv_names("present", dims.num_layers)
         self.past = kv_names("past_key_values", dims.num_layers)
+        self.capacity = capacity
         self.cache: list[Any] = []
+        self.lengths = torch.zeros(0, dtype=torch.long)  # cached positions per row
+        self.idle = torch.zeros(0, dtype=torch.bool)  # released rows: fed a dummy token, kept at length 0
 
     def start(self, input_ids, attention_mask, expand):
-        positions = generation_positions(attention_mask)
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
-        feeds.update(empty_past(self.dims, self.dims.num_layers, input_ids.shape[0]))
-        out = self.backend.run("decoder", feeds)
-        logits = self.backend.to_torch(out["logits"])[:, -1].float()
-        self.cache = [out[name] for name in self.present]
-        self.mask = attention_mask
-        self.next_position = positions[:, -1:] + 1
+        ids, _, lengths = compact_prompts(input_ids, attention_mask)
+        rows, width = ids.shape
+        self.capacity = max(self.capacity, width)
+        self.cache = [self.backend.empty((rows, self.dims.num_heads, self.capacity, self.dims.head_dim))
+                      for _ in self.past]
+        positions = torch.arange(width).expand(rows, width)
+        logits = self._run(ids, positions, lengths - 1, width, (lengths - 1)[:, None])
+        self.lengths, self.idle = lengths, torch.zeros(rows, dtype=torch.bool)
         if expand > 1:
-            index = _expand_index(input_ids.shape[0], expand)
+            index = _expand_index(rows, expand)
             self.reorder(index)
             input_ids, logits = input_ids[index], logits[index]
         return input_ids, logits
 
     def step(self, tokens):
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
-        feeds = {"input_ids": tokens[:, None], "attention_mask": self.mask, "position_ids": self.next_position}
+        total = int(self.lengths.max()) + 1
+        self.reserve(total)
+        logits = self._run(tokens[:, None], self.lengths[:, None], self.lengths, total,
+                           torch.zeros(len(self.lengths), 1, dtype=torch.long))
+        self.lengths = torch.where(self.idle, 0, self.lengths + 1)
+        return logits
+
+    def _run(self, ids, positions, seqlens_k, total: int, logits_positions) -> torch.Tensor:
+        feeds = {"input_ids": ids, "position_ids": positions, "seqlens_k": seqlens_k.int(),
+                 "total_sequence_length": torch.tensor(total, dtype=torch.int32), "logits_positions": logits_positions}
         feeds.update(zip(self.past, self.cache))
-        out = self.backend.run("decoder", feeds)
-        self.cache = [out[name] for name in self.present]
-        self.next_position = self.next_position + 1
+        out = self.backend.run("decoder", feeds, into=dict(zip(self.present, self.cache)))
         return self.backend.to_torch(out["logits"])[:, -1].float()
 
     def reorder(self, index):
         self.cache = [self.backend.select(value, index) for value in self.cache]
-        self.mask = self.mask[index]
-        self.next_position = self.next_position[index]
+        self.lengths, self.idle = self.lengths[index], self.idle[index]
+
+    def reserve(self, positions: int) -> None:
+        """Room for `positions` per row: a larger buffer (one copy of the used part) when needed."""
+        if positions <= self.capacity:
+            return
+        grown = max(positions, self.capacity + self.capacity // 2)
+        if self.dims.max_positions:
+            grown = max(positions, min(grown, self.dims.max_positions))
+        if self.cache:
+            used = int(self.lengths.max())
+            self.cache = [self._copy_into(self._new(len(self.lengths), grown), value, used) for value in self.cache]
+        self.capacity = grown
+
+    def _new(self, rows: int, capacity: int) -> Any:
+        return self.backend.empty((rows, self.dims.num_heads, capacity, self.dims.head_dim))
+
+    def _copy_into(self, target: Any, source: Any, used: int, rows: slice = slice(None)) -> Any:
+        self.backend.view(target)[rows, :, :used] = self.backend.view(source)[:, :, :used]
+        return target
 
     @property
     def length(self) -> int:
-        return self.mask.shape[1]
+        return int(self.lengths.max()) if len(self.lengths) else 0
 
     def slack(self, rows: torch.Tensor) -> int:
-        return _unused_columns(self.mask[rows], leading=True)
+        return 0  # rows start at position 0: nothing to trim
 
     def room_for(self, other: DecoderState) -> bool:
-        return bool(self.cache) and other.length <= self.length
+        return bool(self.cache)  # `place` grows the buffers when a newcomer is longer than they hold
 
     def place(self, other: DecoderState, pairs: list[tuple[int, int]]) -> None:
-        start = self.length - other.length
-        _place_rows(self.backend, self.cache, other.cache, pairs, start)
+        self.reserve(other.capacity)  # what the newcomers will need, not only what they hold now
+        for a, b in zip(self.cache, other.cache):
+            mine, new = self.backend.view(a), self.backend.view(b)
+            for slot, row in pairs:
+                used = int(other.lengths[row])
+                mine[slot, :, :used] = new[row, :, :used]
         for slot, row in pairs:
-            self.mask[slot] = 0
-            self.mask[slot, start:] = other.mask[row]
-            self.next_position[slot] = other.next_position[row]
+            self.lengths[slot], self.idle[slot] = other.lengths[row], False
+
+    def release(self, rows: list[int]) -> None:
+        """Rows whose requests left: they cost one position each per step until `place` reuses them."""
+        self.lengths[rows], self.idle[rows] = 0, True
 
     def join(self, other: DecoderState) -> None:
         if not self.cache:
-            self.cache, self.mask, self.next_position = other.cache, other.mask, other.next_position
+            self.cache, self.lengths, self.idle, self.capacity = other.cache, other.lengths, other.idle, other.capacity
             return
-        self.cache = _join(self.backend, self.cache, other.cache, self.length, other.length, left=True)
-        self.mask = _mask_cat(self.mask, other.mask, left=True)
-        self.next_position = torch.cat([self.next_position, other.next_position])
+        rows, capacity = len(self.lengths), max(self.capacity, other.capacity)
+        total = rows + len(other.lengths)
+        joined = []
+        for a, b in zip(self.cache, other.cache):
+            out = self._new(total, capacity)
+            self._copy_into(out, a, self.length, slice(0, rows))
+            joined.append(self._copy_into(out, b, other.length, slice(rows, total)))
+        self.cache, self.capacity = joined, capacity
+        self.lengths, self.idle = torch.cat([self.lengths, other.lengths]), torch.cat([self.idle, other.idle])
 
     def keep(self, index: torch.Tensor) -> None:
         if not len(index):
             self.cache = []
             return
-        self.mask, self.next_position = self.mask[index], self.next_position[index]
-        drop = _unused_columns(self.mask, leading=True)
-        self.cache = _keep_rows(self.backend, self.cache, index, drop, self.mask.shape[1])
-        self.mask = self.mask[:, drop:]
+        self.reorder(index)
 
 
 class Seq2SeqState:
-    """Encoder-decoder: encode once, first step returns the cross-attention K/V, then step with past."""
+    """Encoder-decoder: encode once, first step returns the cross-attention K/V, then step with past.
+
+    Its self-attention cache is appended by the kernel (`MultiHeadAttention`), so rows are aligned by left
+    padding and masked; `ragged` is False.
+    """
 
     sequences_include_prompt = False
+    ragged = False
 
     def __init__(self, backend: Backend, dims: Dims, decoder_start_token_id: int):
         self.backend = backend
@@ -265,6 +324,12 @@ class Seq2SeqState:
             self.self_mask[slot, start:] = other.self_mask[row]
             self.mask[slot] = 0
             self.mask[slot, :width] = other.mask[row]
+
+    def reserve(self, positions: int) -> None:
+        """Nothing to do: each step's cache is a new tensor one position longer."""
+
+    def release(self, rows: list[int]) -> None:
+        """Nothing to do: a released row runs on, masked and unread, until reused."""
 
     def join(self, other: Seq2SeqState) -> None:
         """Self-attention caches align on the left (masked); cross K/V and encoder masks pad on the right."""

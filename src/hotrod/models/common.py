@@ -2,9 +2,15 @@
 
 Everything here is written for inference and for a clean ONNX trace: explicit tensors in and out,
 no Python branches on tensor values. Attention runs eagerly in PyTorch and exports as one ONNX Runtime
-`MultiHeadAttention` node (com.microsoft), so the graphs carry no per-layer reshape/transpose chains and
-the KV cache is appended inside the kernel. Masks are additive (0 or the dtype's minimum), the form that
-op takes; a fully masked row (a left-pad query) gets a uniform softmax instead of NaN.
+attention node (com.microsoft), so the graphs carry no per-layer reshape/transpose chains:
+
+- `MultiHeadAttention` appends the KV cache inside the kernel into a fresh `present` (encoders, T5).
+  Masks are additive (0 or the dtype's minimum), the form that op takes; a fully masked row (a left-pad
+  query) gets a uniform softmax instead of NaN.
+- `GroupQueryAttention` (decoder-only models) writes the new keys and values into a preallocated cache
+  buffer in place, at each row's own length (`seqlens_k`), and reads each row only up to that length.
+  A step then reads the cache once, where appending reads it, writes a copy and reads it again; rows of
+  different lengths share a batch without padding.
 """
 
 from __future__ import annotations
@@ -88,6 +94,43 @@ class _AttentionWithPast(torch.autograd.Function):
         return out, present_k, present_v
 
 
+class _GroupQueryAttention(torch.autograd.Function):
+    """Causal attention over a shared cache buffer [B, H, M, D], updated in place (see the module doc).
+
+    As the ONNX Runtime op: when `total_len` equals the query length this is a first prompt (row b's
+    tokens at positions 0..seqlens_k[b], right-padded to the query length); otherwise the new tokens
+    follow the row's past, at positions seqlens_k[b] + 1 - Sq .. seqlens_k[b].
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float):
+        batch, width = q.shape[0], q.shape[1]
+        ends = seqlens_k.long() + 1  # each row's length after this call
+        starts = torch.zeros_like(ends) if int(total_len) == width else ends - width
+        positions = starts[:, None] + torch.arange(width, device=q.device)  # [B, Sq]
+        rows = torch.arange(batch, device=q.device)[:, None]
+        fits = positions < past_k.shape[2]  # a right-pad query beyond the buffer writes nowhere
+        for cache, new in ((past_k, k), (past_v, v)):
+            cache[rows.expand_as(positions)[fits], :, positions[fits]] = new.view(batch, width, num_heads, -1)[fits]
+        span = int(ends.max())
+        keys = torch.arange(span, device=q.device)
+        allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
+        bias = additive_mask(allowed[:, None], q.dtype)
+        out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], bias, num_heads, scale)
+        return out, past_k, past_v
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float):
+        out, present_k, present_v = g.op(
+            f"{FUSED_ATTENTION_DOMAIN}::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total_len,
+            num_heads_i=num_heads, kv_num_heads_i=num_heads, scale_f=scale, outputs=3,
+        )
+        out.setType(q.type())
+        present_k.setType(past_k.type())
+        present_v.setType(past_v.type())
+        return out, present_k, present_v
+
+
 def multi_head_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
     """Fused attention: q [B, Sq, H*D]; k, v [B, Sk, H*D] or [B, H, Sk, D]; returns [B, Sq, H*D]."""
     return _Attention.apply(q, k, v, bias, num_heads, float(scale))
@@ -96,6 +139,12 @@ def multi_head_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.T
 def multi_head_attention_with_past(q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
     """Fused attention that appends k, v ([B, Sq, H*D]) to the cache; returns (out, present_k, present_v)."""
     return _AttentionWithPast.apply(q, k, v, past_k, past_v, bias, num_heads, float(scale))
+
+
+def attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float):
+    """Causal attention that writes k, v ([B, Sq, H*D]) into the cache buffers at each row's length;
+    returns (out, past_k, past_v), the buffers being the ones passed in, updated."""
+    return _GroupQueryAttention.apply(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, float(scale))
 
 
 class FusedProjection:

@@ -10,14 +10,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import (
-    Conv1D,
-    additive_mask,
-    causal_mask,
-    load_weights,
-    multi_head_attention_with_past,
-    padding_mask,
-)
+from hotrod.models.common import Conv1D, attention_in_place, load_weights
 from hotrod.registry import Dims, Family, register
 
 
@@ -32,9 +25,9 @@ class GPT2Attention(nn.Module):
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= float(layer_idx + 1)
 
-    def forward(self, x, bias, past_k, past_v):
+    def forward(self, x, lengths, past_k, past_v):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)  # c_attn is already one fused QKV projection
-        out, k, v = multi_head_attention_with_past(q, k, v, past_k, past_v, bias, self.num_heads, self.scale)
+        out, k, v = attention_in_place(q, k, v, past_k, past_v, *lengths, self.num_heads, self.scale)
         return self.c_proj(out), k, v
 
 
@@ -59,8 +52,8 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.hidden_size, eps=eps)
         self.mlp = GPT2MLP(config)
 
-    def forward(self, x, bias, past_k, past_v):
-        attn, k, v = self.attn(self.ln_1(x), bias, past_k, past_v)
+    def forward(self, x, lengths, past_k, past_v):
+        attn, k, v = self.attn(self.ln_1(x), lengths, past_k, past_v)
         x = x + attn
         return x + self.mlp(self.ln_2(x)), k, v
 
@@ -75,25 +68,26 @@ class GPT2Body(nn.Module):
 
 
 class GPT2LM(nn.Module):
-    """The decoder-kind graph: (input_ids, attention_mask, position_ids, *past) -> (logits, *present).
+    """The decoder-kind graph (`hotrod.export.io.decoder_io`):
+    (input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *cache) -> (logits, *cache).
 
-    `attention_mask` covers past and new tokens; prefill passes an empty past.
+    The cache buffers are written in place at each row's length; logits are computed only at
+    `logits_positions` (the last real token of each row when generating), not for every prompt token.
     """
 
     def __init__(self, config):
         super().__init__()
         self.transformer = GPT2Body(config)
 
-    def forward(self, input_ids, attention_mask, position_ids, *past):
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past):
         body = self.transformer
         x = body.wte(input_ids) + body.wpe(position_ids)
-        allowed = causal_mask(input_ids.shape[1], attention_mask.shape[1], x.device) & padding_mask(attention_mask)
-        bias = additive_mask(allowed, x.dtype)  # computed once, shared by every layer
         present = []
         for i, block in enumerate(body.h):
-            x, k, v = block(x, bias, past[2 * i], past[2 * i + 1])
+            x, k, v = block(x, (seqlens_k, total_sequence_length), past[2 * i], past[2 * i + 1])
             present += [k, v]
-        logits = torch.matmul(body.ln_f(x), body.wte.weight.t())
+        index = logits_positions[:, :, None].expand(-1, -1, x.shape[-1])
+        logits = torch.matmul(body.ln_f(torch.gather(x, 1, index)), body.wte.weight.t())
         return (logits, *present)
 
     def graphs(self) -> dict[str, nn.Module]:

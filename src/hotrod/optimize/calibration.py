@@ -48,9 +48,10 @@ class _Recorder:
         self.inner = inner
         self.feeds: Feeds = {}
 
-    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        # Copied before the run: a cache buffer fed here is updated in place by it.
         self.feeds.setdefault(graph, []).append({name: _array(self.inner, v) for name, v in feeds.items()})
-        return self.inner.run(graph, feeds)
+        return self.inner.run(graph, feeds, into)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -53,6 +53,9 @@ KEEP_FP32_OPS: tuple[str, ...] = (
     "ReduceSum",  # sums of squares or exponentials overflow half long before their terms do
     "Log",  # T5's relative-position buckets: half rounding of log(distance) moves a distance to the next bucket
     "Exp",  # exp overflows fp16 above 11
+    # The decoder's KV cache is an fp32 buffer the op updates in place; in half it would read and write a
+    # cast copy, and the step's keys and values would never reach the buffer.
+    "GroupQueryAttention",
 )
 MAX_ROUNDS = 8
 # fp32 values beyond this are masking sentinels (finfo(float32).min), not activations; the converter

@@ -34,8 +34,15 @@ class Backend(Protocol):
     # and torch's idle workers spinning on the same cores slow the engine down.
     loop_threads: int | None
 
-    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run."""
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run.
+
+        Outputs named in `into` are written into those handles (a cache buffer that the graph updates in
+        place is both a feed and its own output); the others are allocated by the backend.
+        """
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        """A new zero-filled float32 handle of `shape` on the backend's device (a cache buffer)."""
 
     def to_torch(self, value: Any) -> torch.Tensor:
         """A handle's contents as a float or integer torch tensor."""

@@ -52,7 +52,7 @@ class OrtBackend:
         self.sessions = {name: _open(path, session_options, providers) for name, path in files.items()}
         _check_placement(self.sessions, options.device)
 
-    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         io = self.contracts[graph]
         missing = missing_inputs(io, feeds)
         if missing:
@@ -63,10 +63,19 @@ class OrtBackend:
         handles = [self._handle(feeds[name]) for name in io.input_names]
         for name, handle in zip(io.input_names, handles):
             binding.bind_ortvalue_input(name, handle)
+        into = into or {}
         for name in io.output_names:
-            binding.bind_output(name, self.device)
+            if name in into:  # the same OrtValue as an input: onnxruntime's kernels then update it in place
+                binding.bind_ortvalue_output(name, into[name])
+            else:
+                binding.bind_output(name, self.device)
         self.sessions[graph].run_with_iobinding(binding)
         return dict(zip(io.output_names, binding.get_outputs()))
+
+    def empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
+        # Zeros, not whatever memory held: calibration records cache buffers as feeds, and the precision
+        # search would read stale bits there as overflowing activations. calloc'd pages cost nothing up front.
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=np.float32), self.device, 0)
 
     def to_torch(self, value: Any) -> torch.Tensor:
         # numpy() is a view of ORT's buffer that does not keep it alive; the copy outlives the handle.

@@ -22,7 +22,7 @@ class TorchBackend:
         self.contracts = contracts
 
     @torch.inference_mode()
-    def run(self, graph: str, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         io = self.contracts[graph]
         missing = missing_inputs(io, feeds)
         if missing:
@@ -31,7 +31,17 @@ class TorchBackend:
         outputs = self.graphs[graph](*args)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        return dict(zip(io.output_names, outputs))
+        result = dict(zip(io.output_names, outputs))
+        for name, target in (into or {}).items():
+            if result[name] is not target:  # the modules update cache buffers in place and return them
+                target.copy_(result[name])
+                result[name] = target
+        return result
+
+    def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        # Zeros, not garbage: eager attention multiplies the whole span up to the longest row, masked
+        # scores and all, and a NaN left in memory would survive a zero weight.
+        return torch.zeros(shape, device=self.device)
 
     def to_torch(self, value: torch.Tensor) -> torch.Tensor:
         return value

@@ -1,20 +1,21 @@
 """The model side of the server: runs what the scheduler decided, on a HotrodModel.
 
-`GenerationRunner` holds the running batch as a few groups of rows, each one decoding state. Joining
-requests are prefilled in sub-batches of similar length (left-padded prompts for decoders, padded
-encoder inputs for seq2seq); their rows take free slots where they fit, or form a new group. Every step
-runs each group once, feeding each row its last token; finished rows leave their group. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where
+`GenerationRunner` holds the running batch as groups of rows, each one decoding state. Joining requests
+are prefilled in sub-batches of similar length; their rows take free slots where they fit, or form a
+new group. Every step runs each group once, feeding each row its last token; finished rows leave their
+group. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where
 requests differ in settings, so a request gets the tokens it would get alone.
 
-Why groups: a state's cache is padded to its longest row, and every step reads and copies all of it,
-while each extra group costs one more pass over the weights. Two groups merge when the padding the merge
-adds costs less per step than that pass (`merge_limit`), which keeps rows of very different lengths
-apart and everything else together.
-
 Why slots: copying a whole batch's cache for every arrival and departure would cost as much as the
-steps themselves. A finished row leaves a free slot (it runs on, unread, until reused); a newcomer that
-fits takes a free slot in place, copying only its own cache. A group is compacted (one copy) once most
-of its slots are free, or once the rows that remain leave a quarter of its cache positions unused.
+steps themselves. A finished row leaves a free slot (released: it runs on, unread, until reused); a
+newcomer takes a free slot in place, copying only its own cache. A group is compacted (one copy) once
+most of its slots are free.
+
+Why groups: decoder-only states are ragged (each row its own cache length), so all their rows share
+one group. A seq2seq state's cache is padded to its longest row, and every step reads and copies all
+of it, while each extra group costs one more pass over the weights: two such groups merge when the
+padding the merge adds costs less per step than that pass (`merge_limit`), and a group is also
+compacted once the rows that remain leave a quarter of its cache positions unused.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class GenerationRunner:
     def _prefill(self, requests: list[Request]) -> list[int]:
         ids, mask = _padded([r.prompt for r in requests], left=self.model.kind == "decoder")
         state = self.model.decoding_state(requests[0].options.settings)
+        state.reserve(max(r.options.settings.max_length for r in requests))
         with torch_threads(self.model.backend.loop_threads):
             _, logits = state.start(ids, mask, 1)
             tokens = self._pick(logits, requests, first=True)
@@ -118,7 +120,9 @@ class GenerationRunner:
     def leave(self, requests: list[Request]) -> None:
         gone = set(map(id, requests))
         for group in self.groups:
-            group.rows = [None if r is not None and id(r) in gone else r for r in group.rows]
+            leaving = [i for i, r in enumerate(group.rows) if r is not None and id(r) in gone]
+            group.state.release(leaving)
+            group.rows = [None if i in leaving else r for i, r in enumerate(group.rows)]
             live = torch.tensor([i for i, r in enumerate(group.rows) if r is not None], dtype=torch.long)
             # Compact when most slots are free, or when the rows that remain leave a quarter of the cache
             # unused (the oldest rows have gone): either saves more per step than the one copy costs.
@@ -162,6 +166,8 @@ class GenerationRunner:
     def _padding(self, a: int, b: int) -> int:
         """Cache positions a merge of groups a and b would add as padding."""
         ga, gb = self.groups[a], self.groups[b]
+        if ga.state.ragged and gb.state.ragged:
+            return 0
         ra, rb, la, lb = len(ga.rows), len(gb.rows), ga.state.length, gb.state.length
         return (ra + rb) * max(la, lb) - ra * la - rb * lb
 
