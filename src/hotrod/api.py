@@ -33,6 +33,7 @@ from hotrod.load import (
 from hotrod.model import HotrodModel
 from hotrod.optimize.calibration import Feeds, builtin_texts, capture_feeds, read_texts
 from hotrod.optimize.passes import HALF
+from hotrod.optimize.portable import IN_PLACE_OP
 from hotrod.optimize.precision import half_supported
 from hotrod.optimize.quantize import NEEDS_CALIBRATION
 from hotrod.options import AUTO, BACKENDS, DEVICES, ExportOptions, check_choice
@@ -89,7 +90,7 @@ def optimize(
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, force) as tmp:
-        entries = build.export_graphs(src, tmp, options.fusion, progress)
+        entries = build.export_graphs(src, tmp, options.fusion, progress, options.device)
         files = build.write_configs(src, tmp)
         described = build.describe_source(src)
         art.write_manifest(tmp, build.manifest(described, options, entries, files))
@@ -266,11 +267,22 @@ def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, thr
         return _torch_model(_artifact_source(artifact), options, tokenizer)
     from hotrod.runtime.ort import OrtBackend
 
+    _check_built_for(artifact, device)
     dims = family.dims(config)
     contracts = graph_contracts(family.kind, dims)
     ort_backend = OrtBackend(artifact.graph_files, contracts, options)
     return HotrodModel(family, config, ort_backend, load_generation_config(artifact.path, config), tokenizer,
                        manifest=artifact.manifest)
+
+
+def _check_built_for(artifact: art.Artifact, device: str) -> None:
+    """A CPU build's in-place attention has no fp32 kernel on GPUs (`hotrod.optimize.portable`): refused,
+    rather than left to run on the CPU behind the GPU's back."""
+    graphs = artifact.manifest.get("graphs", {})
+    in_place = [name for name, entry in graphs.items() if (entry.get("fused_ops") or {}).get(IN_PLACE_OP)]
+    if device != "cpu" and in_place:
+        raise HotrodError(f"{artifact.path} was built for the CPU: its {', '.join(in_place)} graph's in-place "
+                          f"attention has no {device} kernel in fp32; rebuild it with `hotrod optimize --device {device}`")
 
 
 def _torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel:

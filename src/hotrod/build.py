@@ -16,7 +16,7 @@ import torch
 from hotrod import artifact as art
 from hotrod.export import export_graph, graph_contracts
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
-from hotrod.optimize import fuse_graph, lower_graph
+from hotrod.optimize import fuse_graph, lower_graph, portable_graph
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.quantize import describe as describe_precision
 from hotrod.options import ExportOptions
@@ -31,8 +31,11 @@ def build_module(src: Source) -> torch.nn.Module:
     return module.eval()
 
 
-def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool) -> dict[str, dict]:
-    """Export every graph of the family's kind in fp32, fused unless `fusion` is off."""
+def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, device: str = "cpu") -> dict[str, dict]:
+    """Export every graph of the family's kind in fp32, fused unless `fusion` is off.
+
+    For a GPU, in-place attention becomes ops its provider runs in fp32 (`hotrod.optimize.portable`).
+    """
     dims = src.family.dims(src.config)
     contracts = graph_contracts(src.family.kind, dims)
     module = build_module(src)
@@ -44,6 +47,8 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool) ->
         report: dict = {"fused_ops": {}}
         if fusion and src.family.onnx_optimizer:
             external, report = fuse_graph(path, src.family.onnx_optimizer, dims)
+        if device != "cpu":
+            external, report = portable_graph(path)
         entries[name] = {
             **_files(directory, path, external),
             "inputs": [t.to_dict() for t in io.inputs],

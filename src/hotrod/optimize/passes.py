@@ -25,6 +25,14 @@ def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims) -> tuple[Path 
     return _write(model, path), {"fused_ops": counts}
 
 
+def portable_graph(path: Path) -> tuple[Path | None, dict]:
+    """Rewrite in-place attention into ops a GPU provider runs in fp32 (`hotrod.optimize.portable`)."""
+    from hotrod.optimize.portable import portable_attention
+
+    model, counts = portable_attention(_read(path))
+    return _write(model, path), {"fused_ops": counts}
+
+
 def lower_graph(path: Path, precision: str, feeds: list[dict[str, np.ndarray]] | None = None,
                 method: str = "minmax") -> tuple[Path | None, dict]:
     """Apply `precision` to one fp32 graph; `feeds` are its recorded inputs, for passes that calibrate."""

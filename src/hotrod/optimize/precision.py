@@ -56,6 +56,7 @@ KEEP_FP32_OPS: tuple[str, ...] = (
     # The decoder's KV cache is an fp32 buffer the op updates in place; in half it would read and write a
     # cast copy, and the step's keys and values would never reach the buffer.
     "GroupQueryAttention",
+    "ScatterND",  # the same buffers, written in place by the GPU form of that attention (optimize/portable.py)
 )
 MAX_ROUNDS = 8
 # fp32 values beyond this are masking sentinels (finfo(float32).min), not activations; the converter

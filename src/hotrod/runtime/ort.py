@@ -1,8 +1,9 @@
 """ONNX Runtime backend with IO binding.
 
 Each run binds its outputs to ORT-allocated buffers and returns the OrtValues themselves; the next step
-binds those same OrtValues as its past inputs, so the KV cache is never copied through numpy. Only
-logits (and hidden states) are read back into torch.
+binds those same OrtValues as its past inputs, so the KV cache is never copied through numpy. Cache
+buffers that a graph updates in place are torch tensors on the device (`empty`), bound by pointer as
+both input and output. Only logits (and hidden states) are read back into torch.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class OrtBackend:
     def __init__(self, files: dict[str, Path], contracts: dict[str, GraphIO], options: RuntimeOptions):
         self.contracts = contracts
         self.device = "cpu" if options.device == "cpu" else "cuda"
+        self.torch_device = torch.device(self.device, 0) if self.device != "cpu" else torch.device("cpu")
         self.loop_threads = 1 if self.device == "cpu" else None
         providers = providers_for(options.device)
         session_options = ort.SessionOptions()
@@ -58,26 +60,30 @@ class OrtBackend:
         if missing:
             raise KeyError(f"graph {graph} needs inputs {missing}")
         binding = self.sessions[graph].io_binding()
-        # The binding holds only the native value, and a value made from numpy does not own its buffer:
-        # the Python handles must outlive the run, or a copied feed (a non-contiguous slice) is freed early.
-        handles = [self._handle(feeds[name]) for name in io.input_names]
-        for name, handle in zip(io.input_names, handles):
-            binding.bind_ortvalue_input(name, handle)
+        # The binding holds only native pointers: every Python object behind them (a copied feed, a
+        # value made from numpy, which does not own its buffer) must outlive the run.
+        alive: list[Any] = []
+        for name in io.input_names:
+            self._bind_input(binding, name, feeds[name], alive)
         into = into or {}
         for name in io.output_names:
-            if name in into:  # the same OrtValue as an input: onnxruntime's kernels then update it in place
-                binding.bind_ortvalue_output(name, into[name])
+            if name in into:  # the same memory as an input: onnxruntime's kernels then update it in place
+                _bind_tensor(binding.bind_output, name, into[name])
             else:
                 binding.bind_output(name, self.device)
         self.sessions[graph].run_with_iobinding(binding)
-        return dict(zip(io.output_names, binding.get_outputs()))
+        return {name: into.get(name, value) for name, value in zip(io.output_names, binding.get_outputs())}
 
-    def empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
-        # Zeros, not whatever memory held: calibration records cache buffers as feeds, and the precision
-        # search would read stale bits there as overflowing activations. calloc'd pages cost nothing up front.
-        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=np.float32), self.device, 0)
+    def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """A torch tensor on the device, bound to runs by pointer: the cache rows can then be copied and
+        reordered in place on any device (an OrtValue on a GPU has no view). Zeros, not stale memory:
+        calibration records cache buffers as feeds, and the precision search would read stale bits as
+        overflowing activations."""
+        return torch.zeros(shape, device=self.torch_device)
 
     def to_torch(self, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
         # numpy() is a view of ORT's buffer that does not keep it alive; the copy outlives the handle.
         return torch.from_numpy(value.numpy().copy())
 
@@ -85,7 +91,21 @@ class OrtBackend:
         return torch.from_numpy(value.numpy()) if isinstance(value, ort.OrtValue) else value
 
     def select(self, value: Any, index: torch.Tensor) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value[index.to(value.device)]
         return self._handle(torch.from_numpy(value.numpy()[index.cpu().numpy()]))
+
+    def _bind_input(self, binding: ort.IOBinding, name: str, value: Any, alive: list[Any]) -> None:
+        """A torch tensor already on the device is bound where it lies; anything else goes through an OrtValue."""
+        if isinstance(value, torch.Tensor) and value.device == self.torch_device and value.dtype in _NUMPY_TYPES \
+                and value.numel():
+            value = value.contiguous()
+            alive.append(value)
+            _bind_tensor(binding.bind_input, name, value)
+            return
+        handle = self._handle(value)
+        alive.append(handle)
+        binding.bind_ortvalue_input(name, handle)
 
     def _handle(self, value: Any) -> ort.OrtValue:
         if isinstance(value, ort.OrtValue):
@@ -93,6 +113,16 @@ class OrtBackend:
         array = np.ascontiguousarray(value.detach().cpu().numpy())
         # The OrtValue keeps a reference to `array`, so the buffer lives as long as the handle.
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+
+_NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64,
+                torch.int32: np.int32, torch.bool: np.bool_}
+
+
+def _bind_tensor(bind: Any, name: str, tensor: torch.Tensor) -> None:
+    """Bind a contiguous torch tensor by pointer (`bind` is an IOBinding's bind_input or bind_output)."""
+    device = "cpu" if tensor.device.type == "cpu" else tensor.device.type
+    bind(name, device, tensor.device.index or 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
 
 
 def _check_placement(sessions: dict[str, ort.InferenceSession], device: str) -> None:

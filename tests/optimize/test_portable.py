@@ -1,0 +1,96 @@
+"""The GPU form of in-place attention: built for cuda, run here on onnxruntime's CPU provider.
+
+Both forms share one graph contract, so the decoding loop, the server's slots and the cache buffers
+are the same code; these tests check that the rewritten graph computes what GroupQueryAttention does,
+that it still writes the cache buffers in place, and that a CPU build is refused on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+
+import hotrod
+from hotrod.generation.cache import DecoderState
+from tests.zoo import CASES, LAYERS, assert_same_tokens, prompt_batch
+
+DECODERS = [name for name, case in CASES.items() if case.kind == "decoder"]
+
+
+@pytest.fixture(scope="module", params=DECODERS)
+def built(request, zoo, tmp_path_factory):
+    """(case name, the CPU artifact, the same checkpoint built for cuda)."""
+    out = tmp_path_factory.mktemp("portable") / request.param
+    hotrod.optimize(zoo.checkpoint(request.param), out, device="cuda", progress=False, verify_examples=4)
+    return request.param, zoo.artifact(request.param), out
+
+
+def _decoder(artifact) -> onnx.ModelProto:
+    return onnx.load(str(artifact / "decoder.onnx"))
+
+
+def test_gpu_build_has_no_in_place_kernel_and_writes_the_cache_in_place(built):
+    _, _, gpu = built
+    model = _decoder(gpu)
+    ops = [node.op_type for node in model.graph.node]
+    assert "GroupQueryAttention" not in ops
+    assert ops.count("MultiHeadAttention") == LAYERS
+    assert ops.count("ScatterND") == 2 * LAYERS
+    inputs = {i.name for i in model.graph.input}
+    outputs = {o.name for o in model.graph.output}
+    for node in (n for n in model.graph.node if n.op_type == "ScatterND"):
+        # past in, present out, nothing between: the buffer bound to both is updated where it lies
+        assert node.input[0].startswith("past_key_values.") and node.input[0] in inputs
+        assert node.output[0].startswith("present.") and node.output[0] in outputs
+        assert node.input[0].removeprefix("past_key_values.") == node.output[0].removeprefix("present.")
+    fused = json.loads((gpu / "manifest.json").read_text())["graphs"]["decoder"]["fused_ops"]
+    assert fused.get("MultiHeadAttention") == LAYERS and "GroupQueryAttention" not in fused
+
+
+def test_gpu_build_generates_what_the_cpu_build_does(built):
+    name, cpu, gpu = built
+    ids, mask = prompt_batch(CASES[name], (3, 7, 1, 5))
+    kwargs = {"attention_mask": mask, "max_new_tokens": 9, "do_sample": False}
+    expected = hotrod.load(cpu).generate(ids, **kwargs)
+    assert_same_tokens(hotrod.load(gpu, device="cpu").generate(ids, **kwargs), expected)
+
+
+def test_gpu_build_forward_matches_the_cpu_build(built):
+    name, cpu, gpu = built
+    ids, mask = prompt_batch(CASES[name], (6, 2, 4))
+    expected = hotrod.load(cpu)(ids, attention_mask=mask).logits
+    actual = hotrod.load(gpu, device="cpu")(ids, attention_mask=mask).logits
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_build_serves_rows_of_different_ages_in_one_batch(built):
+    """Rows that join a running batch (`place`) decode as they would alone, on the rewritten graph."""
+    name, _, gpu = built
+    model = hotrod.load(gpu, device="cpu")
+    ids, mask = prompt_batch(CASES[name], (4, 6))
+    running = DecoderState(model.backend, model.dims, capacity=24)
+    _, logits = running.start(ids, mask, 1)
+    tokens = logits.argmax(-1)
+    for _ in range(3):
+        tokens = running.step(tokens).argmax(-1)
+    running.release([0])
+    newcomer = DecoderState(model.backend, model.dims, capacity=24)
+    late_ids, late_mask = prompt_batch(CASES[name], (5,), seed=1)
+    _, late_logits = newcomer.start(late_ids, late_mask, 1)
+    running.place(newcomer, [(0, 0)])
+    late = [int(late_logits.argmax(-1))]
+    for _ in range(4):
+        step = running.step(torch.tensor([late[-1], int(tokens[1])]))
+        late.append(int(step[0].argmax()))
+        tokens = step.argmax(-1)
+    alone = model.generate(late_ids, attention_mask=late_mask, max_new_tokens=5, do_sample=False)
+    assert late == alone[0, late_ids.shape[1]:].tolist()
+
+
+def test_cpu_build_is_refused_on_a_gpu(zoo):
+    for name in DECODERS:
+        with pytest.raises(hotrod.HotrodError, match=r"built for the CPU.*hotrod optimize --device cuda"):
+            hotrod.load(zoo.artifact(name), device="cuda")
