@@ -1,8 +1,9 @@
 """Kernel fusion: attention from the exporter, everything else from ONNX Runtime's transformer optimizer.
 
 Attention is emitted fused by the exporter itself (`hotrod.models.common`): each attention block is one
-QKV MatMul, a Split and one `MultiHeadAttention` node that adds the relative-position or mask bias and
-appends the KV cache in the kernel. Matching a traced attention subgraph afterwards is fragile (ONNX
+QKV MatMul, a Split and one attention node, `MultiHeadAttention` (which adds the relative-position or
+mask bias and appends T5's KV cache) or, for decoder-only models, `GroupQueryAttention` (which writes
+the KV cache buffers in place). Matching a traced attention subgraph afterwards is fragile (ONNX
 Runtime's matcher knows transformers' own patterns, not ours), and emitting the op costs nothing.
 ONNX Runtime's optimizer, the well-kept tool for the rest, then fuses LayerNorm / RMS norm, residual +
 norm (SkipLayerNormalization, SkipSimplifiedLayerNormalization) and bias + GELU (FastGelu, BiasGelu);
