@@ -69,3 +69,26 @@ def _record(scheduler, runner, rows, tokens) -> None:
     done = [r for r, t in zip(rows, tokens) if scheduler.record(r, t)]
     scheduler.leave(done)
     runner.leave(done)
+
+
+def test_a_long_request_leaving_gives_its_cache_memory_back(zoo):
+    """Cache buffers are sized for the longest request in them; once it leaves they shrink to what the
+    rows left may need, so the server's cache budget holds, and those rows decode on unchanged."""
+    model = zoo.model("gpt2", "onnxruntime")
+    runner = GenerationRunner(model)
+    scheduler = ContinuousScheduler(4, 10**6, 100, runner.eos_ids)
+    long, short = (Request(_Ticket(), prompt=list(range(5, 5 + n)), params=Params(max_new_tokens=new))
+                   for n, new in ((4, 50), (3, 12)))
+    for request in (long, short):
+        request.options = runner.options(request.prompt, request.params)
+        scheduler.add(request)
+    plan = scheduler.plan()
+    _record(scheduler, runner, plan.admit, runner.admit(plan.admit))
+    [group] = runner.groups
+    assert group.state.capacity >= long.options.settings.max_length
+    long.ticket.cancelled = True
+    runner.leave(scheduler.plan().cancelled)
+    assert group.state.capacity == short.options.settings.max_length
+    while scheduler.busy():
+        _record(scheduler, runner, list(runner.rows), runner.step())
+    assert short.tokens == _alone(model, short, runner.eos_ids)

@@ -66,6 +66,9 @@ class DecodingState(Protocol):
     def release(self, rows: list[int]) -> None:
         """Rows `rows` have left: keep them as cheap free slots until `place` reuses them."""
 
+    def fit(self, positions: int) -> None:
+        """The rows left need at most `positions` each: give back memory held for rows that have gone."""
+
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
@@ -200,6 +203,16 @@ class DecoderState:
             self.cache = [self._copy_into(self._new(len(self.lengths), grown), value, used) for value in self.cache]
         self.capacity = grown
 
+    def fit(self, positions: int) -> None:
+        """Shrink the buffers to `positions` per row (one copy) once they hold twice that: a long request
+        that has left would otherwise keep every row's buffer long, beyond the server's cache budget."""
+        positions = max(positions, self.length)
+        if not self.cache or self.capacity < 2 * positions:
+            return
+        used = self.length
+        self.cache = [self._copy_into(self._new(len(self.lengths), positions), value, used) for value in self.cache]
+        self.capacity = positions
+
     def _new(self, rows: int, capacity: int) -> Any:
         return self.backend.empty((rows, self.dims.num_heads, capacity, self.dims.head_dim))
 
@@ -330,6 +343,9 @@ class Seq2SeqState:
 
     def release(self, rows: list[int]) -> None:
         """Nothing to do: a released row runs on, masked and unread, until reused."""
+
+    def fit(self, positions: int) -> None:
+        """Nothing to do: the cache holds the positions used so far, and `keep` trims what none use."""
 
     def join(self, other: Seq2SeqState) -> None:
         """Self-attention caches align on the left (masked); cross K/V and encoder masks pad on the right."""

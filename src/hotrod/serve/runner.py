@@ -129,6 +129,8 @@ class GenerationRunner:
             if 2 * len(group.free()) > len(group.rows) or (
                     len(live) and 4 * group.state.slack(live) >= group.state.length):
                 _compact(group, force=True)
+            if leaving and len(live):
+                group.state.fit(max(r.options.settings.max_length for r in group.rows if r is not None))
         self.groups = [g for g in self.groups if g.rows]
         self._merge()
 
