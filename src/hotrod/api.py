@@ -219,12 +219,15 @@ def load(
     options = RuntimeOptions(backend=backend, device=device or "cpu", threads=threads)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
+    built_for = options.device  # graphs differ by device (`hotrod.optimize.portable`)
     cached = cache_dir() / f"{src.family.name}-{source_fingerprint(src.path)[:20]}-fp32"
+    if built_for != "cpu":
+        cached = cached.with_name(f"{cached.name}-{built_for}")
     try:
         artifact = art.open_artifact(cached)
     except HotrodError:  # not exported yet, or by an older hotrod, or damaged: export afresh
         optimize(src.origin if src.from_hub else src.path, cached, force=True, progress=sys.stderr.isatty(),
-                 verify_examples=0)  # a cache for load(); `hotrod verify` measures it on request
+                 verify_examples=0, device=built_for)  # a cache for load(); `hotrod verify` measures it on request
         artifact = art.open_artifact(cached)
     return _load_artifact(artifact, backend, device, threads)
 

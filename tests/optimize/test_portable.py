@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
 import hotrod
 from hotrod.generation.cache import DecoderState
+from hotrod.load import cache_dir
 from tests.zoo import CASES, LAYERS, assert_same_tokens, prompt_batch
 
 DECODERS = [name for name, case in CASES.items() if case.kind == "decoder"]
@@ -94,3 +96,14 @@ def test_cpu_build_is_refused_on_a_gpu(zoo):
     for name in DECODERS:
         with pytest.raises(hotrod.HotrodError, match=r"built for the CPU.*hotrod optimize --device cuda"):
             hotrod.load(zoo.artifact(name), device="cuda")
+
+
+def test_a_checkpoint_loaded_for_a_gpu_is_exported_for_it(zoo):
+    """`load(checkpoint, device=...)` exports for that device: what stops it here is the missing GPU
+    provider, not a CPU build."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has onnxruntime's CUDA provider")
+    with pytest.raises(hotrod.HotrodError, match="CUDAExecutionProvider"):
+        hotrod.load(zoo.checkpoint(DECODERS[0]), device="cuda")
+    [built] = [p for p in cache_dir().iterdir() if p.name.endswith("-fp32-cuda")]
+    assert "GroupQueryAttention" not in {node.op_type for node in _decoder(built).graph.node}
