@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+import onnx
 import torch
 
 from hotrod import artifact as art
@@ -18,6 +19,8 @@ from hotrod.export import export_graph, graph_contracts
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.optimize import fuse_graph, lower_graph, portable_graph
 from hotrod.optimize.calibration import Feeds
+from hotrod.optimize.fusion import fused_op_counts
+from hotrod.optimize.portable import kernel_runs
 from hotrod.optimize.quantize import describe as describe_precision
 from hotrod.options import ExportOptions
 
@@ -34,7 +37,8 @@ def build_module(src: Source) -> torch.nn.Module:
 def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, device: str = "cpu") -> dict[str, dict]:
     """Export every graph of the family's kind in fp32, fused unless `fusion` is off.
 
-    For a GPU, in-place attention becomes ops its provider runs in fp32 (`hotrod.optimize.portable`).
+    Where ONNX Runtime has no fp32 kernel for in-place attention (a GPU, odd head sizes), it becomes ops
+    that run everywhere (`hotrod.optimize.portable`).
     """
     dims = src.family.dims(src.config)
     contracts = graph_contracts(src.family.kind, dims)
@@ -44,11 +48,13 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
     for name, io in progress_bar(contracts.items(), progress, "export + fuse", len(contracts)):
         path = directory / f"{name}.onnx"
         external = export_graph(graphs[name], io, dims.vocab_size, path)
-        report: dict = {"fused_ops": {}}
+        # The exporter's own fused attention is there with or without the optimizer.
+        report: dict = {"fused_ops": fused_op_counts(onnx.load(str(path), load_external_data=False))}
         if fusion and src.family.onnx_optimizer:
             external, report = fuse_graph(path, src.family.onnx_optimizer, dims)
-        if device != "cpu":
-            external, report = portable_graph(path)
+        if not kernel_runs(device, dims.head_dim):
+            external, rewritten = portable_graph(path)
+            report.update(rewritten)
         entries[name] = {
             **_files(directory, path, external),
             "inputs": [t.to_dict() for t in io.inputs],

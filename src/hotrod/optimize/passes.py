@@ -27,9 +27,12 @@ def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims) -> tuple[Path 
 
 def portable_graph(path: Path) -> tuple[Path | None, dict]:
     """Rewrite in-place attention into ops a GPU provider runs in fp32 (`hotrod.optimize.portable`)."""
-    from hotrod.optimize.portable import portable_attention
+    from hotrod.optimize.portable import has_in_place_attention, portable_attention
 
-    model, counts = portable_attention(_read(path))
+    model = _read(path)
+    if not has_in_place_attention(model):
+        return _external(path), {}
+    model, counts = portable_attention(model)
     return _write(model, path), {"fused_ops": counts}
 
 

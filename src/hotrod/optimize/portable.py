@@ -2,8 +2,9 @@
 
 Decoder-only graphs update their KV cache buffers in place with ONNX Runtime's `GroupQueryAttention`
 (`hotrod.models.common`). The CPU provider runs it in fp32; the CUDA provider has it only in fp16/bf16,
-and would move an fp32 node to the CPU, copying every cache across the bus at every step. A graph built
-for a GPU therefore has each such node rewritten, keeping the same graph contract:
+and would move an fp32 node to the CPU, copying every cache across the bus at every step; the CPU
+kernel refuses head sizes that are not a multiple of 8. A graph built for a GPU, or for such heads,
+therefore has each such node rewritten, keeping the same graph contract:
 
     q, k, v [B, Sq, H*D]; past_k, past_v [B, H, M, D] (the buffers); seqlens_k [B]; total (scalar)
     starts    = 0 if total == Sq (a first prompt) else seqlens_k + 1 - Sq
@@ -29,6 +30,12 @@ from hotrod.optimize.fusion import fused_op_counts
 IN_PLACE_OP = "GroupQueryAttention"
 _DOMAIN = "com.microsoft"
 _PREFIX = "portable_attention/"
+
+
+def kernel_runs(device: str, head_dim: int) -> bool:
+    """Whether ONNX Runtime runs the exported fp32 GroupQueryAttention on `device`: only its CPU provider
+    has it in fp32, and only for head sizes that are a multiple of 8 (it refuses others at run time)."""
+    return device == "cpu" and head_dim % 8 == 0
 
 
 def has_in_place_attention(model: onnx.ModelProto) -> bool:
