@@ -23,7 +23,7 @@ from hotrod.load import file_sha256
 from hotrod.version import __version__
 
 MANIFEST = "manifest.json"
-FORMAT = 2  # bump when an older hotrod could misread a newer artifact (or the reverse); 2: in-place decoder cache
+FORMAT = 3  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ class HotrodModel:
             start = getattr(self.config, "decoder_start_token_id", None)
         if start is None:
             raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
-        return Seq2SeqState(self.backend, self.dims, start)
+        return Seq2SeqState(self.backend, self.dims, start, capacity=settings.max_length)
 
     # -- forward --------------------------------------------------------------------------------
 

@@ -49,23 +49,25 @@ def test_fused_op_counts_are_recorded_and_present(zoo, case):
 
 
 def test_attention_is_one_fused_node_per_attention_block(zoo, case):
-    """Each self-attention (and T5's cross-attention) is one attention node fed by one QKV MatMul: a
-    MultiHeadAttention, or for decoder-only models a GroupQueryAttention over the in-place cache."""
+    """Each attention block is one attention node fed by one QKV MatMul: a GroupQueryAttention over the
+    in-place cache for a decoder step's self-attention, a MultiHeadAttention everywhere else (encoders,
+    T5's first step and every cross-attention)."""
     artifact = zoo.artifact(case)
     graphs = json.loads((artifact / "manifest.json").read_text())["graphs"]
     config = CASES[case].config()
     layers = getattr(config, "num_hidden_layers", None) or config.num_layers
     decoder_layers = getattr(config, "num_decoder_layers", None) or layers
-    expected = {"encoder": layers, "decoder": 2 * decoder_layers, "decoder_init": 2 * decoder_layers}
+    expected = {  # graph: (GroupQueryAttention, MultiHeadAttention)
+        "encoder": (0, layers), "decoder_init": (0, 2 * decoder_layers), "decoder": (decoder_layers, decoder_layers)}
     if CASES[case].kind == "decoder":
-        expected["decoder"] = layers
-    op = "GroupQueryAttention" if CASES[case].kind == "decoder" else "MultiHeadAttention"
+        expected["decoder"] = (layers, 0)
     for name, entry in graphs.items():
-        assert entry["fused_ops"].get(op) == expected[name], name
+        counts = tuple(entry["fused_ops"].get(op, 0) for op in ("GroupQueryAttention", "MultiHeadAttention"))
+        assert counts == expected[name], name
         model = onnx.load(str(artifact / entry["file"]))
+        assert "Softmax" not in {n.op_type for n in model.graph.node}
         producers = {out: node for node in model.graph.node for out in node.output}
-        for node in (n for n in model.graph.node if n.op_type == op):
-            assert "Softmax" not in {n.op_type for n in model.graph.node}
+        for node in (n for n in model.graph.node if n.op_type.endswith("Attention")):
             query = producers[node.input[0]]
             assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q
 

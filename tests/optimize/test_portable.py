@@ -16,14 +16,15 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.generation.cache import DecoderState
 from hotrod.load import cache_dir
-from tests.zoo import CASES, LAYERS, assert_same_tokens, build_checkpoint, prompt_batch
+from hotrod.serve.protocol import Params
+from hotrod.serve.runner import GenerationRunner
+from tests.zoo import CASES, LM_CASES, assert_same_tokens, build_checkpoint, prompt_batch
 
 DECODERS = [name for name, case in CASES.items() if case.kind == "decoder"]
 
 
-@pytest.fixture(scope="module", params=DECODERS)
+@pytest.fixture(scope="module", params=LM_CASES)
 def built(request, zoo, tmp_path_factory):
     """(case name, the CPU artifact, the same checkpoint built for cuda)."""
     out = tmp_path_factory.mktemp("portable") / request.param
@@ -35,13 +36,18 @@ def _decoder(artifact) -> onnx.ModelProto:
     return onnx.load(str(artifact / "decoder.onnx"))
 
 
+def _ops(artifact) -> list[str]:
+    return [node.op_type for node in _decoder(artifact).graph.node]
+
+
 def test_gpu_build_has_no_in_place_kernel_and_writes_the_cache_in_place(built):
-    _, _, gpu = built
+    _, cpu, gpu = built
     model = _decoder(gpu)
-    ops = [node.op_type for node in model.graph.node]
-    assert "GroupQueryAttention" not in ops
-    assert ops.count("MultiHeadAttention") == LAYERS
-    assert ops.count("ScatterND") == 2 * LAYERS
+    ops, cpu_ops = _ops(gpu), _ops(cpu)
+    assert "GroupQueryAttention" not in ops and cpu_ops.count("GroupQueryAttention")
+    attention = cpu_ops.count("GroupQueryAttention") + cpu_ops.count("MultiHeadAttention")
+    assert ops.count("MultiHeadAttention") == attention
+    assert ops.count("ScatterND") == 2 * cpu_ops.count("GroupQueryAttention")
     inputs = {i.name for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
     for node in (n for n in model.graph.node if n.op_type == "ScatterND"):
@@ -50,7 +56,7 @@ def test_gpu_build_has_no_in_place_kernel_and_writes_the_cache_in_place(built):
         assert node.output[0].startswith("present.") and node.output[0] in outputs
         assert node.input[0].removeprefix("past_key_values.") == node.output[0].removeprefix("present.")
     fused = json.loads((gpu / "manifest.json").read_text())["graphs"]["decoder"]["fused_ops"]
-    assert fused.get("MultiHeadAttention") == LAYERS and "GroupQueryAttention" not in fused
+    assert fused.get("MultiHeadAttention") == attention and "GroupQueryAttention" not in fused
 
 
 def test_gpu_build_generates_what_the_cpu_build_does(built):
@@ -64,23 +70,25 @@ def test_gpu_build_generates_what_the_cpu_build_does(built):
 def test_gpu_build_forward_matches_the_cpu_build(built):
     name, cpu, gpu = built
     ids, mask = prompt_batch(CASES[name], (6, 2, 4))
-    expected = hotrod.load(cpu)(ids, attention_mask=mask).logits
-    actual = hotrod.load(gpu, device="cpu")(ids, attention_mask=mask).logits
+    extra = {"decoder_input_ids": ids[:, :3]} if CASES[name].kind == "seq2seq" else {}
+    expected = hotrod.load(cpu)(ids, attention_mask=mask, **extra).logits
+    actual = hotrod.load(gpu, device="cpu")(ids, attention_mask=mask, **extra).logits
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_gpu_build_serves_rows_of_different_ages_in_one_batch(built):
-    """Rows that join a running batch (`place`) decode as they would alone, on the rewritten graph."""
+    """A row that takes a free slot in a running batch (`place`) decodes as it would alone."""
     name, _, gpu = built
     model = hotrod.load(gpu, device="cpu")
+    settings = GenerationRunner(model).options([1], Params(max_new_tokens=20)).settings
     ids, mask = prompt_batch(CASES[name], (4, 6))
-    running = DecoderState(model.backend, model.dims, capacity=24)
+    running = model.decoding_state(settings)
     _, logits = running.start(ids, mask, 1)
     tokens = logits.argmax(-1)
     for _ in range(3):
         tokens = running.step(tokens).argmax(-1)
     running.release([0])
-    newcomer = DecoderState(model.backend, model.dims, capacity=24)
+    newcomer = model.decoding_state(settings)
     late_ids, late_mask = prompt_batch(CASES[name], (5,), seed=1)
     _, late_logits = newcomer.start(late_ids, late_mask, 1)
     running.place(newcomer, [(0, 0)])
@@ -89,12 +97,13 @@ def test_gpu_build_serves_rows_of_different_ages_in_one_batch(built):
         step = running.step(torch.tensor([late[-1], int(tokens[1])]))
         late.append(int(step[0].argmax()))
         tokens = step.argmax(-1)
-    alone = model.generate(late_ids, attention_mask=late_mask, max_new_tokens=5, do_sample=False)
-    assert late == alone[0, late_ids.shape[1]:].tolist()
+    alone = model.generate(late_ids, attention_mask=late_mask, max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    start = late_ids.shape[1] if model.kind == "decoder" else 1
+    assert late == alone[0, start:].tolist()
 
 
 def test_cpu_build_is_refused_on_a_gpu(zoo):  # the zoo's heads are 8 wide: its CPU builds hold the kernel
-    for name in DECODERS:
+    for name in LM_CASES:
         with pytest.raises(hotrod.HotrodError, match=r"built for the CPU.*hotrod optimize --device cuda"):
             hotrod.load(zoo.artifact(name), device="cuda")
 

@@ -40,7 +40,6 @@ def _alone(model, request: Request, eos) -> list[int]:
 def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, calls):
     model = zoo.model(lm_case, backend)
     runner = GenerationRunner(model)
-    runner.merge_limit = 40  # small enough that groups of different lengths stay apart for a while
     scheduler = ContinuousScheduler(4, 10**6, 100, runner.eos_ids)
     generator = torch.Generator().manual_seed(1)
     lengths = [3, 11, 5, 9, 4, 10, 6, 2]
@@ -71,10 +70,10 @@ def _record(scheduler, runner, rows, tokens) -> None:
     runner.leave(done)
 
 
-def test_a_long_request_leaving_gives_its_cache_memory_back(zoo):
+def test_a_long_request_leaving_gives_its_cache_memory_back(lm_case, zoo):
     """Cache buffers are sized for the longest request in them; once it leaves they shrink to what the
     rows left may need, so the server's cache budget holds, and those rows decode on unchanged."""
-    model = zoo.model("gpt2", "onnxruntime")
+    model = zoo.model(lm_case, "onnxruntime")
     runner = GenerationRunner(model)
     scheduler = ContinuousScheduler(4, 10**6, 100, runner.eos_ids)
     long, short = (Request(_Ticket(), prompt=list(range(5, 5 + n)), params=Params(max_new_tokens=new))
@@ -85,10 +84,10 @@ def test_a_long_request_leaving_gives_its_cache_memory_back(zoo):
     plan = scheduler.plan()
     _record(scheduler, runner, plan.admit, runner.admit(plan.admit))
     [group] = runner.groups
-    assert group.state.capacity >= long.options.settings.max_length
+    assert group.state.kv.capacity >= long.options.settings.max_length
     long.ticket.cancelled = True
     runner.leave(scheduler.plan().cancelled)
-    assert group.state.capacity == short.options.settings.max_length
+    assert group.state.kv.capacity == short.options.settings.max_length
     while scheduler.busy():
         _record(scheduler, runner, list(runner.rows), runner.step())
     assert short.tokens == _alone(model, short, runner.eos_ids)

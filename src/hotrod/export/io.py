@@ -54,6 +54,12 @@ def _kv(prefix: str, dims: Dims, layers: int, axis: str) -> tuple[TensorSpec, ..
     return tuple(TensorSpec(n, FLOAT32, shape) for n in kv_names(prefix, layers))
 
 
+def _lengths() -> tuple[TensorSpec, ...]:
+    """What an in-place cache needs: each row's length after the call, minus one (`seqlens_k`, as ONNX
+    Runtime's GroupQueryAttention names it), and the longest of those lengths."""
+    return TensorSpec("seqlens_k", INT32, ("batch",)), TensorSpec("total_sequence_length", INT32, ())
+
+
 def encoder_io(dims: Dims) -> dict[str, GraphIO]:
     inputs = [_ids("input_ids"), _ids("attention_mask")]
     if dims.type_vocab_size:
@@ -72,8 +78,7 @@ def decoder_io(dims: Dims) -> dict[str, GraphIO]:
     inputs = (
         _ids("input_ids"),
         _ids("position_ids"),
-        TensorSpec("seqlens_k", INT32, ("batch",)),
-        TensorSpec("total_sequence_length", INT32, ()),
+        *_lengths(),
         _ids("logits_positions", "logits_sequence"),
         *_kv("past_key_values", dims, layers, "cache_capacity"),
     )
@@ -83,6 +88,9 @@ def decoder_io(dims: Dims) -> dict[str, GraphIO]:
 
 
 def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
+    """Three graphs: the encoder; the first decoder step over a start token, which also returns every
+    layer's cross K/V and the step's self K/V; and the step, one token per row over self-attention cache
+    buffers it updates in place (`present.*` bound to `past_key_values.*`), each row at its own length."""
     layers = dims.num_decoder_layers
     hidden = TensorSpec("encoder_hidden_states", FLOAT32, ("batch", "encoder_sequence", dims.hidden_size))
     enc_mask = _ids("encoder_attention_mask", "encoder_sequence")
@@ -96,9 +104,9 @@ def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
     )
     step = GraphIO(
         "decoder",
-        (_ids("decoder_input_ids"), _ids("decoder_attention_mask", "total_sequence"), enc_mask,
-         *_kv("past_key_values", dims, layers, "past_sequence"), *cross),
-        (logits, *_kv("present", dims, layers, "total_sequence")),
+        (TensorSpec("decoder_input_ids", INT64, ("batch", 1)), *_lengths(), enc_mask,
+         *_kv("past_key_values", dims, layers, "cache_capacity"), *cross),
+        (TensorSpec("logits", FLOAT32, ("batch", 1, dims.vocab_size)), *_kv("present", dims, layers, "cache_capacity")),
     )
     return {"encoder": encoder, "decoder_init": init, "decoder": step}
 

@@ -4,10 +4,10 @@ Everything here is written for inference and for a clean ONNX trace: explicit te
 no Python branches on tensor values. Attention runs eagerly in PyTorch and exports as one ONNX Runtime
 attention node (com.microsoft), so the graphs carry no per-layer reshape/transpose chains:
 
-- `MultiHeadAttention` appends the KV cache inside the kernel into a fresh `present` (encoders, T5).
-  Masks are additive (0 or the dtype's minimum), the form that op takes; a fully masked row (a left-pad
-  query) gets a uniform softmax instead of NaN.
-- `GroupQueryAttention` (decoder-only models) writes the new keys and values into a preallocated cache
+- `MultiHeadAttention` for attention over inputs alone (encoders, T5's first decoder step, cross
+  attention). Masks are additive (0 or the dtype's minimum), the form that op takes; a fully masked row
+  (a padded query) gets a uniform softmax instead of NaN.
+- `GroupQueryAttention` for decoder steps: it writes the new keys and values into a preallocated cache
   buffer in place, at each row's own length (`seqlens_k`), and reads each row only up to that length.
   A step then reads the cache once, where appending reads it, writes a copy and reads it again; rows of
   different lengths share a batch without padding.
@@ -52,6 +52,11 @@ def _heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x if x.dim() == 4 else split_heads(x, num_heads)
 
 
+def _is_none(value) -> bool:
+    node = getattr(value, "node", lambda: None)()
+    return node is not None and node.mustBeNone()
+
+
 def _none(g):
     from torch.onnx import symbolic_helper
 
@@ -73,37 +78,17 @@ class _Attention(torch.autograd.Function):
         return out
 
 
-class _AttentionWithPast(torch.autograd.Function):
-    """Attention over past + new keys; returns the output and the present (past with the new K/V appended)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
-        k = torch.cat([past_k, split_heads(k, num_heads)], dim=2)
-        v = torch.cat([past_v, split_heads(v, num_heads)], dim=2)
-        return _eager_attention(q, k, v, bias, num_heads, scale), k, v
-
-    @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
-        out, present_k, present_v = g.op(
-            f"{FUSED_ATTENTION_DOMAIN}::MultiHeadAttention", q, k, v, _none(g), _none(g), bias, past_k, past_v,
-            num_heads_i=num_heads, scale_f=scale, outputs=3,
-        )
-        out.setType(q.type())
-        present_k.setType(past_k.type())
-        present_v.setType(past_v.type())
-        return out, present_k, present_v
-
-
 class _GroupQueryAttention(torch.autograd.Function):
     """Causal attention over a shared cache buffer [B, H, M, D], updated in place (see the module doc).
 
     As the ONNX Runtime op: when `total_len` equals the query length this is a first prompt (row b's
     tokens at positions 0..seqlens_k[b], right-padded to the query length); otherwise the new tokens
-    follow the row's past, at positions seqlens_k[b] + 1 - Sq .. seqlens_k[b].
+    follow the row's past, at positions seqlens_k[b] + 1 - Sq .. seqlens_k[b]. `bias` (or None) is
+    added to the scores: [B or 1, H or 1, Sq or 1, total_len] (T5's relative positions).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float):
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, bias, num_heads: int, scale: float):
         batch, width = q.shape[0], q.shape[1]
         ends = seqlens_k.long() + 1  # each row's length after this call
         starts = torch.zeros_like(ends) if int(total_len) == width else ends - width
@@ -115,14 +100,17 @@ class _GroupQueryAttention(torch.autograd.Function):
         span = int(ends.max())
         keys = torch.arange(span, device=q.device)
         allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
-        bias = additive_mask(allowed[:, None], q.dtype)
-        out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], bias, num_heads, scale)
+        scores_bias = additive_mask(allowed[:, None], q.dtype)
+        if bias is not None:
+            scores_bias = scores_bias + bias[..., :span]
+        out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], scores_bias, num_heads, scale)
         return out, past_k, past_v
 
     @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float):
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, bias, num_heads: int, scale: float):
+        extra = () if bias is None or _is_none(bias) else (_none(g), _none(g), _none(g), bias)
         out, present_k, present_v = g.op(
-            f"{FUSED_ATTENTION_DOMAIN}::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total_len,
+            f"{FUSED_ATTENTION_DOMAIN}::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total_len, *extra,
             num_heads_i=num_heads, kv_num_heads_i=num_heads, scale_f=scale, outputs=3,
         )
         out.setType(q.type())
@@ -136,15 +124,33 @@ def multi_head_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.T
     return _Attention.apply(q, k, v, bias, num_heads, float(scale))
 
 
-def multi_head_attention_with_past(q, k, v, past_k, past_v, bias, num_heads: int, scale: float):
-    """Fused attention that appends k, v ([B, Sq, H*D]) to the cache; returns (out, present_k, present_v)."""
-    return _AttentionWithPast.apply(q, k, v, past_k, past_v, bias, num_heads, float(scale))
+class _KeyPositions(torch.autograd.Function):
+    """0 .. total_len - 1 for a 0-d integer tensor `total_len`, exported as a Range on that tensor
+    (tracing torch.arange would freeze the length seen at export time)."""
+
+    @staticmethod
+    def forward(ctx, total_len):
+        return torch.arange(int(total_len), device=total_len.device)
+
+    @staticmethod
+    def symbolic(g, total_len):
+        from onnx import TensorProto
+
+        end = g.op("Cast", total_len, to_i=TensorProto.INT64)
+        start = g.op("Constant", value_t=torch.tensor(0, dtype=torch.long))
+        delta = g.op("Constant", value_t=torch.tensor(1, dtype=torch.long))
+        return g.op("Range", start, end, delta)
 
 
-def attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float):
+def key_positions(total_len: torch.Tensor) -> torch.Tensor:
+    """[total_len]: the positions an in-place cache holds after a call (see `attention_in_place`)."""
+    return _KeyPositions.apply(total_len)
+
+
+def attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float, bias=None):
     """Causal attention that writes k, v ([B, Sq, H*D]) into the cache buffers at each row's length;
     returns (out, past_k, past_v), the buffers being the ones passed in, updated."""
-    return _GroupQueryAttention.apply(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, float(scale))
+    return _GroupQueryAttention.apply(q, k, v, past_k, past_v, seqlens_k, total_len, bias, num_heads, float(scale))
 
 
 class FusedProjection:

@@ -16,10 +16,11 @@ from transformers.activations import ACT2FN
 from hotrod.models.common import (
     FusedProjection,
     additive_mask,
+    attention_in_place,
     causal_mask,
+    key_positions,
     load_weights,
     multi_head_attention,
-    multi_head_attention_with_past,
     padding_mask,
     split_heads,
 )
@@ -80,17 +81,25 @@ class T5Attention(nn.Module):
         bucket = relative_bucket(k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
 
+    def step_position_bias(self, seqlens_k, total_len) -> torch.Tensor:
+        """[B, H, 1, total]: each row's one new query sits at its own position, seqlens_k[b]."""
+        relative = key_positions(total_len)[None, :] - seqlens_k.long()[:, None]
+        bucket = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(bucket).permute(0, 2, 1).unsqueeze(2)
+
     def project_kv(self, states):
         return split_heads(self.k(states), self.num_heads), split_heads(self.v(states), self.num_heads)
 
-    def self_attention(self, x, past_k, past_v, bias):
-        """Returns (output, present K, present V); without a past, the present is this input's K/V."""
+    def self_attention(self, x, bias):
+        """Returns (output, K, V) over this input alone (the encoder, the first decoder step)."""
         q, k, v = self.qkv(x)
-        if past_k is not None:
-            out, k, v = multi_head_attention_with_past(q, k, v, past_k, past_v, bias, self.num_heads, 1.0)
-        else:
-            k, v = split_heads(k, self.num_heads), split_heads(v, self.num_heads)
-            out = multi_head_attention(q, k, v, bias, self.num_heads, 1.0)
+        k, v = split_heads(k, self.num_heads), split_heads(v, self.num_heads)
+        return self.o(multi_head_attention(q, k, v, bias, self.num_heads, 1.0)), k, v
+
+    def self_attention_in_place(self, x, past_k, past_v, seqlens_k, total_len, bias):
+        """One step over the in-place cache buffers; returns (output, the buffers, updated)."""
+        q, k, v = self.qkv(x)
+        out, k, v = attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, self.num_heads, 1.0, bias)
         return self.o(out), k, v
 
     def cross_attention(self, x, k, v, bias):
@@ -156,9 +165,15 @@ class T5Block(nn.Module):
         layers.append(T5LayerFF(config))
         self.layer = nn.ModuleList(layers)
 
-    def self_attention(self, x, past_k, past_v, bias):
+    def self_attention(self, x, bias):
         layer = self.layer[0]
-        out, k, v = layer.SelfAttention.self_attention(layer.layer_norm(x), past_k, past_v, bias)
+        out, k, v = layer.SelfAttention.self_attention(layer.layer_norm(x), bias)
+        return x + out, k, v
+
+    def self_attention_in_place(self, x, past_k, past_v, seqlens_k, total_len, bias):
+        layer = self.layer[0]
+        out, k, v = layer.SelfAttention.self_attention_in_place(layer.layer_norm(x), past_k, past_v, seqlens_k,
+                                                                total_len, bias)
         return x + out, k, v
 
     def cross_attention(self, x, cross_k, cross_v, bias):
@@ -194,34 +209,46 @@ class T5Model(nn.Module):
         # Position bias [1, H, S, S] plus the padding mask [B, 1, 1, S]: one additive bias for every layer.
         bias = self.encoder.bias(seq, seq, x.device) + additive_mask(padding_mask(attention_mask), x.dtype)
         for block in self.encoder.block:
-            x, _, _ = block.self_attention(x, None, None, bias)
+            x, _, _ = block.self_attention(x, bias)
             x = block.layer[-1](x)
         return self.encoder.final_layer_norm(x)
 
-    def decode(self, input_ids, encoder_mask, self_past, cross, self_mask=None):
-        """One decoder pass; `self_past` is a list of (k, v) or None, `cross` a list of (k, v).
-
-        `self_mask` [B, past + new] marks real cache entries. Rows that joined a running batch at different
-        steps carry left padding in their caches; relative positions are unchanged by it, since query and
-        keys shift together, so the mask alone makes a padded row compute what it would alone.
-        """
+    def decode(self, input_ids, encoder_mask, cross):
+        """Every position of `input_ids` at once, with no past (the first step, and `model(...)`);
+        returns (logits, each layer's self K and V)."""
         x = self.shared(input_ids)
-        query_len = input_ids.shape[1]
-        key_len = query_len + (self_past[0][0].shape[2] if self_past is not None else 0)
-        bias = self.decoder.bias(query_len, key_len, x.device) + additive_mask(causal_mask(query_len, key_len, x.device))
-        if self_mask is not None:
-            bias = bias + additive_mask(padding_mask(self_mask), x.dtype)
-        cross_allowed = padding_mask(encoder_mask).expand(-1, -1, query_len, -1)  # the query axis spelled out
-        cross_bias = additive_mask(cross_allowed, x.dtype)
+        length = input_ids.shape[1]
+        bias = self.decoder.bias(length, length, x.device) + additive_mask(causal_mask(length, length, x.device))
+        cross_bias = _cross_bias(encoder_mask, length, x.dtype)  # computed once, shared by every layer
         present = []
         for i, block in enumerate(self.decoder.block):
-            past_k, past_v = self_past[i] if self_past is not None else (None, None)
-            x, k, v = block.self_attention(x, past_k, past_v, bias)
-            x = block.cross_attention(x, cross[i][0], cross[i][1], cross_bias)
-            x = block.layer[-1](x)
+            x, k, v = block.self_attention(x, bias)
+            x = self._rest_of_block(block, x, cross[i], cross_bias)
             present += [k, v]
-        x = self.decoder.final_layer_norm(x) * self.output_scale
-        return self.lm_head(x), present
+        return self._logits(x), present
+
+    def decode_step(self, input_ids, encoder_mask, past, cross, seqlens_k, total_len):
+        """One token per row over the in-place self-attention cache (`past`: each layer's (k, v) buffers).
+
+        Rows keep their own lengths, so rows that joined a running batch at different steps need no
+        padding: row b's new token is at position seqlens_k[b], its relative position bias computed there.
+        """
+        x = self.shared(input_ids)
+        bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len)
+        cross_bias = _cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
+        present = []
+        for i, block in enumerate(self.decoder.block):
+            x, k, v = block.self_attention_in_place(x, past[i][0], past[i][1], seqlens_k, total_len, bias)
+            x = self._rest_of_block(block, x, cross[i], cross_bias)
+            present += [k, v]
+        return self._logits(x), present
+
+    @staticmethod
+    def _rest_of_block(block, x, cross, cross_bias):
+        return block.layer[-1](block.cross_attention(x, cross[0], cross[1], cross_bias))
+
+    def _logits(self, x):
+        return self.lm_head(self.decoder.final_layer_norm(x) * self.output_scale)
 
     def cross_kv(self, encoder_hidden_states):
         return [block.layer[1].EncDecAttention.project_kv(encoder_hidden_states) for block in self.decoder.block]
@@ -235,6 +262,11 @@ class T5Model(nn.Module):
         if state_dict["lm_head.weight"] is None:
             state_dict.pop("lm_head.weight")
         load_weights(self, state_dict)
+
+
+def _cross_bias(encoder_mask, query_len: int, dtype) -> torch.Tensor:
+    allowed = padding_mask(encoder_mask).expand(-1, -1, query_len, -1)  # the query axis spelled out
+    return additive_mask(allowed, dtype)
 
 
 def _scales_decoder_output(config) -> bool:
@@ -262,22 +294,23 @@ class T5DecoderInit(nn.Module):
 
     def forward(self, decoder_input_ids, encoder_attention_mask, encoder_hidden_states):
         cross = self.model.cross_kv(encoder_hidden_states)
-        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, None, cross)
+        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, cross)
         return (logits, *present, *[t for kv in cross for t in kv])
 
 
 class T5DecoderStep(nn.Module):
-    """(decoder_input_ids, decoder_attention_mask, encoder_attention_mask, *past, *cross) -> (logits, *present)"""
+    """(decoder_input_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *cache, *cross)
+    -> (logits, *cache): the cache buffers are written in place (`hotrod.export.io.seq2seq_io`)."""
 
     def __init__(self, model: T5Model):
         super().__init__()
         self.model = model
 
-    def forward(self, decoder_input_ids, decoder_attention_mask, encoder_attention_mask, *caches):
+    def forward(self, decoder_input_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *caches):
         layers = len(self.model.decoder.block)
         pairs = [(caches[2 * i], caches[2 * i + 1]) for i in range(2 * layers)]
-        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, pairs[:layers], pairs[layers:],
-                                            decoder_attention_mask)
+        logits, present = self.model.decode_step(decoder_input_ids, encoder_attention_mask, pairs[:layers],
+                                                 pairs[layers:], seqlens_k, total_sequence_length)
         return (logits, *present)
 
 

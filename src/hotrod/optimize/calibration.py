@@ -50,7 +50,8 @@ class _Recorder:
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         # Copied before the run: a cache buffer fed here is updated in place by it.
-        self.feeds.setdefault(graph, []).append({name: _array(self.inner, v) for name, v in feeds.items()})
+        names = self.inner.contracts[graph].input_names  # in the graph's order, whatever the caller's
+        self.feeds.setdefault(graph, []).append({name: _array(self.inner, feeds[name]) for name in names})
         return self.inner.run(graph, feeds, into)
 
     def __getattr__(self, name: str) -> Any:

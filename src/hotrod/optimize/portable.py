@@ -11,6 +11,7 @@ therefore has each such node rewritten, keeping the same graph contract:
     positions = starts + arange(Sq)                                      [B, Sq], shared by every layer
     present_k = ScatterND(past_k, (b, h, positions), k as [B, H, Sq, D])  the same for v
     bias      = 0 where key <= position and key <= seqlens_k, else min    [B, 1, Sq, total], shared
+                (plus the node's own attention bias, if it has one)
     out       = MultiHeadAttention(q, present_k[:, :, :total], present_v[:, :, :total], bias)
 
 ScatterND skips its input-to-output copy when both are the same memory, which is what the runtime
@@ -52,6 +53,7 @@ def portable_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[st
     builder = _Builder(graph)
     shared: dict[tuple[str, str], tuple[str, str, str]] = {}  # every layer's q has the same shape
     rewritten: list[onnx.NodeProto] = []
+    biases: dict[tuple[str, str], str] = {}
     for node in nodes:
         if node.op_type != IN_PLACE_OP:
             rewritten.append(node)
@@ -66,6 +68,11 @@ def portable_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[st
             shared[key] = builder.masks(q, seqlens, total, heads)
         indices, bias, total64 = shared[key]
         builder.nodes = []
+        extra = node.input[10] if len(node.input) > 10 else ""  # the node's own bias (T5's positions)
+        if extra:
+            if (bias, extra) not in biases:
+                biases[bias, extra] = builder.node("Add", [bias, extra])
+            bias = biases[bias, extra]
         used = []
         for new, past, present in ((k, past_k, node.output[1]), (v, past_v, node.output[2])):
             builder.node("ScatterND", [past, indices, builder.heads_first(new, heads)], [present])

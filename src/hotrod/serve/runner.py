@@ -1,21 +1,18 @@
 """The model side of the server: runs what the scheduler decided, on a HotrodModel.
 
-`GenerationRunner` holds the running batch as groups of rows, each one decoding state. Joining requests
-are prefilled in sub-batches of similar length; their rows take free slots where they fit, or form a
-new group. Every step runs each group once, feeding each row its last token; finished rows leave their
-group. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row where
-requests differ in settings, so a request gets the tokens it would get alone.
+`GenerationRunner` holds the running batch as one decoding state whose rows are slots. Joining
+requests are prefilled in sub-batches of similar length; their rows take free slots, and the rest are
+appended to the batch. Every step runs the batch once, feeding each row its last token; finished rows
+leave at once. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row
+where requests differ in settings, so a request gets the tokens it would get alone.
 
-Why slots: copying a whole batch's cache for every arrival and departure would cost as much as the
-steps themselves. A finished row leaves a free slot (released: it runs on, unread, until reused); a
-newcomer takes a free slot in place, copying only its own cache. A group is compacted (one copy) once
-most of its slots are free.
+The batch needs no padding: every row keeps its own length in cache buffers the graph updates in place
+(`hotrod.generation.cache.SelfCache`), so rows that arrived at different steps share one call.
 
-Why groups: decoder-only states are ragged (each row its own cache length), so all their rows share
-one group. A seq2seq state's cache is padded to its longest row, and every step reads and copies all
-of it, while each extra group costs one more pass over the weights: two such groups merge when the
-padding the merge adds costs less per step than that pass (`merge_limit`), and a group is also
-compacted once the rows that remain leave a quarter of its cache positions unused.
+Why slots: copying the whole batch's cache for every arrival and departure would cost as much as the
+steps themselves. A finished row leaves a free slot (released: it runs on at length 0, unread, until
+reused); a newcomer takes a free slot in place, copying only its own cache. The batch is compacted (one
+copy) once most of its slots are free, and its buffers shrink when the longest request has left.
 """
 
 from __future__ import annotations
@@ -60,8 +57,7 @@ class Group:
 class GenerationRunner:
     def __init__(self, model: HotrodModel):
         self.model = model
-        self.groups: list[Group] = []
-        self.merge_limit = merge_limit(model)
+        self.groups: list[Group] = []  # at most one once a join is done: rows of any length share a state
         # The model's own settings, resolved as generate() resolves them: its EOS ids and start token.
         defaults = model.settings(1, {**gen_config.merge(model.generation_config, None, {}), "max_new_tokens": 1})
         self.eos_ids: tuple[int, ...] = defaults.eos_token_ids
@@ -123,13 +119,11 @@ class GenerationRunner:
             leaving = [i for i, r in enumerate(group.rows) if r is not None and id(r) in gone]
             group.state.release(leaving)
             group.rows = [None if i in leaving else r for i, r in enumerate(group.rows)]
-            live = torch.tensor([i for i, r in enumerate(group.rows) if r is not None], dtype=torch.long)
-            # Compact when most slots are free, or when the rows that remain leave a quarter of the cache
-            # unused (the oldest rows have gone): either saves more per step than the one copy costs.
-            if 2 * len(group.free()) > len(group.rows) or (
-                    len(live) and 4 * group.state.slack(live) >= group.state.length):
+            live = [r for r in group.rows if r is not None]
+            # Compact when most slots are free: the steps saved cost more than the one copy.
+            if 2 * len(group.free()) > len(group.rows):
                 _compact(group, force=True)
-            if leaving and len(live):
+            if leaving and live:
                 group.state.fit(max(r.options.settings.max_length for r in group.rows if r is not None))
         self.groups = [g for g in self.groups if g.rows]
         self._merge()
@@ -153,25 +147,13 @@ class GenerationRunner:
         self.groups = []
 
     def _merge(self) -> None:
-        """Merge the two groups whose union pads least, while that padding is worth one pass less."""
+        """Join every group into the first: rows of different lengths cost nothing extra together."""
         while len(self.groups) > 1:
-            pairs = [(a, b) for a in range(len(self.groups)) for b in range(a + 1, len(self.groups))]
-            a, b = min(pairs, key=lambda p: self._padding(*p))
-            if self._padding(a, b) > self.merge_limit:
-                return
-            first, second = self.groups[a], self.groups.pop(b)
+            first, second = self.groups[0], self.groups.pop(1)
             for group in (first, second):  # a join copies the cache anyway: leave the free slots behind
                 _compact(group)
             first.state.join(second.state)
             first.rows += second.rows
-
-    def _padding(self, a: int, b: int) -> int:
-        """Cache positions a merge of groups a and b would add as padding."""
-        ga, gb = self.groups[a], self.groups[b]
-        if ga.state.ragged and gb.state.ragged:
-            return 0
-        ra, rb, la, lb = len(ga.rows), len(gb.rows), ga.state.length, gb.state.length
-        return (ra + rb) * max(la, lb) - ra * la - rb * lb
 
     @torch.inference_mode()
     def run_whole(self, request: Request) -> list[int]:
@@ -200,29 +182,12 @@ class GenerationRunner:
 
 
 def _compact(group: Group, force: bool = False) -> None:
-    """Drop the free slots of `group` and the cache positions no remaining row uses (one copy)."""
+    """Drop the free slots of `group` (one copy; seq2seq states also drop encoder columns none use)."""
     keep = [i for i, r in enumerate(group.rows) if r is not None]
     if force or len(keep) < len(group.rows):
         group.rows = [group.rows[i] for i in keep]
         if keep:
             group.state.keep(torch.tensor(keep, dtype=torch.long))
-
-
-def merge_limit(model: HotrodModel) -> int:
-    """Padding positions (summed over rows) worth keeping two groups apart for.
-
-    A step reads a padded position about three times (past read, present written, attention read) and
-    each group's call reads the weights once; token embeddings are only gathered from, not read whole.
-    The limit is half the break-even point, because a merge is permanent while rows keep growing apart
-    (measured on W5: half the break-even gave 15% more tokens/s than the break-even itself).
-    """
-    dims = model.dims
-    embeddings = 4 * model.config.vocab_size * dims.hidden_size
-    graphs = (model.manifest or {}).get("graphs", {})
-    weights = graphs.get("decoder", {}).get("bytes", 0) - embeddings
-    if weights <= 0:  # no artifact (the torch backend on a checkpoint): fp32 parameters
-        weights = 4 * 12 * _cache_layers(model) * dims.hidden_size**2
-    return max(1, int(weights // (2 * 3 * position_bytes(model))))
 
 
 def position_bytes(model: HotrodModel) -> int:
