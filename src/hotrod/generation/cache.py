@@ -275,9 +275,12 @@ class Seq2SeqState:
             hidden, attention_mask = self.backend.select(hidden, index), attention_mask[index]
         self.mask = attention_mask
         sequences = torch.full((attention_mask.shape[0], 1), self.start_token, dtype=torch.long)
+        # Cross K/V land in the backend's device tensors: slots are then filled in place on any device.
+        shape = (len(sequences), self.kv.shape[0], attention_mask.shape[1], self.kv.shape[1])
         out = self.backend.run(
             "decoder_init",
             {"decoder_input_ids": sequences, "encoder_attention_mask": self.mask, "encoder_hidden_states": hidden},
+            into={name: self.backend.empty(shape) for name in self.cross_names},
         )
         self.kv.allocate(len(sequences), 1)
         for buffer, name in zip(self.kv.buffers, self.kv.present):
