@@ -16,9 +16,8 @@ import torch
 
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError
-from hotrod.export.io import kv_names
 from hotrod.generation import config as gen_config
-from hotrod.generation.cache import DecoderState, Seq2SeqState, compact_prompts
+from hotrod.generation.cache import DecoderState, SelfCache, Seq2SeqState, compact_prompts
 from hotrod.generation.search import generate as run_search
 from hotrod.registry import Family
 
@@ -125,14 +124,11 @@ class HotrodModel:
         """
         ids, columns, lengths = compact_prompts(input_ids, mask)
         rows, width = ids.shape
-        buffers = [self.backend.empty((rows, self.dims.num_heads, width, self.dims.head_dim))
-                   for _ in kv_names("past_key_values", self.dims.num_layers)]
-        feeds = {"input_ids": ids, "position_ids": columns, "seqlens_k": (lengths - 1).int(),
-                 "total_sequence_length": torch.tensor(width, dtype=torch.int32),
-                 "logits_positions": torch.arange(width).expand(rows, width)}
-        feeds.update(zip(kv_names("past_key_values", self.dims.num_layers), buffers))
-        into = dict(zip(kv_names("present", self.dims.num_layers), buffers))
-        logits = self.backend.to_torch(self.backend.run("decoder", feeds, into=into)["logits"])
+        kv = SelfCache(self.backend, self.dims, self.dims.num_layers, width)
+        kv.allocate(rows, width)
+        feeds = {"input_ids": ids, "position_ids": columns, "logits_positions": torch.arange(width).expand(rows, width),
+                 **kv.feeds(lengths - 1, width)}
+        logits = self.backend.to_torch(self.backend.run("decoder", feeds, into=kv.into())["logits"])
         if width == input_ids.shape[1] and bool(mask.ne(0).all()):
             return logits
         result = logits.new_zeros(*input_ids.shape, logits.shape[-1])

@@ -184,7 +184,29 @@ def compact_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tu
     return input_ids.gather(1, order), order, lengths
 
 
-class DecoderState:
+class _OnSelfCache:
+    """What both kinds' states do by handing it to their `SelfCache` (`self.kv`)."""
+
+    kv: SelfCache
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.kv.reorder(index)
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    def reserve(self, positions: int) -> None:
+        self.kv.reserve(positions)
+
+    def release(self, rows: list[int]) -> None:
+        self.kv.release(rows)
+
+    def fit(self, positions: int) -> None:
+        self.kv.fit(positions)
+
+
+class DecoderState(_OnSelfCache):
     """Decoder-only: one graph, prefill then one token per row, over the in-place self cache."""
 
     sequences_include_prompt = True
@@ -217,27 +239,11 @@ class DecoderState:
         out = self.backend.run("decoder", feeds, into=self.kv.into())
         return self.backend.to_torch(out["logits"])[:, -1].float()
 
-    def reorder(self, index):
-        self.kv.reorder(index)
-
-    @property
-    def length(self) -> int:
-        return self.kv.length
-
     def room_for(self, other: DecoderState) -> bool:
         return bool(self.kv.buffers)  # `place` grows the buffers when a newcomer needs more than they hold
 
     def place(self, other: DecoderState, pairs: list[tuple[int, int]]) -> None:
         self.kv.place(other.kv, pairs)
-
-    def reserve(self, positions: int) -> None:
-        self.kv.reserve(positions)
-
-    def release(self, rows: list[int]) -> None:
-        self.kv.release(rows)
-
-    def fit(self, positions: int) -> None:
-        self.kv.fit(positions)
 
     def join(self, other: DecoderState) -> None:
         self.kv.join(other.kv)
@@ -249,12 +255,13 @@ class DecoderState:
         self.kv.reorder(index)
 
 
-class Seq2SeqState:
+class Seq2SeqState(_OnSelfCache):
     """Encoder-decoder: encode once; the first step returns the cross-attention K/V and the start
     token's self K/V (copied into the in-place buffers), then each step writes its own in place.
 
     Rows' encoder outputs differ in length: cross K/V and encoder masks are right-padded to the
-    longest row (the mask hides the padding) and `keep` drops columns no remaining row uses.
+    longest row (the mask hides the padding) and `keep` drops columns no remaining row uses. Beams of
+    one prompt share its encoder output, so `reorder` leaves the cross K/V as they are.
     """
 
     sequences_include_prompt = False
@@ -296,14 +303,6 @@ class Seq2SeqState:
         self.kv.advance()
         return self.backend.to_torch(out["logits"])[:, -1].float()
 
-    def reorder(self, index):
-        # Beams of one prompt share its encoder output, so the cross K/V need no reordering.
-        self.kv.reorder(index)
-
-    @property
-    def length(self) -> int:
-        return self.kv.length
-
     def room_for(self, other: Seq2SeqState) -> bool:
         return bool(self.kv.buffers) and other.mask.shape[1] <= self.mask.shape[1]
 
@@ -317,15 +316,6 @@ class Seq2SeqState:
         for slot, row in pairs:
             self.mask[slot] = 0
             self.mask[slot, :width] = other.mask[row]
-
-    def reserve(self, positions: int) -> None:
-        self.kv.reserve(positions)
-
-    def release(self, rows: list[int]) -> None:
-        self.kv.release(rows)
-
-    def fit(self, positions: int) -> None:
-        self.kv.fit(positions)
 
     def join(self, other: Seq2SeqState) -> None:
         """Cross K/V and encoder masks pad on the right to the wider of the two."""
