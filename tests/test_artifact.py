@@ -18,7 +18,7 @@ import transformers
 
 import hotrod
 from hotrod.artifact import FORMAT, open_artifact
-from tests.zoo import CASES, build_checkpoint, prompt_batch
+from tests.zoo import CASES, build_checkpoint, load_on, prompt_batch
 
 GRAPHS = {"decoder": {"decoder"}, "seq2seq": {"encoder", "decoder_init", "decoder"}, "encoder": {"encoder"}}
 
@@ -157,7 +157,7 @@ def test_damaged_artifact_is_refused_before_loading(zoo, backend, tmp_path, dama
     file, spoil, message = DAMAGES[damage]
     spoil(artifact / file)
     with pytest.raises(hotrod.HotrodError, match=message):
-        hotrod.load(artifact, backend=backend)
+        load_on(artifact, backend)
 
 
 def test_missing_manifest_is_not_an_artifact(zoo, tmp_path):
@@ -184,7 +184,7 @@ def test_incompatible_format_version(zoo, backend, tmp_path, fmt):
     data.update(format=fmt, hotrod_version="9.9.9")
     (artifact / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(hotrod.HotrodError, match=rf"hotrod 9\.9\.9 \(artifact format {fmt}\).*run `hotrod optimize`"):
-        hotrod.load(artifact, backend=backend)
+        load_on(artifact, backend)
 
 
 # -- writing --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hotrod
-from tests.zoo import CASES, assert_same_tokens, build_checkpoint, prompt_batch
+from tests.zoo import CASES, assert_same_tokens, build_checkpoint, load_on, prompt_batch
 
 
 def edit_json(file: Path, **changes) -> None:
@@ -20,7 +20,7 @@ def edit_json(file: Path, **changes) -> None:
 
 
 def load(source, backend: str) -> hotrod.HotrodModel:
-    return hotrod.load(source, backend=backend)
+    return load_on(source, backend)
 
 
 def assert_matches_reference(model: hotrod.HotrodModel, reference: torch.nn.Module, name: str):
@@ -199,13 +199,13 @@ def test_unavailable_device_is_a_clear_error(zoo, backend, device):
         pytest.skip("this machine has CUDA")
     source = zoo.artifact("bert") if backend == "onnxruntime" else zoo.checkpoint("bert")
     with pytest.raises(hotrod.HotrodError, match=device):
-        hotrod.load(source, backend=backend, device=device)
+        load_on(source, backend, device=device)
 
 
 def test_negative_threads_refused(zoo, backend):
     source = zoo.artifact("bert") if backend == "onnxruntime" else zoo.checkpoint("bert")
     with pytest.raises(hotrod.HotrodError, match="threads"):
-        hotrod.load(source, backend=backend, threads=-1)
+        load_on(source, backend, threads=-1)
 
 
 def test_unknown_backend_refused(zoo):

@@ -23,7 +23,7 @@ HIDDEN = 32
 LAYERS = 2
 HEADS = 4
 POSITIONS = 64  # of the absolute-position models (GPT-2, BERT, RoBERTa)
-BACKENDS = ("onnxruntime", "torch")
+BACKENDS = ("onnxruntime", "torch", "static")  # static: the torch backend's static engine, run eagerly on the CPU
 VERIFY_EXAMPLES = 8  # each zoo artifact is verified against its checkpoint on this many built-in texts
 
 
@@ -139,6 +139,13 @@ def hf_generate_kwargs(model) -> dict:
     return {}
 
 
+def load_on(source, backend: str, **kwargs) -> hotrod.HotrodModel:
+    """`hotrod.load` on one of the test table's backends ("static": the torch backend's static engine)."""
+    if backend == "static":
+        return hotrod.load(source, backend="torch", static=True, **kwargs)
+    return hotrod.load(source, backend=backend, **kwargs)
+
+
 # -- the zoo ----------------------------------------------------------------------------------------
 
 
@@ -191,7 +198,7 @@ class Zoo:
         """The artifact on onnxruntime; the checkpoint itself on torch."""
         if (name, backend) not in self._models:
             source = self.artifact(name) if backend == "onnxruntime" else self.checkpoint(name)
-            self._models[name, backend] = hotrod.load(source, backend=backend)
+            self._models[name, backend] = load_on(source, backend)
         return self._models[name, backend]
 
     def copy_checkpoint(self, name: str, dest: Path) -> Path:

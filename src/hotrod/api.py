@@ -208,15 +208,21 @@ def load(
     backend: str = "onnxruntime",
     device: str | None = None,
     threads: int = 0,
+    precision: str | None = None,
+    static: bool | None = None,
 ) -> HotrodModel:
-    """A drop-in model from an artifact, or from a checkpoint (exported on first use for onnxruntime)."""
+    """A drop-in model from an artifact, or from a checkpoint (exported on first use for onnxruntime).
+
+    On the torch backend a GPU runs the static engine (`hotrod.runtime.static`), in `precision` (fp32,
+    bf16, fp16, int8-weight; fp32 when not given); `static=True` runs it on a CPU too.
+    """
     check_choice("backend", backend, BACKENDS)
     if device is not None:
         check_choice("device", device, DEVICES)
     if art.is_artifact(path_or_source):
         return _load_artifact(art.open_artifact(path_or_source), backend, device, threads)
     src = open_source(path_or_source)
-    options = RuntimeOptions(backend=backend, device=device or "cpu", threads=threads)
+    options = _runtime_options(backend, device or "cpu", threads, precision, static)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
     built_for = options.device  # graphs differ by device (`hotrod.optimize.portable`)
@@ -230,6 +236,23 @@ def load(
                  verify_examples=0, device=built_for)  # a cache for load(); `hotrod verify` measures it on request
         artifact = art.open_artifact(cached)
     return _load_artifact(artifact, backend, device, threads)
+
+
+def _runtime_options(backend: str, device: str, threads: int, precision: str | None,
+                     static: bool | None) -> RuntimeOptions:
+    from hotrod.runtime.static import ENGINE_PRECISIONS
+
+    options = RuntimeOptions(backend=backend, device=device, threads=threads, precision=precision or "fp32",
+                             static=static)
+    if precision is None:
+        return options
+    if backend != "torch":
+        raise HotrodError("precision applies to the torch backend; an onnxruntime artifact's precision is chosen "
+                          "when it is built (hotrod optimize --precision)")
+    check_choice("torch precision", precision, ENGINE_PRECISIONS)
+    if precision != "fp32" and not options.uses_static_engine:
+        raise HotrodError(f"precision {precision} runs on the static engine: pass static=True (--static) on a CPU")
+    return options
 
 
 def verify(
@@ -295,7 +318,14 @@ def _torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel
         raise HotrodError("device 'cuda' asked for, but this torch has no CUDA device")
     dims = src.family.dims(src.config)
     contracts = graph_contracts(src.family.kind, dims)
-    backend = TorchBackend(build_module(src), contracts, options)
+    if options.uses_static_engine:
+        from hotrod.runtime.static import EngineOptions, StaticBackend
+
+        engine = EngineOptions(device=options.device, precision=options.precision, keep_fp32=options.keep_fp32,
+                               compile=options.compile)
+        backend = StaticBackend(build_module(src), contracts, engine)
+    else:
+        backend = TorchBackend(build_module(src), contracts, options)
     return HotrodModel(src.family, src.config, backend, load_generation_config(src.path, src.config), tokenizer)
 
 

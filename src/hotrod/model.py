@@ -115,7 +115,7 @@ class HotrodModel:
             {"decoder_input_ids": decoder_ids, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
         )
         return ModelOutput(
-            logits=self.backend.to_torch(out["logits"]), encoder_last_hidden_state=self.backend.to_torch(hidden)
+            logits=self._host(out["logits"]), encoder_last_hidden_state=self._host(hidden)
         )
 
     def _decoder_logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -128,7 +128,7 @@ class HotrodModel:
         kv.allocate(rows, width)
         feeds = {"input_ids": ids, "position_ids": columns, "logits_positions": torch.arange(width).expand(rows, width),
                  **kv.feeds(lengths - 1, width)}
-        logits = self.backend.to_torch(self.backend.run("decoder", feeds, into=kv.into())["logits"])
+        logits = self._host(self.backend.run("decoder", feeds, into=kv.into())["logits"])
         if width == input_ids.shape[1] and bool(mask.ne(0).all()):
             return logits
         result = logits.new_zeros(*input_ids.shape, logits.shape[-1])
@@ -166,13 +166,13 @@ class HotrodModel:
         lengths = trailing_lengths(mask) if ids.shape[0] > 1 else None
         if lengths is None or min(lengths) == ids.shape[1]:
             feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            return self.backend.to_torch(self.backend.run("encoder", feeds)["last_hidden_state"])
+            return self._host(self.backend.run("encoder", feeds)["last_hidden_state"])
         hidden = torch.zeros(*ids.shape, self.dims.hidden_size)
         for group in plan(lengths, max_batch=len(lengths)):
             width = lengths[group[-1]]
             feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width],
                      "token_type_ids": types[group, :width]}
-            out = self.backend.to_torch(self.backend.run("encoder", feeds)["last_hidden_state"]).float()
+            out = self._host(self.backend.run("encoder", feeds)["last_hidden_state"]).float()
             hidden[group, :width] = out * mask[group, :width, None]
         return hidden
 
@@ -183,7 +183,7 @@ class HotrodModel:
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
         out = self.backend.run("encoder", feeds)
-        hidden = self.backend.to_torch(next(iter(out.values()))).float()
+        hidden = self._host(next(iter(out.values()))).float()
         if pooling == "cls":
             return hidden[:, 0]
         weights = mask[:, :, None].to(hidden.dtype)
@@ -247,6 +247,10 @@ class HotrodModel:
         if tuple(tensor.shape) != tuple(shape):
             raise HotrodError(f"mask shape {tuple(tensor.shape)} does not match input_ids {tuple(shape)}")
         return tensor
+
+    def _host(self, value) -> torch.Tensor:
+        """A backend output as the caller gets it: a torch tensor on the CPU, like the inputs."""
+        return self.backend.to_torch(value).cpu()
 
     def _pad_id(self) -> int:
         pad = getattr(self.config, "pad_token_id", None)

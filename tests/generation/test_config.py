@@ -8,7 +8,7 @@ from transformers import GenerationConfig
 
 import hotrod
 from hotrod.generation.config import MAX_NEW_TOKENS_CAP, merge, resolve
-from tests.zoo import CASES, assert_same_tokens, prompt_batch
+from tests.zoo import CASES, assert_same_tokens, load_on, prompt_batch
 
 
 def resolved(prompt_length: int = 5, max_positions: int | None = None, model=None, user=None, **kwargs):
@@ -134,8 +134,8 @@ def test_generation_config_json_of_the_checkpoint_is_honoured(zoo, backend, tmp_
     reference = CASES["gpt2"].hf_class.from_pretrained(source).eval()
     with torch.no_grad():
         expected = reference.generate(ids, attention_mask=mask)
-    model = hotrod.load(hotrod.optimize(source, tmp_path / "art", progress=False) if backend == "onnxruntime"
-                        else source, backend=backend)
+    model = load_on(hotrod.optimize(source, tmp_path / "art", progress=False) if backend == "onnxruntime"
+                    else source, backend)
     assert_same_tokens(model.generate(ids, attention_mask=mask), expected)
 
 

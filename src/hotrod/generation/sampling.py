@@ -13,8 +13,9 @@ from hotrod.generation.config import Settings
 
 def repetition_penalty(scores: torch.Tensor, sequences: torch.Tensor, penalty: float, skip: torch.Tensor | None):
     """Penalise every token already in a row (CTRL-style); `skip[r]` leading positions (padding) don't count."""
-    ids = sequences
+    ids = sequences.to(scores.device)
     if skip is not None:
+        skip = skip.to(scores.device)
         positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
         ids = ids.masked_fill(positions < skip[:, None], scores.shape[-1])
     seen = torch.zeros(scores.shape[0], scores.shape[1] + 1, dtype=torch.bool, device=scores.device)

@@ -31,11 +31,17 @@ def _skip(state: DecodingState, attention_mask: torch.Tensor, expand: int) -> to
 
 def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch.Tensor | None = None,
          generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next token of each row: processed scores, then argmax or a draw."""
+    """The next token of each row, on the CPU: processed scores, then argmax or a draw.
+
+    Logits may live on a GPU: they are reduced there, and only the chosen ids cross to the host (a
+    seeded draw runs where its generator lives).
+    """
     scores = process(logits, sequences, s, skip)
     if s.do_sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1)
-    return torch.argmax(scores, dim=-1)
+        if generator is not None and generator.device != scores.device:
+            scores = scores.to(generator.device)
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1).cpu()
+    return torch.argmax(scores, dim=-1).cpu()
 
 
 def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
@@ -79,7 +85,7 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
     running_generated = torch.zeros(batch, beams, dtype=torch.long)
 
     while True:
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = torch.log_softmax(logits.cpu(), dim=-1)  # beams' bookkeeping is on the host
         log_probs = process(log_probs, running[:, :, :cur].reshape(batch * beams, cur), s, skip, min_keep)
         vocab = log_probs.shape[-1]
         log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)

@@ -43,7 +43,16 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
 
 
 def _eager_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
-    """q [B, Sq, H*D]; k, v [B, H, Sk, D]; bias additive, broadcastable to [B, H, Sq, Sk]."""
+    """q [B, Sq, H*D]; k, v [B, H, Sk, D]; bias additive, broadcastable to [B, H, Sq, Sk].
+
+    fp32 on the CPU keeps the plain matmul-softmax-matmul, whose sums match transformers' eager
+    attention bit for bit; elsewhere (a GPU, half precision) `scaled_dot_product_attention` picks its
+    fused kernels (flash, memory-efficient), which never write the score matrix to memory.
+    """
+    if q.is_cuda or q.dtype != torch.float32:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            split_heads(q, num_heads), k, v, attn_mask=bias.to(q.dtype), scale=scale)
+        return merge_heads(out)
     scores = torch.matmul(split_heads(q, num_heads), k.transpose(-1, -2)) * scale + bias
     return merge_heads(torch.matmul(torch.softmax(scores, dim=-1), v))
 
@@ -142,15 +151,53 @@ class _KeyPositions(torch.autograd.Function):
         return g.op("Range", start, end, delta)
 
 
-def key_positions(total_len: torch.Tensor) -> torch.Tensor:
-    """[total_len]: the positions an in-place cache holds after a call (see `attention_in_place`)."""
+def key_positions(total_len: torch.Tensor | int, device=None) -> torch.Tensor:
+    """[total_len]: the positions an in-place cache holds after a call (see `attention_in_place`); a
+    Python int is a static span."""
+    if isinstance(total_len, int):
+        return torch.arange(total_len, device=device)
     return _KeyPositions.apply(total_len)
 
 
 def attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float, bias=None):
     """Causal attention that writes k, v ([B, Sq, H*D]) into the cache buffers at each row's length;
-    returns (out, past_k, past_v), the buffers being the ones passed in, updated."""
+    returns (out, past_k, past_v), the buffers being the ones passed in, updated.
+
+    `total_len` as a tensor is the ONNX Runtime op's input: the span read is the longest row, found on
+    the host. As a Python int it is a static span (the buffer's capacity for a step, the prompt width
+    for a prefill): every shape is then fixed and no value leaves the device, so the call can be
+    captured in a CUDA graph and replayed (`hotrod.runtime.static`).
+    """
+    if isinstance(total_len, int):
+        return static_attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, float(scale), bias)
     return _GroupQueryAttention.apply(q, k, v, past_k, past_v, seqlens_k, total_len, bias, num_heads, float(scale))
+
+
+def static_attention_in_place(q, k, v, past_k, past_v, seqlens_k, span: int, num_heads: int, scale: float, bias=None):
+    """`attention_in_place` with fixed shapes. A query as wide as `span` is a prompt (rows from position
+    0, right-padded; the buffer holds at least `span` positions); a one-token query is a step at each
+    row's own position `seqlens_k[b]`. The keys read are the first `span` positions, masked per row."""
+    batch, width = q.shape[0], q.shape[1]
+    ends = seqlens_k.long() + 1
+    new_k, new_v = split_heads(k, num_heads), split_heads(v, num_heads)
+    if width == span:  # a prompt: every row from position 0
+        past_k[:, :, :width] = new_k
+        past_v[:, :, :width] = new_v
+        positions = torch.arange(width, device=q.device)[None, :].expand(batch, width)
+    elif width == 1:  # a step: row b writes at its own position
+        rows = torch.arange(batch, device=q.device)
+        past_k[rows, :, seqlens_k.long()] = new_k[:, :, 0]
+        past_v[rows, :, seqlens_k.long()] = new_v[:, :, 0]
+        positions = seqlens_k.long()[:, None]
+    else:
+        raise ValueError(f"a static in-place call takes a prompt of width {span} or one token, got {width}")
+    keys = torch.arange(span, device=q.device)
+    allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
+    scores_bias = additive_mask(allowed[:, None], q.dtype)
+    if bias is not None:
+        scores_bias = scores_bias + bias[..., :span].to(q.dtype)
+    out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], scores_bias, num_heads, scale)
+    return out, past_k, past_v
 
 
 class FusedProjection:
@@ -165,9 +212,31 @@ class FusedProjection:
         self._fused: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def __call__(self, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        if not all(isinstance(layer, nn.Linear) for layer in self.layers):  # quantized layers run their own kernels
+            return [layer(x) for layer in self.layers]
         return torch.nn.functional.linear(x, *self._weights()).split([layer.out_features for layer in self.layers], dim=-1)
 
+    def freeze(self) -> None:
+        """Fix the concatenation for good, the layers' weights becoming views of it (no second copy in
+        memory). For an engine whose weights no longer change: no per-call check, nothing for a
+        compiler to trace but the one matmul."""
+        if not all(isinstance(layer, nn.Linear) for layer in self.layers):
+            return
+        weight, bias = self._weights()
+        start = 0
+        for layer in self.layers:
+            end = start + layer.out_features
+            layer.weight.data = weight[start:end]
+            if bias is not None:
+                layer.bias.data = bias[start:end]
+            start = end
+        self._fused = (weight, bias)
+        self._key = None
+        self._frozen = True
+
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if getattr(self, "_frozen", False):
+            return self._fused
         params = [p for layer in self.layers for p in (layer.weight, layer.bias) if p is not None]
         key = tuple((p.data_ptr(), p._version) for p in params)
         if key != self._key:

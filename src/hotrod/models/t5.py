@@ -83,7 +83,7 @@ class T5Attention(nn.Module):
 
     def step_position_bias(self, seqlens_k, total_len) -> torch.Tensor:
         """[B, H, 1, total]: each row's one new query sits at its own position, seqlens_k[b]."""
-        relative = key_positions(total_len)[None, :] - seqlens_k.long()[:, None]
+        relative = key_positions(total_len, seqlens_k.device)[None, :] - seqlens_k.long()[:, None]
         bucket = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(bucket).permute(0, 2, 1).unsqueeze(2)
 

@@ -19,11 +19,30 @@ from hotrod.export.io import GraphIO
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How to run a model: which backend, on which device, with how many CPU threads (0: all cores)."""
+    """How to run a model: which backend, on which device, with how many CPU threads (0: all cores).
+
+    For the torch backend: `static` runs the static engine (`hotrod.runtime.static`: cast weights,
+    pooled caches, recorded calls), None meaning on a GPU only (on a CPU, eager fp32 is the reference
+    the others are checked against); `precision` is the engine's weights; `compile` adds torch.compile.
+    """
 
     backend: str = "onnxruntime"
     device: str = "cpu"
     threads: int = 0
+    precision: str = "fp32"
+    static: bool | None = None
+    compile: bool = False
+    keep_fp32: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.threads < 0:
+            from hotrod.errors import HotrodError
+
+            raise HotrodError(f"threads must be >= 0, got {self.threads}")
+
+    @property
+    def uses_static_engine(self) -> bool:
+        return self.static if self.static is not None else self.device != "cpu"
 
 
 class Backend(Protocol):
@@ -70,5 +89,10 @@ def cpu_threads(requested: int) -> int:
         return os.cpu_count() or 1
 
 
-def missing_inputs(io: GraphIO, feeds: Mapping[str, Any]) -> list[str]:
-    return [name for name in io.input_names if name not in feeds]
+def contract_of(contracts: Mapping[str, GraphIO], graph: str, feeds: Mapping[str, Any]) -> GraphIO:
+    """The contract of `graph`, once `feeds` holds every input it names (a KeyError naming those missing)."""
+    io = contracts[graph]
+    missing = [name for name in io.input_names if name not in feeds]
+    if missing:
+        raise KeyError(f"graph {graph} needs inputs {missing}")
+    return io

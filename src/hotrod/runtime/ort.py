@@ -18,7 +18,7 @@ import torch
 
 from hotrod.errors import HotrodError, first_line
 from hotrod.export.io import GraphIO
-from hotrod.runtime.base import RuntimeOptions, cpu_threads, missing_inputs
+from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
 
 _PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -55,10 +55,7 @@ class OrtBackend:
         _check_placement(self.sessions, options.device)
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        io = self.contracts[graph]
-        missing = missing_inputs(io, feeds)
-        if missing:
-            raise KeyError(f"graph {graph} needs inputs {missing}")
+        io = contract_of(self.contracts, graph, feeds)
         binding = self.sessions[graph].io_binding()
         # The binding holds only native pointers: every Python object behind them (a copied feed, a
         # value made from numpy, which does not own its buffer) must outlive the run.

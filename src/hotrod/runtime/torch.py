@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from hotrod.export.io import GraphIO
-from hotrod.runtime.base import RuntimeOptions, cpu_threads, missing_inputs
+from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
 
 
 class TorchBackend:
@@ -23,10 +23,7 @@ class TorchBackend:
 
     @torch.inference_mode()
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        io = self.contracts[graph]
-        missing = missing_inputs(io, feeds)
-        if missing:
-            raise KeyError(f"graph {graph} needs inputs {missing}")
+        io = contract_of(self.contracts, graph, feeds)
         args = [feeds[name].to(self.device) for name in io.input_names]
         outputs = self.graphs[graph](*args)
         if isinstance(outputs, torch.Tensor):

@@ -1,0 +1,193 @@
+"""The static engine: the lean modules on a GPU with every shape fixed, replayed as CUDA graphs.
+
+It runs the same graph contracts as ONNX Runtime (`hotrod.export.io`), so the decoding states and the
+one decoding loop drive it unchanged. What makes it fast:
+
+- weights cast once (bf16, fp16 with measured fp32 islands, or int8 weight-only: `hotrod.runtime.cast`);
+- cache buffers lent from a pool of batch-bucketed bases (`hotrod.runtime.pool`), written in place at
+  each row's length, so a step allocates and copies no cache;
+- attention over a static span (`total_sequence_length` becomes a Python int: the buffer's capacity
+  for a step, the prompt's width for a prefill), through `scaled_dot_product_attention`, with no value
+  read back to the host: each call can be recorded as a CUDA graph and replayed (`hotrod.runtime.graphs`),
+  one per batch bucket and cache capacity;
+- optionally `torch.compile` (inductor) over each graph, which fuses norms, bias + GELU and residual
+  adds into a few Triton kernels before the recording.
+
+A call whose cache tensors did not come from the pool (a buffer made by a copy elsewhere) runs eagerly
+at its own batch size: slower, never wrong. On a CPU the same code runs eagerly; the tests use that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hotrod.errors import HotrodError
+from hotrod.export.io import GraphIO
+from hotrod.models.common import FusedProjection
+from hotrod.runtime.base import contract_of
+from hotrod.runtime.cast import DTYPES, cast_module, quantize_linears
+from hotrod.runtime.graphs import Graphs
+from hotrod.runtime.pool import CachePool, batch_bucket
+
+SPAN = "total_sequence_length"
+ENGINE_PRECISIONS = ("fp32", "bf16", "fp16", "int8-weight")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the static engine runs: on which device, in which precision, recorded and compiled or not."""
+
+    device: str = "cuda"
+    precision: str = "bf16"
+    keep_fp32: tuple[str, ...] = ()  # module names run in fp32 inside an fp16 model (measured)
+    graphs: int = 32  # recorded calls kept (CUDA graphs on a GPU); 0: every call eager
+    compile: bool = False  # torch.compile each graph before recording it
+
+    def __post_init__(self):
+        if self.precision not in ENGINE_PRECISIONS:
+            raise HotrodError(f"unknown engine precision {self.precision!r}; choose from {', '.join(ENGINE_PRECISIONS)}")
+        if self.graphs < 0:
+            raise HotrodError(f"graphs must be >= 0, got {self.graphs}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (int8-weight computes in bf16)."""
+        return DTYPES.get(self.precision, torch.bfloat16)
+
+
+class StaticBackend:
+    """A `hotrod.runtime.base.Backend` over the lean module (see the module doc)."""
+
+    def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: EngineOptions):
+        self.contracts, self.options = contracts, options
+        self.torch_device = torch.device(options.device)
+        self.device = self.torch_device.type
+        self.loop_threads = None
+        self.dtype = options.dtype
+        self.module = prepare(module, options).to(self.torch_device)
+        freeze_projections(self.module)
+        graphs = self.module.graphs()
+        if options.compile:
+            graphs = {name: torch.compile(g, dynamic=False) for name, g in graphs.items()}
+        self.callables = graphs
+        self.pool = CachePool(self.torch_device, self.dtype)
+        self.recorded = Graphs(limit=options.graphs)
+
+    @torch.inference_mode()
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        io = contract_of(self.contracts, graph, feeds)
+        into = dict(into or {})
+        rows = next(feeds[t.name].shape[0] for t in io.inputs if t.name != SPAN)
+        bound = {name: self.pool.base_of(value) for name, value in (*feeds.items(), *into.items())
+                 if isinstance(value, torch.Tensor) and value.dim() == 4}
+        bucket = batch_bucket(rows)
+        if all(base is not None and base.shape[0] == bucket for base in bound.values()):
+            return self._run_bucketed(graph, io, feeds, into, rows, bucket, bound)
+        return self._run_eager(graph, io, feeds, into)
+
+    def _run_bucketed(self, graph, io, feeds, into, rows, bucket, bound) -> dict[str, Any]:
+        """Rows padded to the bucket, pooled buffers read and written where they lie, recorded by key."""
+        names = [n for n in io.input_names if n != SPAN]
+        args, copied = [], []
+        for name in names:
+            base = bound.get(name)
+            args.append(base if base is not None else self._device(feeds[name], bucket))
+            copied.append(base is None)
+        targets = [n for n in io.output_names if n in into]
+        args += [bound[n] for n in targets]
+        copied += [False] * len(targets)
+        span = self._span(io, feeds, args, names)
+        fn = self._call(graph, io, names, span, targets)
+        key = (graph, span, *((tuple(a.shape), a.dtype, None if c else a.data_ptr()) for a, c in zip(args, copied)))
+        outputs = iter(self.recorded.call(key, fn, args, copied))
+        return {n: into[n] if n in into else next(outputs)[:rows] for n in io.output_names}
+
+    def _run_eager(self, graph, io, feeds, into) -> dict[str, Any]:
+        names = [n for n in io.input_names if n != SPAN]
+        args = [self._device(feeds[n]) for n in names]
+        targets = [n for n in io.output_names if n in into]
+        args += [into[n] for n in targets]
+        fn = self._call(graph, io, names, self._span(io, feeds, args, names), targets)
+        outputs = iter(fn(*args))
+        self.recorded.stats.eager += 1
+        return {n: into[n] if n in into else next(outputs) for n in io.output_names}
+
+    def _call(self, graph: str, io: GraphIO, names: list[str], span: int | None, targets: list[str]):
+        """fn(*inputs, *targets) -> the outputs not in `targets`; targets are written in place."""
+        module, order = self.callables[graph], io.input_names
+        count = len(names)
+
+        def fn(*args):
+            values = dict(zip(names, args[:count]))
+            if span is not None:
+                values[SPAN] = span
+            result = module(*[values[n] for n in order])
+            result = (result,) if isinstance(result, torch.Tensor) else result
+            out = []
+            for name, value in zip(io.output_names, result):
+                if name in targets:
+                    target = args[count + targets.index(name)]
+                    if value is not target:
+                        target.copy_(value)
+                else:
+                    out.append(value)
+            return out
+
+        return fn
+
+    @staticmethod
+    def _span(io: GraphIO, feeds, args, names) -> int | None:
+        """The static span: a prompt's width, or a step's whole cache capacity (see the module doc)."""
+        if SPAN not in io.input_names:
+            return None
+        width = feeds[io.input_names[0]].shape[1]
+        if width > 1:
+            return int(width)
+        cache = next(a for n, a in zip(names, args) if a.dim() == 4)
+        return int(cache.shape[2])
+
+    def _device(self, value: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        value = torch.as_tensor(value)
+        if value.is_floating_point():
+            value = value.to(self.dtype)
+        value = value.to(self.torch_device, non_blocking=True)
+        if rows is None or value.dim() == 0 or value.shape[0] == rows:
+            return value
+        padded = value.new_zeros((rows, *value.shape[1:]))
+        padded[: value.shape[0]] = value
+        return padded
+
+    def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.pool.take(shape)
+
+    def to_torch(self, value: torch.Tensor) -> torch.Tensor:
+        return value.float() if value.is_floating_point() else value
+
+    def view(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def select(self, value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` into a pooled buffer, so a reordered cache still replays recorded graphs."""
+        out = self.pool.take((len(index), *value.shape[1:]))
+        torch.index_select(value, 0, index.to(value.device), out=out)
+        return out
+
+
+def prepare(module: torch.nn.Module, options: EngineOptions) -> torch.nn.Module:
+    """`module` in the engine's precision: cast, fp32 islands kept, linears quantized for int8-weight."""
+    module = module.eval()
+    if options.precision == "int8-weight":  # scales measured on the fp32 weights
+        quantize_linears(module, options.dtype)
+    return cast_module(module, options.dtype, options.keep_fp32)
+
+
+def freeze_projections(module: torch.nn.Module) -> None:
+    """Fix every fused projection's weights (see `FusedProjection.freeze`), once they are on the device."""
+    for child in module.modules():
+        for value in vars(child).values():
+            if isinstance(value, FusedProjection):
+                value.freeze()
