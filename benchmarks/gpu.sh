@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# W1-W4 on one CUDA GPU: hotrod (fp32, fp16) beside PyTorch eager, torch.compile and CTranslate2 (when
-# installed), all written to one folder: results.json, report.md, charts, bench.log and environment.txt.
+# Everything on one CUDA GPU, written to one folder:
+#   1. G1-G5 on the static engine (benchmarks/gpu_engine.py): results.json, report.md, summary.json;
+#   2. W1-W4 through `hotrod bench --device cuda` (onnxruntime's GPU providers, where that onnxruntime
+#      has them) beside PyTorch eager, torch.compile and CTranslate2: OUT/onnxruntime/.
 #
 #   bash benchmarks/gpu.sh [OUT]        (OUT defaults to benchmarks/results/gpu)
 #
@@ -45,6 +47,16 @@ EOF
 cat "$out/environment.txt"
 
 status=0
+timeout --signal=INT --kill-after=30 "${ENGINE_LIMIT_S:-450}" \
+    "$python" benchmarks/gpu_engine.py --out "$out" --workloads "${GPU_WORKLOADS:-G1,G2,G3,G4,G5}" \
+    --precision "${ENGINE_PRECISION:-bf16}" ${ENGINE_FLAGS:-} 2>&1 | tee "$out/engine.log" || status=$?
+
+if ! "$python" -c "import onnxruntime, sys; sys.exit('CUDAExecutionProvider' not in onnxruntime.get_available_providers())"; then
+    echo "onnxruntime here has no CUDA provider: W1-W4 on onnxruntime skipped" | tee "$out/onnxruntime-skipped.txt"
+    exit "$status"
+fi
+out="$out/onnxruntime"
+mkdir -p "$out"
 timeout --signal=INT --kill-after=30 "${LIMIT_S:-450}" \
     "$python" -m hotrod.cli bench --workload "${WORKLOADS:-W1,W2,W3,W4}" --device cuda \
     --precision "${PRECISIONS:-fp32,fp16}" --peers "${PEERS:-torch,ctranslate2}" --runs "${RUNS:-5}" \

@@ -222,7 +222,7 @@ class FusedProjection:
         compiler to trace but the one matmul."""
         if not all(isinstance(layer, nn.Linear) for layer in self.layers):
             return
-        weight, bias = self._weights()
+        weight, bias = self._concatenated()
         start = 0
         for layer in self.layers:
             end = start + layer.out_features
@@ -240,11 +240,13 @@ class FusedProjection:
         params = [p for layer in self.layers for p in (layer.weight, layer.bias) if p is not None]
         key = tuple((p.data_ptr(), p._version) for p in params)
         if key != self._key:
-            weight = torch.cat([layer.weight for layer in self.layers]).detach()
-            biases = [layer.bias for layer in self.layers]
-            bias = torch.cat(biases).detach() if all(b is not None for b in biases) else None
-            self._key, self._fused = key, (weight, bias)
+            self._key, self._fused = key, self._concatenated()
         return self._fused
+
+    def _concatenated(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight = torch.cat([layer.weight for layer in self.layers]).detach()
+        biases = [layer.bias for layer in self.layers]
+        return weight, torch.cat(biases).detach() if all(b is not None for b in biases) else None
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
