@@ -235,6 +235,12 @@ MISTAKES = {
     "bad_precision": (lambda z, t: ["optimize", z.checkpoint("bert"), "--out", t / "o", "--precision", "int3"], 2,
                       "invalid choice"),
     "unknown_command": (lambda z, t: ["frobnicate"], 2, "invalid choice"),
+    "engine_precision_on_onnxruntime": (lambda z, t: ["generate", z.artifact("t5"), "5", "--ids",
+                                                      "--engine-precision", "bf16"], 1, "applies to the torch backend"),
+    "engine_precision_on_a_cpu": (lambda z, t: ["generate", z.checkpoint("t5"), "5", "--ids", "--backend", "torch",
+                                                "--engine-precision", "bf16"], 1, "runs on --device cuda"),
+    "bad_engine_precision": (lambda z, t: ["generate", z.checkpoint("t5"), "5", "--backend", "torch",
+                                           "--engine-precision", "int3"], 2, "invalid choice"),
 }
 
 

@@ -36,7 +36,7 @@ from hotrod.optimize.passes import HALF
 from hotrod.optimize.portable import IN_PLACE_OP
 from hotrod.optimize.precision import half_supported
 from hotrod.optimize.quantize import NEEDS_CALIBRATION
-from hotrod.options import AUTO, BACKENDS, DEVICES, ExportOptions, check_choice
+from hotrod.options import AUTO, BACKENDS, DEVICES, ENGINE_PRECISIONS, ExportOptions, check_choice
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.verify import DEFAULT_EXAMPLES, Example, builtin_examples, compare, read_examples
@@ -219,10 +219,10 @@ def load(
     check_choice("backend", backend, BACKENDS)
     if device is not None:
         check_choice("device", device, DEVICES)
+    options = _runtime_options(backend, device or "cpu", threads, precision, static)
     if art.is_artifact(path_or_source):
         return _load_artifact(art.open_artifact(path_or_source), backend, device, threads)
     src = open_source(path_or_source)
-    options = _runtime_options(backend, device or "cpu", threads, precision, static)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
     built_for = options.device  # graphs differ by device (`hotrod.optimize.portable`)
@@ -240,8 +240,6 @@ def load(
 
 def _runtime_options(backend: str, device: str, threads: int, precision: str | None,
                      static: bool | None) -> RuntimeOptions:
-    from hotrod.runtime.static import ENGINE_PRECISIONS
-
     options = RuntimeOptions(backend=backend, device=device, threads=threads, precision=precision or "fp32",
                              static=static)
     if precision is None:
@@ -251,7 +249,8 @@ def _runtime_options(backend: str, device: str, threads: int, precision: str | N
                           "when it is built (hotrod optimize --precision)")
     check_choice("torch precision", precision, ENGINE_PRECISIONS)
     if precision != "fp32" and not options.uses_static_engine:
-        raise HotrodError(f"precision {precision} runs on the static engine: pass static=True (--static) on a CPU")
+        raise HotrodError(f"precision {precision} is the static engine's, which runs on --device cuda "
+                          "(from Python, static=True runs it on a CPU)")
     return options
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod.errors import HotrodError
-from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, PRECISIONS
+from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS, PRECISIONS
 from hotrod.serve.scheduler import POLICIES
 
 
@@ -149,12 +149,15 @@ def _runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
     p.add_argument("--device", default=None, choices=DEVICES)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    p.add_argument("--engine-precision", default=None, choices=ENGINE_PRECISIONS,
+                   help="weights of the torch backend's static engine (on a GPU; default fp32)")
 
 
 def _load(args):
     import hotrod
 
-    return hotrod.load(args.model, backend=args.backend, device=args.device, threads=args.threads)
+    return hotrod.load(args.model, backend=args.backend, device=args.device, threads=args.threads,
+                       precision=args.engine_precision)
 
 
 def _optimize(args) -> int:
@@ -371,7 +374,8 @@ def _serve(args) -> int:
         raise HotrodError(f"--port must be in 0..65535, got {args.port}")
     _check_listen(args.host, args.port)
     metrics = Metrics()
-    engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads),
+    engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads,
+                                                                    precision=args.engine_precision or "fp32"),
                            metrics)
     try:
         serve(engines, limits, args.host, args.port, metrics)

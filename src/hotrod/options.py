@@ -10,6 +10,8 @@ from hotrod.export.onnx import OPSET
 # int8: dynamic (weights per-channel, activations per call); int8-static: QDQ with calibrated activation
 # ranges; int8-weight and int4: weight-only block-quantized MatMulNBits; fp16/bf16: mixed precision.
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-static", "int8-weight", "int4")
+# The torch backend's static engine (`hotrod.runtime.static`): its weights' precision.
+ENGINE_PRECISIONS = ("fp32", "bf16", "fp16", "int8-weight")
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 AUTO = "auto"  # build every candidate precision, keep the fastest within the accuracy budget
 BACKENDS = ("onnxruntime", "torch")

@@ -28,13 +28,13 @@ import torch
 from hotrod.errors import HotrodError
 from hotrod.export.io import GraphIO
 from hotrod.models.common import FusedProjection
+from hotrod.options import ENGINE_PRECISIONS
 from hotrod.runtime.base import contract_of
 from hotrod.runtime.cast import DTYPES, cast_module, quantize_linears
 from hotrod.runtime.graphs import Graphs
 from hotrod.runtime.pool import CachePool, batch_bucket
 
 SPAN = "total_sequence_length"
-ENGINE_PRECISIONS = ("fp32", "bf16", "fp16", "int8-weight")
 
 
 @dataclass(frozen=True)

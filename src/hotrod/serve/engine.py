@@ -261,7 +261,8 @@ def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions
         name = Path(directory).resolve().name
         if name in engines:
             raise HotrodError(f"two models would both be served as {name!r}; serve them from differently named folders")
-        model = hotrod.load(directory, backend=runtime.backend, device=runtime.device, threads=runtime.threads)
+        model = hotrod.load(directory, backend=runtime.backend, device=runtime.device, threads=runtime.threads,
+                            precision=runtime.precision if runtime.backend == "torch" else None)
         engines[name] = ModelEngine(name, model, options, metrics, str(directory))
     return engines
 
