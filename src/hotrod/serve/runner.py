@@ -166,7 +166,7 @@ class GenerationRunner:
         plain = [i for i, r in enumerate(requests) if r.options.plain]
         tokens = torch.zeros(len(requests), dtype=torch.long)
         if plain:
-            tokens[plain] = torch.argmax(logits[plain], dim=-1)
+            tokens[plain] = torch.argmax(logits[plain], dim=-1).cpu()  # reduced where the logits live
         for i, r in enumerate(requests):
             if not r.options.plain:
                 sequence = torch.tensor([self._history(r, first)])
