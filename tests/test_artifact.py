@@ -296,3 +296,42 @@ def test_graphs_without_manifest_are_named_as_a_damaged_artifact(zoo, tmp_path):
     (out / "manifest.json").unlink()
     with pytest.raises(hotrod.HotrodError, match="no manifest.json"):
         hotrod.load(out)
+
+
+# -- entries that lead outside the artifact -------------------------------------------------------
+
+
+def _point_graph_at(artifact: Path, name: str) -> None:
+    data = manifest(artifact)
+    data["graphs"]["decoder"]["file"] = name
+    (artifact / "manifest.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("name", ["/etc/hostname", "../outside.onnx", "sub/../../outside.onnx", "..\\outside.onnx"],
+                         ids=["absolute", "parent", "nested_parent", "backslash"])
+def test_manifest_entries_must_stay_inside_the_artifact(zoo, tmp_path, name):
+    artifact = zoo.copy_artifact("gpt2", tmp_path / "art")
+    (tmp_path / "outside.onnx").write_bytes((artifact / "decoder.onnx").read_bytes())
+    _point_graph_at(artifact, name)
+    with pytest.raises(hotrod.HotrodError, match="not a relative path inside"):
+        open_artifact(artifact)
+
+
+def test_a_graph_that_is_a_symlink_leaving_the_artifact_is_refused(zoo, tmp_path):
+    artifact = zoo.copy_artifact("gpt2", tmp_path / "art")
+    elsewhere = tmp_path / "elsewhere.onnx"
+    os.replace(artifact / "decoder.onnx", elsewhere)
+    (artifact / "decoder.onnx").symlink_to(elsewhere)  # same bytes: only where it leads is wrong
+    with pytest.raises(hotrod.HotrodError, match="link that leads outside"):
+        hotrod.load(artifact)
+
+
+@pytest.mark.parametrize("graphs", [[], {"decoder": "decoder.onnx"}, {"decoder": {"file": 5, "bytes": 1, "sha256": ""}}],
+                         ids=["list", "string_entry", "number_file"])
+def test_malformed_manifest_entries_are_one_line(zoo, tmp_path, graphs):
+    artifact = zoo.copy_artifact("gpt2", tmp_path / "art")
+    data = manifest(artifact)
+    data["graphs"] = graphs
+    (artifact / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(hotrod.HotrodError, match="unreadable or incomplete"):
+        open_artifact(artifact)

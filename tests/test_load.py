@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,35 @@ def test_a_gpu_device_that_falls_back_to_the_cpu_is_refused():
     _check_placement({"decoder": Session("CUDAExecutionProvider")}, "cuda")
     with pytest.raises(hotrod.HotrodError, match="would run decoder on the CPU"):
         _check_placement({"decoder": Session("CPUExecutionProvider")}, "cuda")
+
+
+# -- checkpoints that point elsewhere, and unsafe formats -----------------------------------------
+
+
+@pytest.mark.parametrize("shard", ["/etc/hostname", "../model.safetensors", "link.safetensors"],
+                         ids=["absolute", "parent", "symlink_out"])
+def test_index_naming_shards_outside_the_checkpoint_is_refused(zoo, tmp_path, shard):
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    weights = load_file(source / "model.safetensors")
+    os.replace(source / "model.safetensors", tmp_path / "model.safetensors")
+    (source / "link.safetensors").symlink_to(tmp_path / "model.safetensors")
+    (source / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: shard for k in weights}}))
+    with pytest.raises(hotrod.HotrodError, match="relative path inside|leads outside"):
+        load(source, "torch")
+
+
+def test_pickled_weights_are_refused_where_torch_cannot_load_them_safely(zoo, tmp_path, monkeypatch):
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    torch.save(load_file(source / "model.safetensors"), source / "pytorch_model.bin")
+    (source / "model.safetensors").unlink()
+    monkeypatch.setattr(torch, "__version__", "2.5.1")
+    with pytest.raises(hotrod.HotrodError, match=r"cannot load safely; install torch >= 2\.6"):
+        load(source, "torch")
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"gpt2"'], ids=["list", "string"])
+def test_a_config_that_is_not_an_object_is_one_line(zoo, tmp_path, content):
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    (source / "config.json").write_text(content)
+    with pytest.raises(hotrod.HotrodError, match="a JSON object was expected"):
+        load(source, "torch")

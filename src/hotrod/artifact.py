@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from hotrod.errors import HotrodError
 from hotrod.load import file_sha256
@@ -97,15 +97,44 @@ def open_artifact(path: str | Path, check_hashes: bool = True) -> Artifact:
             f"{path} was made by hotrod {made_by} (artifact format {fmt}); hotrod {__version__} reads format "
             f"{FORMAT}; run `hotrod optimize` again"
         )
-    entries = [*graphs.values(), *manifest.get("files", {}).values()]
-    entries += [{"file": e["external_data"]["file"], **e["external_data"]} for e in graphs.values() if e.get("external_data")]
-    for entry in entries:
+    for entry in _entries(manifest_file, graphs, manifest.get("files", {})):
         _check_file(path, entry, check_hashes)
     return Artifact(path=path, manifest=manifest)
 
 
+def _entries(manifest_file: Path, graphs: object, files: object) -> list[dict]:
+    """Every file entry of the manifest (graphs, their external data, configs); a malformed one is one line."""
+    try:
+        entries = [*graphs.values(), *files.values()]  # type: ignore[attr-defined]
+        entries += [{"file": e["external_data"]["file"], **e["external_data"]} for e in graphs.values()  # type: ignore[attr-defined]
+                    if e.get("external_data")]
+        for entry in entries:
+            if not (isinstance(entry["file"], str) and isinstance(entry["bytes"], int) and isinstance(entry["sha256"], str)):
+                raise TypeError(f"bad entry {entry!r}")
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise HotrodError(f"{manifest_file} is unreadable or incomplete: {exc}") from None
+    return entries
+
+
+def inside(directory: Path, name: str, what: str) -> Path:
+    """`directory / name`, refused unless `name` is a plain relative path that stays inside `directory`.
+
+    A manifest or index written by someone else must not make hotrod read (or hash, or hand to a parser)
+    a file elsewhere on the machine: no absolute paths, no `..`, no symlink that resolves outside.
+    """
+    relative = PurePosixPath(name)
+    if not name or relative.is_absolute() or PureWindowsPath(name).is_absolute() or ".." in relative.parts \
+            or "\\" in name:
+        raise HotrodError(f"{what} names {name!r}, which is not a relative path inside {directory}")
+    file = directory / relative
+    root = directory.resolve()
+    if not file.resolve().is_relative_to(root):
+        raise HotrodError(f"{what} names {name!r}, a link that leads outside {directory}")
+    return file
+
+
 def _check_file(directory: Path, entry: dict, check_hashes: bool) -> None:
-    file = directory / entry["file"]
+    file = inside(directory, entry["file"], f"the manifest of {directory}")
     if not file.is_file():
         raise HotrodError(f"artifact {directory} is missing {entry['file']}")
     if file.stat().st_size != entry["bytes"] or (check_hashes and file_sha256(file) != entry["sha256"]):

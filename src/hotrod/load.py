@@ -65,6 +65,8 @@ def read_config(path: Path):
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
         raise HotrodError(f"cannot read {config_file}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise HotrodError(f"cannot read {config_file}: a JSON object was expected, got {type(raw).__name__}")
     get_family(raw.get("model_type"))
     from transformers import AutoConfig
 
@@ -79,17 +81,27 @@ def weight_files(path: Path) -> list[Path]:
     for index_name, single in ((SAFETENSORS_INDEX, SAFETENSORS), (PICKLED_INDEX, PICKLED)):
         index = path / index_name
         if index.is_file():
-            try:
-                names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError) as exc:
-                raise HotrodError(f"cannot read {index}: {exc}") from None
-            missing = [n for n in names if not (path / n).is_file()]
+            files = _shards(path, index)
+            missing = [f.name for f in files if not f.is_file()]
             if missing:
                 raise HotrodError(f"{path} is missing weight shard(s): {', '.join(missing)}")
-            return [path / n for n in names]
+            return files
         if (path / single).is_file():
             return [path / single]
     raise HotrodError(f"{path} has no weights (expected {SAFETENSORS}, sharded safetensors or {PICKLED})")
+
+
+def _shards(path: Path, index: Path) -> list[Path]:
+    """The shard files an index names, each a file of the checkpoint itself (never a path leading elsewhere)."""
+    from hotrod.artifact import inside
+
+    try:
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise HotrodError(f"cannot read {index}: {exc}") from None
+    if not all(isinstance(name, str) for name in names):
+        raise HotrodError(f"cannot read {index}: its weight_map must map tensor names to file names")
+    return [inside(path, name, str(index)) for name in names]
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -105,9 +117,24 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
 
             return load_file(str(file))
+        _check_safe_unpickling(file)
         return torch.load(file, map_location="cpu", weights_only=True)
+    except HotrodError:
+        raise
     except Exception as exc:  # noqa: BLE001  (any parse failure means a corrupt or unsafe file)
         raise HotrodError(f"cannot read weights {file}: {first_line(exc)}") from None
+
+
+SAFE_TORCH = "2.6"  # torch.load(weights_only=True) could be made to run code before this (CVE-2025-32434)
+
+
+def _check_safe_unpickling(file: Path) -> None:
+    """Refuse a pickled checkpoint when this torch's `weights_only` loader is known to be bypassable."""
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(str(torch.__version__)) < SAFE_TORCH:
+        raise HotrodError(f"{file.name} is a pickled checkpoint, which torch {torch.__version__} cannot load "
+                          f"safely; install torch >= {SAFE_TORCH} or convert the checkpoint to safetensors")
 
 
 def weights_sha256(path: Path) -> str:
