@@ -60,6 +60,7 @@ class FakeEngine:
     cancelled: list[Ticket] = field(default_factory=list)
     tickets: list[Ticket] = field(default_factory=list)
     stopped_with: list[bool] = field(default_factory=list)
+    died: str | None = None  # set: the worker has died
 
     def __post_init__(self) -> None:
         self.info = ModelInfo(name=self.name, kind=self.kind, vocab_size=self.vocab_size,
@@ -111,9 +112,12 @@ class FakeEngine:
         self._ready = True
 
     def ready(self) -> bool:
-        return self._ready
+        return self._ready and self.died is None
 
-    def stop(self, drain: bool = True) -> None:
+    def failure(self) -> str | None:
+        return self.died
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         self.stopped_with.append(drain)
         with self._lock:
             self._accepting = False

@@ -52,7 +52,14 @@ class ShuttingDown(Exception):
 
 
 class BatchFailed(Exception):
-    """Running the batch this request was in raised; only that batch's requests see it (500)."""
+    """Running this request failed (500); its message is for the log, never for the client."""
+
+
+class EngineDown(Exception):
+    """The model's worker has died: nothing it holds or is sent will run (503, and the server exits)."""
+
+    def __init__(self, reason: str = "the model's worker has stopped"):
+        super().__init__(f"model unavailable: {reason}")
 
 
 @dataclass
@@ -137,5 +144,9 @@ class Engine(Protocol):
 
     def ready(self) -> bool: ...
 
-    def stop(self, drain: bool = True) -> None:
-        """Stop accepting; with `drain`, finish what is queued and running first. Blocks until done."""
+    def failure(self) -> str | None:
+        """Why the model's worker died, or None while it lives (or has not started)."""
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting; with `drain`, finish what is queued and running first. Blocks until done, or for
+        `timeout` seconds at most, after which whatever is left is failed with ShuttingDown."""

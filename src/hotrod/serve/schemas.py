@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API, and the server's limits.
+"""Request and response bodies of the HTTP API.
 
 The request models are the one statement of what the server accepts: FastAPI derives the OpenAPI schema
 from them, and `extra="forbid"` plus strict types keep the two honest (a field the schema does not list, or
@@ -8,27 +8,9 @@ served model (vocabulary, positions, kind) cannot live in a schema; the app make
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from hotrod.errors import HotrodError
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """What the server allows any request, whatever the model (a model's own limits come from its ModelInfo)."""
-
-    max_new_tokens_limit: int = 256
-    request_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens_limit < 1:
-            raise HotrodError(f"max_new_tokens_limit must be at least 1, not {self.max_new_tokens_limit}")
-        if not self.request_timeout_s > 0:
-            raise HotrodError(f"request_timeout_s must be positive, not {self.request_timeout_s}")
-
 
 _MODEL = Field(None, description="A served model's name; optional when the server serves exactly one.")
 _SEED = Field(None, ge=0, le=2**63 - 1, description="Seed of the sampler, for repeatable samples.")
