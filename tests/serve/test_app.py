@@ -34,22 +34,6 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def gpt():
-    engine = FakeEngine(name="gpt")
-    engine.start()
-    yield engine
-    engine.stop(drain=False)
-
-
-@pytest.fixture
-def bert():
-    engine = FakeEngine(name="bert", kind="encoder")
-    engine.start()
-    yield engine
-    engine.stop(drain=False)
-
-
-@pytest.fixture
 def client(gpt, bert):
     with TestClient(create_app({"gpt": gpt, "bert": bert}, LIMITS)) as client:
         yield client
@@ -224,8 +208,13 @@ BAD_REQUESTS = [
     ("/v1/generate", {"model": "gpt", "token_ids": [5, 100]}, 400, "token_ids"),
     ("/v1/generate", {"model": "gpt", "token_ids": [-1]}, 400, "token_ids"),
     ("/v1/completions", {"model": "gpt"}, 422, "prompt"),
-    ("/v1/completions", {"model": "gpt", "prompt": "a", "stop": "\n"}, 400, "stop"),
-    ("/v1/completions", {"model": "gpt", "prompt": "a", "n": 2}, 422, "n"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "stop": list("abcde")}, 400, "stop"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "n": 17}, 422, "n"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "logprobs": 6}, 422, "logprobs"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "best_of": 2}, 422, "best_of"),
     ("/v1/completions", {"model": "gpt", "prompt": "a", "max_tokens": 41}, 400, "max_tokens"),
     ("/v1/completions", {"model": "gpt", "prompt": LONG, "max_tokens": 10}, 400, "prompt"),
     ("/v1/completions", {"model": "gpt", "prompt": [1, "a"]}, 422, "prompt"),

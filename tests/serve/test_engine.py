@@ -302,3 +302,19 @@ def test_a_cancelled_beam_request_stops_during_its_search(zoo):
     request = Request(CancelledAfterTwoSteps(), prompt=[5, 6, 7], params=Params(max_new_tokens=30, num_beams=3))
     request.options = runner.options(request.prompt, request.params)
     assert runner.run_whole(request) is None and request.ticket.reads == 3
+
+
+def test_logprobs_are_the_models_own_for_each_token(engine_for):
+    engine = engine_for("gpt2")
+
+    async def go():
+        ticket = engine.submit_generate([5, 6, 7], Params(max_new_tokens=4, logprobs=3))
+        return [event async for event in ticket.events()]
+
+    got = [(t, lp) for event in asyncio.run(go()) for t, lp in zip(event.tokens, event.logprobs or [])]
+    tokens = [t for t, _ in got]
+    logits = engine.model(input_ids=torch.tensor([[5, 6, 7, *tokens]])).logits[0, 2:]
+    for i, (token, entry) in enumerate(got):
+        expected = torch.log_softmax(logits[i].float(), dim=-1)
+        assert entry.top[0][0] == token and len(entry.top) == 3  # greedy: the most likely one
+        assert entry.logprob == pytest.approx(expected[token].item(), abs=1e-4)

@@ -68,8 +68,8 @@ def _execute(scheduler, runner, plan) -> None:
     runner.release(plan.release)
     for rows, tokens in ((plan.step, runner.step(plan.step) if plan.step else []),
                          (plan.admit, runner.admit(plan.admit) if plan.admit else [])):
-        for row, token in zip(rows, tokens):
-            scheduler.record(row, token)
+        for row, pick in zip(rows, tokens):
+            scheduler.record(row, pick.token)
 
 
 def test_a_long_request_leaving_gives_its_cache_memory_back(lm_case, zoo):
@@ -106,4 +106,4 @@ def test_a_row_whose_choice_fails_fails_alone(zoo):
         request.options = runner.options(request.prompt, request.params)
     rows[0].options.generator = "not a generator"  # its draw raises inside torch.multinomial
     outcomes = runner.admit(rows)
-    assert isinstance(outcomes[0], BaseException) and all(isinstance(t, int) for t in outcomes[1:])
+    assert isinstance(outcomes[0], BaseException) and all(isinstance(p.token, int) for p in outcomes[1:])

@@ -25,7 +25,7 @@ from hotrod.model import HotrodModel
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import EncoderRunner, GenerationRunner, Outcome, position_bytes
+from hotrod.serve.runner import EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
 
 log = logging.getLogger("hotrod.serve")
@@ -213,16 +213,17 @@ class ModelEngine:
             else:
                 self._record(request, outcome)
 
-    def _record(self, request: Request, token: int) -> None:
+    def _record(self, request: Request, pick: Pick) -> None:
         before = len(request.tokens)
         with self._cond:
-            finished = self.scheduler.record(request, token)
+            finished = self.scheduler.record(request, pick.token)
         fresh = request.tokens[before:]
         self.metrics.tokens(self.info.name, len(fresh))
+        logprobs = [pick.logprobs] if fresh and pick.logprobs is not None else None  # an EOS is not sent
         if finished:
-            request.ticket.push(Event(tokens=fresh, finish_reason=request.finish_reason))
+            request.ticket.push(Event(tokens=fresh, logprobs=logprobs, finish_reason=request.finish_reason))
         elif fresh:
-            request.ticket.push(Event(tokens=fresh))
+            request.ticket.push(Event(tokens=fresh, logprobs=logprobs))
 
     def _fail(self, requests: list[Request], exc: BaseException) -> None:
         """Fail `requests`: the log gets the detail, each ticket an error the app turns into a 500."""

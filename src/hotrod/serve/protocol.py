@@ -26,6 +26,7 @@ class Params:
     repetition_penalty: float = 1.0
     num_beams: int = 1
     seed: int | None = None
+    logprobs: int | None = None  # with each token, its log-probability and this many most likely alternatives
 
     def generate_kwargs(self) -> dict[str, Any]:
         """The same request as keyword arguments of `HotrodModel.generate`."""
@@ -62,11 +63,20 @@ class EngineDown(Exception):
         super().__init__(f"model unavailable: {reason}")
 
 
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A chosen token's log-probability under the model (before any sampling transform), and the top ones."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
 @dataclass
 class Event:
     """One step of a ticket: new tokens, or the end (`finish_reason` set, or `error` set)."""
 
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked for them
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "timeout"
     error: BaseException | None = None
     result: Any = None  # an encoder's embeddings [rows, hidden] (a torch tensor) on its final event

@@ -33,10 +33,19 @@ from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
 from hotrod.generation.search import pick
 from hotrod.model import HotrodModel, torch_threads
-from hotrod.serve.protocol import Params
+from hotrod.serve.protocol import Params, TokenLogprobs
 from hotrod.serve.scheduler import Request
 
-Outcome = int | BaseException  # a row's next token, or why it has none
+
+@dataclass(frozen=True)
+class Pick:
+    """A row's next token, with its logprobs when its request asked for them."""
+
+    token: int
+    logprobs: TokenLogprobs | None = None
+
+
+Outcome = Pick | BaseException  # a row's next token, or why it has none
 
 
 class RowOptions:
@@ -189,16 +198,17 @@ class GenerationRunner:
     def _pick(self, logits: torch.Tensor, requests: list[Request], first: bool = False) -> list[Outcome]:
         """Each row's next token; a row whose choice raises gets the exception, the others their token."""
         plain = [i for i, r in enumerate(requests) if r.options.plain]
-        outcomes: list[Outcome] = [0] * len(requests)
+        tokens: list[int | BaseException] = [0] * len(requests)
         if plain:
             for i, token in zip(plain, torch.argmax(logits[plain], dim=-1).tolist()):
-                outcomes[i] = token
+                tokens[i] = token
         for i, r in enumerate(requests):
             if not r.options.plain:
-                outcomes[i] = self._pick_one(logits[i : i + 1], r, first)
-        return outcomes
+                tokens[i] = self._pick_one(logits[i : i + 1], r, first)
+        return [t if isinstance(t, BaseException) else Pick(t, _logprobs(logits[i], t, r.params.logprobs))
+                for i, (r, t) in enumerate(zip(requests, tokens))]
 
-    def _pick_one(self, logits: torch.Tensor, request: Request, first: bool) -> Outcome:
+    def _pick_one(self, logits: torch.Tensor, request: Request, first: bool) -> int | BaseException:
         try:
             sequence = torch.tensor([self._history(request, first)])
             return int(pick(logits, sequence, request.options.settings, None, request.options.generator)[0])
@@ -211,6 +221,16 @@ class GenerationRunner:
         if self.model.kind == "decoder":
             return request.prompt + generated
         return [self.start_token] + generated
+
+
+def _logprobs(logits: torch.Tensor, token: int, top: int | None) -> TokenLogprobs | None:
+    """The model's own log-probabilities (raw logits, before temperature or filtering), as vLLM reports."""
+    if top is None:
+        return None
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    pairs = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+    return TokenLogprobs(float(logprobs[token]), pairs)
 
 
 class _Cancelled(Exception):

@@ -174,11 +174,16 @@ async def collect(reader: TicketReader) -> tuple[list[int], Event]:
                 break
     finally:
         reader.close()
+    check_end(event)
+    return tokens, event
+
+
+def check_end(event: Event) -> None:
+    """Refuse an ending that is no answer: the engine cancelled the request, or it timed out there."""
     if event.finish_reason == "cancelled":
         raise ApiError(503, "the server cancelled the request")
     if event.finish_reason == "timeout":
         raise ApiError(504, "the model timed out on this request")
-    return tokens, event
 
 
 async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[list[int]], str],
@@ -213,19 +218,26 @@ async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[lis
                 yield sse(chunk(piece, event.tokens, None, None))
                 event = await reader.next()
             raise engine_error(event.error, reader.request_id)
-        except ApiError as exc:
-            recorder.done(outcome_of(exc.status))
-            if exc.status != CLIENT_CLOSED:
-                yield sse(error_body(exc.status, exc.message))
-                yield sse("[DONE]")
-        except Exception as exc:  # a bug here must not take the connection down without a word
-            log.error("request %s: streaming failed: %r", reader.request_id, exc, exc_info=exc)
-            recorder.done("failed")
-            yield sse(error_body(500, f"internal server error (request id {reader.request_id})"))
-            yield sse("[DONE]")
+        except Exception as exc:  # noqa: BLE001  (a stream ends with an error event, never a dropped connection)
+            for line in stream_failed(exc, recorder, reader.request_id):
+                yield line
 
     def on_close() -> None:
         reader.close()
         recorder.done("cancelled")
 
     return EventStream(events(), on_close)
+
+
+def stream_failed(exc: Exception, recorder: Recorder, request_id: str) -> list[str]:
+    """The last events of a stream that fails after it started: its error (unless the client left), [DONE].
+
+    An ApiError says what happened; anything else is a bug here, logged under the request's id.
+    """
+    if not isinstance(exc, ApiError):
+        log.error("request %s: streaming failed: %r", request_id, exc, exc_info=exc)
+        exc = ApiError(500, f"internal server error (request id {request_id})")
+    recorder.done(outcome_of(exc.status))
+    if exc.status == CLIENT_CLOSED:
+        return []
+    return [sse(error_body(exc.status, exc.message)), sse("[DONE]")]
