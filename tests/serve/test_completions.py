@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from hotrod.serve.app import create_app
 from hotrod.serve.choices import Choice
 from hotrod.serve.limits import ServeLimits
+from hotrod.serve.protocol import TokenLogprobs
 from tests.serve.fake import expected_tokens
 from tests.serve.test_app import events
 
@@ -85,8 +86,28 @@ def test_usage_is_streamed_only_when_asked(client):
 def test_a_stop_string_split_across_tokens_is_never_sent_in_part():
     pieces = ["Hel", "lo, wor", "ld", "!"]
     choice = Choice(lambda ids: "".join(pieces[i] for i in ids), ["o, world"], None)
-    sent = [choice.add([i])[0] for i in range(4)] + [choice.flush()]
+    sent = [choice.add([i])[0] for i in range(4)] + [choice.flush()[0]]
     assert "".join(sent) == "Hell" and choice.stopped and choice.tokens == 3
     choice = Choice(lambda ids: "".join(pieces[i] for i in ids), ["world?"], None)
-    sent = [choice.add([i])[0] for i in range(4)] + [choice.flush()]
+    sent = [choice.add([i])[0] for i in range(4)] + [choice.flush()[0]]
     assert "".join(sent) == "Hello, world!" and not choice.stopped  # held back "world", then let go
+
+
+def test_logprob_tokens_are_the_text_each_token_added_in_context():
+    words = ["▁Hello", "▁world", "!"]
+
+    def sentencepiece(ids: list[int]) -> str:  # drops the leading space of what it decodes
+        return "".join(words[i] for i in ids).replace("▁", " ").lstrip()
+
+    choice = Choice(sentencepiece, [], 0)
+    entry = TokenLogprobs(-1.0, [])
+    text = "".join(choice.add([i], [entry])[0] for i in range(3)) + choice.flush()[0]
+    assert choice.logprobs.tokens == ["Hello", " world", "!"] and "".join(choice.logprobs.tokens) == text
+    assert choice.logprobs.text_offset == [0, 5, 11]
+
+
+def test_streamed_logprobs_wait_with_text_held_for_a_stop_string(client, gpt):
+    full = _text(gpt, "hi", 8)
+    chunks = _streamed(client, {"prompt": "hi", "max_tokens": 8, "logprobs": 0, "stop": [full[3:5]]})
+    tokens = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert "".join(tokens) == "".join(c["choices"][0]["text"] for c in chunks) == full[:3]

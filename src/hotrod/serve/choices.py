@@ -44,19 +44,44 @@ class Choice:
         self.stopped = False
         self.logprobs = None if logprobs is None else Logprobs(top_logprobs=[] if logprobs else None)
         self._offset = start  # where the next token's text starts, for text_offset
+        self._handed = 0  # logprobs entries handed out so far
 
     def add(self, tokens: list[int], logprobs: list[TokenLogprobs] | None = None) -> tuple[str, Logprobs | None]:
-        """The new text that is safe to send, and the logprobs of the tokens it took in."""
+        """The new text that is safe to send, and the logprobs of the tokens it took in.
+
+        Each token's string (and offset) is the text it added in context, so they join into the text
+        exactly; a token that ends inside a character gets "" and the next one the whole character.
+        """
         if self.stopped:
             return "", None
-        fresh = self._record(tokens, logprobs)
-        return self._release(self.held + self.detokenizer.add(tokens), final=False), fresh
+        self.tokens += len(tokens)
+        text = ""
+        for i, token in enumerate(tokens):
+            piece = self.detokenizer.add([token])
+            if self.logprobs is not None and logprobs:
+                self._note(self.logprobs, piece, logprobs[i])
+            text += piece
+        text = self._release(self.held + text, final=False)
+        return text, self._due(final=self.stopped)
 
-    def flush(self) -> str:
-        """Whatever is still held at the end (no stop string came)."""
-        if self.stopped:
-            return ""
-        return self._release(self.held + self.detokenizer.flush(), final=True)
+    def flush(self) -> tuple[str, Logprobs | None]:
+        """Whatever is still held at the end (no stop string came), and the logprobs not yet handed out."""
+        text = "" if self.stopped else self._release(self.held + self.detokenizer.flush(), final=True)
+        return text, self._due(final=True)
+
+    def _due(self, final: bool) -> Logprobs | None:
+        """Logprobs of the tokens whose text has been handed out (all that are left, at the end) and whose
+        logprobs have not: a token held back as the possible start of a stop string waits with its text."""
+        if self.logprobs is None:
+            return None
+        offsets = self.logprobs.text_offset
+        end = len(offsets) if final else sum(1 for offset in offsets if offset < self.sent)
+        start, self._handed = self._handed, max(self._handed, end)
+        if end <= start:
+            return None
+        top = self.logprobs.top_logprobs
+        return Logprobs(self.logprobs.tokens[start:end], self.logprobs.token_logprobs[start:end],
+                        None if top is None else top[start:end], offsets[start:end])
 
     def _release(self, text: str, final: bool) -> str:
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
@@ -72,21 +97,13 @@ class Choice:
         self.sent += len(text)
         return text
 
-    def _record(self, tokens: list[int], logprobs: list[TokenLogprobs] | None) -> Logprobs | None:
-        self.tokens += len(tokens)
-        if self.logprobs is None or not logprobs:
-            return None
-        fresh = Logprobs(top_logprobs=[] if self.logprobs.top_logprobs is not None else None)
-        for token, entry in zip(tokens, logprobs):
-            piece = self.decode([token])
-            fresh.tokens.append(piece)
-            fresh.token_logprobs.append(entry.logprob)
-            fresh.text_offset.append(self._offset)
-            if fresh.top_logprobs is not None:
-                fresh.top_logprobs.append({self.decode([t]): lp for t, lp in entry.top})
-            self._offset += len(piece)
-        _extend(self.logprobs, fresh)
-        return fresh
+    def _note(self, into: Logprobs, piece: str, entry: TokenLogprobs) -> None:
+        into.tokens.append(piece)
+        into.token_logprobs.append(entry.logprob)
+        into.text_offset.append(self._offset)
+        if into.top_logprobs is not None:
+            into.top_logprobs.append({self.decode([t]): lp for t, lp in entry.top})
+        self._offset += len(piece)
 
     def _trim(self, end: int) -> None:
         """After a stop string: keep only the tokens whose text starts before it (OpenAI's usage counts)."""
@@ -107,11 +124,3 @@ def _held_back(text: str, stops: list[str]) -> int:
                 longest = size
                 break
     return longest
-
-
-def _extend(into: Logprobs, more: Logprobs) -> None:
-    into.tokens += more.tokens
-    into.token_logprobs += more.token_logprobs
-    into.text_offset += more.text_offset
-    if into.top_logprobs is not None and more.top_logprobs is not None:
-        into.top_logprobs += more.top_logprobs

@@ -103,12 +103,21 @@ async def _pieces(reader: TicketReader, choice: Choice) -> AsyncIterator[Piece]:
                 yield text, logprobs, "stop"
                 return
             if event.finish_reason is not None:
-                yield text + choice.flush(), logprobs, event.finish_reason
+                rest, more = choice.flush()
+                yield text + rest, _joined(logprobs, more), event.finish_reason
                 return
             if text or logprobs is not None:
                 yield text, logprobs, None
     finally:
         reader.close()  # a stop string ends the choice early: its slot is freed at the next step
+
+
+def _joined(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
+    if first is None or second is None:
+        return first or second
+    top = None if first.top_logprobs is None else first.top_logprobs + (second.top_logprobs or [])
+    return Logprobs(first.tokens + second.tokens, first.token_logprobs + second.token_logprobs, top,
+                    first.text_offset + second.text_offset)
 
 
 async def _whole(pieces: AsyncIterator[Piece]) -> tuple[str, str | None]:
