@@ -12,7 +12,7 @@ weights rarely emit it); the tokens counted are the ones the server returned.
 
     python benchmarks/serve_load.py [--precision int8 | --artifact DIR] [--batching continuous,request,none]
                                     [--concurrency 1,8,32] [--requests 48] [--time-limit 120] [--threads 0]
-                                    [--out benchmarks/results/serve-cpu]
+                                    [--out benchmarks/results/serve-cpu] [--chaos]
 """
 
 from __future__ import annotations
@@ -166,14 +166,15 @@ class Server:
             return ""
 
 
-def start_server(artifact: Path, policy: str, threads: int, request_timeout: float, log_dir: Path) -> Server:
+def start_server(artifact: Path, policy: str, threads: int, request_timeout: float, log_dir: Path,
+                 extra: list[str] | None = None) -> Server:
     """`hotrod serve` in a child process on loopback, its output kept in a file (a pipe could fill and stall it)."""
     port = free_port()
     log_path = log_dir / f"server-{policy}.log"
     command = [sys.executable, "-m", "hotrod.cli", "serve", str(artifact), "--host", "127.0.0.1",
                "--port", str(port), "--batching", policy, "--max-batch-size", str(MAX_BATCH_SIZE),
                "--threads", str(threads), "--request-timeout", f"{request_timeout:g}",
-               "--max-new-tokens-limit", str(max(NEW_TOKENS[1], 256))]
+               "--max-new-tokens-limit", str(max(NEW_TOKENS[1], 256)), *(extra or [])]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     return Server(policy, port, process, log_path)
@@ -495,6 +496,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="plain JSON responses (no time-to-first-token figure)")
     parser.add_argument("--seed", type=int, default=SEED, help="seed of the request list")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="writes OUT.json and OUT.md")
+    parser.add_argument("--chaos", action="store_true", help="one continuous server, W5 beside hostile requests "
+                        "(benchmarks/serve_chaos.py); writes OUT-chaos.json and OUT-chaos.md")
     args = parser.parse_args(argv)
     args.policies = _list(args.batching, "--batching")
     bad = [p for p in args.policies if p not in POLICIES]
@@ -522,6 +525,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     """Every policy's server in turn, every concurrency against it; results written after each server."""
+    if args.chaos:
+        from serve_chaos import run_chaos
+
+        return run_chaos(args)
     if args.artifact is not None:
         artifact = args.artifact.resolve()
         manifest = read_manifest(artifact)

@@ -43,3 +43,17 @@ def _isolated_environment(monkeypatch, tmp_path_factory):
     threads = torch.get_num_threads()  # loading on the torch backend sets the process-wide count
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fill_disk(monkeypatch):
+    """Calling it makes `optimize` run out of disk space part way (as it writes the configs, after the graphs)."""
+    import errno
+    import os
+
+    import hotrod.build
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return lambda: monkeypatch.setattr(hotrod.build, "write_configs", full)

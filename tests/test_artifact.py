@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import filelock
 import onnx
 import onnxruntime
 import pytest
@@ -32,8 +33,8 @@ def sha256(file: Path) -> str:
 
 
 def leftovers(parent: Path, name: str) -> list[str]:
-    """Staging directories (`.<name>.*.partial` / `.old`) left beside an output."""
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+    """Staging directories (`.<name>.*.partial` / `.old`) left beside an output (its lock file stays)."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}.") and p.name != f".{name}.lock")
 
 
 # -- the manifest ---------------------------------------------------------------------------------
@@ -250,6 +251,39 @@ def test_failed_forced_export_keeps_the_previous_artifact(zoo, tmp_path):
     assert manifest(out) == before
     assert leftovers(tmp_path, "out") == []
     hotrod.load(out)
+
+
+def test_a_second_writer_of_the_same_output_fails_at_once(zoo, tmp_path):
+    out = tmp_path / "out"
+    with filelock.FileLock(tmp_path / ".out.lock"):  # another optimize is writing `out`
+        with pytest.raises(hotrod.HotrodError, match="another hotrod process is writing"):
+            hotrod.optimize(zoo.checkpoint("bert"), out, progress=False)
+    assert not out.exists() and leftovers(tmp_path, "out") == []
+
+
+def test_a_full_disk_is_one_error_and_keeps_the_previous_artifact(zoo, tmp_path, fill_disk):
+    checkpoint, out = zoo.checkpoint("bert"), zoo.copy_artifact("bert", tmp_path / "out")
+    before = manifest(out)
+    fill_disk()
+    with pytest.raises(hotrod.HotrodError, match=f"cannot write {re.escape(str(out))}: No space left on device"):
+        hotrod.optimize(checkpoint, out, force=True, progress=False)
+    assert manifest(out) == before and leftovers(tmp_path, "out") == []
+
+
+def test_replacing_an_artifact_never_leaves_a_moment_without_one(zoo, tmp_path, monkeypatch):
+    out = zoo.copy_artifact("gpt2", tmp_path / "out")
+    seen = []
+    real_replace = os.replace
+
+    def replace(a, b):
+        seen.append((out / "manifest.json").is_file())
+        real_replace(a, b)
+        seen.append((out / "manifest.json").is_file())
+
+    monkeypatch.setattr(os, "replace", replace)
+    hotrod.optimize(zoo.checkpoint("bert"), out, force=True, progress=False, verify_examples=0)
+    assert all(seen) and manifest(out)["kind"] == "encoder"
+    assert leftovers(tmp_path, "out") == []
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -179,6 +179,19 @@ def _weightless_checkpoint(zoo, tmp_path) -> Path:
     return source
 
 
+def _locked(out: Path) -> Path:
+    """`out`, with its lock held as if another optimize were writing it (until the test's process ends)."""
+    import filelock
+
+    lock = filelock.FileLock(out.parent / f".{out.name}.lock")
+    lock.acquire()
+    _HELD.append(lock)
+    return out
+
+
+_HELD: list = []
+
+
 def _corrupt_artifact(zoo, tmp_path) -> Path:
     artifact = zoo.copy_artifact("bert", tmp_path / "art")
     (artifact / "encoder.onnx").write_bytes(b"junk")
@@ -210,6 +223,14 @@ MISTAKES = {
     "id_outside_vocab": (lambda z, t: ["generate", z.artifact("gpt2"), f"5 {VOCAB}", "--ids"], 1,
                          "outside the vocabulary"),
     "negative_id": (lambda z, t: ["generate", z.artifact("gpt2"), "5 -3", "--ids"], 1, "outside the vocabulary"),
+    "id_beyond_any_tensor": (lambda z, t: ["generate", z.artifact("gpt2"), "1 99999999999999999999", "--ids"], 1,
+                             "token id 99999999999999999999 is outside the vocabulary"),
+    "tiny_temperature": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--do-sample",
+                                       "--temperature", "1e-300"], 1, "temperature must be at least"),
+    "infinite_repetition_penalty": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids",
+                                                  "--repetition-penalty", "inf"], 1, "finite"),
+    "optimize_into_a_locked_out": (lambda z, t: ["optimize", z.checkpoint("bert"), "--out", _locked(t / "o")], 1,
+                                   "another hotrod process is writing"),
     "ids_not_integers": (lambda z, t: ["generate", z.artifact("t5"), "5 six", "--ids"], 1,
                          "space-separated integers"),
     "generate_on_encoder": (lambda z, t: ["generate", z.artifact("bert"), "5 6", "--ids"], 1, "encoder"),
@@ -284,12 +305,37 @@ def test_a_real_process_prints_one_error_line(zoo, tmp_path, argv, status, match
     assert_one_error_line(done.returncode, done.stdout, done.stderr, status, match)
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-batch-size", "0", "max_batch_size must be >= 1"),
+    ("--max-queue-delay-ms", "inf", "max_queue_delay_ms must be a finite number"),
+    ("--kv-cache-mb", "nan", "kv_cache_mb must be a finite number"),
+    ("--kv-cache-mb", "inf", "kv_cache_mb must be a finite number"),
+    ("--request-timeout", "inf", "request_timeout_s must be a finite number"),
+    ("--shutdown-timeout", "-1", "shutdown_timeout_s must be >= 0"),
+    ("--max-input-tokens", "0", "max_input_tokens must be an integer >= 1"),
+    ("--max-batch-inputs", "0", "max_batch_inputs must be an integer >= 1"),
+    ("--max-request-bytes", "-5", "max_request_bytes must be an integer >= 1"),
+    ("--max-connections", "0", "max_connections must be an integer >= 1"),
+    ("--api-key", "", "api_key must be a non-empty string"),
+])
+def test_serve_refuses_bad_numbers_before_loading(zoo, capsys, option, value, message):
+    code, out, err = run(capsys, "serve", str(zoo.artifact("gpt2")), option, value)
+    assert_one_error_line(code, out, err, 1, message)
+
+
+def test_a_full_disk_during_optimize_is_one_line_and_leaves_nothing(zoo, capsys, tmp_path, fill_disk):
+    fill_disk()
+    code, out, err = run(capsys, "optimize", zoo.checkpoint("bert"), "--out", tmp_path / "o")
+    last = err.splitlines()[-1]  # after the progress bars
+    assert code == 1 and "Traceback" not in err and last.startswith("hotrod: error: cannot write")
+    assert last.endswith("No space left on device")
+    assert [p.name for p in tmp_path.iterdir()] == [".o.lock"]
+
+
 def test_serve_refuses_bad_options_before_loading(zoo, capsys, tmp_path):
     import socket
 
     artifact = str(zoo.artifact("gpt2"))
-    code, out, err = run(capsys, "serve", artifact, "--max-batch-size", "0")
-    assert_one_error_line(code, out, err, 1, "max_batch_size must be >= 1")
     code, out, err = run(capsys, "serve", str(tmp_path / "missing"))
     assert_one_error_line(code, out, err, 1, "no such model directory")
     with socket.socket() as busy:

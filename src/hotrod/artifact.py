@@ -8,15 +8,20 @@ leaves a half-written artifact. Loading checks every recorded file before any gr
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import filelock
 
 from hotrod.errors import HotrodError
 from hotrod.load import file_sha256
@@ -42,25 +47,70 @@ def is_artifact(path: str | Path) -> bool:
 
 @contextmanager
 def staging(out: Path, force: bool) -> Iterator[Path]:
-    """A temporary directory beside `out` that replaces `out` whole when the block succeeds."""
+    """A temporary directory beside `out` that replaces `out` whole when the block succeeds.
+
+    A lock beside `out` (`.<name>.lock`, kept: deleting a lock file races with the next taker) makes a
+    second writer of the same `out` fail at once instead of interleaving with the first. The new artifact
+    takes the old one's place in one rename, so a reader never finds `out` missing or half-written. A
+    full disk or a permission error is one line, and the staging directory goes either way.
+    """
     if out.exists() and not out.is_dir():
         raise HotrodError(f"output path {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise HotrodError(f"output directory {out} already exists and is not empty; use --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        yield tmp
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, old / out.name)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it private; the artifact is an ordinary directory
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with _writer_lock(out):
+            if out.exists() and any(out.iterdir()) and not force:
+                raise HotrodError(f"output directory {out} already exists and is not empty; use --force to replace it")
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+            try:
+                yield tmp
+                os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it private; the artifact is an ordinary directory
+                _move_into_place(tmp, out)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        raise HotrodError(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
+@contextmanager
+def _writer_lock(out: Path) -> Iterator[None]:
+    lock = filelock.FileLock(out.parent / f".{out.name}.lock", timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise HotrodError(f"another hotrod process is writing {out}; wait for it to finish") from None
+    try:
+        yield
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        lock.release()
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """`tmp` becomes `out`; an old `out` ends up in `tmp` (removed by the caller)."""
+    if not out.exists() or not any(out.iterdir()):
+        os.replace(tmp, out)  # a rename onto an empty directory replaces it
+    elif not _exchange(tmp, out):  # no atomic swap here: two renames, a moment without `out`
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.replace(out, old / out.name)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux's renameat2 with RENAME_EXCHANGE); False where unsupported.
+
+    Python's os module has no binding for it, hence ctypes.
+    """
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if sys.platform == "linux" else None
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a filesystem or kernel without it
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def _umask() -> int:

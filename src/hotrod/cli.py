@@ -14,7 +14,6 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError
 from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS, PRECISIONS
-from hotrod.serve.scheduler import POLICIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,6 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args) or 0
     except HotrodError as exc:
         print(f"hotrod: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a full disk, a permission denied: the system's one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"hotrod: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("hotrod: interrupted", file=sys.stderr)
@@ -120,20 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="folder for results.json, report.md and charts")
     p.set_defaults(handler=_bench)
 
-    p = sub.add_parser("serve", help="serve artifacts over HTTP with dynamic and continuous batching")
-    p.add_argument("models", nargs="+", metavar="DIR", help="artifact directories; each is served by its folder name")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (generation: running requests)")
-    p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="longest an encoder request waits for a batch")
-    p.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before 429")
-    p.add_argument("--max-new-tokens-limit", type=int, default=256)
-    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request ends with 504")
-    p.add_argument("--kv-cache-mb", type=float, default=1024.0, help="KV-cache budget of a running batch")
-    p.add_argument("--batching", default="continuous", choices=POLICIES,
-                   help="generation: continuous (iteration-level), request (request-level) or none")
-    _runtime_args(p)
-    p.set_defaults(handler=_serve)
+    from hotrod.serve.command import add_serve_parser
+
+    add_serve_parser(sub, _runtime_args)
 
     p = sub.add_parser("demo", help="optimize the built-in models for this machine, verify them, time them "
                                     "against PyTorch and write a report")
@@ -202,6 +194,7 @@ def _figures_line(figures: dict) -> str:
 
 
 def _parse_ids(texts: Sequence[str]) -> list[list[int]]:
+    """Token id rows; an id no tensor can hold is refused here (the model refuses ids outside its vocabulary)."""
     rows = []
     for text in texts:
         try:
@@ -210,6 +203,9 @@ def _parse_ids(texts: Sequence[str]) -> list[list[int]]:
             raise HotrodError(f"--ids expects space-separated integers, got {text!r}") from None
         if not rows[-1]:
             raise HotrodError("empty prompt")
+        bad = next((i for i in rows[-1] if not -(2**63) <= i < 2**63), None)
+        if bad is not None:
+            raise HotrodError(f"token id {bad} is outside the vocabulary")
     return rows
 
 
@@ -359,42 +355,6 @@ def _demo(args) -> int:
     run_demo(names, runs=args.runs, out=args.out, max_drop=args.max_drop)
     return 0
 
-
-def _serve(args) -> int:
-    from hotrod.runtime.base import RuntimeOptions
-    from hotrod.serve.app import StartupFailed, serve
-    from hotrod.serve.engine import ServeOptions, load_engines
-    from hotrod.serve.metrics import Metrics
-    from hotrod.serve.schemas import ServeLimits
-
-    options = ServeOptions(args.max_batch_size, args.max_queue_delay_ms, args.max_queue, args.kv_cache_mb,
-                           args.batching)
-    limits = ServeLimits(args.max_new_tokens_limit, args.request_timeout)
-    if not 0 <= args.port < 65536:
-        raise HotrodError(f"--port must be in 0..65535, got {args.port}")
-    _check_listen(args.host, args.port)
-    metrics = Metrics()
-    engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads,
-                                                                    precision=args.engine_precision or "fp32"),
-                           metrics)
-    try:
-        serve(engines, limits, args.host, args.port, metrics)
-    except StartupFailed as exc:
-        raise HotrodError(str(exc)) from None
-    return 0
-
-
-def _check_listen(host: str, port: int) -> None:
-    """Refuse a host or port the server could not listen on before any model is loaded."""
-    import socket
-
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as exc:
-        raise HotrodError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 if __name__ == "__main__":
     sys.exit(main())

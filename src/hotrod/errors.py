@@ -4,6 +4,8 @@ It subclasses ValueError so that API callers can catch the usual type, and the C
 line (`hotrod: error: ...`) and a non-zero exit instead of a traceback.
 """
 
+import math
+
 
 class HotrodError(ValueError):
     """A user-facing error: bad input, unsupported model, unreadable or incompatible artifact."""
@@ -13,3 +15,19 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (or its type's name): how a foreign error is shown in one line."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_number(name: str, value: float, low: float | None = None, high: float | None = None,
+                 *, above: bool = False) -> float:
+    """`value` when it is a finite number in [low, high] (strictly above `low` with `above`), else one line.
+
+    inf and nan pass naive comparisons (`not nan < 0`) and then fail far from where they came in, as an
+    overflow in a timer or a NaN in a draw; every option from a user goes through here first.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise HotrodError(f"{name} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if above else value < low):
+        raise HotrodError(f"{name} must be {'>' if above else '>='} {low:g}, got {value:g}")
+    if high is not None and value > high:
+        raise HotrodError(f"{name} must be <= {high:g}, got {value:g}")
+    return value

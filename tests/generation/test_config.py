@@ -54,7 +54,11 @@ def test_pad_defaults_to_the_first_eos():
     (dict(top_p=1.5), "top_p must be in"),
     (dict(top_k=-1), "top_k must be >= 0"),
     (dict(do_sample=True, temperature=0.0), "temperature must be > 0"),
+    (dict(do_sample=True, temperature=1e-300), "temperature must be at least"),  # NaN in the draw
+    (dict(do_sample=True, temperature=float("inf")), "temperature must be a finite number"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite number"),
+    (dict(length_penalty=float("nan")), "length_penalty must be a finite number"),
     (dict(early_stopping="sometimes"), "early_stopping must be"),
     (dict(num_return_sequences=3, num_beams=2), "must not exceed num_beams"),
     (dict(min_new_tokens=-1), "min_new_tokens must be >= 0"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket
+from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket, TokenLogprobs
 
 FAIL_TOKEN = 66  # a prompt holding this id fails its batch ("B" encodes to it)
 _ALPHABET = string.ascii_letters + string.digits + " .,;:!?-_()[]{}<>/\\|@#$%^&*+=~'\""
@@ -24,6 +24,15 @@ _ALPHABET = string.ascii_letters + string.digits + " .,;:!?-_()[]{}<>/\\|@#$%^&*
 def expected_tokens(prompt: list[int], count: int, vocab_size: int = 100) -> list[int]:
     """What the fake generates for `prompt`: the tests' oracle."""
     return [(sum(prompt) + i) % vocab_size for i in range(count)]
+
+
+def fake_logprobs(token: int, step: int, top: int | None, vocab_size: int = 100) -> list[TokenLogprobs] | None:
+    """What the fake reports with token number `step` (from 1) when asked for `top` logprobs."""
+    if top is None:
+        return None
+    chosen = -0.25 * step
+    alternatives = [(token, chosen)] + [((token + k) % vocab_size, chosen - k) for k in range(1, top)]
+    return [TokenLogprobs(chosen, alternatives[:top])]
 
 
 def expected_embedding(row: list[int], hidden: int = 8, normalize: bool = False) -> list[float]:
@@ -60,6 +69,7 @@ class FakeEngine:
     cancelled: list[Ticket] = field(default_factory=list)
     tickets: list[Ticket] = field(default_factory=list)
     stopped_with: list[bool] = field(default_factory=list)
+    died: str | None = None  # set: the worker has died
 
     def __post_init__(self) -> None:
         self.info = ModelInfo(name=self.name, kind=self.kind, vocab_size=self.vocab_size,
@@ -111,9 +121,12 @@ class FakeEngine:
         self._ready = True
 
     def ready(self) -> bool:
-        return self._ready
+        return self._ready and self.died is None
 
-    def stop(self, drain: bool = True) -> None:
+    def failure(self) -> str | None:
+        return self.died
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         self.stopped_with.append(drain)
         with self._lock:
             self._accepting = False
@@ -159,5 +172,6 @@ class FakeEngine:
         token = (sum(job.prompt) + job.step) % self.vocab_size
         job.step += 1
         done = job.step >= job.params.max_new_tokens
-        ticket.push(Event(tokens=[token], finish_reason="length" if done else None))
+        ticket.push(Event(tokens=[token], logprobs=fake_logprobs(token, job.step, job.params.logprobs, self.vocab_size),
+                          finish_reason="length" if done else None))
         return done

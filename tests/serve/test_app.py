@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hotrod.errors import HotrodError
 from hotrod.serve.app import StartupFailed, _Server, create_app, serve
-from hotrod.serve.schemas import ServeLimits
+from hotrod.serve.limits import ServeLimits
 from hotrod.serve.sse import Detokenizer
 from tests.serve.fake import FakeEngine, expected_embedding, expected_tokens
 
@@ -31,22 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def gpt():
-    engine = FakeEngine(name="gpt")
-    engine.start()
-    yield engine
-    engine.stop(drain=False)
-
-
-@pytest.fixture
-def bert():
-    engine = FakeEngine(name="bert", kind="encoder")
-    engine.start()
-    yield engine
-    engine.stop(drain=False)
 
 
 @pytest.fixture
@@ -224,8 +208,13 @@ BAD_REQUESTS = [
     ("/v1/generate", {"model": "gpt", "token_ids": [5, 100]}, 400, "token_ids"),
     ("/v1/generate", {"model": "gpt", "token_ids": [-1]}, 400, "token_ids"),
     ("/v1/completions", {"model": "gpt"}, 422, "prompt"),
-    ("/v1/completions", {"model": "gpt", "prompt": "a", "stop": "\n"}, 400, "stop"),
-    ("/v1/completions", {"model": "gpt", "prompt": "a", "n": 2}, 422, "n"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "stop": list("abcde")}, 400, "stop"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "n": 17}, 422, "n"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "logprobs": 6}, 422, "logprobs"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("/v1/completions", {"model": "gpt", "prompt": "a", "best_of": 2}, 422, "best_of"),
     ("/v1/completions", {"model": "gpt", "prompt": "a", "max_tokens": 41}, 400, "max_tokens"),
     ("/v1/completions", {"model": "gpt", "prompt": LONG, "max_tokens": 10}, 400, "prompt"),
     ("/v1/completions", {"model": "gpt", "prompt": [1, "a"]}, 422, "prompt"),
@@ -258,12 +247,17 @@ def test_bad_requests_name_the_field(client, gpt, bert, path, body, status, para
     assert len(gpt.submitted) + len(bert.submitted) == submitted  # refused before taking a slot
 
 
-def test_json_without_a_json_content_type_is_still_read(client):
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_only_json_bodies_are_read(client, gpt, content_type):
+    """A browser sends text/plain and form POSTs cross-site without a preflight: they must not run."""
+    headers = {"content-type": content_type} if content_type else {}
     response = client.post("/v1/generate", content=b'{"model": "gpt", "text": "a", "max_new_tokens": 1}',
-                           headers={"content-type": "application/x-www-form-urlencoded"})
-    assert response.status_code == 200
-    broken = client.post("/v1/generate", content=b"{nope", headers={"content-type": "text/plain"})
-    assert broken.status_code == 400 and broken.json()["error"]["param"] is None
+                           headers=headers)
+    assert response.status_code == 415 and "application/json" in response.json()["error"]["message"]
+    assert gpt.submitted == []
+    charset = client.post("/v1/generate", content=b'{"model": "gpt", "text": "a", "max_new_tokens": 1}',
+                          headers={"content-type": "application/json; charset=utf-8"})
+    assert charset.status_code == 200
 
 
 def test_unknown_routes_answer_in_the_error_shape(client):
@@ -290,12 +284,15 @@ def test_handle_exit_flags_the_app_before_uvicorn_stops():
 
 # -- failures, overload, timeouts ------------------------------------------------------------------------
 
-def test_a_failed_batch_is_a_500_and_the_next_request_succeeds(client, gpt):
+def test_a_failed_batch_is_a_500_naming_the_request_not_the_exception(client, gpt, caplog):
     for stream in (False, True):
         response = client.post("/v1/generate", json={"model": "gpt", "text": "aBc", "stream": stream})
         assert response.status_code == 500
-        assert "injected fault" in response.json()["error"]["message"]
-        assert "Traceback" not in response.text
+        message = response.json()["error"]["message"]
+        assert "injected fault" not in response.text and "Traceback" not in response.text
+        assert response.headers["x-request-id"] in message
+        assert any(response.headers["x-request-id"] in r.getMessage() and "injected fault" in r.getMessage()
+                   for r in caplog.records)  # the log has the detail, under the same id
     assert client.post("/v1/generate", json={"model": "gpt", "text": "abc"}).status_code == 200
     assert 'outcome="failed"} 2.0' in client.get("/metrics").text
 
@@ -503,3 +500,35 @@ def test_sigterm_lets_open_streams_finish_then_exits():
             process.wait()
         stderr = process.stderr.read().decode() if process.stderr else ""
     assert "Traceback" not in stderr, stderr
+
+
+# -- a model that dies, and the bounds of the server itself -------------------------------------------------
+
+def test_a_dead_engine_turns_ready_and_its_requests_to_503(client, gpt):
+    gpt.died = "the worker died: RuntimeError"
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and "gpt has failed" in ready.json()["error"]["message"]
+    response = client.post("/v1/generate", json={"model": "gpt", "text": "a"})
+    assert response.status_code == 503 and gpt.submitted == []
+    assert client.post("/v1/embed", json={"model": "bert", "texts": ["a"]}).status_code == 200
+
+
+def test_a_model_that_dies_while_serving_stops_the_server():
+    class Dying(FakeEngine):
+        def start(self) -> None:
+            super().start()
+            self.died = "the worker died: RuntimeError"
+
+    with pytest.raises(StartupFailed, match="model fake stopped working"):
+        serve({"fake": Dying()}, port=_free_port(), log_level="critical")
+
+
+def test_serve_bounds_connections_and_shutdown(monkeypatch):
+    seen = {}
+
+    def run(self, sockets=None):
+        seen.update(limit=self.config.limit_concurrency, grace=self.config.timeout_graceful_shutdown)
+
+    monkeypatch.setattr(_Server, "run", run)
+    serve({"fake": FakeEngine()}, ServeLimits(max_connections=7, shutdown_timeout_s=3.0), port=_free_port())
+    assert seen == {"limit": 7, "grace": 3.0}

@@ -7,14 +7,19 @@ spread over time so that rows join and leave a running batch of differing cache 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 import pytest
 import torch
 
+from hotrod.errors import HotrodError
+from hotrod.serve import runner as runner_module
 from hotrod.serve.app import create_app
 from hotrod.serve.engine import ModelEngine, ServeOptions
-from hotrod.serve.protocol import BatchFailed, Params, QueueFull
+from hotrod.serve.protocol import BatchFailed, EngineDown, Params, QueueFull, ShuttingDown
+from hotrod.serve.runner import GenerationRunner
+from hotrod.serve.scheduler import Request
 
 OPTIONS = ServeOptions(max_batch_size=4, max_queue_delay_ms=2.0, max_queue=64)
 
@@ -119,11 +124,11 @@ def test_a_failing_step_fails_only_its_batch(engine_for, monkeypatch):
     engine = engine_for("gpt2")
     real_step, calls = engine.runner.step, []
 
-    def flaky():
+    def flaky(requests):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("kernel exploded")
-        return real_step()
+        return real_step(requests)
 
     monkeypatch.setattr(engine.runner, "step", flaky)
     first = asyncio.run(_serve_all(engine, [([5, 6, 7], Params(max_new_tokens=6))]))[0]
@@ -145,7 +150,9 @@ def test_cancel_frees_the_slot(engine_for):
                 return event.finish_reason
 
     assert asyncio.run(go()) == "cancelled"
-    assert not engine.runner.rows and not engine.scheduler.busy()
+    assert not engine.scheduler.busy()
+    engine.stop()
+    assert not engine.runner.slots()
 
 
 def test_drain_finishes_queued_and_running_requests(engine_for):
@@ -206,3 +213,108 @@ def test_beam_requests_end_at_their_first_eos(seq2seq_case, engine_for):
     for (prompt, params), (tokens, reason, error) in zip(requests, asyncio.run(_serve_all(engine, requests))):
         assert error is None and reason in ("length", "stop")
         assert tokens == _alone(engine.model, prompt, params, engine.runner.eos_ids)
+
+
+# -- isolation: one request's trouble is its own ----------------------------------------------------------
+
+def test_a_row_whose_draw_fails_does_not_fail_its_batch_mates(engine_for, monkeypatch):
+    engine = engine_for("gpt2")
+    real_pick = runner_module.pick
+
+    def pick(logits, sequence, settings, skip, generator):
+        if settings.temperature == 0.5 and sequence.shape[1] >= 5:  # at a step, with its batch-mates running
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return real_pick(logits, sequence, settings, skip, generator)
+
+    monkeypatch.setattr(runner_module, "pick", pick)
+    good = Params(max_new_tokens=6, do_sample=True, temperature=0.8, seed=3)
+    bad = Params(max_new_tokens=6, do_sample=True, temperature=0.5, seed=3)
+    greedy = Params(max_new_tokens=6)
+    requests = [([5, 6, 7], good), ([5, 6, 7], bad), ([8, 9], greedy)]
+    together = asyncio.run(_serve_all(engine, requests, spacing=0.0))
+    assert len(together[1][0]) == 2 and isinstance(together[1][2], BatchFailed)
+    alone = [asyncio.run(_serve_all(engine, [r]))[0] for r in (requests[0], requests[2])]
+    assert [together[0], together[2]] == alone and all(r[2] is None for r in alone)
+
+
+def test_a_temperature_the_draw_cannot_compute_is_refused_at_submission(engine_for):
+    engine = engine_for("gpt2")
+
+    async def go():
+        engine.submit_generate([5, 6], Params(max_new_tokens=3, do_sample=True, temperature=1e-300))
+
+    with pytest.raises(HotrodError, match="temperature must be at least"):
+        asyncio.run(go())
+
+
+def test_a_dead_worker_fails_what_it_holds_and_refuses_new_work(engine_for, monkeypatch):
+    engine = engine_for("gpt2")
+
+    def broken_plan():
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(engine.scheduler, "plan", broken_plan)
+
+    async def go():
+        tokens, reason, error = await _collect(engine.submit_generate([5, 6], Params(max_new_tokens=3)))
+        with pytest.raises(EngineDown):
+            engine.submit_generate([5, 6], Params(max_new_tokens=3))
+        return error
+
+    assert isinstance(asyncio.run(go()), EngineDown)
+    assert engine.failure() == "scheduler bug" and not engine.ready()
+
+
+def test_draining_is_bounded_by_the_shutdown_timeout(engine_for, monkeypatch):
+    engine = engine_for("gpt2")
+    release = threading.Event()
+    real_step = engine.runner.step
+
+    def stuck(requests):
+        release.wait()
+        return real_step(requests)
+
+    monkeypatch.setattr(engine.runner, "step", stuck)
+
+    async def go():
+        ticket = engine.submit_generate([5, 6, 7], Params(max_new_tokens=20))
+        await asyncio.to_thread(engine.stop, True, 0.2)  # returns although the step never ends
+        return await _collect(ticket)
+
+    try:
+        assert isinstance(asyncio.run(go())[2], ShuttingDown)
+    finally:
+        release.set()
+
+
+def test_a_cancelled_beam_request_stops_during_its_search(zoo):
+    model = zoo.model("gpt2", "onnxruntime")
+    runner = GenerationRunner(model)
+
+    class CancelledAfterTwoSteps:
+        reads = 0
+
+        @property
+        def cancelled(self) -> bool:
+            self.reads += 1
+            return self.reads > 2
+
+    request = Request(CancelledAfterTwoSteps(), prompt=[5, 6, 7], params=Params(max_new_tokens=30, num_beams=3))
+    request.options = runner.options(request.prompt, request.params)
+    assert runner.run_whole(request) is None and request.ticket.reads == 3
+
+
+def test_logprobs_are_the_models_own_for_each_token(engine_for):
+    engine = engine_for("gpt2")
+
+    async def go():
+        ticket = engine.submit_generate([5, 6, 7], Params(max_new_tokens=4, logprobs=3))
+        return [event async for event in ticket.events()]
+
+    got = [(t, lp) for event in asyncio.run(go()) for t, lp in zip(event.tokens, event.logprobs or [])]
+    tokens = [t for t, _ in got]
+    logits = engine.model(input_ids=torch.tensor([[5, 6, 7, *tokens]])).logits[0, 2:]
+    for i, (token, entry) in enumerate(got):
+        expected = torch.log_softmax(logits[i].float(), dim=-1)
+        assert entry.top[0][0] == token and len(entry.top) == 3  # greedy: the most likely one
+        assert entry.logprob == pytest.approx(expected[token].item(), abs=1e-4)

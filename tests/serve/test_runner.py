@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -52,22 +54,22 @@ def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, c
     while pending or scheduler.busy():
         if pending and step % 2 == 0:
             scheduler.add(pending.pop(0))
-        plan = scheduler.plan()
-        if runner.rows:
-            _record(scheduler, runner, list(runner.rows), runner.step())
-        if plan.admit:
-            _record(scheduler, runner, plan.admit, runner.admit(plan.admit))
+        _execute(scheduler, runner, scheduler.plan())
         step += 1
+    runner.release(scheduler.plan().release)
     for request in requests:
         assert request.tokens == _alone(model, request, runner.eos_ids)
     assert calls["join"] and calls["keep"] and calls["place"]
     assert not runner.groups
 
 
-def _record(scheduler, runner, rows, tokens) -> None:
-    done = [r for r, t in zip(rows, tokens) if scheduler.record(r, t)]
-    scheduler.leave(done)
-    runner.leave(done)
+def _execute(scheduler, runner, plan) -> None:
+    """The engine's iteration: the runner executes the plan, the scheduler records every token."""
+    runner.release(plan.release)
+    for rows, tokens in ((plan.step, runner.step(plan.step) if plan.step else []),
+                         (plan.admit, runner.admit(plan.admit) if plan.admit else [])):
+        for row, pick in zip(rows, tokens):
+            scheduler.record(row, pick.token)
 
 
 def test_a_long_request_leaving_gives_its_cache_memory_back(lm_case, zoo):
@@ -81,13 +83,27 @@ def test_a_long_request_leaving_gives_its_cache_memory_back(lm_case, zoo):
     for request in (long, short):
         request.options = runner.options(request.prompt, request.params)
         scheduler.add(request)
-    plan = scheduler.plan()
-    _record(scheduler, runner, plan.admit, runner.admit(plan.admit))
+    _execute(scheduler, runner, scheduler.plan())
     [group] = runner.groups
     assert group.state.kv.capacity >= long.options.settings.max_length
     long.ticket.cancelled = True
-    runner.leave(scheduler.plan().cancelled)
+    plan = scheduler.plan()
+    runner.release(plan.release)
     assert group.state.kv.capacity == short.options.settings.max_length
+    _execute(scheduler, runner, replace(plan, release=[]))
     while scheduler.busy():
-        _record(scheduler, runner, list(runner.rows), runner.step())
+        _execute(scheduler, runner, scheduler.plan())
     assert short.tokens == _alone(model, short, runner.eos_ids)
+
+
+def test_a_row_whose_choice_fails_fails_alone(zoo):
+    """A sampled row whose draw raises gets the exception as its outcome; its batch-mates their tokens."""
+    model = zoo.model("gpt2", "onnxruntime")
+    runner = GenerationRunner(model)
+    rows = [Request(_Ticket(), prompt=[5, 6, 7], params=Params(max_new_tokens=4, do_sample=True, seed=s))
+            for s in (1, 2)] + [Request(_Ticket(), prompt=[8, 9], params=Params(max_new_tokens=4))]
+    for request in rows:
+        request.options = runner.options(request.prompt, request.params)
+    rows[0].options.generator = "not a generator"  # its draw raises inside torch.multinomial
+    outcomes = runner.admit(rows)
+    assert isinstance(outcomes[0], BaseException) and all(isinstance(p.token, int) for p in outcomes[1:])

@@ -15,23 +15,27 @@ class _Ticket:
 
 
 class FakeRunner:
-    """Token t of a request is (first prompt id + t) % 50; a prompt starting with 42 emits EOS at t == 2."""
+    """Token t of a request is (first prompt id + t) % 50; a prompt starting with 42 emits EOS at t == 2.
+
+    Like the real runner it executes plans: it holds slots, and a step must name exactly the rows in them.
+    """
 
     def __init__(self):
-        self.rows: list[Request] = []
+        self.rows: list[Request] = []  # its slots
         self.batches: list[list[int]] = []  # request ids of every call
+
+    def release(self, requests):
+        self.rows = [r for r in self.rows if r not in requests]
 
     def admit(self, requests):
         self.rows += requests
         self.batches.append([r.id for r in requests])
         return [self._token(r, 0) for r in requests]
 
-    def step(self):
-        self.batches.append([r.id for r in self.rows])
-        return [self._token(r, len(r.tokens)) for r in self.rows]
-
-    def leave(self, requests):
-        self.rows = [r for r in self.rows if r not in requests]
+    def step(self, requests):
+        assert sorted(r.id for r in requests) == sorted(r.id for r in self.rows), "the plan and the slots differ"
+        self.batches.append([r.id for r in requests])
+        return [self._token(r, len(r.tokens)) for r in requests]
 
     @staticmethod
     def _token(request, t):
@@ -51,22 +55,22 @@ def _drive(scheduler, runner, arrivals: dict[int, list[Request]], steps: int = 2
         for request in arrivals.get(i, []):
             scheduler.add(request)
         plan = scheduler.plan()
-        runner.leave(plan.cancelled)
+        runner.release(plan.release)
+        if plan.step:
+            _record(scheduler, plan.step, runner.step(plan.step))
+        if plan.admit:
+            _record(scheduler, plan.admit, runner.admit(plan.admit))
         if plan.whole:
             whole.append(plan.whole)
-        if runner.rows:
-            _record(scheduler, runner, list(runner.rows), runner.step())
-        if plan.admit:
-            _record(scheduler, runner, plan.admit, runner.admit(plan.admit))
         if not scheduler.busy() and i > max(arrivals, default=0):
             break
+    runner.release(scheduler.plan().release)
     return whole
 
 
-def _record(scheduler, runner, rows, tokens) -> None:
-    done = [r for r, t in zip(rows, tokens) if scheduler.record(r, t)]
-    scheduler.leave(done)
-    runner.leave(done)
+def _record(scheduler, rows, tokens) -> None:
+    for row, token in zip(rows, tokens):
+        scheduler.record(row, token)
 
 
 def test_continuous_joins_the_running_batch_and_leaves_at_once():
@@ -133,18 +137,45 @@ def test_cancelled_requests_leave_waiting_and_running():
     runner.admit(scheduler.plan().admit)
     running.ticket.cancelled = waiting.ticket.cancelled = True
     plan = scheduler.plan()
-    assert {r.id for r in plan.cancelled} == {running.id, waiting.id}
-    runner.leave(plan.cancelled)
+    assert {r.id for r in plan.cancelled} == {running.id, waiting.id} and plan.step == []
+    runner.release(plan.release)
     assert not scheduler.busy() and not runner.rows
 
 
-def test_beam_requests_run_whole_between_batches():
+def test_the_scheduler_alone_says_who_leaves():
+    """A finished or failed row stays in the runner's slots until the next plan releases it."""
+    scheduler, runner = ContinuousScheduler(8, 10**6, 100, (EOS,)), FakeRunner()
+    done, failed, going = _request(1, 1), _request(2, 5), _request(3, 5)
+    for request in (done, failed, going):
+        scheduler.add(request)
+    plan = scheduler.plan()
+    _record(scheduler, plan.admit, runner.admit(plan.admit))
+    scheduler.fail([failed])
+    assert scheduler.running == [going] and len(runner.rows) == 3
+    plan = scheduler.plan()
+    assert {r.id for r in plan.release} == {done.id, failed.id} and plan.step == [going]
+    runner.release(plan.release)
+    assert runner.rows == [going]
+
+
+def test_beam_requests_run_whole_between_steps():
     scheduler, runner = ContinuousScheduler(8, 10**6, 100, (EOS,)), FakeRunner()
     greedy, beam, after = _request(1, 3), _request(2, 3, beams=2), _request(3, 2)
     whole = _drive(scheduler, runner, {0: [greedy, beam, after]})
     assert whole == [beam]
     assert all(beam.id not in b for b in runner.batches)
     assert len(after.tokens) == 2
+
+
+def test_a_beam_request_at_the_head_of_the_queue_does_not_hold_back_the_others():
+    scheduler = ContinuousScheduler(8, 10**6, 100, (EOS,))
+    running, beam, behind = _request(1, 5), _request(2, 3, beams=2), _request(3, 2)
+    scheduler.add(running)
+    scheduler.plan()
+    scheduler.add(beam)
+    scheduler.add(behind)
+    plan = scheduler.plan()
+    assert plan.whole is beam and plan.admit == [behind] and plan.step == [running]
 
 
 def test_the_queue_is_bounded():

@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, check_number
 
 MAX_NEW_TOKENS_CAP = 1 << 16  # beyond this a request is a mistake, not a workload
 DEFAULT_NEW_TOKENS = 20
+# Below this, scores / temperature overflows to inf for ordinary logits and the draw turns NaN; a caller
+# who wants the most likely token asks for greedy decoding.
+MIN_TEMPERATURE = 1e-4
 
 DEFAULTS: dict[str, Any] = {
     "max_length": None,
@@ -173,10 +176,14 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
 def _check_ranges(s: Settings) -> None:
     if s.do_sample and not s.temperature > 0:
         raise HotrodError(f"temperature must be > 0 when sampling, got {s.temperature}")
+    if s.do_sample:
+        check_temperature(s.temperature)
     if not 0 < s.top_p <= 1:
         raise HotrodError(f"top_p must be in (0, 1], got {s.top_p}")
     if not s.repetition_penalty > 0:
         raise HotrodError(f"repetition_penalty must be > 0, got {s.repetition_penalty}")
+    check_number("repetition_penalty", s.repetition_penalty)  # inf turns a zero score into NaN
+    check_number("length_penalty", s.length_penalty)
     if s.early_stopping not in (True, False, "never"):
         raise HotrodError(f"early_stopping must be true, false or 'never', got {s.early_stopping!r}")
     if not s.do_sample and s.num_return_sequences > s.num_beams:
@@ -184,6 +191,15 @@ def _check_ranges(s: Settings) -> None:
             f"num_return_sequences ({s.num_return_sequences}) must not exceed num_beams ({s.num_beams}) "
             "without sampling"
         )
+
+
+def check_temperature(temperature: float) -> float:
+    """A sampling temperature the draw can compute with: finite, and not so small that scores overflow."""
+    check_number("temperature", temperature)
+    if temperature < MIN_TEMPERATURE:
+        raise HotrodError(f"temperature must be at least {MIN_TEMPERATURE:g} when sampling, got {temperature:g}; "
+                          "for the most likely tokens, decode greedily (do_sample=False)")
+    return temperature
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -1,26 +1,34 @@
 """A served model: its tokenizer, scheduler and runner, driven by one worker thread.
 
 The app submits requests from the event loop; the worker thread owns the model and runs the loop
-plan -> run -> report. Events go back to each request's ticket as they happen (a streaming client sees
-each token the step it is produced). An exception while running a batch fails that batch's requests
-only; the worker carries on with the next.
+plan -> execute -> record. The scheduler alone knows which requests run; the runner executes its plan
+and returns an outcome per row, and the engine hands each outcome to its request's ticket as it happens
+(a streaming client sees each token the step it is produced) and back to the scheduler.
+
+Failures stay as small as they can: a row whose token choice fails is failed alone; a failure of the
+batched forward itself fails the rows of that call; a worker that dies fails everything it holds with
+EngineDown, refuses what comes after, and says so through `failure()`, so the server can exit and be
+restarted. Exception text goes to the log, never to a client.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotrod.errors import HotrodError, first_line
+from hotrod.errors import HotrodError, check_number, first_line
 from hotrod.model import HotrodModel
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
-from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import EncoderRunner, GenerationRunner, position_bytes
-from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Request
+from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
+from hotrod.serve.runner import EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
+from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
+
+log = logging.getLogger("hotrod.serve")
 
 
 @dataclass(frozen=True)
@@ -37,9 +45,8 @@ class ServeOptions:
         for name in ("max_batch_size", "max_queue"):
             if getattr(self, name) < 1:
                 raise HotrodError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_queue_delay_ms", "kv_cache_mb"):
-            if not getattr(self, name) >= 0:
-                raise HotrodError(f"{name} must be >= 0, got {getattr(self, name)}")
+        check_number("max_queue_delay_ms", self.max_queue_delay_ms, 0, 60_000)
+        check_number("kv_cache_mb", self.kv_cache_mb, 0, 2**30)
         if self.batching not in POLICIES:
             raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")
 
@@ -56,6 +63,7 @@ class ModelEngine:
         self._accepting = True
         self._ready = False
         self._stop = False
+        self._failure: str | None = None
         self._thread: threading.Thread | None = None
         if model.kind == "encoder":
             self.runner = EncoderRunner(model)
@@ -91,6 +99,8 @@ class ModelEngine:
     def _submit(self, request: Request) -> Ticket:
         request.ticket.submitted = request.arrived
         with self._cond:
+            if self._failure is not None:
+                raise EngineDown(self._failure)
             if not self._accepting:
                 raise ShuttingDown()
             self.scheduler.add(request)  # QueueFull past the bound
@@ -110,19 +120,24 @@ class ModelEngine:
         self._ready = True
 
     def ready(self) -> bool:
-        return self._ready and not self._stop
+        return self._ready and not self._stop and self._failure is None
 
-    def stop(self, drain: bool = True) -> None:
+    def failure(self) -> str | None:
+        return self._failure
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         with self._cond:
             self._accepting = False
             if not drain:
-                for request in self._abandon():
-                    if not request.ticket.done:
-                        request.ticket.push(Event(error=ShuttingDown()))
+                self._fail_all(ShuttingDown())
             self._stop = True
             self._cond.notify()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # draining took too long: what is left ends now
+                log.error("model %s did not drain within %s s; failing what it still holds", self.info.name, timeout)
+                with self._cond:
+                    self._fail_all(ShuttingDown())
         self._ready = False
 
     def _warm_up(self) -> None:
@@ -131,95 +146,111 @@ class ModelEngine:
         else:
             self.model.generate([[1, 2, 3]], max_new_tokens=2)
 
-    def _abandon(self) -> list[Request]:
+    def _fail_all(self, error: BaseException) -> None:
+        """End every request the engine holds with `error` (under the lock)."""
         waiting = list(self.scheduler.waiting)
         self.scheduler.waiting.clear()
         running = self.scheduler.fail_running() if isinstance(self.scheduler, ContinuousScheduler) else []
-        return waiting + running
+        for request in waiting + running:
+            if not request.ticket.done:
+                request.ticket.push(Event(error=error))
 
     # -- the worker ------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        loop = self._generation_iteration if self.model.kind != "encoder" else self._encoder_iteration
+        try:
+            self._serve_loop()
+        except BaseException as exc:  # noqa: BLE001  (a dead worker must say so, not leave requests hanging)
+            log.error("model %s: the worker died: %r", self.info.name, exc, exc_info=exc)
+            with self._cond:
+                self._failure = first_line(exc)
+                self._accepting = False
+                self._fail_all(EngineDown(self._failure))
+
+    def _serve_loop(self) -> None:
+        iteration = self._generation_iteration if self.model.kind != "encoder" else self._encoder_iteration
         while True:
             with self._cond:
                 while not self.scheduler.busy() and not self._stop:
                     self._cond.wait()
                 if self._stop and not self.scheduler.busy():
                     return
-            loop()
+            iteration()
 
     def _generation_iteration(self) -> None:
-        scheduler, runner = self.scheduler, self.runner
         with self._cond:
-            plan = scheduler.plan()
-        runner.leave(plan.cancelled)
+            plan: Plan = self.scheduler.plan()
         for request in plan.cancelled:
             request.ticket.push(Event(finish_reason="cancelled"))
-        if plan.whole is not None:
-            self._run_whole(plan.whole)
-        running = list(runner.rows)
-        if running:
-            self._guard(running, lambda: self._record(running, runner.step()), self._drop(running, reset=True))
+        self.runner.release(plan.release)
+        if plan.step:
+            self._execute(plan.step, lambda: self.runner.step(plan.step), reset=True)
         if plan.admit:
             for request in plan.admit:
                 self._started(request)
-            self._guard(plan.admit, lambda: self._record(plan.admit, runner.admit(plan.admit)),
-                        self._drop(plan.admit, reset=False))
+            self._execute(plan.admit, lambda: self.runner.admit(plan.admit), reset=False)
+        if plan.whole is not None:
+            self._run_whole(plan.whole)
         self._report_queue()
 
-    def _record(self, requests: list[Request], tokens: list[int]) -> None:
-        self.metrics.batch(self.info.name, self.info.kind, len(requests))
-        done = []
-        for request, token in zip(requests, tokens):
-            before = len(request.tokens)
-            finished = self.scheduler.record(request, token)
-            fresh = request.tokens[before:]
-            self.metrics.tokens(self.info.name, len(fresh))
-            if finished:
-                done.append(request)
-                request.ticket.push(Event(tokens=fresh, finish_reason=request.finish_reason))
-            elif fresh:
-                request.ticket.push(Event(tokens=fresh))
-        with self._cond:
-            self.scheduler.leave(done)
-        self.runner.leave(done)
+    def _execute(self, requests: list[Request], work: Callable[[], list[Outcome]], reset: bool) -> None:
+        """Run one call of the runner over `requests` and record each row's outcome.
 
-    def _guard(self, requests: list[Request], work: Callable[[], None], cleanup: Callable[[], None]) -> None:
-        """Run `work`; if it raises, `cleanup` and fail exactly `requests`: the other requests go on."""
+        If the call itself raises, its rows fail (a failed step leaves the running cache in an unknown
+        state, so the runner starts afresh); requests outside the call go on.
+        """
         try:
-            work()
-        except Exception as exc:  # noqa: BLE001  (any fault of one batch must not stop the server)
-            error = BatchFailed(f"running the batch failed: {first_line(exc)}")
-            cleanup()
-            for request in requests:
-                request.ticket.push(Event(error=error))
-
-    def _drop(self, requests: list[Request], reset: bool) -> Callable[[], None]:
-        """Cleanup after a failed generation batch: its rows leave the scheduler and the runner."""
-        def cleanup():
-            with self._cond:
-                self.scheduler.leave(requests)
-            if reset:  # a failed step leaves the running cache in an unknown state
+            outcomes = work()
+        except Exception as exc:  # noqa: BLE001  (any fault of one call must not stop the server)
+            if reset:
                 self.runner.reset()
+            self._fail(requests, exc)
+            return
+        self.metrics.batch(self.info.name, self.info.kind, len(requests))
+        for request, outcome in zip(requests, outcomes):
+            if isinstance(outcome, BaseException):
+                self._fail([request], outcome)
             else:
-                self.runner.leave(requests)
-        return cleanup
+                self._record(request, outcome)
+
+    def _record(self, request: Request, pick: Pick) -> None:
+        before = len(request.tokens)
+        with self._cond:
+            finished = self.scheduler.record(request, pick.token)
+        fresh = request.tokens[before:]
+        self.metrics.tokens(self.info.name, len(fresh))
+        logprobs = [pick.logprobs] if fresh and pick.logprobs is not None else None  # an EOS is not sent
+        if finished:
+            request.ticket.push(Event(tokens=fresh, logprobs=logprobs, finish_reason=request.finish_reason))
+        elif fresh:
+            request.ticket.push(Event(tokens=fresh, logprobs=logprobs))
+
+    def _fail(self, requests: list[Request], exc: BaseException) -> None:
+        """Fail `requests`: the log gets the detail, each ticket an error the app turns into a 500."""
+        log.error("model %s: running %d request(s) failed: %r", self.info.name, len(requests), exc, exc_info=exc)
+        if isinstance(self.scheduler, ContinuousScheduler):
+            with self._cond:
+                self.scheduler.fail(requests)
+        for request in requests:
+            request.ticket.push(Event(error=BatchFailed(first_line(exc))))
 
     def _run_whole(self, request: Request) -> None:
         self._started(request)
-
-        def work():
-            # The scheduler's own record() ends the request at its first EOS, as in a batch; what follows
-            # in generate()'s output is padding.
-            for token in self.runner.run_whole(request):
-                if self.scheduler.record(request, token):
-                    break
-            self.metrics.batch(self.info.name, self.info.kind, 1)
-            self.metrics.tokens(self.info.name, len(request.tokens))
-            request.ticket.push(Event(tokens=request.tokens, finish_reason=request.finish_reason or "length"))
-
-        self._guard([request], work, self._drop([request], reset=False))
+        try:
+            tokens = self.runner.run_whole(request)
+        except Exception as exc:  # noqa: BLE001
+            return self._fail([request], exc)
+        if tokens is None:
+            request.ticket.push(Event(finish_reason="cancelled"))
+            return
+        # The scheduler's own record() ends the request at its first EOS, as in a batch; what follows in
+        # the decoding loop's output is padding. A whole request never enters `running`.
+        for token in tokens:
+            if self.scheduler.record(request, token):
+                break
+        self.metrics.batch(self.info.name, self.info.kind, 1)
+        self.metrics.tokens(self.info.name, len(request.tokens))
+        request.ticket.push(Event(tokens=request.tokens, finish_reason=request.finish_reason or "length"))
 
     def _encoder_iteration(self) -> None:
         with self._cond:
@@ -234,12 +265,13 @@ class ModelEngine:
         for request in batch:
             self._started(request)
         self.metrics.batch(self.info.name, self.info.kind, sum(len(r.rows) for r in batch))
-
-        def work():
-            for request, vectors in zip(batch, self.runner.embed(batch)):
+        try:
+            results = self.runner.embed(batch)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(batch, exc)
+        else:
+            for request, vectors in zip(batch, results):
                 request.ticket.push(Event(finish_reason="stop", result=vectors))
-
-        self._guard(batch, work, lambda: None)
         self._report_queue()
 
     def _started(self, request: Request) -> None:

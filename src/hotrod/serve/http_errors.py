@@ -3,8 +3,9 @@
 Clients (OpenAI's among them) read `{"error": {"message", "type", "param"}}`; FastAPI's own errors (bad
 JSON, a wrong-typed field, an unknown route) are converted to it, and an unexpected exception becomes a
 plain 500 without a traceback. Each API request is counted once, under the outcome its status implies.
-The checks that need the served model (kind, vocabulary, positions, limits) live here too: they are the
-4xx answers that a schema cannot give.
+Which served model a request names is resolved here; the checks of its inputs are in `checks.py`.
+Exception text from inside the server never reaches a client: a 500 names the request's id, and the log
+holds the detail under the same id.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hotrod.errors import HotrodError, first_line
 from hotrod.serve.metrics import Metrics
-from hotrod.serve.protocol import Engine, QueueFull, ShuttingDown
+from hotrod.serve.protocol import Engine, EngineDown, QueueFull, ShuttingDown
 
 log = logging.getLogger("hotrod.serve")
 
-DEFAULT_NEW_TOKENS = 32
 CLIENT_CLOSED = 499  # nginx's code for "the client went away"; nobody reads the answer
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", CLIENT_CLOSED: "cancelled",
           500: "server_error", 503: "unavailable_error", 504: "timeout_error"}
 _OUTCOMES = {429: "rejected", CLIENT_CLOSED: "cancelled", 503: "unavailable", 504: "timeout"}
@@ -84,7 +85,8 @@ def model_label(engines: dict[str, Any], name: Any) -> str:
     return next(iter(engines)) if name is None and len(engines) == 1 else "unknown"
 
 
-def _record(request: Request, status: int, body: Any = None) -> None:
+def record(request: Request, status: int, body: Any = None) -> None:
+    """Count a refused request once, under the outcome its status implies (its model, if the body named one)."""
     recorder: Recorder | None = getattr(request.state, "recorder", None)
     if recorder is None:
         endpoint = request.app.state.endpoints.get(request.url.path)
@@ -119,47 +121,37 @@ def _validation_error(exc: RequestValidationError) -> tuple[int, str, str | None
     return 422, f"{where}: {message}", param
 
 
-class JsonBodies:
-    """Reads every API request body as JSON, whatever its content type says.
-
-    FastAPI parses a body only when it is declared JSON; `curl -d` declares a form, so a valid request
-    would be refused as "not an object" and a broken one never reported as invalid JSON.
-    """
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)
-
-
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error FastAPI, Starlette or the app raises through the one error shape."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        _record(request, exc.status)
+        record(request, exc.status)
         return error_response(exc.status, exc.message, exc.param, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, message, param = _validation_error(exc)
-        _record(request, status, exc.body)
+        record(request, status, exc.body)
         return error_response(status, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        _record(request, exc.status_code)
+        record(request, exc.status_code)
         return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc, exc_info=exc)
-        _record(request, 500)
-        return error_response(500, "internal server error")
+        request_id = request_id_of(request)
+        log.error("request %s: unexpected error on %s %s: %r", request_id, request.method, request.url.path, exc,
+                  exc_info=exc)
+        record(request, 500)
+        return error_response(500, f"internal server error (request id {request_id})")
+
+
+def request_id_of(request: Request) -> str:
+    """The id the gate gave this request (also in its `X-Request-ID` header)."""
+    return getattr(request.state, "request_id", None) or "unknown"
 
 
 # -- the checks a request must pass before it takes a slot ------------------------------------------------
@@ -182,71 +174,20 @@ def resolve(request: Request, endpoint: str, name: str | None, kinds: tuple[str,
     if engine.info.kind not in kinds:
         raise ApiError(400, f"model: '{name}' is a model of kind {engine.info.kind}; /v1/{endpoint} needs "
                             f"one of kind {' or '.join(kinds)}", "model")
+    if engine.failure():
+        raise ApiError(503, f"model '{name}' has failed; the server is restarting")
     if not engine.ready():
         raise ApiError(503, f"model '{name}' is still loading")
     return engine, recorder
 
 
-def exactly_one(text: Any, ids: Any, text_param: str, ids_param: str) -> str:
-    """The name of the one prompt field given, refusing none or both."""
-    if (text is None) == (ids is None):
-        raise ApiError(400, f"{text_param}: give exactly one of {text_param} and {ids_param}", text_param)
-    return text_param if text is not None else ids_param
-
-
-def token_ids(engine: Engine, item: str | list[int], param: str, where: str | None = None) -> list[int]:
-    """Token ids of a text or an id row, refused when empty or outside the vocabulary.
-
-    Tokenizing on the event loop is fast enough, and keeps tokenizers (not all thread-safe) on one thread.
-    """
-    where = where or param
-    try:
-        ids = (engine.encode(item) if item else []) if isinstance(item, str) else item
-    except HotrodError as exc:
-        raise ApiError(400, f"{where}: {first_line(exc)}", param) from None
-    if not ids:
-        raise ApiError(400, f"{where}: the input is empty", param)
-    vocab = engine.info.vocab_size
-    bad = next((i for i in ids if not 0 <= i < vocab), None)
-    if bad is not None:
-        raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab})", param)
-    return ids
-
-
-def new_tokens(request: Request, engine: Engine, prompt: list[int], new: int | None, where: str, param: str) -> int:
-    """How many tokens to generate (default 32), refused above the server's limit or the model's positions."""
-    limit = request.app.state.limits.max_new_tokens_limit
-    new = min(DEFAULT_NEW_TOKENS, limit) if new is None else new
-    if new > limit:
-        raise ApiError(400, f"{param}: {new} is above this server's limit of {limit}", param)
-    positions = engine.info.max_positions
-    if positions is not None and len(prompt) > positions:
-        raise ApiError(400, f"{where}: the prompt has {len(prompt)} tokens; the model takes at most {positions}",
-                       where)
-    if positions is not None and engine.info.kind == "decoder" and len(prompt) + new > positions:
-        raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
-                            f"{positions} positions", where)
-    return new
-
-
-def embed_rows(engine: Engine, items: list[str] | list[list[int]], param: str) -> list[list[int]]:
-    """Token id rows to embed, each refused like a prompt."""
-    if not items:
-        raise ApiError(400, f"{param}: nothing to embed", param)
-    rows = [token_ids(engine, item, param, f"{param}[{i}]") for i, item in enumerate(items)]
-    positions = engine.info.max_positions
-    for i, row in enumerate(rows):
-        if positions is not None and len(row) > positions:
-            raise ApiError(400, f"{param}[{i}]: {len(row)} tokens; the model takes at most {positions}", param)
-    return rows
-
-
-def engine_error(exc: BaseException) -> ApiError:
+def engine_error(exc: BaseException, request_id: str) -> ApiError:
     """The answer to an engine refusing a request at submission or failing it later."""
     if isinstance(exc, QueueFull):
         return ApiError(429, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
-    if isinstance(exc, ShuttingDown):
+    if isinstance(exc, ShuttingDown | EngineDown):
         return ApiError(503, str(exc))
     if isinstance(exc, HotrodError):
         return ApiError(400, first_line(exc))
-    return ApiError(500, f"the model failed on this request: {first_line(exc)}")
+    log.error("request %s failed: %s", request_id, first_line(exc), exc_info=exc)
+    return ApiError(500, f"the model failed on this request; the server log has the detail (request id {request_id})")

@@ -26,6 +26,7 @@ class Params:
     repetition_penalty: float = 1.0
     num_beams: int = 1
     seed: int | None = None
+    logprobs: int | None = None  # with each token, its log-probability and this many most likely alternatives
 
     def generate_kwargs(self) -> dict[str, Any]:
         """The same request as keyword arguments of `HotrodModel.generate`."""
@@ -52,7 +53,22 @@ class ShuttingDown(Exception):
 
 
 class BatchFailed(Exception):
-    """Running the batch this request was in raised; only that batch's requests see it (500)."""
+    """Running this request failed (500); its message is for the log, never for the client."""
+
+
+class EngineDown(Exception):
+    """The model's worker has died: nothing it holds or is sent will run (503, and the server exits)."""
+
+    def __init__(self, reason: str = "the model's worker has stopped"):
+        super().__init__(f"model unavailable: {reason}")
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A chosen token's log-probability under the model (before any sampling transform), and the top ones."""
+
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -60,6 +76,7 @@ class Event:
     """One step of a ticket: new tokens, or the end (`finish_reason` set, or `error` set)."""
 
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked for them
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "timeout"
     error: BaseException | None = None
     result: Any = None  # an encoder's embeddings [rows, hidden] (a torch tensor) on its final event
@@ -137,5 +154,9 @@ class Engine(Protocol):
 
     def ready(self) -> bool: ...
 
-    def stop(self, drain: bool = True) -> None:
-        """Stop accepting; with `drain`, finish what is queued and running first. Blocks until done."""
+    def failure(self) -> str | None:
+        """Why the model's worker died, or None while it lives (or has not started)."""
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting; with `drain`, finish what is queued and running first. Blocks until done, or for
+        `timeout` seconds at most, after which whatever is left is failed with ShuttingDown."""

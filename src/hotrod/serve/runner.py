@@ -1,6 +1,11 @@
 """The model side of the server: runs what the scheduler decided, on a HotrodModel.
 
-`GenerationRunner` holds the running batch as one decoding state whose rows are slots. Joining
+`GenerationRunner` executes the scheduler's plan: it frees the slots of the requests the plan releases,
+steps the rows the plan names, and prefills those it admits. Which requests run is the scheduler's to
+know; the runner only maps them to the slots of its decoding state. Each row's token is chosen on its
+own, so a row whose choice fails (its outcome is the exception) fails alone, never its batch-mates.
+
+The running batch is one decoding state whose rows are slots. Joining
 requests are prefilled in sub-batches of similar length; their rows take free slots, and the rest are
 appended to the batch. Every step runs the batch once, feeding each row its last token; finished rows
 leave at once. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row
@@ -23,12 +28,24 @@ import torch
 
 from hotrod.batching import plan
 from hotrod.generation import config as gen_config
+from hotrod.generation import search
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
 from hotrod.generation.search import pick
 from hotrod.model import HotrodModel, torch_threads
-from hotrod.serve.protocol import Params
+from hotrod.serve.protocol import Params, TokenLogprobs
 from hotrod.serve.scheduler import Request
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A row's next token, with its logprobs when its request asked for them."""
+
+    token: int
+    logprobs: TokenLogprobs | None = None
+
+
+Outcome = Pick | BaseException  # a row's next token, or why it has none
 
 
 class RowOptions:
@@ -69,19 +86,19 @@ class GenerationRunner:
         return RowOptions(self.model.settings(len(prompt), values), params.seed)
 
     @torch.inference_mode()
-    def admit(self, requests: list[Request]) -> list[int]:
+    def admit(self, requests: list[Request]) -> list[Outcome]:
         """Prefill `requests` and add them to the running batch; returns their first tokens.
 
         Prompts are prefilled in sub-batches of similar length (`hotrod.batching.plan`): prefill is
         compute bound, and a short prompt padded to a long one would pay for its padding.
         """
-        tokens: dict[int, int] = {}
+        tokens: dict[int, Outcome] = {}
         for part in plan([len(r.prompt) for r in requests], len(requests)):
             group = [requests[i] for i in part]
             tokens.update(zip((r.id for r in group), self._prefill(group)))
         return [tokens[r.id] for r in requests]
 
-    def _prefill(self, requests: list[Request]) -> list[int]:
+    def _prefill(self, requests: list[Request]) -> list[Outcome]:
         ids, mask = _padded([r.prompt for r in requests], left=self.model.kind == "decoder")
         state = self.model.decoding_state(requests[0].options.settings)
         state.reserve(max(r.options.settings.max_length for r in requests))
@@ -95,25 +112,33 @@ class GenerationRunner:
             self._merge()
         return tokens
 
-    @property
-    def rows(self) -> list[Request]:
-        """Every running request, in the order `step` returns their tokens."""
+    def slots(self) -> list[Request]:
+        """The requests in the decoding state's slots (what the plans so far have put there)."""
         return [r for group in self.groups for r in group.rows if r is not None]
 
     @torch.inference_mode()
-    def step(self) -> list[int]:
-        """One decoding step for every running row (free slots are fed a dummy token and not read)."""
-        tokens: list[int] = []
+    def step(self, requests: list[Request]) -> list[Outcome]:
+        """One decoding step for `requests`, the plan's running rows: their outcomes, in their order.
+
+        Free slots are fed a dummy token and not read. The rows must be exactly those the plans put in
+        the slots; anything else is a bug, refused before the model runs.
+        """
+        held = self.slots()
+        if sorted(r.id for r in held) != sorted(r.id for r in requests):
+            raise RuntimeError("the plan's running rows differ from the runner's slots")
+        outcomes: dict[int, Outcome] = {}
         with torch_threads(self.model.backend.loop_threads):
             for group in self.groups:
                 last = torch.tensor([r.tokens[-1] if r is not None else 0 for r in group.rows])
                 logits = group.state.step(last)
                 live = [i for i, r in enumerate(group.rows) if r is not None]
-                tokens += self._pick(logits[live], [group.rows[i] for i in live])
-        return tokens
+                rows = [group.rows[i] for i in live]
+                outcomes.update(zip((r.id for r in rows), self._pick(logits[live], rows)))  # type: ignore[union-attr]
+        return [outcomes[r.id] for r in requests]
 
     @torch.inference_mode()
-    def leave(self, requests: list[Request]) -> None:
+    def release(self, requests: list[Request]) -> None:
+        """Free the slots of `requests` (those the runner does not hold are ignored)."""
         gone = set(map(id, requests))
         for group in self.groups:
             leaving = [i for i, r in enumerate(group.rows) if r is not None and id(r) in gone]
@@ -156,22 +181,39 @@ class GenerationRunner:
             first.rows += second.rows
 
     @torch.inference_mode()
-    def run_whole(self, request: Request) -> list[int]:
-        """Beam search, run alone through `generate()`; returns the new tokens."""
-        out = self.model.generate(torch.tensor([request.prompt]), **request.params.generate_kwargs())
+    def run_whole(self, request: Request) -> list[int] | None:
+        """Beam search, run alone by the decoding loop; the new tokens, or None if the request was
+        cancelled (its ticket is checked before every step, so a cancelled beam stops at once)."""
+        settings = request.options.settings
+        state = _Cancellable(self.model.decoding_state(settings), request)
+        ids = torch.tensor([request.prompt])
+        try:
+            with torch_threads(self.model.backend.loop_threads):
+                out = search.generate(state, ids, torch.ones_like(ids), settings)  # type: ignore[arg-type]
+        except _Cancelled:
+            return None
         start = len(request.prompt) if self.model.kind == "decoder" else 1
         return out[0, start:].tolist()
 
-    def _pick(self, logits: torch.Tensor, requests: list[Request], first: bool = False) -> list[int]:
+    def _pick(self, logits: torch.Tensor, requests: list[Request], first: bool = False) -> list[Outcome]:
+        """Each row's next token; a row whose choice raises gets the exception, the others their token."""
         plain = [i for i, r in enumerate(requests) if r.options.plain]
-        tokens = torch.zeros(len(requests), dtype=torch.long)
+        tokens: list[int | BaseException] = [0] * len(requests)
         if plain:
-            tokens[plain] = torch.argmax(logits[plain], dim=-1).cpu()  # reduced where the logits live
+            for i, token in zip(plain, torch.argmax(logits[plain], dim=-1).tolist()):
+                tokens[i] = token
         for i, r in enumerate(requests):
             if not r.options.plain:
-                sequence = torch.tensor([self._history(r, first)])
-                tokens[i] = pick(logits[i : i + 1], sequence, r.options.settings, None, r.options.generator)[0]
-        return tokens.tolist()
+                tokens[i] = self._pick_one(logits[i : i + 1], r, first)
+        return [t if isinstance(t, BaseException) else Pick(t, _logprobs(logits[i], t, r.params.logprobs))
+                for i, (r, t) in enumerate(zip(requests, tokens))]
+
+    def _pick_one(self, logits: torch.Tensor, request: Request, first: bool) -> int | BaseException:
+        try:
+            sequence = torch.tensor([self._history(request, first)])
+            return int(pick(logits, sequence, request.options.settings, None, request.options.generator)[0])
+        except Exception as exc:  # noqa: BLE001  (this row's failure is its own: the batch goes on)
+            return exc
 
     def _history(self, request: Request, first: bool) -> list[int]:
         """The row as the decoding loop would hold it: prompt (or start token) plus what was generated."""
@@ -179,6 +221,36 @@ class GenerationRunner:
         if self.model.kind == "decoder":
             return request.prompt + generated
         return [self.start_token] + generated
+
+
+def _logprobs(logits: torch.Tensor, token: int, top: int | None) -> TokenLogprobs | None:
+    """The model's own log-probabilities (raw logits, before temperature or filtering), as vLLM reports."""
+    if top is None:
+        return None
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    pairs = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+    return TokenLogprobs(float(logprobs[token]), pairs)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _Cancellable:
+    """A decoding state that stops the decoding loop when its request is cancelled (checked every step)."""
+
+    def __init__(self, state: DecodingState, request: Request):
+        self._state = state
+        self._request = request
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self._request.cancelled:
+            raise _Cancelled()
+        return self._state.step(tokens)
+
+    def __getattr__(self, name: str):
+        return getattr(self._state, name)
 
 
 def _compact(group: Group, force: bool = False) -> None:

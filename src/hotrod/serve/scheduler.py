@@ -53,15 +53,28 @@ class Request:
 
 @dataclass
 class Plan:
-    """One iteration: who leaves unfinished, who joins, who is run whole (beam search)."""
+    """One iteration, for the runner to execute in this order.
 
-    cancelled: list[Request] = field(default_factory=list)
+    `release`: rows whose cache slots the runner frees (they finished, failed or were cancelled since the
+    last plan); `step`: the running rows, each decoded one token; `admit`: newcomers to prefill into the
+    batch; `whole`: a beam request, run alone between steps. `cancelled` are the requests the engine tells
+    so (those that ran are in `release` too).
+    """
+
+    release: list[Request] = field(default_factory=list)
+    step: list[Request] = field(default_factory=list)
     admit: list[Request] = field(default_factory=list)
     whole: Request | None = None
+    cancelled: list[Request] = field(default_factory=list)
 
 
 class ContinuousScheduler:
-    """Generation requests under a row limit and a KV-cache budget counted in padded cache positions."""
+    """Generation requests under a row limit and a KV-cache budget counted in padded cache positions.
+
+    It alone knows which requests run: a request joins `running` when a plan admits it and leaves it when
+    `record` sees it finish, `fail` drops it, or its client cancels; the next plan then tells the runner
+    to free its slot. The runner keeps no list of its own to be kept in step.
+    """
 
     def __init__(self, max_batch_size: int, kv_budget: int, max_queue: int, eos_ids: tuple[int, ...] = (),
                  policy: str = "continuous"):
@@ -74,6 +87,7 @@ class ContinuousScheduler:
         self.policy = policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._released: list[Request] = []  # left `running` since the last plan
 
     def add(self, request: Request) -> None:
         if len(self.waiting) >= self.max_queue:
@@ -84,37 +98,59 @@ class ContinuousScheduler:
         return bool(self.waiting or self.running)
 
     def plan(self) -> Plan:
-        plan = Plan(cancelled=self._drop_cancelled())
-        self.running = [r for r in self.running if r not in plan.cancelled]
-        if self.policy != "continuous" and self.running:
-            return plan  # request-level: the running batch finishes before another starts
-        if self.waiting and self.waiting[0].params.num_beams > 1:
-            if not self.running:  # beam search runs whole, between batches
-                plan.whole = self.waiting.popleft()
+        cancelled = self._drop_cancelled()
+        plan = Plan(cancelled=cancelled, step=list(self.running))
+        plan.release, self._released = self._released, []
+        plan.release += cancelled  # the runner frees those it holds and ignores the rest
+        if self.policy != "continuous":
+            if not self.running and self.waiting and self.waiting[0].params.num_beams > 1:
+                plan.whole = self.waiting.popleft()  # request-level: a beam request is a batch of its own
+            elif not self.running:
+                self._admit(plan)
             return plan
-        while self.waiting and self._fits(self.waiting[0], plan.admit):
-            if self.waiting[0].params.num_beams > 1:
+        self._admit(plan)
+        return plan
+
+    def _admit(self, plan: Plan) -> None:
+        """Admit waiting requests in order while they fit; the first beam request met runs whole, without
+        holding back the requests behind it."""
+        while self.waiting:
+            head = self.waiting[0]
+            if head.params.num_beams > 1:
+                if plan.whole is not None:
+                    break
+                plan.whole = self.waiting.popleft()
+                continue
+            if not self._fits(head, plan.admit):
                 break
             plan.admit.append(self.waiting.popleft())
         self.running += plan.admit
-        return plan
 
     def record(self, request: Request, token: int) -> bool:
-        """Add one generated token; True when the request has finished (it leaves the batch at once)."""
+        """Add one generated token; True when the request has finished (it leaves `running` at once)."""
         if token in self.eos_ids:
             request.finish_reason = "stop"
         else:
             request.tokens.append(token)
             request.finish_reason = "length" if len(request.tokens) >= request.params.max_new_tokens else None
+        if request.finish_reason is not None:
+            self._leave([request])
         return request.finish_reason is not None
 
-    def leave(self, requests: list[Request]) -> None:
-        gone = set(map(id, requests))
-        self.running = [r for r in self.running if id(r) not in gone]
+    def fail(self, requests: list[Request]) -> None:
+        """Drop requests whose run failed; their slots are freed with the next plan."""
+        self._leave(requests)
 
     def fail_running(self) -> list[Request]:
         failed, self.running = self.running, []
+        self._released += failed
         return failed
+
+    def _leave(self, requests: list[Request]) -> None:
+        gone = {id(r) for r in requests}
+        leaving = [r for r in self.running if id(r) in gone]
+        self.running = [r for r in self.running if id(r) not in gone]
+        self._released += leaving
 
     def _fits(self, request: Request, admitted: list[Request]) -> bool:
         batch = [*self.running, *admitted]
@@ -129,6 +165,7 @@ class ContinuousScheduler:
         gone = [r for r in (*self.waiting, *self.running) if r.cancelled]
         if gone:
             self.waiting = deque(r for r in self.waiting if not r.cancelled)
+            self.running = [r for r in self.running if not r.cancelled]
         return gone
 
 

@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API, and the server's limits.
+"""Request and response bodies of the HTTP API.
 
 The request models are the one statement of what the server accepts: FastAPI derives the OpenAPI schema
 from them, and `extra="forbid"` plus strict types keep the two honest (a field the schema does not list, or
@@ -8,28 +8,13 @@ served model (vocabulary, positions, kind) cannot live in a schema; the app make
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hotrod.errors import HotrodError
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """What the server allows any request, whatever the model (a model's own limits come from its ModelInfo)."""
-
-    max_new_tokens_limit: int = 256
-    request_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens_limit < 1:
-            raise HotrodError(f"max_new_tokens_limit must be at least 1, not {self.max_new_tokens_limit}")
-        if not self.request_timeout_s > 0:
-            raise HotrodError(f"request_timeout_s must be positive, not {self.request_timeout_s}")
-
-
+MAX_CHOICES = 16
+MAX_LOGPROBS = 5  # as OpenAI's legacy completions
+MAX_STOPS = 4
 _MODEL = Field(None, description="A served model's name; optional when the server serves exactly one.")
 _SEED = Field(None, ge=0, le=2**63 - 1, description="Seed of the sampler, for repeatable samples.")
 
@@ -65,17 +50,25 @@ class EmbedRequest(_Request):
     normalize: bool = Field(True, description="Scale each embedding to unit length.")
 
 
+class StreamOptions(_Request):
+    include_usage: bool = Field(False, description="End the stream with a chunk holding only the usage.")
+
+
 class CompletionRequest(_Request):
-    """OpenAI's legacy completions request, as far as it applies to one prompt and one choice."""
+    """OpenAI's legacy completions request, for one prompt."""
 
     model: str | None = _MODEL
     prompt: str | list[int]
     max_tokens: int = Field(16, ge=1)
     temperature: float | None = Field(None, ge=0, le=2, description="0 or absent: greedy; above 0: sampling.")
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate; with a seed, choice i uses seed + i.")
     stream: bool = False
-    stop: str | list[str] | None = Field(None, description="Not supported: must be absent or null.")
+    stream_options: StreamOptions | None = Field(None, description="Only with stream: true.")
+    stop: str | list[str] | None = Field(None, description="Up to 4 strings; the text ends before the first one.")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                 description="Log-probability of each token, and of this many most likely ones.")
+    echo: bool = Field(False, description="Put the prompt before the completion's text.")
     seed: int | None = _SEED
     user: str | None = None
 
@@ -109,11 +102,18 @@ class EmbedResponse(BaseModel):
     usage: Usage
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     text: str
     index: int = 0
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -16,10 +16,28 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from hotrod.serve.http_errors import CLIENT_CLOSED, ApiError, Recorder, engine_error, error_body, log, outcome_of
+from hotrod.serve.http_errors import (
+    CLIENT_CLOSED,
+    ApiError,
+    Recorder,
+    engine_error,
+    error_body,
+    log,
+    outcome_of,
+    request_id_of,
+)
 from hotrod.serve.protocol import Event, Ticket
 
 POLL_S = 0.05  # how often a waiting request asks whether its client is still there
+
+
+def submit(request: Request, submit: Callable[[], Ticket]) -> TicketReader:
+    """The ticket of a submitted request, read under the server's timeout; a refusal is its 4xx/5xx."""
+    try:
+        ticket = submit()
+    except Exception as exc:  # QueueFull 429, ShuttingDown/EngineDown 503, HotrodError 400, anything else 500
+        raise engine_error(exc, request_id_of(request)) from None
+    return TicketReader(ticket, request, request.app.state.limits.request_timeout_s)
 
 
 class TicketReader:
@@ -40,6 +58,7 @@ class TicketReader:
         self._events = ticket.events()
         self._pending: asyncio.Future[Event] | None = None
         self._polled = self.loop.time()
+        self.request_id = request_id_of(request)
 
     async def next(self) -> Event:
         if self._pending is None:
@@ -149,17 +168,22 @@ async def collect(reader: TicketReader) -> tuple[list[int], Event]:
         while True:
             event = await reader.next()
             if event.error is not None:
-                raise engine_error(event.error)
+                raise engine_error(event.error, reader.request_id)
             tokens.extend(event.tokens)
             if event.finish_reason is not None:
                 break
     finally:
         reader.close()
+    check_end(event)
+    return tokens, event
+
+
+def check_end(event: Event) -> None:
+    """Refuse an ending that is no answer: the engine cancelled the request, or it timed out there."""
     if event.finish_reason == "cancelled":
         raise ApiError(503, "the server cancelled the request")
     if event.finish_reason == "timeout":
         raise ApiError(504, "the model timed out on this request")
-    return tokens, event
 
 
 async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[list[int]], str],
@@ -172,7 +196,7 @@ async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[lis
     try:
         first = await reader.next()
         if first.error is not None:
-            raise engine_error(first.error)
+            raise engine_error(first.error, reader.request_id)
     except BaseException:
         reader.close()
         raise
@@ -193,20 +217,27 @@ async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[lis
                     return
                 yield sse(chunk(piece, event.tokens, None, None))
                 event = await reader.next()
-            raise engine_error(event.error)
-        except ApiError as exc:
-            recorder.done(outcome_of(exc.status))
-            if exc.status != CLIENT_CLOSED:
-                yield sse(error_body(exc.status, exc.message))
-                yield sse("[DONE]")
-        except Exception as exc:  # a bug here must not take the connection down without a word
-            log.error("streaming failed: %r", exc, exc_info=exc)
-            recorder.done("failed")
-            yield sse(error_body(500, "internal server error"))
-            yield sse("[DONE]")
+            raise engine_error(event.error, reader.request_id)
+        except Exception as exc:  # noqa: BLE001  (a stream ends with an error event, never a dropped connection)
+            for line in stream_failed(exc, recorder, reader.request_id):
+                yield line
 
     def on_close() -> None:
         reader.close()
         recorder.done("cancelled")
 
     return EventStream(events(), on_close)
+
+
+def stream_failed(exc: Exception, recorder: Recorder, request_id: str) -> list[str]:
+    """The last events of a stream that fails after it started: its error (unless the client left), [DONE].
+
+    An ApiError says what happened; anything else is a bug here, logged under the request's id.
+    """
+    if not isinstance(exc, ApiError):
+        log.error("request %s: streaming failed: %r", request_id, exc, exc_info=exc)
+        exc = ApiError(500, f"internal server error (request id {request_id})")
+    recorder.done(outcome_of(exc.status))
+    if exc.status == CLIENT_CLOSED:
+        return []
+    return [sse(error_body(exc.status, exc.message)), sse("[DONE]")]

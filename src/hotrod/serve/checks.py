@@ -1,0 +1,114 @@
+"""The checks a request's inputs must pass before it takes a slot: the 4xx answers a schema cannot give.
+
+They need the served model (its vocabulary, positions, kind) or the server's limits, and they run in
+order of cost: counts and bytes first, then tokenizing (on the model's tokenizer thread, never on the
+event loop), then token counts. A text longer than `BYTES_PER_TOKEN` bytes per allowed token is refused
+without being tokenized at all, so a 4 MB prompt costs a comparison, not a tokenizer run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from typing import Any
+
+from fastapi import Request
+
+from hotrod.errors import HotrodError, first_line
+from hotrod.serve.http_errors import ApiError
+from hotrod.serve.limits import BYTES_PER_TOKEN
+from hotrod.serve.protocol import Engine
+
+DEFAULT_NEW_TOKENS = 32
+Item = str | list[int]
+
+
+def exactly_one(text: Any, ids: Any, text_param: str, ids_param: str) -> str:
+    """The name of the one prompt field given, refusing none or both."""
+    if (text is None) == (ids is None):
+        raise ApiError(400, f"{text_param}: give exactly one of {text_param} and {ids_param}", text_param)
+    return text_param if text is not None else ids_param
+
+
+def input_limit(request: Request, engine: Engine) -> int:
+    """The most tokens one prompt or embedding input may have on this server, for this model."""
+    return request.app.state.limits.input_tokens(engine.info.max_positions)
+
+
+async def token_rows(request: Request, engine: Engine, items: Sequence[Item], param: str,
+                     wheres: Sequence[str] | None = None) -> list[list[int]]:
+    """Token ids of texts or id rows, each refused when empty, too long or outside the vocabulary."""
+    wheres = wheres or [param] * len(items)
+    limit = input_limit(request, engine)
+    texts = {}
+    for i, (item, where) in enumerate(zip(items, wheres)):
+        if isinstance(item, str):
+            _check_bytes(item, limit, where, param)
+            texts[i] = item
+    encoded = await _encode(request, engine, list(texts.values()), param) if texts else []
+    by_index = dict(zip(texts, encoded))
+    rows = [by_index.get(i, item) for i, item in enumerate(items)]
+    for row, where in zip(rows, wheres):
+        _check_row(engine, row, limit, where, param)
+    return rows  # type: ignore[return-value]
+
+
+async def token_ids(request: Request, engine: Engine, item: Item, param: str) -> list[int]:
+    """One prompt's token ids (see `token_rows`)."""
+    return (await token_rows(request, engine, [item], param))[0]
+
+
+def _check_bytes(text: str, limit: int, where: str, param: str) -> None:
+    budget = limit * BYTES_PER_TOKEN
+    if len(text) > budget or len(text.encode("utf-8")) > budget:
+        raise ApiError(400, f"{where}: the text is longer than this server takes ({budget} bytes for a limit of "
+                            f"{limit} tokens); shorten it", param)
+
+
+async def _encode(request: Request, engine: Engine, texts: list[str], param: str) -> list[list[int]]:
+    """Tokenize on the model's own tokenizer thread: off the event loop, and one thread per tokenizer."""
+    pool: Executor = request.app.state.tokenizers[engine.info.name]
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, _encode_all, engine, texts)
+    except HotrodError as exc:
+        raise ApiError(400, f"{param}: {first_line(exc)}", param) from None
+
+
+def _encode_all(engine: Engine, texts: list[str]) -> list[list[int]]:
+    return [engine.encode(text) if text else [] for text in texts]
+
+
+def _check_row(engine: Engine, ids: list[int], limit: int, where: str, param: str) -> None:
+    if not ids:
+        raise ApiError(400, f"{where}: the input is empty", param)
+    if len(ids) > limit:
+        raise ApiError(400, f"{where}: {len(ids)} tokens; this server takes at most {limit} tokens per input "
+                            f"for this model", param)
+    vocab = engine.info.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab})", param)
+
+
+def new_tokens(request: Request, engine: Engine, prompt: list[int], new: int | None, where: str, param: str) -> int:
+    """How many tokens to generate (default 32), refused above the server's limit or the model's positions."""
+    limit = request.app.state.limits.max_new_tokens_limit
+    new = min(DEFAULT_NEW_TOKENS, limit) if new is None else new
+    if new > limit:
+        raise ApiError(400, f"{param}: {new} is above this server's limit of {limit}", param)
+    positions = engine.info.max_positions
+    if positions is not None and engine.info.kind == "decoder" and len(prompt) + new > positions:
+        raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
+                            f"{positions} positions", where)
+    return new
+
+
+async def embed_rows(request: Request, engine: Engine, items: Sequence[Item], param: str) -> list[list[int]]:
+    """Token id rows to embed: at most the server's number of inputs, each refused like a prompt."""
+    if not items:
+        raise ApiError(400, f"{param}: nothing to embed", param)
+    limit = request.app.state.limits.max_batch_inputs
+    if len(items) > limit:
+        raise ApiError(400, f"{param}: {len(items)} inputs; this server takes at most {limit} per request", param)
+    return await token_rows(request, engine, items, param, [f"{param}[{i}]" for i in range(len(items))])

@@ -1,0 +1,85 @@
+"""`hotrod serve`: its options, and the thin step from them to `serve()`.
+
+Every option is checked by the dataclass it fills (ServeOptions, ServeLimits, Access) before any model
+is loaded, so a bad value is one line, never a traceback or a worker that dies later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from hotrod.errors import HotrodError
+from hotrod.serve.scheduler import POLICIES
+
+API_KEY_ENV = "HOTROD_API_KEY"
+
+
+def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("serve", help="serve artifacts over HTTP with dynamic and continuous batching")
+    p.add_argument("models", nargs="+", metavar="DIR", help="artifact directories; each is served by its folder name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-size", type=int, default=32, help="rows per batch (generation: running requests)")
+    p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="longest an encoder request waits for a batch")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before 429")
+    p.add_argument("--max-new-tokens-limit", type=int, default=256)
+    p.add_argument("--max-input-tokens", type=int, default=None,
+                   help="longest prompt or embedding input (default: the model's positions, or 512 for T5)")
+    p.add_argument("--max-batch-inputs", type=int, default=256, help="inputs per embedding request")
+    p.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="largest request body (413 above)")
+    p.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
+    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request ends with 504")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds to let requests in flight finish after SIGTERM")
+    p.add_argument("--kv-cache-mb", type=float, default=1024.0, help="KV-cache budget of a running batch")
+    p.add_argument("--batching", default="continuous", choices=POLICIES,
+                   help="generation: continuous (iteration-level), request (request-level) or none")
+    p.add_argument("--api-key", default=None,
+                   help=f"require `Authorization: Bearer KEY` on every /v1 route (default: ${API_KEY_ENV})")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let browsers on ORIGIN call the server (repeatable; default: none)")
+    p.add_argument("--docs", action="store_true", help="serve the interactive API docs at /docs")
+    runtime_args(p)
+    p.set_defaults(handler=run_serve)
+
+
+def run_serve(args) -> int:
+    from hotrod.runtime.base import RuntimeOptions
+    from hotrod.serve.app import StartupFailed, serve
+    from hotrod.serve.engine import ServeOptions, load_engines
+    from hotrod.serve.limits import Access, ServeLimits
+    from hotrod.serve.metrics import Metrics
+
+    options = ServeOptions(args.max_batch_size, args.max_queue_delay_ms, args.max_queue, args.kv_cache_mb,
+                           args.batching)
+    limits = ServeLimits(args.max_new_tokens_limit, args.request_timeout, args.max_input_tokens,
+                         args.max_batch_inputs, args.max_request_bytes, args.max_connections, args.shutdown_timeout)
+    access = Access(args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
+                    tuple(args.cors_origin), args.docs)
+    if not 0 <= args.port < 65536:
+        raise HotrodError(f"--port must be in 0..65535, got {args.port}")
+    _check_listen(args.host, args.port)
+    metrics = Metrics()
+    engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads,
+                                                                    precision=args.engine_precision or "fp32"),
+                           metrics)
+    try:
+        serve(engines, limits, args.host, args.port, metrics, access=access)
+    except StartupFailed as exc:
+        raise HotrodError(str(exc)) from None
+    return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse a host or port the server could not listen on before any model is loaded."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise HotrodError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

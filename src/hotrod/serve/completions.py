@@ -1,0 +1,197 @@
+"""OpenAI's completions endpoint: `n` choices of one prompt, with `stop`, `logprobs`, `echo`, `seed` and
+streaming (`stream_options.include_usage` adds a last chunk with the usage, as OpenAI's API does).
+
+Each choice is a request of its own to the engine (choice i of a seeded request samples with seed + i,
+so a request is repeatable and its choices differ); a stop string ends its choice and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from hotrod.serve.checks import new_tokens, token_ids
+from hotrod.serve.choices import Choice, Logprobs
+from hotrod.serve.endpoints import GENERATORS, STREAMED, json_response, sampling, usage
+from hotrod.serve.http_errors import (
+    ApiError,
+    Recorder,
+    engine_error,
+    request_id_of,
+    resolve,
+)
+from hotrod.serve.protocol import Engine, Params
+from hotrod.serve.schemas import MAX_STOPS, CompletionChoice, CompletionRequest, CompletionResponse
+from hotrod.serve.sse import EventStream, TicketReader, check_end, sse, stream_failed, submit
+
+router = APIRouter()
+Piece = tuple[str, Logprobs | None, str | None]  # text, its tokens' logprobs, finish reason
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=STREAMED)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    """OpenAI's completions endpoint (legacy): `n` choices of one prompt, text or token ids."""
+    engine, recorder = resolve(request, "completions", body.model, GENERATORS)
+    stops = _stops(body.stop)
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options: only allowed with stream: true", "stream_options")
+    if body.echo and body.logprobs is not None:
+        raise ApiError(400, "echo: not supported together with logprobs (the prompt is not scored)", "echo")
+    prompt = await token_ids(request, engine, body.prompt, "prompt")
+    new = new_tokens(request, engine, prompt, body.max_tokens, "prompt", "max_tokens")
+    readers = _submit_all(request, engine, prompt, body, new)
+    echo = (body.prompt if isinstance(body.prompt, str) else engine.decode(prompt)) if body.echo else ""
+    choices = [Choice(engine.decode, stops, body.logprobs, len(echo)) for _ in readers]
+    pieces = [_pieces(reader, choice) for reader, choice in zip(readers, choices)]
+    head = {"id": f"cmpl-{request_id_of(request)}", "object": "text_completion", "created": int(time.time()),
+            "model": recorder.model}
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return await _stream(readers, pieces, choices, recorder, head, echo, len(prompt), include_usage)
+    try:
+        texts = await asyncio.gather(*(_whole(p) for p in pieces))
+    finally:
+        for reader in readers:
+            reader.close()
+    answers = [CompletionChoice(text=echo + text, index=i, finish_reason=finish,
+                                logprobs=c.logprobs.as_dict() if c.logprobs is not None else None)
+               for i, ((text, finish), c) in enumerate(zip(texts, choices))]
+    return json_response(CompletionResponse(**head, choices=answers,
+                                            usage=usage(len(prompt), sum(c.tokens for c in choices))), recorder)
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    stops = [s for s in stops if s]  # "" and [] mean no stop strings
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"stop: at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+    return stops
+
+
+def _submit_all(request: Request, engine: Engine, prompt: list[int], body: CompletionRequest,
+                new: int) -> list[TicketReader]:
+    """One ticket per choice; if one is refused (a full queue), those already taken are let go."""
+    readers: list[TicketReader] = []
+    try:
+        for i in range(body.n):
+            params = Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
+                            seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs,
+                            **sampling(body.temperature, True))
+            readers.append(submit(request, functools.partial(engine.submit_generate, prompt, params)))
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+    return readers
+
+
+async def _pieces(reader: TicketReader, choice: Choice) -> AsyncIterator[Piece]:
+    """A choice's pieces as its events arrive, up to its stop string or its end; errors as ApiError."""
+    try:
+        while True:
+            event = await reader.next()
+            if event.error is not None:
+                raise engine_error(event.error, reader.request_id)
+            check_end(event)
+            text, logprobs = choice.add(event.tokens, event.logprobs)
+            if choice.stopped:
+                yield text, logprobs, "stop"
+                return
+            if event.finish_reason is not None:
+                rest, more = choice.flush()
+                yield text + rest, _joined(logprobs, more), event.finish_reason
+                return
+            if text or logprobs is not None:
+                yield text, logprobs, None
+    finally:
+        reader.close()  # a stop string ends the choice early: its slot is freed at the next step
+
+
+def _joined(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
+    if first is None or second is None:
+        return first or second
+    top = None if first.top_logprobs is None else first.top_logprobs + (second.top_logprobs or [])
+    return Logprobs(first.tokens + second.tokens, first.token_logprobs + second.token_logprobs, top,
+                    first.text_offset + second.text_offset)
+
+
+async def _whole(pieces: AsyncIterator[Piece]) -> tuple[str, str | None]:
+    """A choice's whole text and finish reason."""
+    collected = [piece async for piece in pieces]
+    return "".join(text for text, _, _ in collected), collected[-1][2]
+
+
+async def _stream(readers: list[TicketReader], pieces: list[AsyncIterator[Piece]], choices: list[Choice],
+                  recorder: Recorder, head: dict[str, Any], echo: str, prompt_tokens: int,
+                  include_usage: bool) -> EventStream:
+    """Chunks of every choice as they come. The first piece of each is awaited before the response
+    starts, so a request that fails before its first token still gets a real status code."""
+    try:
+        firsts = [await anext(p) for p in pieces]  # type: ignore[arg-type]
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+
+    def chunk(index: int, text: str, logprobs: Logprobs | None, finish: str | None) -> str:
+        choice = {"text": text, "index": index, "finish_reason": finish,
+                  "logprobs": logprobs.as_dict() if logprobs is not None else None}
+        return sse({**head, "choices": [choice]})
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            for index in range(len(pieces)) if echo else ():
+                yield chunk(index, echo, None, None)
+            async for index, (text, logprobs, finish) in _merged(firsts, pieces):
+                yield chunk(index, text, logprobs, finish)
+            if include_usage:
+                total = sum(c.tokens for c in choices)
+                yield sse({**head, "choices": [], "usage": usage(prompt_tokens, total).model_dump()})
+            recorder.done("ok")
+            yield sse("[DONE]")
+        except Exception as exc:  # noqa: BLE001  (a stream ends with an error event, never a dropped connection)
+            for line in stream_failed(exc, recorder, readers[0].request_id):
+                yield line
+
+    def on_close() -> None:
+        for reader in readers:
+            reader.close()
+        recorder.done("cancelled")
+
+    return EventStream(events(), on_close)
+
+
+async def _merged(firsts: list[Piece], pieces: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+    """The pieces of every choice, in the order they arrive, each with its choice's index."""
+    queue: asyncio.Queue[tuple[int, Piece | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        try:
+            queue.put_nowait((index, firsts[index]))
+            if firsts[index][2] is None:
+                async for piece in pieces[index]:
+                    queue.put_nowait((index, piece))
+        except Exception as exc:  # noqa: BLE001  (handed to the stream, which ends with it)
+            queue.put_nowait((index, exc))
+        finally:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i)) for i in range(len(pieces))]
+    try:
+        remaining = len(pieces)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

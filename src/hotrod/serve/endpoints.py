@@ -1,0 +1,113 @@
+"""hotrod's own generation and embedding endpoints, and OpenAI's embeddings endpoint.
+
+Each one resolves its model, checks its inputs (`checks.py`) and only then submits: a refused request
+never takes a slot. OpenAI's completions endpoint, which has more to it, is in `completions.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, token_ids
+from hotrod.serve.http_errors import ApiError, Recorder, resolve
+from hotrod.serve.protocol import Engine, Params
+from hotrod.serve.schemas import (
+    EmbeddingData,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    EmbedResponse,
+    ErrorBody,
+    GenerateRequest,
+    GenerateResponse,
+    Usage,
+)
+from hotrod.serve.sse import collect, stream, submit
+
+GENERATORS = ("decoder", "seq2seq")
+ENCODERS = ("encoder",)
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody}
+                                           for s in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
+STREAMED = {**ERRORS, 200: {"description": "JSON, or with `stream: true` server-sent events ending in "
+                                           "`data: [DONE]`", "content": {"text/event-stream": {}}}}
+
+router = APIRouter()
+
+
+def json_response(body: Any, recorder: Recorder) -> Response:
+    recorder.done("ok")
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+def usage(prompt: int, completion: int = 0) -> Usage:
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def sampling(temperature: float | None, do_sample: bool) -> dict[str, Any]:
+    """Temperature 0 means greedy whatever else is asked, as in OpenAI's API."""
+    if not do_sample or not temperature:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature}
+
+
+@router.post("/v1/generate", response_model=GenerateResponse, responses=STREAMED)
+async def generate(body: GenerateRequest, request: Request) -> Response:
+    """Generate from text or token ids; `stream: true` answers with one server-sent event per step."""
+    engine, recorder = resolve(request, "generate", body.model, GENERATORS)
+    where = exactly_one(body.text, body.token_ids, "text", "token_ids")
+    prompt = await token_ids(request, engine, body.text if body.text is not None else body.token_ids or [], where)
+    new = new_tokens(request, engine, prompt, body.max_new_tokens, where, "max_new_tokens")
+    params = Params(max_new_tokens=new, top_k=body.top_k, top_p=body.top_p, num_beams=body.num_beams,
+                    repetition_penalty=body.repetition_penalty, seed=body.seed,
+                    **sampling(body.temperature, body.do_sample))
+    reader = submit(request, functools.partial(engine.submit_generate, prompt, params))
+    name = recorder.model
+    if body.stream:
+        def chunk(text: str, ids: list[int], finish: str | None, usage: dict | None) -> dict[str, Any]:
+            return {"model": name, "text": text, "token_ids": ids, "finish_reason": finish,
+                    **({"usage": usage} if usage else {})}
+
+        return await stream(reader, recorder, engine.decode, len(prompt), chunk)
+    tokens, last = await collect(reader)
+    return json_response(GenerateResponse(model=name, text=engine.decode(tokens), token_ids=tokens,
+                                          finish_reason=last.finish_reason or "stop",
+                                          usage=usage(len(prompt), len(tokens))), recorder)
+
+
+async def _embed(request: Request, engine: Engine, rows: list[list[int]], pooling: str,
+                 normalize: bool) -> list[list[float]]:
+    reader = submit(request, functools.partial(engine.submit_embed, rows, pooling, normalize))
+    _, last = await collect(reader)
+    vectors = last.result.tolist() if last.result is not None else []
+    if len(vectors) != len(rows):
+        raise ApiError(500, f"the model returned {len(vectors)} embeddings for {len(rows)} inputs")
+    return vectors
+
+
+@router.post("/v1/embed", response_model=EmbedResponse, responses=ERRORS)
+async def embed(body: EmbedRequest, request: Request) -> Response:
+    """Embed texts or token id rows with an encoder model."""
+    engine, recorder = resolve(request, "embed", body.model, ENCODERS)
+    param = exactly_one(body.texts, body.token_ids, "texts", "token_ids")
+    items = body.texts if body.texts is not None else body.token_ids or []
+    rows = await embed_rows(request, engine, items, param)
+    vectors = await _embed(request, engine, rows, body.pooling, body.normalize)
+    return json_response(EmbedResponse(model=recorder.model, embeddings=vectors,
+                                       usage=usage(sum(map(len, rows)))), recorder)
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS)
+async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    """OpenAI's embeddings endpoint: mean-pooled, unit-length vectors."""
+    engine, recorder = resolve(request, "embeddings", body.model, ENCODERS)
+    items = body.input
+    if isinstance(items, str) or (items and isinstance(items[0], int)):
+        items = [items]  # one text, or one row of token ids
+    rows = await embed_rows(request, engine, items, "input")  # type: ignore[arg-type]
+    vectors = await _embed(request, engine, rows, "mean", True)
+    data = [EmbeddingData(index=i, embedding=vector) for i, vector in enumerate(vectors)]
+    return json_response(EmbeddingsResponse(data=data, model=recorder.model, usage=usage(sum(map(len, rows)))),
+                         recorder)

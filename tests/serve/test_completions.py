@@ -1,0 +1,113 @@
+"""OpenAI's completions fields against the fake engine: stop, n, seed, logprobs, echo, include_usage."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hotrod.serve.app import create_app
+from hotrod.serve.choices import Choice
+from hotrod.serve.limits import ServeLimits
+from hotrod.serve.protocol import TokenLogprobs
+from tests.serve.fake import expected_tokens
+from tests.serve.test_app import events
+
+
+@pytest.fixture
+def client(gpt):
+    with TestClient(create_app({"gpt": gpt}, ServeLimits(max_new_tokens_limit=40))) as client:
+        yield client
+
+
+def _text(gpt, prompt: str, count: int) -> str:
+    return gpt.decode(expected_tokens(gpt.encode(prompt), count))
+
+
+def _streamed(client, body: dict) -> list[dict]:
+    return events(client.post("/v1/completions", json={**body, "stream": True}))
+
+
+def test_stop_ends_the_text_before_the_stop_string_and_frees_the_slot(client, gpt):
+    full = _text(gpt, "hi", 8)  # "jklmnopq"
+    body = {"prompt": "hi", "max_tokens": 8, "stop": ["xyz", full[3:5]]}
+    answer = client.post("/v1/completions", json=body).json()
+    assert answer["choices"][0]["text"] == full[:3] and answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 5  # up to the token that completed the stop string
+    assert gpt.tickets[-1].cancelled  # the rest is not generated
+    chunks = _streamed(client, body)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full[:3]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all(full[3:5] not in c["choices"][0]["text"] for c in chunks)
+
+
+def test_n_choices_with_a_seed_sample_with_consecutive_seeds(client, gpt):
+    body = {"prompt": "hi", "max_tokens": 4, "n": 3, "seed": 5, "temperature": 0.7}
+    answer = client.post("/v1/completions", json=body).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    assert [params.seed for _, params in gpt.submitted] == [5, 6, 7]
+    assert all(c["text"] == _text(gpt, "hi", 4) for c in answer["choices"])
+    assert answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 12, "total_tokens": 14}
+    chunks = _streamed(client, body)
+    for index in range(3):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert "".join(c["text"] for c in mine) == _text(gpt, "hi", 4) and mine[-1]["finish_reason"] == "length"
+
+
+def test_logprobs_of_each_token_and_the_most_likely_ones(client, gpt):
+    answer = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "logprobs": 2}).json()
+    logprobs = answer["choices"][0]["logprobs"]
+    tokens = expected_tokens(gpt.encode("hi"), 3)
+    assert logprobs["tokens"] == [gpt.decode([t]) for t in tokens]
+    assert logprobs["token_logprobs"] == [-0.25, -0.5, -0.75] and logprobs["text_offset"] == [0, 1, 2]
+    assert logprobs["top_logprobs"][0] == {gpt.decode([tokens[0]]): -0.25, gpt.decode([tokens[0] + 1]): -1.25}
+    assert gpt.submitted[-1][1].logprobs == 2
+    chunks = _streamed(client, {"prompt": "hi", "max_tokens": 3, "logprobs": 0})
+    assert [c["choices"][0]["logprobs"]["token_logprobs"] for c in chunks] == [[-0.25], [-0.5], [-0.75]]
+    assert chunks[0]["choices"][0]["logprobs"]["top_logprobs"] is None
+
+
+def test_echo_puts_the_prompt_first(client, gpt):
+    answer = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": True}).json()
+    assert answer["choices"][0]["text"] == "hi" + _text(gpt, "hi", 2)
+    chunks = _streamed(client, {"prompt": "hi", "max_tokens": 2, "echo": True})
+    assert chunks[0]["choices"][0]["text"] == "hi"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hi" + _text(gpt, "hi", 2)
+
+
+def test_usage_is_streamed_only_when_asked(client):
+    plain = _streamed(client, {"prompt": "hi", "max_tokens": 2})
+    assert all("usage" not in c for c in plain)
+    chunks = _streamed(client, {"prompt": "hi", "max_tokens": 2, "stream_options": {"include_usage": True}})
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert all("usage" not in c for c in chunks[:-1])
+
+
+def test_a_stop_string_split_across_tokens_is_never_sent_in_part():
+    pieces = ["Hel", "lo, wor", "ld", "!"]
+    choice = Choice(lambda ids: "".join(pieces[i] for i in ids), ["o, world"], None)
+    sent = [choice.add([i])[0] for i in range(4)] + [choice.flush()[0]]
+    assert "".join(sent) == "Hell" and choice.stopped and choice.tokens == 3
+    choice = Choice(lambda ids: "".join(pieces[i] for i in ids), ["world?"], None)
+    sent = [choice.add([i])[0] for i in range(4)] + [choice.flush()[0]]
+    assert "".join(sent) == "Hello, world!" and not choice.stopped  # held back "world", then let go
+
+
+def test_logprob_tokens_are_the_text_each_token_added_in_context():
+    words = ["▁Hello", "▁world", "!"]
+
+    def sentencepiece(ids: list[int]) -> str:  # drops the leading space of what it decodes
+        return "".join(words[i] for i in ids).replace("▁", " ").lstrip()
+
+    choice = Choice(sentencepiece, [], 0)
+    entry = TokenLogprobs(-1.0, [])
+    text = "".join(choice.add([i], [entry])[0] for i in range(3)) + choice.flush()[0]
+    assert choice.logprobs.tokens == ["Hello", " world", "!"] and "".join(choice.logprobs.tokens) == text
+    assert choice.logprobs.text_offset == [0, 5, 11]
+
+
+def test_streamed_logprobs_wait_with_text_held_for_a_stop_string(client, gpt):
+    full = _text(gpt, "hi", 8)
+    chunks = _streamed(client, {"prompt": "hi", "max_tokens": 8, "logprobs": 0, "stop": [full[3:5]]})
+    tokens = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert "".join(tokens) == "".join(c["choices"][0]["text"] for c in chunks) == full[:3]
