@@ -6,19 +6,17 @@ own fast path (static cache + torch.compile), against the floor measured on the 
 Every model is built from seeded random weights in memory (nothing is downloaded). Before timing,
 each workload checks itself: fp32 engine tokens equal transformers' fp32 tokens (G1, G2), and the
 half-precision engine agrees with transformers' half-precision model (the share of equal tokens, or
-the cosine of hidden states). Times are medians after warm-up, the device synchronized before each
-clock read. `--smoke` runs tiny shapes on whatever device there is (the CPU too), to check the
-script itself. Writes results.json, report.md and summary.json under DIR.
+the cosine of hidden states). Times are medians after warm-up, hotrod and transformers run in turn,
+the device synchronized before each clock read. `--smoke` runs tiny shapes on whatever device there
+is (the CPU too), to check the script itself. Writes results.json, report.md and summary.json under DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from hotrod.bench.timing import interleaved, median, synchronized
 from hotrod.export import graph_contracts
 from hotrod.model import HotrodModel
 from hotrod.registry import get_family
@@ -102,23 +101,11 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def timed(fn: Callable[[], object], device: str, runs: int, warmup: int = 3) -> float:
-    """Median seconds of `fn`, the device synchronized around each call."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def timed(systems: dict[str, Callable[[], object]], device: str, runs: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds of each system, run in turn (interleaved) after a warm-up, the device synchronized
+    before each clock read."""
+    times = interleaved({name: synchronized(fn, device) for name, fn in systems.items()}, runs, warmup, settle=0.0)
+    return {name: median(values) for name, values in times.items()}
 
 
 def inputs(w: Workload, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,12 +161,13 @@ def run_lm(w: Workload, args, device: str) -> Result:
     hf_tokens = baseline.generate(ids.to(device), attention_mask=mask.to(device), **kwargs).cpu()
     our_tokens = fast.generate(ids, attention_mask=mask, **kwargs)
     result.checks["half_token_agreement"] = float((our_tokens == hf_tokens).float().mean())
-    result.hotrod_s = timed(lambda: fast.generate(ids, attention_mask=mask, **kwargs), device, args.runs)
-    result.baseline_s = timed(lambda: baseline.generate(ids.to(device), attention_mask=mask.to(device), **kwargs),
-                              device, args.runs)
+    times = timed({"hotrod": lambda: fast.generate(ids, attention_mask=mask, **kwargs),
+                   "hotrod_one_token": lambda: fast.generate(ids, attention_mask=mask, max_new_tokens=1),
+                   "baseline": lambda: baseline.generate(ids.to(device), attention_mask=mask.to(device), **kwargs)},
+                  device, args.runs)
+    result.hotrod_s, result.baseline_s = times["hotrod"], times["baseline"]
     result.checks["recorded_calls"] = vars(fast.backend.recorded.stats).copy()
-    step = timed(lambda: fast.generate(ids, attention_mask=mask, max_new_tokens=1), device, args.runs)
-    result.checks["decode_step_s"] = (result.hotrod_s - step) / max(w.new_tokens - 1, 1)
+    result.checks["decode_step_s"] = (times["hotrod"] - times["hotrod_one_token"]) / max(w.new_tokens - 1, 1)
     if args.peers:
         result.compiled_peer_s = _compiled_peer(baseline, ids, mask, kwargs, device, args.runs, result)
     return result
@@ -190,7 +178,8 @@ def _compiled_peer(model, ids, mask, kwargs, device, runs, result: Result) -> fl
     try:
         model.generation_config.cache_implementation = "static"
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        return timed(lambda: model.generate(ids.to(device), attention_mask=mask.to(device), **kwargs), device, runs)
+        return timed({"peer": lambda: model.generate(ids.to(device), attention_mask=mask.to(device), **kwargs)},
+                     device, runs)["peer"]
     except Exception as exc:  # noqa: BLE001  (a peer that fails is reported, not fatal)
         result.notes.append(f"compiled peer failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         return None
@@ -208,10 +197,12 @@ def run_encoder(w: Workload, args, device: str) -> Result:
     real = mask.bool()
     result.checks["hidden_cosine_vs_hf_half"] = float(torch.nn.functional.cosine_similarity(
         got[real].flatten(), expected[real].flatten(), dim=0))
-    result.hotrod_s = timed(lambda: fast(ids, attention_mask=mask), device, args.runs)
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    result.checks["engine_call_s"] = timed(lambda: fast.backend.run("encoder", feeds), device, args.runs)
-    result.baseline_s = timed(lambda: baseline(ids.to(device), attention_mask=mask.to(device)), device, args.runs)
+    times = timed({"hotrod": lambda: fast(ids, attention_mask=mask),
+                   "engine_call": lambda: fast.backend.run("encoder", feeds),
+                   "baseline": lambda: baseline(ids.to(device), attention_mask=mask.to(device))}, device, args.runs)
+    result.hotrod_s, result.baseline_s = times["hotrod"], times["baseline"]
+    result.checks["engine_call_s"] = times["engine_call"]
     return result
 
 
@@ -222,11 +213,11 @@ def floor(device: str, smoke: bool) -> dict:
     n = 1 << (20 if smoke else 28)
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    copy_s = timed(lambda: dst.copy_(src), device, 20)
+    copy_s = timed({"copy": lambda: dst.copy_(src)}, device, 20)["copy"]
     size = 1024 if smoke else 8192
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    mm_s = timed(lambda: a @ b, device, 20)
+    mm_s = timed({"mm": lambda: a @ b}, device, 20)["mm"]
     return {"bandwidth_gb_s": 2 * n * 4 / copy_s / 1e9, "bf16_tflop_s": 2 * size**3 / mm_s / 1e12}
 
 

@@ -320,8 +320,7 @@ def _torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel
     if options.uses_static_engine:
         from hotrod.runtime.static import EngineOptions, StaticBackend
 
-        engine = EngineOptions(device=options.device, precision=options.precision, keep_fp32=options.keep_fp32,
-                               compile=options.compile)
+        engine = EngineOptions(device=options.device, precision=options.precision)
         backend = StaticBackend(build_module(src), contracts, engine)
     else:
         backend = TorchBackend(build_module(src), contracts, options)

@@ -106,13 +106,7 @@ class _GroupQueryAttention(torch.autograd.Function):
         fits = positions < past_k.shape[2]  # a right-pad query beyond the buffer writes nowhere
         for cache, new in ((past_k, k), (past_v, v)):
             cache[rows.expand_as(positions)[fits], :, positions[fits]] = new.view(batch, width, num_heads, -1)[fits]
-        span = int(ends.max())
-        keys = torch.arange(span, device=q.device)
-        allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
-        scores_bias = additive_mask(allowed[:, None], q.dtype)
-        if bias is not None:
-            scores_bias = scores_bias + bias[..., :span]
-        out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], scores_bias, num_heads, scale)
+        out = _over_cache(q, past_k, past_v, positions, ends, int(ends.max()), bias, num_heads, scale)
         return out, past_k, past_v
 
     @staticmethod
@@ -191,13 +185,19 @@ def static_attention_in_place(q, k, v, past_k, past_v, seqlens_k, span: int, num
         positions = seqlens_k.long()[:, None]
     else:
         raise ValueError(f"a static in-place call takes a prompt of width {span} or one token, got {width}")
+    out = _over_cache(q, past_k, past_v, positions, ends, span, bias, num_heads, scale)
+    return out, past_k, past_v
+
+
+def _over_cache(q, past_k, past_v, positions, ends, span: int, bias, num_heads: int, scale: float) -> torch.Tensor:
+    """Attention of queries at `positions` [B, Sq] over the first `span` cached keys: each query sees the
+    keys up to itself and within its row's length `ends` [B]; `bias` (or None) is added to the scores."""
     keys = torch.arange(span, device=q.device)
     allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
     scores_bias = additive_mask(allowed[:, None], q.dtype)
     if bias is not None:
         scores_bias = scores_bias + bias[..., :span].to(q.dtype)
-    out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], scores_bias, num_heads, scale)
-    return out, past_k, past_v
+    return _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], scores_bias, num_heads, scale)
 
 
 class FusedProjection:

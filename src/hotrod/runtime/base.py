@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hotrod.errors import check_number
 from hotrod.export.io import GraphIO
 
 
@@ -31,14 +32,9 @@ class RuntimeOptions:
     threads: int = 0
     precision: str = "fp32"
     static: bool | None = None
-    compile: bool = False
-    keep_fp32: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.threads < 0:
-            from hotrod.errors import HotrodError
-
-            raise HotrodError(f"threads must be >= 0, got {self.threads}")
+        check_number("threads", self.threads, 0)
 
     @property
     def uses_static_engine(self) -> bool:
@@ -75,11 +71,7 @@ class Backend(Protocol):
 
 def cpu_threads(requested: int) -> int:
     """`requested`, or every core this process may use when 0."""
-    if requested < 0:
-        from hotrod.errors import HotrodError
-
-        raise HotrodError(f"threads must be >= 0, got {requested}")
-    if requested:
+    if check_number("threads", requested, 0):
         return requested
     import os
 

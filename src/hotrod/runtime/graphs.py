@@ -40,14 +40,14 @@ class _Recording:
     """One recorded call: static input placeholders, the tensors bound by address, and the outputs."""
 
     def __init__(self, fn: Callable[..., Sequence[torch.Tensor]], args: list[torch.Tensor], copied: Sequence[bool],
-                 pool=None, stream=None):
+                 pool=None):
         # Inputs that are copied in get placeholders of their own; the others are used where they are.
         self.inputs = [a.clone() if copy else a for a, copy in zip(args, copied)]
         self.copied = copied
         self.graph = None
         if args and args[0].is_cuda:
             self.graph = torch.cuda.CUDAGraph()
-            stream = stream or torch.cuda.Stream()
+            stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up off the capture: lazy inits (cuBLAS handles, autotuning)
                 fn(*self.inputs)
@@ -95,10 +95,6 @@ class Graphs:
         self._recorded.move_to_end(key)
         self.stats.replayed += 1
         return recording.replay(args)
-
-    def clear(self) -> None:
-        self._recorded.clear()
-        self._seen.clear()
 
     def __len__(self) -> int:
         return len(self._recorded)

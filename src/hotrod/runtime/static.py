@@ -82,39 +82,27 @@ class StaticBackend:
         io = contract_of(self.contracts, graph, feeds)
         into = dict(into or {})
         rows = next(feeds[t.name].shape[0] for t in io.inputs if t.name != SPAN)
-        bound = {name: self.pool.base_of(value) for name, value in (*feeds.items(), *into.items())
-                 if isinstance(value, torch.Tensor) and value.dim() == 4}
+        lent = {name: (value, self.pool.base_of(value)) for name, value in (*feeds.items(), *into.items())
+                if isinstance(value, torch.Tensor) and value.dim() == 4}
         bucket = batch_bucket(rows)
-        if all(base is not None and base.shape[0] == bucket for base in bound.values()):
-            return self._run_bucketed(graph, io, feeds, into, rows, bucket, bound)
-        return self._run_eager(graph, io, feeds, into)
-
-    def _run_bucketed(self, graph, io, feeds, into, rows, bucket, bound) -> dict[str, Any]:
-        """Rows padded to the bucket, pooled buffers read and written where they lie, recorded by key."""
+        # Every cache tensor lent by the pool at the bucket's rows: pad to the bucket, bind the bases where
+        # they lie and record the call by key. Otherwise run at the rows given, on the tensors given.
+        recorded = all(base is not None and base.shape[0] == bucket for _, base in lent.values())
+        bound = {name: base if recorded else value for name, (value, base) in lent.items()}
         names = [n for n in io.input_names if n != SPAN]
-        args, copied = [], []
-        for name in names:
-            base = bound.get(name)
-            args.append(base if base is not None else self._device(feeds[name], bucket))
-            copied.append(base is None)
         targets = [n for n in io.output_names if n in into]
-        args += [bound[n] for n in targets]
-        copied += [False] * len(targets)
+        args = [bound[n] if n in bound else self._device(feeds[n], bucket if recorded else rows) for n in names]
+        args += [bound.get(n, into[n]) for n in targets]
+        copied = [n not in bound for n in names] + [False] * len(targets)
         span = self._span(io, feeds, args, names)
         fn = self._call(graph, io, names, span, targets)
-        key = (graph, span, *((tuple(a.shape), a.dtype, None if c else a.data_ptr()) for a, c in zip(args, copied)))
-        outputs = iter(self.recorded.call(key, fn, args, copied))
+        if recorded:
+            key = (graph, span, *((tuple(a.shape), a.dtype, None if c else a.data_ptr()) for a, c in zip(args, copied)))
+            outputs = iter(self.recorded.call(key, fn, args, copied))
+        else:
+            outputs = iter(fn(*args))
+            self.recorded.stats.eager += 1
         return {n: into[n] if n in into else next(outputs)[:rows] for n in io.output_names}
-
-    def _run_eager(self, graph, io, feeds, into) -> dict[str, Any]:
-        names = [n for n in io.input_names if n != SPAN]
-        args = [self._device(feeds[n]) for n in names]
-        targets = [n for n in io.output_names if n in into]
-        args += [into[n] for n in targets]
-        fn = self._call(graph, io, names, self._span(io, feeds, args, names), targets)
-        outputs = iter(fn(*args))
-        self.recorded.stats.eager += 1
-        return {n: into[n] if n in into else next(outputs) for n in io.output_names}
 
     def _call(self, graph: str, io: GraphIO, names: list[str], span: int | None, targets: list[str]):
         """fn(*inputs, *targets) -> the outputs not in `targets`; targets are written in place."""
