@@ -75,3 +75,15 @@ def test_cuda_graphs_replay_the_same_tokens_as_eager_fp32(zoo, name):
     for _ in range(3):
         assert_same_tokens(model.generate(ids, attention_mask=mask, max_new_tokens=12), expected)
     assert model.backend.recorded.stats.replayed > 0
+
+
+def test_bad_engine_settings_are_one_line(zoo):
+    from hotrod.errors import HotrodError
+    from hotrod.runtime.static import EngineOptions, prepare
+
+    with pytest.raises(HotrodError, match="unknown torch precision 'int3'"):
+        hotrod.load(zoo.checkpoint("gpt2"), backend="torch", static=True, precision="int3")
+    with pytest.raises(HotrodError, match="graphs must be >= 0"):
+        EngineOptions(device="cpu", graphs=-1)
+    with pytest.raises(HotrodError, match="keep_fp32 names 'no.such.module'"):
+        prepare(torch.nn.Linear(2, 2), EngineOptions(device="cpu", precision="fp16", keep_fp32=("no.such.module",)))
