@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hotrod-installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-ray bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Ray Serve is large and optional: its own step installs it, then runs the loopback-cluster tests.
+test-ray: $(STAMP)
+	$(BIN)/pip install -q -e ".[ray]"
+	$(BIN)/python -m pytest tests/serve/test_ray.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core.py

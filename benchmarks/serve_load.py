@@ -12,7 +12,7 @@ weights rarely emit it); the tokens counted are the ones the server returned.
 
     python benchmarks/serve_load.py [--precision int8 | --artifact DIR] [--batching continuous,request,none]
                                     [--concurrency 1,8,32] [--requests 48] [--time-limit 120] [--threads 0]
-                                    [--out benchmarks/results/serve-cpu] [--chaos]
+                                    [--out benchmarks/results/serve-cpu] [--chaos | --ray]
 """
 
 from __future__ import annotations
@@ -395,10 +395,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
-def _ratio(cells: list[Cell], policy: str, concurrency: int) -> float | None:
-    """tokens/s of `policy` over tokens/s of 'none', at the same concurrency."""
+def _ratio(cells: list[Cell], policy: str, concurrency: int, against: str = "none") -> float | None:
+    """tokens/s of `policy` over tokens/s of `against` ('none' unless said), at the same concurrency."""
     mine = next((c for c in cells if c.policy == policy and c.concurrency == concurrency), None)
-    base = next((c for c in cells if c.policy == "none" and c.concurrency == concurrency), None)
+    base = next((c for c in cells if c.policy == against and c.concurrency == concurrency), None)
     if mine is None or base is None or not base.tokens_per_s:
         return None
     return mine.tokens_per_s / base.tokens_per_s
@@ -416,13 +416,13 @@ def key_line(cells: list[Cell]) -> str:
             f"tokens/s -> {ratio:.2f}x")
 
 
-def table(cells: list[Cell], stream: bool) -> str:
-    """The markdown table, one row per (policy, concurrency)."""
-    head = "| policy | concurrency | completed / failed / lost | tokens | wall s | tokens/s | vs none | req/s "
+def table(cells: list[Cell], stream: bool, against: str = "none") -> str:
+    """The markdown table, one row per (policy, concurrency), tokens/s also as a ratio to policy `against`."""
+    head = f"| policy | concurrency | completed / failed / lost | tokens | wall s | tokens/s | vs {against} | req/s "
     head += "| p50 ms | p90 ms | p99 ms |" + (" TTFT p50 ms |" if stream else "")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in cells:
-        ratio = _ratio(cells, c.policy, c.concurrency)
+        ratio = _ratio(cells, c.policy, c.concurrency, against)
         note = f" (of {c.offered}, time limit)" if c.hit_time_limit else ""
         rows.append(f"| {c.policy} | {c.concurrency} | {c.completed} / {c.failed} / {c.lost}{note} | {c.tokens} "
                     f"| {c.wall_s:.1f} | {c.tokens_per_s:.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} "
@@ -496,6 +496,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="plain JSON responses (no time-to-first-token figure)")
     parser.add_argument("--seed", type=int, default=SEED, help="seed of the request list")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="writes OUT.json and OUT.md")
+    parser.add_argument("--ray", action="store_true", help="continuous batching through Ray Serve (1 and 2 "
+                        "replicas) beside plain `hotrod serve` (benchmarks/serve_ray.py); writes OUT-ray.json/.md")
     parser.add_argument("--chaos", action="store_true", help="one continuous server, W5 beside hostile requests "
                         "(benchmarks/serve_chaos.py); writes OUT-chaos.json and OUT-chaos.md")
     args = parser.parse_args(argv)
@@ -529,6 +531,10 @@ def run(args: argparse.Namespace) -> int:
         from serve_chaos import run_chaos
 
         return run_chaos(args)
+    if args.ray:
+        from serve_ray import run_ray
+
+        return run_ray(args)
     if args.artifact is not None:
         artifact = args.artifact.resolve()
         manifest = read_manifest(artifact)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from hotrod.errors import HotrodError
+from hotrod.serve.limits import API_KEY_ENV
 from hotrod.serve.scheduler import POLICIES
-
-API_KEY_ENV = "HOTROD_API_KEY"
 
 
 def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -41,6 +41,18 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let browsers on ORIGIN call the server (repeatable; default: none)")
     p.add_argument("--docs", action="store_true", help="serve the interactive API docs at /docs")
+    ray = p.add_argument_group("on a Ray cluster (pip install 'hotrod[ray]')")
+    ray.add_argument("--ray", default=None, metavar="ADDRESS",
+                     help="deploy on the Ray cluster at ADDRESS (host:port of its head, or `auto`: the one on "
+                          "this machine, started if none runs) and serve through Ray Serve's proxies")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas (each a whole server on one node)")
+    ray.add_argument("--min-replicas", type=int, default=None, help="autoscale down to this many replicas")
+    ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")
+    ray.add_argument("--num-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
+    ray.add_argument("--num-gpus", type=float, default=0.0, help="GPUs Ray reserves for each replica")
+    ray.add_argument("--ship", action="store_true",
+                     help="send the artifacts to the cluster (Ray's working_dir) instead of reading them from "
+                          "a path every node sees")
     runtime_args(p)
     p.set_defaults(handler=run_serve)
 
@@ -60,15 +72,29 @@ def run_serve(args) -> int:
                     tuple(args.cors_origin), args.docs)
     if not 0 <= args.port < 65536:
         raise HotrodError(f"--port must be in 0..65535, got {args.port}")
+    runtime = RuntimeOptions(args.backend, args.device or "cpu", args.threads,
+                             precision=args.engine_precision or "fp32")
+    if args.ray is not None:  # Ray's proxies listen, on every node: there is no one socket to try here
+        return _run_on_ray(args, options, limits, access, runtime)
     _check_listen(args.host, args.port)
     metrics = Metrics()
-    engines = load_engines(args.models, options, RuntimeOptions(args.backend, args.device or "cpu", args.threads,
-                                                                    precision=args.engine_precision or "fp32"),
-                           metrics)
+    engines = load_engines(args.models, options, runtime, metrics)
     try:
         serve(engines, limits, args.host, args.port, metrics, access=access)
     except StartupFailed as exc:
         raise HotrodError(str(exc)) from None
+    return 0
+
+
+def _run_on_ray(args, options, limits, access, runtime) -> int:
+    from hotrod.serve.on_ray import serve_on_ray
+    from hotrod.serve.replicas import ReplicaSpec, Scaling
+
+    scaling = Scaling(args.replicas, args.min_replicas, args.max_replicas, num_cpus=args.num_cpus,
+                      num_gpus=args.num_gpus)
+    artifacts = tuple(str(Path(model).expanduser().resolve()) for model in args.models)
+    spec = ReplicaSpec(artifacts, options, limits, runtime, access, scaling)
+    serve_on_ray(spec, args.ray, args.host, args.port, ship=args.ship)
     return 0
 
 

@@ -16,6 +16,8 @@ from hotrod.errors import HotrodError, check_number
 RELATIVE_POSITIONS_DEFAULT = 512
 # A token is rarely longer than this many bytes of text, so a text past tokens x this is refused untokenized.
 BYTES_PER_TOKEN = 32
+# Where an API key may come from instead of a flag or a config file, which others can read.
+API_KEY_ENV = "HOTROD_API_KEY"
 
 
 @dataclass(frozen=True)

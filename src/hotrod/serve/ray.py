@@ -1,0 +1,128 @@
+"""hotrod on Ray Serve: each replica is a whole `hotrod serve` (its engines, batching and HTTP API) on one
+node, and Ray runs as many as asked, routes requests to them, restarts the ones that die, and scales.
+
+A Serve config deploys it with the application builder `app`:
+
+    applications:
+      - name: hotrod
+        import_path: hotrod.serve.ray:app
+        runtime_env: {working_dir: ./artifacts}     # optional: Ray ships this folder to every node
+        args: {artifacts: [gpt2-int4], replicas: 2, num_cpus: 2}
+
+Nothing here knows a model: a replica loads its artifacts with `load_engines` and serves them with
+`create_app`, the same two calls `hotrod serve` makes, so the endpoints (hotrod's, OpenAI's, the Open
+Inference Protocol) are the same on one machine and on a cluster. Ray's HTTP proxy on each node sends
+each request to a replica; hotrod's scheduler in that replica batches what it gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve import metrics as ray_metrics
+from ray.serve.deployment import Application
+
+from hotrod.serve.app import create_app
+from hotrod.serve.engine import ModelEngine, load_engines
+from hotrod.serve.metrics import _BATCH_BUCKETS, _LATENCY_BUCKETS, Metrics
+from hotrod.serve.replicas import ReplicaSpec, spec_from_args
+
+DEPLOYMENT = "hotrod"
+HEALTH_CHECK_PERIOD_S = 5.0
+
+
+class RayMetrics(Metrics):
+    """hotrod's metrics, recorded twice: in the replica's own registry (its /metrics) and in Ray's
+    metrics, which Ray tags with the deployment and replica and exports from every node's metrics port,
+    so that one Prometheus scrape of the cluster sums the replicas."""
+
+    def __init__(self):
+        super().__init__()
+        self.mirror = {
+            "depth": ray_metrics.Gauge("hotrod_queue_depth", "Requests waiting to run", ("model",)),
+            "running": ray_metrics.Gauge("hotrod_running_requests", "Requests in the running batch", ("model",)),
+            "batch": ray_metrics.Histogram("hotrod_batch_size", "Rows per model call", list(_BATCH_BUCKETS),
+                                           ("model", "kind")),
+            "wait": ray_metrics.Histogram("hotrod_queue_wait_seconds", "Time from arrival to first run",
+                                          list(_LATENCY_BUCKETS), ("model",)),
+            "latency": ray_metrics.Histogram("hotrod_request_latency_seconds", "Time from arrival to the last "
+                                             "byte", list(_LATENCY_BUCKETS), ("model", "endpoint")),
+            "tokens": ray_metrics.Counter("hotrod_generated_tokens", "Tokens generated", ("model",)),
+            "requests": ray_metrics.Counter("hotrod_requests", "Requests by outcome",
+                                            ("model", "endpoint", "outcome")),
+        }
+
+    def queue(self, model: str, waiting: int, running: int) -> None:
+        super().queue(model, waiting, running)
+        self.mirror["depth"].set(waiting, {"model": model})
+        self.mirror["running"].set(running, {"model": model})
+
+    def batch(self, model: str, kind: str, size: int) -> None:
+        super().batch(model, kind, size)
+        self.mirror["batch"].observe(size, {"model": model, "kind": kind})
+
+    def queue_wait(self, model: str, seconds: float) -> None:
+        super().queue_wait(model, seconds)
+        self.mirror["wait"].observe(seconds, {"model": model})
+
+    def tokens(self, model: str, count: int) -> None:
+        super().tokens(model, count)
+        if count:
+            self.mirror["tokens"].inc(count, {"model": model})
+
+    def request(self, model: str, endpoint: str, outcome: str, seconds: float | None = None) -> None:
+        super().request(model, endpoint, outcome, seconds)
+        self.mirror["requests"].inc(1, {"model": model, "endpoint": endpoint, "outcome": outcome})
+        if seconds is not None:
+            self.mirror["latency"].observe(seconds, {"model": model, "endpoint": endpoint})
+
+
+class HotrodReplica:
+    """One replica: loads and warms its engines in the constructor (Ray counts it as started only once
+    they serve), then hands Ray the same app `hotrod serve` runs. Its lifespan drains the engines when
+    Ray stops the replica, after Ray's own wait for the requests in flight."""
+
+    def __init__(self, spec: ReplicaSpec):
+        self.spec = spec
+        self.metrics = RayMetrics()
+        self.engines: dict[str, ModelEngine] = load_engines(spec.local_artifacts(), spec.options,
+                                                            spec.replica_runtime(), self.metrics)
+        for engine in self.engines.values():
+            engine.start()
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self.engines, self.spec.limits, self.metrics, self.spec.access)
+
+    def check_health(self) -> None:
+        """Ray's health check: a model whose worker died fails it, and Ray replaces the replica."""
+        for name, engine in self.engines.items():
+            if engine.failure():
+                raise RuntimeError(f"model {name} stopped working: {engine.failure()}")
+
+
+Replica = serve.deployment(name=DEPLOYMENT)(serve.ingress()(HotrodReplica))
+
+
+def deployment(spec: ReplicaSpec) -> Application:
+    """The Serve application for `spec`: its replica count or autoscaling bounds, each replica's CPUs and
+    GPUs, and Ray's limits set from hotrod's own (in flight per replica, graceful shutdown)."""
+    scaling = spec.scaling
+    actor = {"num_cpus": scaling.num_cpus, "num_gpus": scaling.num_gpus}
+    options: dict[str, Any] = {
+        "ray_actor_options": actor, "max_ongoing_requests": spec.max_ongoing_requests,
+        "graceful_shutdown_timeout_s": spec.limits.shutdown_timeout_s,
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+    }
+    autoscaling = scaling.autoscaling_config(spec.options.max_batch_size)
+    if autoscaling:
+        options["autoscaling_config"] = autoscaling
+    else:
+        options["num_replicas"] = scaling.replicas
+    return Replica.options(**options).bind(spec)
+
+
+def app(args: dict[str, Any]) -> Application:
+    """The application builder a Serve config names (`import_path: hotrod.serve.ray:app`)."""
+    return deployment(spec_from_args(args))
