@@ -261,7 +261,7 @@ def test_only_json_bodies_are_read(client, gpt, content_type):
 
 
 def test_unknown_routes_answer_in_the_error_shape(client):
-    assert client.get("/v2/nothing").json()["error"]["type"] == "not_found_error"
+    assert client.get("/v3/nothing").json()["error"]["type"] == "not_found_error"
     assert client.get("/v1/generate").status_code == 405
 
 

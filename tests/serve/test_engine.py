@@ -59,18 +59,11 @@ async def _serve_all(engine, requests, spacing: float = 0.01):
 
 
 @pytest.fixture
-def engine_for(zoo):
-    engines = []
-
+def engine_for(zoo, started):
     def make(name: str, backend: str = "onnxruntime", options: ServeOptions = OPTIONS) -> ModelEngine:
-        engine = ModelEngine(name, zoo.model(name, backend), options)
-        engine.start()
-        engines.append(engine)
-        return engine
+        return started(ModelEngine(name, zoo.model(name, backend), options))
 
-    yield make
-    for engine in engines:
-        engine.stop(drain=False)
+    return make
 
 
 def test_concurrent_greedy_matches_each_request_alone(lm_case, backend, engine_for):

@@ -3,6 +3,8 @@
 Everything model-specific sits behind the `Engine` protocol, so the HTTP layer knows models only by their
 `ModelInfo`. A request passes the gate (key, media type, size: `gate.py`), then its endpoint's checks
 (`checks.py`), and only then takes a slot; it lets go of the slot as soon as nobody wants the answer.
+hotrod's own and OpenAI's routes are under /v1; the Open Inference Protocol's under /v2
+(`inference_protocol.py`), whose health probes are here, beside /health and /ready.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hotrod.serve import completions, endpoints
+from hotrod.serve import completions, endpoints, inference_protocol
 from hotrod.serve.gate import Gate
 from hotrod.serve.http_errors import ApiError, install_error_handlers
 from hotrod.serve.limits import Access, ServeLimits
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.protocol import Engine
 from hotrod.serve.schemas import ErrorBody, ModelCard, ModelList
+from hotrod.serve.tensors import HEADER
 from hotrod.version import __version__
 
 log = logging.getLogger("hotrod.serve")
@@ -71,8 +74,8 @@ def create_app(engines: dict[str, Engine], options: ServeLimits | None = None,
     app.add_middleware(Gate, api_key=access.api_key, max_bytes=app.state.limits.max_request_bytes)
     if access.cors_origins:  # outside the gate, so that preflights and refusals carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
-    for module in (endpoints, completions):
+                           allow_headers=["Authorization", "Content-Type", HEADER], expose_headers=[HEADER])
+    for module in (endpoints, completions, inference_protocol):
         app.include_router(module.router)
     app.include_router(router)
     return app
@@ -119,6 +122,19 @@ async def ready(request: Request) -> dict[str, Any]:
     if loading:
         raise ApiError(503, f"not ready: still loading {', '.join(loading)}")
     return {"status": "ready", "models": list(state.engines)}
+
+
+@router.get("/v2/health/live")
+async def live() -> dict[str, bool]:
+    """The Open Inference Protocol's liveness: /health."""
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", responses={503: {"model": inference_protocol.V2Error}})
+async def v2_ready(request: Request) -> dict[str, bool]:
+    """The Open Inference Protocol's readiness: /ready, in its shape."""
+    await ready(request)
+    return {"ready": True}
 
 
 @router.get("/metrics", response_class=Response)

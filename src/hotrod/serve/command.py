@@ -27,7 +27,8 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
     p.add_argument("--max-new-tokens-limit", type=int, default=256)
     p.add_argument("--max-input-tokens", type=int, default=None,
                    help="longest prompt or embedding input (default: the model's positions, or 512 for T5)")
-    p.add_argument("--max-batch-inputs", type=int, default=256, help="inputs per embedding request")
+    p.add_argument("--max-batch-inputs", type=int, default=256,
+                   help="inputs per embedding request, and rows per /v2 infer request")
     p.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="largest request body (413 above)")
     p.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
     p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request ends with 504")
@@ -37,7 +38,8 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
     p.add_argument("--batching", default="continuous", choices=POLICIES,
                    help="generation: continuous (iteration-level), request (request-level) or none")
     p.add_argument("--api-key", default=None,
-                   help=f"require `Authorization: Bearer KEY` on every /v1 route (default: ${API_KEY_ENV})")
+                   help=f"require `Authorization: Bearer KEY` on every /v1 and /v2 route but the health probes "
+                        f"(default: ${API_KEY_ENV})")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let browsers on ORIGIN call the server (repeatable; default: none)")
     p.add_argument("--docs", action="store_true", help="serve the interactive API docs at /docs")

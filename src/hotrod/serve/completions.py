@@ -27,7 +27,7 @@ from hotrod.serve.http_errors import (
 )
 from hotrod.serve.protocol import Engine, Params
 from hotrod.serve.schemas import MAX_STOPS, CompletionChoice, CompletionRequest, CompletionResponse
-from hotrod.serve.sse import EventStream, TicketReader, check_end, sse, stream_failed, submit
+from hotrod.serve.sse import EventStream, TicketReader, check_end, sse, stream_failed, submit_all
 
 router = APIRouter()
 Piece = tuple[str, Logprobs | None, str | None]  # text, its tokens' logprobs, finish reason
@@ -75,19 +75,11 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 def _submit_all(request: Request, engine: Engine, prompt: list[int], body: CompletionRequest,
                 new: int) -> list[TicketReader]:
-    """One ticket per choice; if one is refused (a full queue), those already taken are let go."""
-    readers: list[TicketReader] = []
-    try:
-        for i in range(body.n):
-            params = Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
-                            seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs,
-                            **sampling(body.temperature, True))
-            readers.append(submit(request, functools.partial(engine.submit_generate, prompt, params)))
-    except BaseException:
-        for reader in readers:
-            reader.close()
-        raise
-    return readers
+    """One ticket per choice (choice i of a seeded request samples with seed + i)."""
+    params = [Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
+                     seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs,
+                     **sampling(body.temperature, True)) for i in range(body.n)]
+    return submit_all(request, [functools.partial(engine.submit_generate, prompt, p) for p in params])
 
 
 async def _pieces(reader: TicketReader, choice: Choice) -> AsyncIterator[Piece]:

@@ -23,6 +23,7 @@ from hotrod.serve.schemas import (
     ErrorBody,
     GenerateRequest,
     GenerateResponse,
+    Sampling,
     Usage,
 )
 from hotrod.serve.sse import collect, stream, submit
@@ -53,6 +54,13 @@ def sampling(temperature: float | None, do_sample: bool) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature}
 
 
+def generation_params(body: Sampling, new: int) -> Params:
+    """The engine's parameters of a checked request that generates `new` tokens."""
+    return Params(max_new_tokens=new, top_k=body.top_k, top_p=body.top_p, num_beams=body.num_beams,
+                  repetition_penalty=body.repetition_penalty, seed=body.seed,
+                  **sampling(body.temperature, body.do_sample))
+
+
 @router.post("/v1/generate", response_model=GenerateResponse, responses=STREAMED)
 async def generate(body: GenerateRequest, request: Request) -> Response:
     """Generate from text or token ids; `stream: true` answers with one server-sent event per step."""
@@ -60,10 +68,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     where = exactly_one(body.text, body.token_ids, "text", "token_ids")
     prompt = await token_ids(request, engine, body.text if body.text is not None else body.token_ids or [], where)
     new = new_tokens(request, engine, prompt, body.max_new_tokens, where, "max_new_tokens")
-    params = Params(max_new_tokens=new, top_k=body.top_k, top_p=body.top_p, num_beams=body.num_beams,
-                    repetition_penalty=body.repetition_penalty, seed=body.seed,
-                    **sampling(body.temperature, body.do_sample))
-    reader = submit(request, functools.partial(engine.submit_generate, prompt, params))
+    reader = submit(request, functools.partial(engine.submit_generate, prompt, generation_params(body, new)))
     name = recorder.model
     if body.stream:
         def chunk(text: str, ids: list[int], finish: str | None, usage: dict | None) -> dict[str, Any]:
@@ -77,8 +82,9 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
                                           usage=usage(len(prompt), len(tokens))), recorder)
 
 
-async def _embed(request: Request, engine: Engine, rows: list[list[int]], pooling: str,
-                 normalize: bool) -> list[list[float]]:
+async def embed_vectors(request: Request, engine: Engine, rows: list[list[int]], pooling: str,
+                        normalize: bool) -> list[list[float]]:
+    """The embeddings of checked rows, one per row."""
     reader = submit(request, functools.partial(engine.submit_embed, rows, pooling, normalize))
     _, last = await collect(reader)
     vectors = last.result.tolist() if last.result is not None else []
@@ -94,7 +100,7 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     param = exactly_one(body.texts, body.token_ids, "texts", "token_ids")
     items = body.texts if body.texts is not None else body.token_ids or []
     rows = await embed_rows(request, engine, items, param)
-    vectors = await _embed(request, engine, rows, body.pooling, body.normalize)
+    vectors = await embed_vectors(request, engine, rows, body.pooling, body.normalize)
     return json_response(EmbedResponse(model=recorder.model, embeddings=vectors,
                                        usage=usage(sum(map(len, rows)))), recorder)
 
@@ -107,7 +113,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     if isinstance(items, str) or (items and isinstance(items[0], int)):
         items = [items]  # one text, or one row of token ids
     rows = await embed_rows(request, engine, items, "input")  # type: ignore[arg-type]
-    vectors = await _embed(request, engine, rows, "mean", True)
+    vectors = await embed_vectors(request, engine, rows, "mean", True)
     data = [EmbeddingData(index=i, embedding=vector) for i, vector in enumerate(vectors)]
     return json_response(EmbeddingsResponse(data=data, model=recorder.model, usage=usage(sum(map(len, rows)))),
                          recorder)

@@ -1,12 +1,16 @@
-"""The door of every /v1 request: its key, its media type and its size, before any of it is parsed.
+"""The door of every /v1 and /v2 request: its key, its media type and its size, before any of it is parsed.
 
 An ASGI middleware rather than FastAPI dependencies, because FastAPI reads and parses a body before it
 runs any dependency: an unauthenticated or oversized request would already have cost its parse (and
-answered 400/422 instead of 401/413). Probes (/health, /ready, /metrics) pass untouched.
+answered 400/422 instead of 401/413). Probes (/health, /ready, /metrics, /v2/health/*) pass untouched.
 
 Only `application/json` bodies are read: a browser sends a cross-site `text/plain` or form POST without
 asking the server first (no CORS preflight), so accepting those would let any web page run requests on
-a server bound to localhost.
+a server bound to localhost. The v2 infer route also reads the two bodies Triton's client sends with no
+Content-Type at all, neither of which a web page can send unasked: the binary tensor form, whose
+`Inference-Header-Content-Length` header a browser must ask leave for (a CORS preflight, which this
+server grants only to the origins it is told to), and plain JSON from a client that is not a browser
+(browsers put an `Origin` header on every POST).
 """
 
 from __future__ import annotations
@@ -19,9 +23,25 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hotrod.serve.http_errors import error_response, record
+from hotrod.serve.http_errors import INFER_PATH, error_response, is_v2, record
+from hotrod.serve.tensors import HEADER
 
 API_PREFIX = "/v1/"
+OPEN_V2 = "/v2/health/"
+
+
+def guarded(path: str) -> bool:
+    """The routes behind the door: every /v1 and /v2 route but the v2 health probes."""
+    return path.startswith(API_PREFIX) or (is_v2(path) and not path.startswith(OPEN_V2))
+
+
+def _readable(path: str, media: str, headers: Headers) -> bool:
+    """JSON anywhere; on the v2 infer route, also what tritonclient sends and no web page can (see above)."""
+    if media == "application/json":
+        return True
+    if INFER_PATH.fullmatch(path) is None:
+        return False
+    return HEADER in headers or (not media and "origin" not in headers)
 
 
 class Gate:
@@ -37,7 +57,7 @@ class Gate:
         request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         send = _tagged(send, request_id)
-        if scope["path"].startswith(API_PREFIX):
+        if guarded(scope["path"]):
             refusal, receive = await self._check(scope, receive)
             if refusal is not None:
                 await _refuse(scope, receive, send, *refusal)
@@ -53,7 +73,7 @@ class Gate:
         if scope["method"] != "POST":
             return None, receive
         media = headers.get("content-type", "").split(";")[0].strip().lower()
-        if media != "application/json":
+        if not _readable(scope["path"], media, headers):
             return (415, f"the body must be JSON, sent with `Content-Type: application/json` (got "
                          f"{media or 'none'})", None), receive
         declared = headers.get("content-length", "")
@@ -112,4 +132,4 @@ def _tagged(send: Send, request_id: str) -> Send:
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str,
                   headers: dict[str, str] | None) -> None:
     record(Request(scope, receive), status)
-    await error_response(status, message, None, headers)(scope, receive, send)
+    await error_response(status, message, None, headers, path=scope["path"])(scope, receive, send)

@@ -2,7 +2,8 @@
 
 Clients (OpenAI's among them) read `{"error": {"message", "type", "param"}}`; FastAPI's own errors (bad
 JSON, a wrong-typed field, an unknown route) are converted to it, and an unexpected exception becomes a
-plain 500 without a traceback. Each API request is counted once, under the outcome its status implies.
+plain 500 without a traceback. Under /v2 (the Open Inference Protocol) the same errors take that
+protocol's shape, `{"error": "<message>"}`, which KServe and Triton clients read. Each API request is counted once, under the outcome its status implies.
 Which served model a request names is resolved here; the checks of its inputs are in `checks.py`.
 Exception text from inside the server never reaches a client: a 500 names the request's id, and the log
 holds the detail under the same id.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -53,13 +55,24 @@ class ApiError(Exception):
         self.headers = headers
 
 
+V2_PREFIX = "/v2"
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/infer")  # its model is named in the path
+
+
+def is_v2(path: str) -> bool:
+    """Whether `path` is a route of the Open Inference Protocol (its own error shape)."""
+    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param}}
 
 
 def error_response(status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, *, path: str = "") -> JSONResponse:
+    """The error answer of a request for `path`: the v2 protocol's shape under /v2, hotrod's elsewhere."""
+    body = {"error": message} if is_v2(path) else error_body(status, message, param)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class Recorder:
@@ -89,10 +102,14 @@ def record(request: Request, status: int, body: Any = None) -> None:
     """Count a refused request once, under the outcome its status implies (its model, if the body named one)."""
     recorder: Recorder | None = getattr(request.state, "recorder", None)
     if recorder is None:
-        endpoint = request.app.state.endpoints.get(request.url.path)
+        path = request.url.path
+        endpoint = request.app.state.endpoints.get(path)
+        name = body.get("model") if isinstance(body, dict) else None
+        infer = INFER_PATH.fullmatch(path)
+        if infer is not None:
+            endpoint, name = "infer", infer.group(1)
         if endpoint is None:  # not an API endpoint: /health, an unknown route...
             return
-        name = body.get("model") if isinstance(body, dict) else None
         recorder = Recorder(request.app.state.metrics, endpoint, model_label(request.app.state.engines, name))
     recorder.done(outcome_of(status))
 
@@ -127,18 +144,19 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         record(request, exc.status)
-        return error_response(exc.status, exc.message, exc.param, exc.headers)
+        return error_response(exc.status, exc.message, exc.param, exc.headers, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, message, param = _validation_error(exc)
         record(request, status, exc.body)
-        return error_response(status, message, param)
+        return error_response(status, message, param, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         record(request, exc.status_code)
-        return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+        return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None),
+                              path=request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -146,7 +164,7 @@ def install_error_handlers(app: FastAPI) -> None:
         log.error("request %s: unexpected error on %s %s: %r", request_id, request.method, request.url.path, exc,
                   exc_info=exc)
         record(request, 500)
-        return error_response(500, f"internal server error (request id {request_id})")
+        return error_response(500, f"internal server error (request id {request_id})", path=request.url.path)
 
 
 def request_id_of(request: Request) -> str:
@@ -174,11 +192,16 @@ def resolve(request: Request, endpoint: str, name: str | None, kinds: tuple[str,
     if engine.info.kind not in kinds:
         raise ApiError(400, f"model: '{name}' is a model of kind {engine.info.kind}; /v1/{endpoint} needs "
                             f"one of kind {' or '.join(kinds)}", "model")
+    check_running(name, engine)
+    return engine, recorder
+
+
+def check_running(name: str, engine: Engine) -> None:
+    """Refuse (503) a model that has failed or is still loading."""
     if engine.failure():
         raise ApiError(503, f"model '{name}' has failed; the server is restarting")
     if not engine.ready():
         raise ApiError(503, f"model '{name}' is still loading")
-    return engine, recorder
 
 
 def engine_error(exc: BaseException, request_id: str) -> ApiError:

@@ -53,7 +53,8 @@ class ServeLimits:
 
 @dataclass(frozen=True)
 class Access:
-    """Who may call the server: an API key for every /v1 route, the origins a browser may call from, /docs."""
+    """Who may call the server: an API key for every /v1 and /v2 route (not the probes), the origins a browser
+    may call from, /docs."""
 
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()

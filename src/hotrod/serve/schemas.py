@@ -23,12 +23,9 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class GenerateRequest(_Request):
-    """Continue `text` (or `token_ids`, exactly one of the two) with a decoder or seq2seq model."""
+class Sampling(_Request):
+    """How to generate: the fields of /v1/generate's body, and the parameters of a v2 infer request."""
 
-    model: str | None = _MODEL
-    text: str | None = Field(None, description="The prompt; tokenized by the model's tokenizer.")
-    token_ids: list[int] | None = Field(None, description="The prompt as token ids, instead of text.")
     max_new_tokens: int | None = Field(None, ge=1, description="Default: 32, or the server's limit if lower.")
     do_sample: bool = False
     temperature: float = Field(1.0, ge=0, description="0 means greedy even when do_sample is true.")
@@ -37,17 +34,30 @@ class GenerateRequest(_Request):
     repetition_penalty: float = Field(1.0, gt=0)
     num_beams: int = Field(1, ge=1, le=8)
     seed: int | None = _SEED
+
+
+class GenerateRequest(Sampling):
+    """Continue `text` (or `token_ids`, exactly one of the two) with a decoder or seq2seq model."""
+
+    model: str | None = _MODEL
+    text: str | None = Field(None, description="The prompt; tokenized by the model's tokenizer.")
+    token_ids: list[int] | None = Field(None, description="The prompt as token ids, instead of text.")
     stream: bool = Field(False, description="Answer with server-sent events, one per step, then [DONE].")
 
 
-class EmbedRequest(_Request):
+class Pooling(_Request):
+    """How to embed: the fields of /v1/embed's body, and the parameters of a v2 infer request."""
+
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = Field(True, description="Scale each embedding to unit length.")
+
+
+class EmbedRequest(Pooling):
     """Embed `texts` (or `token_ids`, exactly one of the two) with an encoder model."""
 
     model: str | None = _MODEL
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
-    pooling: Literal["mean", "cls"] = "mean"
-    normalize: bool = Field(True, description="Scale each embedding to unit length.")
 
 
 class StreamOptions(_Request):

@@ -40,6 +40,19 @@ def submit(request: Request, submit: Callable[[], Ticket]) -> TicketReader:
     return TicketReader(ticket, request, request.app.state.limits.request_timeout_s)
 
 
+def submit_all(request: Request, calls: list[Callable[[], Ticket]]) -> list[TicketReader]:
+    """One reader per call, submitted together; if one is refused (a full queue), those taken are let go."""
+    readers: list[TicketReader] = []
+    try:
+        for call in calls:
+            readers.append(submit(request, call))
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+    return readers
+
+
 class TicketReader:
     """Yields a ticket's events one by one; raises ApiError 504 at the deadline, 499 when the client left.
 
@@ -176,6 +189,18 @@ async def collect(reader: TicketReader) -> tuple[list[int], Event]:
         reader.close()
     check_end(event)
     return tokens, event
+
+
+async def collect_all(readers: list[TicketReader]) -> list[tuple[list[int], Event]]:
+    """`collect` of every reader at once, in order; the first failure fails them all and lets every ticket go."""
+    tasks = [asyncio.ensure_future(collect(reader)) for reader in readers]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for reader in readers:
+            reader.close()
 
 
 def check_end(event: Event) -> None:

@@ -1,0 +1,254 @@
+"""The Open Inference Protocol (KServe v2, Triton's HTTP API), so KServe and Triton clients call hotrod unchanged.
+
+Each served model is one v2 model with one version, "1". Its tensors (also in its metadata):
+
+- decoder and seq2seq models take `text_input` (BYTES [n] or [n, 1], one prompt per row) or `input_ids`
+  (INT64 [n, L], or [L] for one row; rows are unpadded, so prompts of other lengths go as text or in
+  another request), and answer `text_output` (BYTES [n]), `output_ids` (INT64 [n, T]: the generated
+  tokens, rows shorter than the longest padded with -1, which is no token), `output_lengths` (INT64 [n])
+  and `finish_reason` (BYTES [n]: "length" or "stop"). Request parameters are /v1/generate's sampling
+  fields (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, repetition_penalty, seed),
+  checked the same way; each row is its own engine request, so rows batch with everyone else's.
+- encoder models take `text` or `input_ids` alike and answer `embeddings` (FP32 [n, hidden]);
+  parameters pooling ("mean" or "cls") and normalize, as /v1/embed.
+
+Rows are bounded by the server's max_batch_inputs, tokens by its input limit, and every refusal is a
+4xx with the protocol's `{"error": "<message>"}`. The health probes are in app.py, beside /health.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ValidationError
+
+from hotrod.serve import tensors
+from hotrod.serve.checks import input_limit, new_tokens, token_rows
+from hotrod.serve.endpoints import ENCODERS, GENERATORS, embed_vectors, generation_params
+from hotrod.serve.http_errors import ApiError, check_running, resolve
+from hotrod.serve.protocol import Engine
+from hotrod.serve.schemas import Pooling, Sampling
+from hotrod.serve.sse import collect_all, submit_all
+from hotrod.serve.tensors import Input, Output, bad
+from hotrod.version import __version__
+
+VERSION = "1"  # hotrod serves one version of each model
+PAD = -1  # fills `output_ids` past a row's end: no token has this id
+Tensors = dict[str, tuple[str, list[int]]]  # name -> (datatype, shape; -1 where it varies)
+Built = dict[str, Callable[[], tuple[list[int], Any]]]  # output name -> its (shape, values), made on demand
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: Tensors
+    outputs: Tensors
+    parameters: type[BaseModel]
+
+
+GENERATOR = Signature({"text_input": ("BYTES", [-1]), "input_ids": ("INT64", [-1, -1])},
+                      {"text_output": ("BYTES", [-1]), "output_ids": ("INT64", [-1, -1]),
+                       "output_lengths": ("INT64", [-1]), "finish_reason": ("BYTES", [-1])}, Sampling)
+ENCODER = Signature({"text": ("BYTES", [-1]), "input_ids": ("INT64", [-1, -1])},
+                    {"embeddings": ("FP32", [-1, -1])}, Pooling)
+
+
+class V2Error(BaseModel):
+    """Every error of a /v2 route, as the protocol has it."""
+
+    error: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": V2Error} for s in (400, 401, 404, 413, 415, 429, 500, 503,
+                                                                           504)}
+_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "description": "An inference request (id, parameters, "
+                                                                     "inputs, outputs)"}},
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": (
+        "The binary tensor form: the JSON request in the first Inference-Header-Content-Length bytes, then "
+        "each binary input's bytes")}}}}}
+
+router = APIRouter()
+
+
+def signature(engine: Engine) -> Signature:
+    return GENERATOR if engine.info.kind in GENERATORS else ENCODER
+
+
+@router.get("/v2", responses=ERRORS)
+async def server_metadata() -> dict[str, Any]:
+    """The server's name, version and protocol extensions."""
+    return {"name": "hotrod", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+@router.get("/v2/models/{name}", responses=ERRORS)
+@router.get("/v2/models/{name}/versions/{version}", responses=ERRORS)
+async def model_metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
+    """A model's tensors, and the server's limits on them."""
+    engine = _served(request, name, version)
+    found, limits = signature(engine), request.app.state.limits
+    extra = ({"max_new_tokens_limit": limits.max_new_tokens_limit, "output_ids_pad": PAD}
+             if found is GENERATOR else {})
+    return {"name": name, "versions": [VERSION], "platform": "hotrod",
+            "inputs": _described(found.inputs), "outputs": _described(found.outputs),
+            "parameters": {"kind": engine.info.kind, "max_batch_inputs": limits.max_batch_inputs,
+                           "max_input_tokens": input_limit(request, engine), **extra}}
+
+
+@router.get("/v2/models/{name}/ready", responses=ERRORS)
+@router.get("/v2/models/{name}/versions/{version}/ready", responses=ERRORS)
+async def model_ready(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
+    """200 while the model takes requests; 503 while it loads, after it failed, or at shutdown."""
+    engine = _served(request, name, version)
+    if request.app.state.shutting_down:
+        raise ApiError(503, "the server is shutting down")
+    check_running(name, engine)
+    return {"name": name, "ready": True}
+
+
+@router.post("/v2/models/{name}/infer", responses=ERRORS, openapi_extra=_BODY)
+@router.post("/v2/models/{name}/versions/{version}/infer", responses=ERRORS, openapi_extra=_BODY)
+async def infer(name: str, request: Request, version: str | None = None) -> Response:
+    """Generate or embed: JSON tensors, or the binary tensor data extension (in, out, or both)."""
+    engine, recorder = resolve(request, "infer", name, GENERATORS + ENCODERS)
+    _check_version(name, version)
+    if request.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        raise ApiError(415, "compressed request bodies are not supported; send the body uncompressed")
+    call = tensors.read_request(await request.body(), request.headers.get(tensors.HEADER))
+    found = signature(engine)
+    options, binary = _options(call.parameters, found.parameters)
+    wanted = _requested(call.outputs, found.outputs, binary)
+    source = _source(call.inputs, found.inputs, engine)
+    rows = await _rows(request, engine, source)
+    if found is GENERATOR:
+        built = await _generate(request, engine, rows, source.name, options)  # type: ignore[arg-type]
+    else:
+        built = await _embed(request, engine, rows, options)  # type: ignore[arg-type]
+    outputs = [Output(out, found.outputs[out][0], *built[out](), binary=as_binary) for out, as_binary in wanted]
+    head = {"model_name": name, "model_version": VERSION, **({"id": call.id} if call.id is not None else {})}
+    recorder.done("ok")
+    return tensors.response(head, outputs)
+
+
+def _described(found: Tensors) -> list[dict[str, Any]]:
+    return [{"name": name, "datatype": datatype, "shape": shape} for name, (datatype, shape) in found.items()]
+
+
+def _served(request: Request, name: str, version: str | None) -> Engine:
+    engines = request.app.state.engines
+    if name not in engines:
+        raise ApiError(404, f"model '{name}' is not served here; served: {', '.join(engines)}")
+    _check_version(name, version)
+    return engines[name]
+
+
+def _check_version(name: str, version: str | None) -> None:
+    if version is not None and version != VERSION:
+        raise ApiError(404, f"model '{name}' has no version '{version}'; its only version is {VERSION}")
+
+
+# -- the request's parts, checked before any work ---------------------------------------------------------
+
+def _options(parameters: dict[str, Any], model: type[BaseModel]) -> tuple[BaseModel, bool]:
+    """The model's parameters (checked as its /v1 endpoint checks them), and `binary_data_output`."""
+    given = dict(parameters)
+    binary = given.pop("binary_data_output", False)
+    if not isinstance(binary, bool):
+        raise bad("parameters.binary_data_output: must be true or false")
+    try:
+        return model.model_validate(given), binary
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        reason = (f"not a parameter of this model (it takes {', '.join(model.model_fields)})"
+                  if error["type"] == "extra_forbidden" else error["msg"])
+        raise bad(f"parameters.{where}: {reason}") from None
+
+
+def _requested(outputs: list[dict[str, Any]] | None, found: Tensors, binary: bool) -> list[tuple[str, bool]]:
+    """(name, as binary) of each output to send: those asked for, or all of them."""
+    if not outputs:
+        return [(name, binary) for name in found]
+    wanted: dict[str, bool] = {}
+    for i, item in enumerate(outputs):
+        name, where = item.get("name"), f"outputs[{i}]"
+        if not isinstance(name, str) or name not in found:
+            raise bad(f"{where}: {name!r} is not an output of this model; its outputs: {', '.join(found)}")
+        if name in wanted or set(item) - {"name", "parameters"}:
+            raise bad(f"{where}: {name} is asked for twice, or with fields other than name and parameters")
+        options = tensors.parameters(item, f"{where}.parameters")
+        if set(options) - {"binary_data"}:
+            raise bad(f"{where}.parameters: only binary_data is supported (not the classification or shared "
+                      f"memory extensions)")
+        wanted[name] = options.get("binary_data", binary)
+        if not isinstance(wanted[name], bool):
+            raise bad(f"{where}.parameters.binary_data: must be true or false")
+    return list(wanted.items())
+
+
+def _source(inputs: list[Input], found: Tensors, engine: Engine) -> Input:
+    """The one input the request gives, of a name and datatype this model takes."""
+    for tensor in inputs:
+        if tensor.name not in found:
+            raise bad(f"{tensor.name}: not an input of model '{engine.info.name}' (kind {engine.info.kind}); "
+                      f"it takes one of {', '.join(found)}")
+    if len(inputs) != 1:
+        raise bad(f"inputs: give exactly one of {' and '.join(found)}")
+    tensor = inputs[0]
+    if tensor.datatype != found[tensor.name][0]:
+        raise bad(f"{tensor.name}: datatype {tensor.datatype}; this input is {found[tensor.name][0]}")
+    return tensor
+
+
+async def _rows(request: Request, engine: Engine, tensor: Input) -> list[list[int]]:
+    """Token ids of each row, the shape checked against the server's limits before the data is decoded."""
+    shape, name = tensor.shape, tensor.name
+    if tensor.datatype == "BYTES":
+        if len(shape) not in (1, 2) or shape[1:] not in ([], [1]):
+            raise bad(f"{name}: shape {shape}; texts are [n] or [n, 1], one per row")
+        count, width = shape[0], 0
+    else:
+        if len(shape) not in (1, 2):
+            raise bad(f"{name}: shape {shape}; token ids are [n, L], one prompt per row, or [L]")
+        count, width = (shape[0] if len(shape) == 2 else 1), shape[-1]
+        limit = input_limit(request, engine)
+        if width > limit:
+            raise bad(f"{name}: rows of {width} tokens; this server takes at most {limit} tokens per input "
+                      f"for this model")
+    most = request.app.state.limits.max_batch_inputs
+    if not 0 < count <= most:
+        raise bad(f"{name}: {count} rows; this server takes 1 to {most} per request")
+    flat = tensors.values(tensor)
+    items = flat if tensor.datatype == "BYTES" else [flat[i * width:(i + 1) * width] for i in range(count)]
+    return await token_rows(request, engine, items, name, [f"{name}[{i}]" for i in range(count)])
+
+
+# -- running ----------------------------------------------------------------------------------------------
+
+async def _generate(request: Request, engine: Engine, prompts: list[list[int]], name: str,
+                    options: Sampling) -> Built:
+    """Each row as its own engine request, all at once; their answers in order."""
+    news = [new_tokens(request, engine, prompt, options.max_new_tokens, f"{name}[{i}]", "max_new_tokens")
+            for i, prompt in enumerate(prompts)]
+    calls = [functools.partial(engine.submit_generate, prompt, generation_params(options, new))
+             for prompt, new in zip(prompts, news)]
+    results = await collect_all(submit_all(request, calls))
+    tokens = [row for row, _ in results]
+    rows, width = len(tokens), max(map(len, tokens))
+    ids = np.full((rows, width), PAD, dtype=np.int64)
+    for i, row in enumerate(tokens):
+        ids[i, :len(row)] = row
+    return {"text_output": lambda: ([rows], [engine.decode(row) for row in tokens]),
+            "output_ids": lambda: ([rows, width], ids),
+            "output_lengths": lambda: ([rows], [len(row) for row in tokens]),
+            "finish_reason": lambda: ([rows], [last.finish_reason or "stop" for _, last in results])}
+
+
+async def _embed(request: Request, engine: Engine, rows: list[list[int]], options: Pooling) -> Built:
+    vectors = np.asarray(await embed_vectors(request, engine, rows, options.pooling, options.normalize),
+                         dtype=np.float32)
+    return {"embeddings": lambda: (list(vectors.shape), vectors)}
