@@ -117,9 +117,23 @@ def _replicas() -> list[str]:
                   if a["name"].startswith("SERVE_REPLICA::hotrod#"))
 
 
+def _applications() -> dict:
+    """Serve's applications on the cluster; none once Serve itself is shut down."""
+    from ray.serve import context
+
+    if not any(a["name"] == "SERVE_CONTROLLER_ACTOR" for a in ray.util.list_named_actors(all_namespaces=True)):
+        return {}
+    try:
+        return serve.status().applications
+    except ray.exceptions.ActorDiedError:  # a handle to the controller of an earlier Serve: find the new one
+        context._disconnect()
+        return serve.status().applications
+
+
 def _running() -> int:
-    app = serve.status().applications.get("hotrod")
-    return 0 if app is None else app.deployments["hotrod"].replica_states.get("RUNNING", 0)
+    app = _applications().get("hotrod")
+    deployment = None if app is None else app.deployments.get("hotrod")
+    return 0 if deployment is None else deployment.replica_states.get("RUNNING", 0)
 
 
 def _prompts(count: int) -> list[list[int]]:
@@ -158,6 +172,14 @@ def test_two_replicas_on_two_nodes_answer_as_the_model_alone(served):
     prompts = _prompts(CONCURRENT)
     got = asyncio.run(_generate_all(url, prompts))
     assert [_trim(t) for t in got] == [_trim(t) for t in _alone(gpt2, prompts)]
+    infer = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 4], "data": prompts[:2]}],
+              "parameters": {"max_new_tokens": NEW_TOKENS}, "outputs": [{"name": "output_ids"}]}
+    answer = httpx.post(f"{url}/v2/models/gpt2/infer", json=infer, timeout=60)  # the Open Inference Protocol
+    assert answer.status_code == 200
+    rows = answer.json()["outputs"][0]["data"]
+    width = len(rows) // 2
+    assert [_trim([t for t in rows[i * width:(i + 1) * width] if t != -1]) for i in range(2)] == \
+        [_trim(t) for t in got[:2]]
     embedded = httpx.post(f"{url}/v1/embed", json={"model": "bert", "token_ids": [[2, 7, 8, 3]]}, timeout=60)
     expected = hotrod.load(bert).embed([[2, 7, 8, 3]], normalize=True)
     assert embedded.status_code == 200
@@ -191,7 +213,39 @@ def test_sigterm_drains_and_deletes_the_application(served):
     process.send_signal(signal.SIGTERM)
     assert process.wait(120) == 0
     assert pending.communicate(timeout=60)[0].strip() == "200"  # in flight at SIGTERM: finished, not dropped
-    assert "hotrod" not in serve.status().applications
+    assert "hotrod" not in _applications()  # and Serve, which the command started, is shut down too
+
+
+def test_a_serve_config_deploys_through_the_application_builder(cluster, served, tmp_path):
+    """`serve run config.yaml`, as Ray users deploy: hotrod.serve.ray:app builds the application from args."""
+    _, _, (gpt2, _) = served
+    port = _free_port()
+    config = tmp_path / "hotrod.yaml"
+    config.write_text(f"""http_options: {{host: 127.0.0.1, port: {port}}}
+applications:
+  - name: hotrod
+    route_prefix: /
+    import_path: hotrod.serve.ray:app
+    args: {{artifacts: ["{gpt2}"], replicas: 1, num_cpus: 1, max_batch_size: 8}}
+""")
+    log = open(tmp_path / "serve-run.log", "w+")
+    runner = subprocess.Popen([str(BIN / "serve"), "run", "--address", cluster, str(config)], stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and _running() < 1:
+            assert runner.poll() is None, log.seek(0) or log.read()[-3000:]
+            time.sleep(1)
+        assert _running() == 1
+        prompts = _prompts(4)
+        assert [_trim(t) for t in asyncio.run(_generate_all(url, prompts))] == \
+            [_trim(t) for t in _alone(gpt2, prompts)]
+    finally:
+        os.killpg(runner.pid, signal.SIGINT)  # `serve run` deletes what it deployed on Ctrl-C
+        runner.wait(60)
+        serve.shutdown()
+        log.close()
 
 
 _SLOW_REQUEST = """

@@ -6,8 +6,12 @@ A Serve config deploys it with the application builder `app`:
     applications:
       - name: hotrod
         import_path: hotrod.serve.ray:app
-        runtime_env: {working_dir: ./artifacts}     # optional: Ray ships this folder to every node
-        args: {artifacts: [gpt2-int4], replicas: 2, num_cpus: 2}
+        args: {artifacts: [/shared/gpt2-int4], replicas: 2, num_cpus: 2}
+
+Artifacts are opened on each replica's node: from a path every node sees, or relative to the replica's
+working directory, which a Serve config may set to a remote archive (`runtime_env: {working_dir:
+"s3://bucket/artifacts.zip"}`) that each node downloads and caches once. `hotrod serve --ship` uploads
+local artifacts the same way, through the driver.
 
 Nothing here knows a model: a replica loads its artifacts with `load_engines` and serves them with
 `create_app`, the same two calls `hotrod serve` makes, so the endpoints (hotrod's, OpenAI's, the Open
