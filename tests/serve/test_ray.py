@@ -26,6 +26,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install
 
 import httpx  # noqa: E402
 import ray  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from ray import serve  # noqa: E402
 
 import hotrod  # noqa: E402
@@ -33,6 +34,7 @@ import hotrod  # noqa: E402
 BIN = Path(sys.executable).parent
 START_S = 180  # a deployment: two replicas each loading and warming their models
 CONCURRENT = 24
+CLUSTER_METRICS: list[str] = []  # the nodes' metrics endpoints, set by the cluster fixture
 NEW_TOKENS = 24
 
 
@@ -59,12 +61,15 @@ def cluster():
     temp = tempfile.mkdtemp(prefix="hr-ray-")  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
     common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
+    exports = [_free_port(), _free_port()]  # each node's Prometheus endpoint for Ray's metrics
     groups = [_start_node("--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}", *common,
-                          env=env)]
+                          f"--metrics-export-port={exports[0]}", env=env)]
     try:
-        groups.append(_start_node(f"--address=127.0.0.1:{port}", *common, env=env))
+        groups.append(_start_node(f"--address=127.0.0.1:{port}", *common, f"--metrics-export-port={exports[1]}",
+                                  env=env))
         address = f"127.0.0.1:{port}"
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        CLUSTER_METRICS[:] = [f"http://127.0.0.1:{p}" for p in exports]
         yield address
     finally:
         ray.shutdown()
@@ -184,6 +189,31 @@ def test_two_replicas_on_two_nodes_answer_as_the_model_alone(served):
     expected = hotrod.load(bert).embed([[2, 7, 8, 3]], normalize=True)
     assert embedded.status_code == 200
     assert embedded.json()["embeddings"][0] == pytest.approx(expected[0].tolist(), abs=1e-5)
+
+
+def _cluster_requests() -> tuple[float, set[str]]:
+    """hotrod's generate requests as Ray's metrics count them, summed over nodes, and the replicas counted."""
+    total, replicas = 0.0, set()
+    for url in CLUSTER_METRICS:
+        for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+            for sample in family.samples:
+                if sample.name == "ray_hotrod_requests_total" and sample.labels.get("endpoint") == "generate":
+                    total += sample.value
+                    replicas.add(sample.labels["replica"])
+    return total, replicas
+
+
+def test_rays_metrics_sum_the_replicas(served):
+    """Each replica's counts reach Ray's metrics, tagged with the replica: one scrape of the nodes sums them."""
+    url, _, _ = served
+    asyncio.run(_generate_all(url, _prompts(2 * CONCURRENT)))
+    deadline = time.monotonic() + 60  # Ray exports on an interval
+    while time.monotonic() < deadline and _cluster_requests()[0] < 2 * CONCURRENT:
+        time.sleep(2)
+    total, replicas = _cluster_requests()
+    assert total >= 2 * CONCURRENT and len(replicas) == 2
+    own = httpx.get(f"{url}/metrics", timeout=10).text  # one replica's own registry, which says whose it is
+    assert "hotrod_replica_info{replica=" in own
 
 
 def test_a_replica_killed_under_load_ends_only_its_requests_and_comes_back(served):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from prometheus_client import Gauge
 from ray import serve
 from ray.serve import metrics as ray_metrics
 from ray.serve.deployment import Application
@@ -44,6 +45,10 @@ class RayMetrics(Metrics):
 
     def __init__(self):
         super().__init__()
+        # This replica's /metrics answers for itself alone (Ray's proxy picks the replica): it says which.
+        replica = serve.get_replica_context().replica_id.unique_id
+        Gauge("hotrod_replica_info", "The Ray Serve replica answering", ["replica"], registry=self.registry) \
+            .labels(replica).set(1)
         self.mirror = {
             "depth": ray_metrics.Gauge("hotrod_queue_depth", "Requests waiting to run", ("model",)),
             "running": ray_metrics.Gauge("hotrod_running_requests", "Requests in the running batch", ("model",)),
