@@ -6,6 +6,8 @@ The encoder-kind graph is (input_ids, attention_mask, token_type_ids) -> last_hi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
@@ -18,6 +20,7 @@ from hotrod.models.common import (
     padding_mask,
     strip_prefix,
 )
+from hotrod.models.packing import Packing, packed_attention
 from hotrod.registry import Dims, Family, register
 
 
@@ -50,7 +53,10 @@ class SelfAttention(nn.Module):
         self.qkv = FusedProjection(self.query, self.key, self.value)
 
     def forward(self, x, bias):
+        """`bias`: the additive padding mask, or on the packed path (x [tokens, hidden]) the Packing."""
         q, k, v = self.qkv(x)
+        if isinstance(bias, Packing):
+            return packed_attention(q, k, v, bias, self.num_heads, self.scale)
         return multi_head_attention(q, k, v, bias, self.num_heads, self.scale)
 
 
@@ -120,8 +126,21 @@ class BertEncoder(nn.Module):
             x = layer(x, bias)
         return x
 
+    def forward_packed(self, input_ids, attention_mask, token_type_ids):
+        """The same graph with every layer on the real tokens only (`hotrod.models.packing`): equal to
+        `forward` at real positions, zeros at padded ones."""
+        packing = Packing.of(attention_mask)
+        tokens = packing.pack(self.embeddings(input_ids, token_type_ids))
+        for layer in self.encoder.layer:
+            tokens = layer(tokens, packing)
+        return packing.unpack(tokens)
+
     def graphs(self) -> dict[str, nn.Module]:
         return {"encoder": self}
+
+    def packed_graphs(self) -> dict[str, Callable[..., torch.Tensor]]:
+        """Graphs with a packed way for batches with padding (same inputs and outputs)."""
+        return {"encoder": self.forward_packed}
 
     def load_hf(self, state_dict: dict[str, torch.Tensor]) -> None:
         load_weights(self, strip_prefix(state_dict, self.checkpoint_prefixes))

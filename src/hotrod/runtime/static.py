@@ -46,6 +46,7 @@ class EngineOptions:
     keep_fp32: tuple[str, ...] = ()  # module names run in fp32 inside an fp16 model (measured)
     graphs: int = 32  # recorded calls kept (CUDA graphs on a GPU); 0: every call eager
     compile: bool = False  # torch.compile each graph before recording it
+    packed: bool = True  # encoder batches with padding run on their real tokens only (models/packing.py)
 
     def __post_init__(self):
         if self.precision not in ENGINE_PRECISIONS:
@@ -74,12 +75,16 @@ class StaticBackend:
         if options.compile:
             graphs = {name: torch.compile(g, dynamic=False) for name, g in graphs.items()}
         self.callables = graphs
+        packed = getattr(self.module, "packed_graphs", None)
+        self.packed = packed() if options.packed and packed is not None else {}
         self.pool = CachePool(self.torch_device, self.dtype)
         self.recorded = Graphs(limit=options.graphs)
 
     @torch.inference_mode()
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         io = contract_of(self.contracts, graph, feeds)
+        if graph in self.packed and _has_padding(feeds):
+            return self._run_packed(graph, io, feeds)
         into = dict(into or {})
         rows = next(feeds[t.name].shape[0] for t in io.inputs if t.name != SPAN)
         lent = {name: (value, self.pool.base_of(value)) for name, value in (*feeds.items(), *into.items())
@@ -103,6 +108,13 @@ class StaticBackend:
             outputs = iter(fn(*args))
             self.recorded.stats.eager += 1
         return {n: into[n] if n in into else next(outputs)[:rows] for n in io.output_names}
+
+    def _run_packed(self, graph: str, io: GraphIO, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Eagerly: the packed tensor's size is the batch's token count, a new shape almost every call."""
+        self.recorded.stats.eager += 1
+        result = self.packed[graph](*[self._device(feeds[n]) for n in io.input_names])
+        result = (result,) if isinstance(result, torch.Tensor) else result
+        return dict(zip(io.output_names, result))
 
     def _call(self, graph: str, io: GraphIO, names: list[str], span: int | None, targets: list[str]):
         """fn(*inputs, *targets) -> the outputs not in `targets`; targets are written in place."""
@@ -163,6 +175,12 @@ class StaticBackend:
         out = self.pool.take((len(index), *value.shape[1:]))
         torch.index_select(value, 0, index.to(value.device), out=out)
         return out
+
+
+def _has_padding(feeds: Mapping[str, Any]) -> bool:
+    """Whether a batch has padded positions, read from its mask where it was made (on the host)."""
+    mask = feeds.get("attention_mask")
+    return mask is not None and not bool(torch.as_tensor(mask).all())
 
 
 def prepare(module: torch.nn.Module, options: EngineOptions) -> torch.nn.Module:
