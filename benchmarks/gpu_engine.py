@@ -126,14 +126,15 @@ def hf_model(w: Workload, smoke: bool, device: str, dtype: torch.dtype):
     return model.to(dtype)
 
 
-def engine(model, precision: str, device: str, compile: bool) -> HotrodModel:
+def engine(model, precision: str, device: str, compile: bool, packed: bool | None = None) -> HotrodModel:
     """hotrod's static engine over the weights of transformers' `model` (in memory, no checkpoint)."""
     config = model.config
     family = get_family(config.model_type)
     module = family.build(config)
     module.load_hf({k: v.float().cpu() for k, v in model.state_dict().items()})
     contracts = graph_contracts(family.kind, family.dims(config))
-    backend = StaticBackend(module, contracts, EngineOptions(device=device, precision=precision, compile=compile))
+    options = EngineOptions(device=device, precision=precision, compile=compile, packed=packed)
+    backend = StaticBackend(module, contracts, options)
     generation = getattr(model, "generation_config", None) or transformers.GenerationConfig()
     return HotrodModel(family, config, backend, generation)
 
@@ -198,11 +199,17 @@ def run_encoder(w: Workload, args, device: str) -> Result:
     result.checks["hidden_cosine_vs_hf_half"] = float(torch.nn.functional.cosine_similarity(
         got[real].flatten(), expected[real].flatten(), dim=0))
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    times = timed({"hotrod": lambda: fast(ids, attention_mask=mask),
-                   "engine_call": lambda: fast.backend.run("encoder", feeds),
-                   "baseline": lambda: baseline(ids.to(device), attention_mask=mask.to(device))}, device, args.runs)
+    runs = {"hotrod": lambda: fast(ids, attention_mask=mask),
+            "engine_call": lambda: fast.backend.run("encoder", feeds),
+            "baseline": lambda: baseline(ids.to(device), attention_mask=mask.to(device))}
+    if not real.all():  # what packing buys: the same engine on the padded batch, timed in the same rounds
+        padded = engine(baseline, args.precision, device, compile=args.compile, packed=False)
+        runs["padded_engine_call"] = lambda: padded.backend.run("encoder", feeds)
+    times = timed(runs, device, args.runs)
     result.hotrod_s, result.baseline_s = times["hotrod"], times["baseline"]
     result.checks["engine_call_s"] = times["engine_call"]
+    if "padded_engine_call" in times:
+        result.checks["padded_engine_call_s"] = times["padded_engine_call"]
     return result
 
 

@@ -44,6 +44,7 @@ def test_the_engine_packs_batches_with_padding(zoo, encoder_case, precision, ato
     real = mask.bool()
     reference = _hidden(zoo.model(encoder_case, "torch"), ids, mask)
     model = hotrod.load(zoo.checkpoint(encoder_case), backend="torch", static=True, precision=precision)
+    model.backend.packed = model.backend.module.packed_graphs()  # on a GPU by default; here by hand
     eager_before = model.backend.recorded.stats.eager
     got = _hidden(model, ids, mask)
     assert model.backend.recorded.stats.eager == eager_before + 1  # the packed way (never recorded)
@@ -57,11 +58,11 @@ def test_the_engine_packs_batches_with_padding(zoo, encoder_case, precision, ato
     assert vectors.shape == (len(LENGTHS), reference.shape[-1])
 
 
-def test_packing_can_be_turned_off(zoo):
+@pytest.mark.parametrize("packed, expected", [(None, set()), (True, {"encoder"}), (False, set())])
+def test_packing_is_on_where_asked_and_by_default_on_a_gpu_only(zoo, packed, expected):
     from hotrod.runtime.static import EngineOptions, StaticBackend
 
     model = hotrod.load(zoo.checkpoint("bert"), backend="torch", static=True)
-    assert "encoder" in model.backend.packed
     backend = StaticBackend(model.backend.module, model.backend.contracts,
-                            EngineOptions(device="cpu", precision="fp32", packed=False))
-    assert backend.packed == {}
+                            EngineOptions(device="cpu", precision="fp32", packed=packed))
+    assert set(backend.packed) == expected

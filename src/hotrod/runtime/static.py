@@ -46,7 +46,9 @@ class EngineOptions:
     keep_fp32: tuple[str, ...] = ()  # module names run in fp32 inside an fp16 model (measured)
     graphs: int = 32  # recorded calls kept (CUDA graphs on a GPU); 0: every call eager
     compile: bool = False  # torch.compile each graph before recording it
-    packed: bool = True  # encoder batches with padding run on their real tokens only (models/packing.py)
+    # Encoder batches with padding run on their real tokens only (models/packing.py); None: on a GPU, whose
+    # variable-length attention kernels make it pay, not on a CPU, where torch's fallback loops over rows.
+    packed: bool | None = None
 
     def __post_init__(self):
         if self.precision not in ENGINE_PRECISIONS:
@@ -76,7 +78,8 @@ class StaticBackend:
             graphs = {name: torch.compile(g, dynamic=False) for name, g in graphs.items()}
         self.callables = graphs
         packed = getattr(self.module, "packed_graphs", None)
-        self.packed = packed() if options.packed and packed is not None else {}
+        wanted = options.packed if options.packed is not None else self.device == "cuda"
+        self.packed = packed() if wanted and packed is not None else {}
         self.pool = CachePool(self.torch_device, self.dtype)
         self.recorded = Graphs(limit=options.graphs)
 
