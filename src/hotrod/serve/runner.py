@@ -133,7 +133,9 @@ class GenerationRunner:
                 logits = group.state.step(last)
                 live = [i for i, r in enumerate(group.rows) if r is not None]
                 rows = [group.rows[i] for i in live]
-                outcomes.update(zip((r.id for r in rows), self._pick(logits[live], rows)))  # type: ignore[union-attr]
+                if len(live) < len(group.rows):  # a full batch is read in place: [32, 50257] is 6 MB a copy
+                    logits = logits[live]
+                outcomes.update(zip((r.id for r in rows), self._pick(logits, rows)))  # type: ignore[union-attr]
         return [outcomes[r.id] for r in requests]
 
     @torch.inference_mode()
@@ -200,7 +202,8 @@ class GenerationRunner:
         plain = [i for i, r in enumerate(requests) if r.options.plain]
         tokens: list[int | BaseException] = [0] * len(requests)
         if plain:
-            for i, token in zip(plain, torch.argmax(logits[plain], dim=-1).tolist()):
+            chosen = logits if len(plain) == len(requests) else logits[plain]
+            for i, token in zip(plain, torch.argmax(chosen, dim=-1).tolist()):
                 tokens[i] = token
         for i, r in enumerate(requests):
             if not r.options.plain:
