@@ -61,3 +61,15 @@ def test_free_bases_beyond_the_budget_are_dropped():
     pool.take((1, 1, 1, 1))
     kept = sum(b.numel() * 4 for bases in pool._free.values() for b in bases)
     assert kept <= 1000
+
+
+def test_a_take_reuses_exactly_the_bases_whose_views_died():
+    pool = CachePool(torch.device("cpu"), torch.float32)
+    views = [pool.take((3, 2, 4, 8)) for _ in range(40)]
+    dead = {views[i].data_ptr() for i in range(0, 40, 2)}
+    views = views[1::2]  # half of them die; the other half stay lent
+    again = [pool.take((3, 2, 4, 8)) for _ in range(20)]
+    assert {v.data_ptr() for v in again} == dead
+    assert pool.lent == 40
+    del views, again
+    assert pool.lent == 0 and pool._free_bytes == 40 * 4 * 2 * 4 * 8 * 4  # bucket of 3 rows is 4

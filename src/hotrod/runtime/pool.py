@@ -12,6 +12,7 @@ rows 5..7 idle (length 0, never read).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import OrderedDict
 
@@ -37,7 +38,11 @@ class CachePool:
     def __init__(self, device: torch.device, dtype: torch.dtype, keep_bytes: int = 1 << 30):
         self.device, self.dtype, self.keep_bytes = device, dtype, keep_bytes
         self._free: OrderedDict[tuple[int, ...], list[torch.Tensor]] = OrderedDict()
+        self._free_bytes = 0
         self._lent: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        # Keys of lent views that have died, told by their weakrefs: a take looks at these only, not at
+        # every buffer lent (a beam step reorders every layer's cache, taking as many buffers again).
+        self._dead: list[int] = []
 
     def take(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A zeroed tensor of `shape` whose first axis is rows of a pooled base (see `base_of`)."""
@@ -48,6 +53,7 @@ class CachePool:
             # The lowest address first: a request's buffers come back in any order, and taking them in
             # address order gives each layer the memory it had last time (the graphs' keys).
             base = bases.pop(min(range(len(bases)), key=lambda i: bases[i].data_ptr()))
+            self._free_bytes -= _nbytes(base)
             if not bases:
                 del self._free[full]
         else:
@@ -56,7 +62,8 @@ class CachePool:
         # left there would survive it.
         base.zero_()
         view = base[: shape[0]]
-        self._lent[id(view)] = (weakref.ref(view), base)
+        key = id(view)
+        self._lent[key] = (weakref.ref(view, functools.partial(_died, self._dead, key)), base)
         return view
 
     def base_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
@@ -72,18 +79,30 @@ class CachePool:
         return len(self._lent)
 
     def _collect(self) -> None:
-        for key, (ref, base) in list(self._lent.items()):
-            if ref() is None:
-                del self._lent[key]
-                self._free.setdefault(tuple(base.shape), []).append(base)
-                self._free.move_to_end(tuple(base.shape))
+        while self._dead:
+            key = self._dead.pop()
+            entry = self._lent.get(key)
+            if entry is None or entry[0]() is not None:  # already taken back, or the id now names a new view
+                continue
+            del self._lent[key]
+            base = entry[1]
+            self._free.setdefault(tuple(base.shape), []).append(base)
+            self._free.move_to_end(tuple(base.shape))
+            self._free_bytes += _nbytes(base)
         self._trim()
 
     def _trim(self) -> None:
-        total = sum(b.numel() * b.element_size() for bases in self._free.values() for b in bases)
-        while total > self.keep_bytes and self._free:
+        while self._free_bytes > self.keep_bytes and self._free:
             shape, bases = next(iter(self._free.items()))
-            dropped = bases.pop(0)
-            total -= dropped.numel() * dropped.element_size()
+            self._free_bytes -= _nbytes(bases.pop(0))
             if not bases:
                 del self._free[shape]
+
+
+def _died(dead: list[int], key: int, _ref: weakref.ref) -> None:
+    """A lent view's weakref callback; given the list, not the pool, so it keeps no pool alive."""
+    dead.append(key)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
