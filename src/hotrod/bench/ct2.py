@@ -14,16 +14,13 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from hotrod.bench.case import Case
 from hotrod.bench.runners import System, dir_size
 from hotrod.load import cache_dir, source_fingerprint
-
-if TYPE_CHECKING:
-    from hotrod.bench.harness import Case
 
 QUANTIZATIONS = {"fp32": "float32", "int8": "int8"}
 GPU_QUANTIZATIONS = {**QUANTIZATIONS, "fp16": "float16"}  # CTranslate2 has fp16 kernels on CUDA only

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from hotrod.bench import peers as peer_systems
+from hotrod.bench.case import Case
 from hotrod.bench.device import check_device, gpu_figures, gpu_start, ort_has_cuda
 from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
 from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
@@ -35,42 +36,6 @@ from hotrod.options import PRECISIONS, check_choice
 
 PEERS = peer_systems.PEERS
 missing_peers = peer_systems.missing_peers
-
-
-@dataclass(frozen=True)
-class Case:
-    """One shape to time: `lengths` are the prompt lengths of the batch's rows."""
-
-    name: str
-    source: str
-    kind: str
-    lengths: tuple[int, ...]
-    new_tokens: int = 0
-
-    @property
-    def batch(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def seq(self) -> int:
-        return max(self.lengths)
-
-    def inputs(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Seeded ids; rows padded left for generation and right for encoders, as each side expects."""
-        generator = torch.Generator().manual_seed(1234)
-        ids = torch.zeros(self.batch, self.seq, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, length in enumerate(self.lengths):
-            span = slice(self.seq - length, self.seq) if self.kind == "decoder" else slice(0, length)
-            ids[row, span] = torch.randint(2, vocab_size, (length,), generator=generator)
-            mask[row, span] = 1
-        return ids, mask
-
-    def generate_kwargs(self) -> dict | None:
-        if self.kind == "encoder":
-            return None
-        return {"max_new_tokens": self.new_tokens, "min_new_tokens": self.new_tokens, "do_sample": False,
-                "num_beams": 1}
 
 
 @dataclass

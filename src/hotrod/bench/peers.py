@@ -17,15 +17,12 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
+from hotrod.bench.case import Case
 from hotrod.bench.runners import System, dir_size, pytorch_model, pytorch_runner
 from hotrod.errors import HotrodError
-
-if TYPE_CHECKING:
-    from hotrod.bench.harness import Case
 
 PEERS = ("torch", "optimum", "ctranslate2")
 _PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2"}
