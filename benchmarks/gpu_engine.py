@@ -25,7 +25,7 @@ import torch
 import transformers
 
 from hotrod.bench.timing import interleaved, median, synchronized
-from hotrod.export import graph_contracts
+from hotrod.contracts import graph_contracts
 from hotrod.model import HotrodModel
 from hotrod.registry import get_family
 from hotrod.runtime.static import EngineOptions, StaticBackend

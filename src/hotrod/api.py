@@ -18,8 +18,8 @@ import torch
 from hotrod import artifact as art
 from hotrod import build
 from hotrod.build import build_module
+from hotrod.contracts import graph_contracts
 from hotrod.errors import HotrodError
-from hotrod.export import graph_contracts
 from hotrod.load import (
     Source,
     cache_dir,

@@ -15,7 +15,8 @@ import onnx
 import torch
 
 from hotrod import artifact as art
-from hotrod.export import export_graph, graph_contracts
+from hotrod.contracts import graph_contracts
+from hotrod.export import export_graph
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.optimize import fuse_graph, lower_graph, portable_graph
 from hotrod.optimize.calibration import Feeds

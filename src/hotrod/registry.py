@@ -3,7 +3,7 @@
 A family is the only place that knows an architecture: how to build its lean module from a config,
 how to map checkpoint weights onto it, and its dimensions. Generic code asks the registry, never
 `if model_type == ...`. The three *kinds* (encoder, decoder, seq2seq) are generic contracts: which
-graphs exist and what their inputs and outputs are called (see `hotrod.export.io`).
+graphs exist and what their inputs and outputs are called (see `hotrod.contracts`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from hotrod.export.io import FLOAT32, GraphIO
+from hotrod.contracts import FLOAT32, GraphIO
 
 OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**24  # protobuf's 2 GB limit, with headroom for the graph itself

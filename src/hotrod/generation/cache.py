@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
+from hotrod.contracts import kv_names
 from hotrod.errors import HotrodError
-from hotrod.export.io import kv_names
 from hotrod.registry import Dims
 from hotrod.runtime.base import Backend
 

@@ -68,7 +68,7 @@ class GPT2Body(nn.Module):
 
 
 class GPT2LM(nn.Module):
-    """The decoder-kind graph (`hotrod.export.io.decoder_io`):
+    """The decoder-kind graph (`hotrod.contracts.decoder_io`):
     (input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *cache) -> (logits, *cache).
 
     The cache buffers are written in place at each row's length; logits are computed only at

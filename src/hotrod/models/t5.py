@@ -300,7 +300,7 @@ class T5DecoderInit(nn.Module):
 
 class T5DecoderStep(nn.Module):
     """(decoder_input_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *cache, *cross)
-    -> (logits, *cache): the cache buffers are written in place (`hotrod.export.io.seq2seq_io`)."""
+    -> (logits, *cache): the cache buffers are written in place (`hotrod.contracts.seq2seq_io`)."""
 
     def __init__(self, model: T5Model):
         super().__init__()

@@ -1,6 +1,6 @@
 """The one interface every backend satisfies.
 
-A backend runs the named graphs of a kind's contract (`hotrod.export.io`). Values it returns are
+A backend runs the named graphs of a kind's contract (`hotrod.contracts`). Values it returns are
 opaque handles (an OrtValue, a torch tensor on some device) that can be fed straight back in, so the
 KV cache never leaves the backend between steps; `to_torch` is called only for what the decoding loop
 reads (logits, hidden states). Nothing outside `hotrod.runtime` imports onnxruntime.
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
+from hotrod.contracts import GraphIO
 from hotrod.errors import check_number
-from hotrod.export.io import GraphIO
 
 
 @dataclass(frozen=True)

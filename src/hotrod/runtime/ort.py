@@ -16,8 +16,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError, first_line
-from hotrod.export.io import GraphIO
 from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
 
 _PROVIDERS = {

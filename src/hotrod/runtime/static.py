@@ -1,6 +1,6 @@
 """The static engine: the lean modules on a GPU with every shape fixed, replayed as CUDA graphs.
 
-It runs the same graph contracts as ONNX Runtime (`hotrod.export.io`), so the decoding states and the
+It runs the same graph contracts as ONNX Runtime (`hotrod.contracts`), so the decoding states and the
 one decoding loop drive it unchanged. What makes it fast:
 
 - weights cast once (bf16, fp16 with measured fp32 islands, or int8 weight-only: `hotrod.runtime.cast`);
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError
-from hotrod.export.io import GraphIO
 from hotrod.models.common import FusedProjection
 from hotrod.options import ENGINE_PRECISIONS
 from hotrod.runtime.base import contract_of

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hotrod.export.io import GraphIO
+from hotrod.contracts import GraphIO
 from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
 
 
