@@ -34,6 +34,7 @@ import hotrod  # noqa: E402
 BIN = Path(sys.executable).parent
 START_S = 180  # a deployment: two replicas each loading and warming their models
 CONCURRENT = 24
+REQUEST_TIMEOUT = 20  # hotrod's 504; Ray's proxy ends a request lost with its replica 10 s later (408)
 CLUSTER_METRICS: list[str] = []  # the nodes' metrics endpoints, set by the cluster fixture
 NEW_TOKENS = 24
 
@@ -91,7 +92,8 @@ def served(cluster, tmp_path_factory, zoo):
     port = _free_port()
     log = open(root / "serve.log", "w+")
     process = subprocess.Popen([str(BIN / "hotrod"), "serve", *map(str, artifacts), "--ray", cluster,
-                                "--replicas", "2", "--num-cpus", "1", "--port", str(port)],
+                                "--replicas", "2", "--num-cpus", "1", "--port", str(port),
+                                "--request-timeout", str(REQUEST_TIMEOUT)],
                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     url = f"http://127.0.0.1:{port}"
     _wait_ready(url, process, log)
@@ -223,7 +225,7 @@ def test_a_replica_killed_under_load_ends_only_its_requests_and_comes_back(serve
     got = asyncio.run(_generate_all(url, prompts, kill_after=0.3))
     expected = _alone(gpt2, prompts)
     failed = [r for r in got if isinstance(r, int)]
-    assert all(500 <= status < 600 for status in failed), failed
+    assert all(500 <= status < 600 or status == 408 for status in failed), failed  # 408: Ray's proxy timeout
     assert len(failed) < len(prompts)  # the other replica went on
     for answer, alone in zip(got, expected):
         if not isinstance(answer, int):

@@ -26,6 +26,9 @@ from hotrod.errors import HotrodError, first_line
 from hotrod.serve.replicas import ReplicaSpec
 
 APP_NAME = "hotrod"
+# Ray's proxy ends a request this long after hotrod's own timeout would have (408): only a request lost
+# with a replica that died under it ever waits that long.
+PROXY_MARGIN_S = 10.0
 WATCH_S = 2.0  # how often the driver checks the application while it waits for a signal
 log = logging.getLogger("hotrod.serve")
 
@@ -42,7 +45,7 @@ def serve_on_ray(spec: ReplicaSpec, address: str, host: str, port: int, ship: bo
     with _shipped(spec, ship) as (spec, runtime_env):
         _connect(ray, address, runtime_env)
         stop = _stop_on_signals()
-        ours = _start_serve(serve, host, port)
+        ours = _start_serve(serve, host, port, spec.limits.request_timeout_s + PROXY_MARGIN_S)
         try:
             serve.run(deployment(spec), name=APP_NAME, route_prefix="/")
         except Exception as exc:  # a replica that cannot start: Ray says why in its first line
@@ -78,7 +81,7 @@ def _connect(ray: Any, address: str, runtime_env: dict[str, Any] | None) -> None
         raise HotrodError(f"cannot join the Ray cluster at {address}: {first_line(exc)}") from None
 
 
-def _start_serve(serve: Any, host: str, port: int) -> bool:
+def _start_serve(serve: Any, host: str, port: int, timeout_s: float) -> bool:
     """Start Ray Serve's proxies on host:port; True if this call started Serve on the cluster.
 
     A cluster has one set of HTTP options, fixed when Serve first starts on it: when Serve already runs
@@ -91,7 +94,7 @@ def _start_serve(serve: Any, host: str, port: int) -> bool:
         if (config.host, config.port) != (host, port):
             raise HotrodError(f"Ray Serve already runs on this cluster at {config.host}:{config.port}; serve there "
                               f"(--host {config.host} --port {config.port}) or stop it first (`serve shutdown`)")
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(http_options={"host": host, "port": port, "request_timeout_s": timeout_s})
     return running is None
 
 
