@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from hotrod.bench.timing import interleaved, median, synchronized
 from hotrod.contracts import graph_contracts
 from hotrod.model import HotrodModel
 from hotrod.registry import get_family
 from hotrod.runtime.static import EngineOptions, StaticBackend
+from hotrod.timing import interleaved, median, synchronized
 
 
 @dataclass

@@ -55,16 +55,16 @@ def test_no_candidate_in_budget_keeps_fp32_and_names_the_closest():
 
 
 def test_a_failing_candidate_is_reported_and_the_rest_go_on(zoo, tmp_path, monkeypatch):
-    from hotrod.optimize import passes
+    from hotrod.optimize import quantize
 
-    real = passes.quantize
+    real = quantize.weight_only
 
-    def broken(model, precision, **kwargs):
-        if precision == "int4":
+    def broken(model, bits):
+        if bits == 4:
             raise RuntimeError("cannot quantize this graph")
-        return real(model, precision, **kwargs)
+        return real(model, bits)
 
-    monkeypatch.setattr(passes, "quantize", broken)
+    monkeypatch.setattr(quantize, "weight_only", broken)
     out = hotrod.optimize(zoo.checkpoint("bert"), tmp_path / "a", precision="auto", verify_examples=2,
                           max_drop=0.05, progress=False)
     rows = {r["precision"]: r for r in json.loads((out / "manifest.json").read_text())["auto"]["candidates"]}

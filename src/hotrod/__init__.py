@@ -2,6 +2,7 @@
 
 from hotrod.api import load, optimize, verify
 from hotrod.errors import HotrodError
+from hotrod.options import OptimizeOptions
 from hotrod.version import __version__
 
-__all__ = ["HotrodError", "__version__", "load", "optimize", "verify"]
+__all__ = ["HotrodError", "OptimizeOptions", "__version__", "load", "optimize", "verify"]

@@ -5,18 +5,16 @@ The CLI is a thin layer over these two functions.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from hotrod import artifact as art
-from hotrod import build
+from hotrod import build, precisions
 from hotrod.build import build_module
 from hotrod.contracts import graph_contracts
 from hotrod.errors import HotrodError
@@ -32,84 +30,56 @@ from hotrod.load import (
 )
 from hotrod.model import HotrodModel
 from hotrod.optimize.calibration import Feeds, builtin_texts, capture_feeds, read_texts
-from hotrod.optimize.passes import HALF
 from hotrod.optimize.portable import IN_PLACE_OP
-from hotrod.optimize.precision import half_supported
-from hotrod.optimize.quantize import NEEDS_CALIBRATION
-from hotrod.options import AUTO, BACKENDS, DEVICES, ENGINE_PRECISIONS, ExportOptions, check_choice
+from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS, ExportOptions, OptimizeOptions, check_choice
+from hotrod.precisions import Precision
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.verify import DEFAULT_EXAMPLES, Example, builtin_examples, compare, read_examples
 
-NEEDS_FEEDS = frozenset(HALF) | NEEDS_CALIBRATION
 
-
-def optimize(
-    source: str | Path,
-    out: str | Path,
-    precision: str = "fp32",
-    backend: str = "onnxruntime",
-    device: str = "cpu",
-    force: bool = False,
-    progress: bool = True,
-    fusion: bool = True,
-    calibration: str | Path | Sequence[str] | None = None,
-    calibration_method: str = "minmax",
-    verify_texts: str | Path | Sequence[str | Example] | None = None,
-    verify_examples: int = 32,
-    max_drop: float = 0.01,
-) -> Path:
+def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | None = None, **changes) -> Path:
     """Export `source` (a checkpoint directory or hub id) to an artifact directory `out`; returns its path.
 
-    Every graph is exported and fused (unless `fusion=False`), then lowered to `precision` (see
-    `hotrod.options.PRECISIONS`, or "auto"). Precisions that calibrate record real feeds from the fp32
-    model on `calibration` texts (a file, a list, or the built-in set). The result is verified against the
-    source on `verify_examples` examples (0 skips it) and the figures are stored in manifest.json. With
-    "auto", every candidate is built, verified and timed, and the fastest whose score drops at most
-    `max_drop` below the source's is kept; the manifest's "auto" section holds the whole table.
+    `options` (`hotrod.options.OptimizeOptions`; the defaults when None) says how, and keyword arguments
+    named after its fields change it: `hotrod.optimize(src, out, precision="int8")`. Every graph is exported and
+    fused (unless `fusion=False`), then lowered to `precision` (`hotrod.precisions`, or "auto"). Precisions
+    that need feeds record them from the fp32 model on `calibration` texts (a file, a list, or the
+    built-in set). The result is verified against the source on `verify_examples` examples (0 skips it)
+    and the manifest, written once at the end, holds the figures. With "auto", every candidate is built,
+    verified and timed, and the fastest whose score drops at most `max_drop` below the source's is kept;
+    the manifest's "auto" section holds the whole table.
     """
-    auto = precision == AUTO
-    options = ExportOptions(precision="fp32" if auto else precision, device=device, fusion=fusion,
-                            calibration_method=calibration_method)
-    if options.precision in HALF and device == "cpu" and not half_supported(options.precision, "cpu"):
-        raise HotrodError(f"onnxruntime's CPU provider has no {options.precision} kernels, so {options.precision} "
-                          "on cpu would only be slower; build it with --device cuda, or choose int8/int4 for CPU")
-    if check_choice("backend", backend, BACKENDS) != "onnxruntime":
-        raise HotrodError("optimize writes ONNX graphs for the onnxruntime backend; "
-                          "run a checkpoint in PyTorch with hotrod.load(source, backend='torch')")
-    if verify_examples < 0 or (auto and verify_examples == 0):
-        raise HotrodError("verify_examples must be >= 1 with precision 'auto' (and >= 0 otherwise)")
-    if auto and device != "cpu" and not _has_device(device):
-        raise HotrodError(f"--precision auto times every candidate on the device, and {device} is not available here")
-    if not 0 <= max_drop <= 1:
-        raise HotrodError(f"max_drop must be between 0 and 1, got {max_drop}")
-    texts = _calibration_texts(calibration)  # a bad file fails before any work
-    examples = _examples(verify_texts)[:verify_examples]
+    options = OptimizeOptions.of(options, **changes)
+    _check_machine(options)
+    texts = _calibration_texts(options.calibration)  # a bad file fails before any work
+    examples = _examples(options.verify_texts)[:options.verify_examples]
     out = Path(out)
     src = open_source(source)
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
-    with art.staging(out, force) as tmp:
-        entries = build.export_graphs(src, tmp, options.fusion, progress, options.device)
-        files = build.write_configs(src, tmp)
-        described = build.describe_source(src)
-        art.write_manifest(tmp, build.manifest(described, options, entries, files))
+    with art.staging(out, options.force) as tmp:
+        lowering = _Lowering(src, options, tmp, texts)
         reference = _torch_model(src, RuntimeOptions(backend="torch"), load_tokenizer(src.path)) if examples else None
-        lowered = _Lowering(described, options, tmp, entries, files, texts, progress)
-        if auto:
-            options, entries, extra = _auto(lowered, reference, examples, max_drop, progress)
+        if options.auto:
+            export, entries, extra = _auto(lowering, reference, examples)
         else:
-            entries, extra = lowered.apply(precision, tmp), {}
-        art.write_manifest(tmp, build.manifest(described, options, entries, files, **extra))
-        if examples:
-            runs_on = device if device == "cpu" or _has_device(device) else "cpu"
-            model = _load_artifact(art.open_artifact(tmp), "onnxruntime", runs_on, 0)
-            extra["verification"] = {"against": src.origin, "examples_from": _origin(verify_texts), "device": runs_on,
-                                     **(extra.pop("figures", None) or compare(model, reference, examples))}
-        else:
-            extra["verification"] = None
-        art.write_manifest(tmp, build.manifest(described, options, entries, files, **extra))
+            export, entries, extra = options.export(), lowering.apply(precisions.get(options.precision), tmp), {}
+        figures = extra.pop("figures", None)
+        extra["verification"] = _verification(src, options, tmp, entries, reference, examples, figures)
+        art.write_manifest(tmp, build.manifest(lowering.described, export, entries, lowering.files, **extra))
     return out
+
+
+def _check_machine(options: OptimizeOptions) -> None:
+    """What the options cannot check alone: this machine's kernels and devices."""
+    chosen = None if options.auto else precisions.get(options.precision)
+    if chosen is not None and options.device == "cpu" and not chosen.has_kernels("cpu"):
+        raise HotrodError(f"onnxruntime's CPU provider has no {chosen.name} kernels, so {chosen.name} "
+                          "on cpu would only be slower; build it with --device cuda, or choose int8/int4 for CPU")
+    if options.auto and options.device != "cpu" and not _has_device(options.device):
+        raise HotrodError(f"--precision auto times every candidate on the device, and {options.device} "
+                          "is not available here")
 
 
 def _has_device(device: str) -> bool:
@@ -124,55 +94,71 @@ def _has_device(device: str) -> bool:
 
 
 class _Lowering:
-    """Lowers the fp32 export in `base` to a precision in some directory, calibrating once if needed."""
+    """The fp32 export of `src` in `base` (made here), lowered to a precision in some directory; the feeds
+    precisions need are recorded once."""
 
-    def __init__(self, described: dict, options: ExportOptions, base: Path, entries: dict, files: dict,
-                 texts: list[str], progress: bool):
-        self.described, self.options, self.base, self.entries, self.files = described, options, base, entries, files
-        self.texts, self.progress = texts, progress
+    def __init__(self, src: Source, options: OptimizeOptions, base: Path, texts: list[str]):
+        self.options, self.base, self.texts = options, base, texts
+        self.entries = build.export_graphs(src, base, options.fusion, options.progress, options.device)
+        self.files = build.write_configs(src, base)
+        self.described = build.describe_source(src)
         self._feeds: Feeds | None = None
 
     def feeds(self) -> Feeds:
         if self._feeds is None:
-            model = _load_artifact(art.open_artifact(self.base), "onnxruntime", "cpu", 0)
-            self._feeds = capture_feeds(model, self.texts)
+            self._feeds = capture_feeds(_ort_model(self.base, self.entries, "cpu"), self.texts)
         return self._feeds
 
-    def apply(self, precision: str, directory: Path) -> dict:
+    def apply(self, precision: Precision, directory: Path) -> dict:
         """Lower the graphs in `directory` (a copy of the fp32 export, or the export itself)."""
-        feeds = self.feeds() if precision in NEEDS_FEEDS else None
-        return build.lower(directory, self.entries, precision, feeds, self.options.calibration_method, self.progress)
+        feeds = self.feeds() if precision.needs_feeds else None
+        return build.lower(directory, self.entries, precision, feeds, self.options.calibration_method,
+                           self.options.progress)
 
-    def build(self, precision: str, directory: Path) -> Path:
+    def copy(self, precision: str, directory: Path) -> tuple[Path, dict]:
+        """The export copied to `directory` and lowered to `precision` there; returns it and its entries."""
         build.copy_graphs(self.base, directory)
-        entries = self.apply(precision, directory)
-        options = replace(self.options, precision=precision)
-        art.write_manifest(directory, build.manifest(self.described, options, entries, self.files))
-        return directory
+        return directory, self.apply(precisions.get(precision), directory)
 
 
-def _auto(lowered: _Lowering, reference, examples, max_drop: float, progress: bool) -> tuple[ExportOptions, dict, dict]:
+def _auto(lowering: _Lowering, reference, examples) -> tuple[ExportOptions, dict, dict]:
     """Choose the precision, move the winner's graphs into the staging directory, and describe the choice."""
     from hotrod import auto
 
-    device = lowered.options.device
-    workdir = Path(tempfile.mkdtemp(prefix=".auto.", dir=lowered.base))
+    options = lowering.options
+    workdir = Path(tempfile.mkdtemp(prefix=".auto.", dir=lowering.base))
+    built: dict[str, tuple[Path, dict]] = {}
+
+    def build_one(precision: str, directory: Path) -> str:
+        built[precision] = lowering.copy(precision, directory)
+        return precision
+
     try:
-        winner, table = auto.choose(lowered.build, lambda p: _load_artifact(art.open_artifact(p), "onnxruntime",
-                                                                           device, 0),
-                                    reference, examples, auto.candidates(device), max_drop, workdir, progress)
-        chosen = workdir / winner.precision
-        entries = json.loads((chosen / art.MANIFEST).read_text())["graphs"]
-        for name in {e["file"] for e in lowered.entries.values()} | {p.name for p in lowered.base.glob("*.onnx.data")}:
-            (lowered.base / name).unlink(missing_ok=True)
+        winner, table = auto.choose(build_one, lambda p: _ort_model(*built[p], options.device), reference, examples,
+                                    auto.candidates(options.device), options.max_drop, workdir, options.progress)
+        chosen, entries = built[winner.precision]
+        for name in {e["file"] for e in lowering.entries.values()} | {p.name for p in lowering.base.glob("*.onnx.data")}:
+            (lowering.base / name).unlink(missing_ok=True)
         for file in chosen.iterdir():
             if file.name.endswith(build.GRAPH_SUFFIXES):
-                shutil.move(str(file), lowered.base / file.name)
+                shutil.move(str(file), lowering.base / file.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    section = {"max_drop": max_drop, "chosen": winner.precision, "score": (winner.figures or {}).get("score_name"),
-               "candidates": [c.row() for c in table]}
-    return replace(lowered.options, precision=winner.precision), entries, {"auto": section, "figures": winner.figures}
+    section = {"max_drop": options.max_drop, "chosen": winner.precision,
+               "score": (winner.figures or {}).get("score_name"), "candidates": [c.row() for c in table]}
+    return options.export(winner.precision), entries, {"auto": section, "figures": winner.figures}
+
+
+def _verification(src: Source, options: OptimizeOptions, directory: Path, entries: dict, reference,
+                  examples: list[Example], figures: dict | None) -> dict | None:
+    """The manifest's verification section: the built graphs against the source (`figures` when "auto"
+    has measured them already), on the device they were built for where this machine has it."""
+    if not examples:
+        return None
+    device = options.device
+    runs_on = device if device == "cpu" or _has_device(device) else "cpu"
+    figures = figures or compare(_ort_model(directory, entries, runs_on), reference, examples)
+    return {"against": src.origin, "examples_from": _origin(options.verify_texts), "device": runs_on, **figures}
 
 
 def _calibration_texts(calibration) -> list[str]:
@@ -248,7 +234,7 @@ def _runtime_options(backend: str, device: str, threads: int, precision: str | N
         raise HotrodError("precision applies to the torch backend; an onnxruntime artifact's precision is chosen "
                           "when it is built (hotrod optimize --precision)")
     check_choice("torch precision", precision, ENGINE_PRECISIONS)
-    if precision != "fp32" and not options.uses_static_engine:
+    if precisions.get(precision).converts and not options.uses_static_engine:
         raise HotrodError(f"precision {precision} is the static engine's, which runs on --device cuda "
                           "(from Python, static=True runs it on a CPU)")
     return options
@@ -283,21 +269,27 @@ def verify(
 
 
 def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int) -> HotrodModel:
-    config = read_config(artifact.path)
-    family = get_family(config.model_type)
     device = device or artifact.manifest["options"].get("device", "cpu")
-    options = RuntimeOptions(backend=backend, device=device, threads=threads)
-    tokenizer = load_tokenizer(artifact.path)
     if backend == "torch":
-        return _torch_model(_artifact_source(artifact), options, tokenizer)
+        options = RuntimeOptions(backend=backend, device=device, threads=threads)
+        return _torch_model(_artifact_source(artifact), options, load_tokenizer(artifact.path))
+    _check_built_for(artifact, device)
+    return _ort_model(artifact.path, artifact.manifest["graphs"], device, threads, artifact.manifest)
+
+
+def _ort_model(directory: Path, entries: dict[str, dict], device: str, threads: int = 0,
+               manifest: dict | None = None) -> HotrodModel:
+    """The graphs `entries` names in `directory` on onnxruntime: an artifact's, or those of one being built,
+    which has no manifest until the end."""
     from hotrod.runtime.ort import OrtBackend
 
-    _check_built_for(artifact, device)
-    dims = family.dims(config)
-    contracts = graph_contracts(family.kind, dims)
-    ort_backend = OrtBackend(artifact.graph_files, contracts, options)
-    return HotrodModel(family, config, ort_backend, load_generation_config(artifact.path, config), tokenizer,
-                       manifest=artifact.manifest)
+    config = read_config(directory)
+    family = get_family(config.model_type)
+    contracts = graph_contracts(family.kind, family.dims(config))
+    backend = OrtBackend(art.graph_files(directory, entries), contracts,
+                         RuntimeOptions(backend="onnxruntime", device=device, threads=threads))
+    return HotrodModel(family, config, backend, load_generation_config(directory, config), load_tokenizer(directory),
+                       manifest=manifest)
 
 
 def _check_built_for(artifact: art.Artifact, device: str) -> None:

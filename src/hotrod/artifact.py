@@ -36,9 +36,10 @@ class Artifact:
     path: Path
     manifest: dict
 
-    @property
-    def graph_files(self) -> dict[str, Path]:
-        return {name: self.path / entry["file"] for name, entry in self.manifest["graphs"].items()}
+
+def graph_files(directory: Path, entries: dict[str, dict]) -> dict[str, Path]:
+    """Each graph's file, from its manifest entry."""
+    return {name: directory / entry["file"] for name, entry in entries.items()}
 
 
 def is_artifact(path: str | Path) -> bool:

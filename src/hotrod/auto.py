@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from hotrod.bench.timing import interleaved, median
 from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.calibration import token_rows
+from hotrod.precisions import REGISTRY
+from hotrod.timing import interleaved, median
 from hotrod.verify import Example, Remembered, compare
 
 TIMING_RUNS = 3
@@ -44,25 +45,23 @@ class Candidate:
 
 
 def candidates(device: str) -> list[str]:
-    """fp32, half precision where this device's onnxruntime runs it, then the int8 and int4 variants."""
-    from hotrod.optimize.precision import half_supported
-
-    half = [p for p in ("fp16", "bf16") if half_supported(p, device)]
-    return ["fp32", *half, "int8", "int8-static", "int4"]
+    """The registry's candidates (`hotrod.precisions`) whose kernels this device's onnxruntime has: fp32,
+    half precision where it runs it, then the int8 and int4 variants."""
+    return [name for name, p in REGISTRY.items() if p.candidate and p.has_kernels(device)]
 
 
-def choose(build: Callable[[str, Path], Path], load: Callable[[Path], Any], reference: Any,
+def choose(build: Callable[[str, Path], Any], load: Callable[[Any], Any], reference: Any,
            examples: Sequence[Example], precisions: Sequence[str], max_drop: float, workdir: Path,
            progress: bool = False) -> tuple[Candidate, list[Candidate]]:
-    """Build (`build(precision, dir)`), verify and time each precision; returns the winner and the table."""
+    """Build (`build(precision, dir)`), load (`load` of what `build` returned), verify and time each
+    precision; returns the winner and the table."""
     table, models = [], {}
     reference = Remembered(reference)  # every candidate is compared with the same source outputs
     for precision in precisions:
         candidate = Candidate(precision)
         table.append(candidate)
         try:
-            path = build(precision, workdir / precision)
-            models[precision] = load(path)
+            models[precision] = load(build(precision, workdir / precision))
             candidate.figures = compare(models[precision], reference, examples)
         except (HotrodError, RuntimeError, ValueError) as exc:  # one failing candidate never sinks the others
             candidate.status, candidate.reason = "failed", first_line(exc)

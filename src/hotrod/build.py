@@ -15,6 +15,7 @@ import onnx
 import torch
 
 from hotrod import artifact as art
+from hotrod import precisions
 from hotrod.contracts import graph_contracts
 from hotrod.export import export_graph
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
@@ -22,8 +23,8 @@ from hotrod.optimize import fuse_graph, lower_graph, portable_graph
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts
 from hotrod.optimize.portable import kernel_runs
-from hotrod.optimize.quantize import describe as describe_precision
 from hotrod.options import ExportOptions
+from hotrod.precisions import Precision
 
 GRAPH_SUFFIXES = (".onnx", ".onnx.data")
 
@@ -65,13 +66,13 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
     return entries
 
 
-def lower(directory: Path, entries: dict[str, dict], precision: str, feeds: Feeds | None, method: str,
+def lower(directory: Path, entries: dict[str, dict], precision: Precision, feeds: Feeds | None, method: str,
           progress: bool) -> dict[str, dict]:
     """Apply `precision` to every graph in `directory`; returns the updated entries."""
-    if precision == "fp32":
+    if not precision.converts:
         return entries
     lowered = {}
-    for name, entry in progress_bar(entries.items(), progress, precision, len(entries)):
+    for name, entry in progress_bar(entries.items(), progress, precision.name, len(entries)):
         path = directory / entry["file"]
         external, report = lower_graph(path, precision, (feeds or {}).get(name), method)
         lowered[name] = {**entry, **_files(directory, path, external), **report}
@@ -122,7 +123,7 @@ def manifest(described: dict, options: ExportOptions, entries: dict[str, dict], 
     return {
         **described,
         "options": options.to_dict(),
-        "weights": describe_precision(options.precision, options.calibration_method),
+        "weights": precisions.get(options.precision).describe(options.calibration_method),
         "graphs": entries,
         "files": files,
         **extra,

@@ -154,12 +154,13 @@ def _load(args):
 
 def _optimize(args) -> int:
     import hotrod
+    from hotrod.options import OptimizeOptions
 
-    out = hotrod.optimize(args.source, args.out, precision=args.precision, backend=args.backend,
-                          device=args.device, force=args.force, progress=True, fusion=args.fusion,
-                          calibration=args.calibration, calibration_method=args.calibration_method,
-                          verify_texts=args.verify_texts, verify_examples=args.verify_examples,
-                          max_drop=args.max_drop)
+    options = OptimizeOptions(precision=args.precision, backend=args.backend, device=args.device, fusion=args.fusion,
+                              calibration=args.calibration, calibration_method=args.calibration_method,
+                              verify_texts=args.verify_texts, verify_examples=args.verify_examples,
+                              max_drop=args.max_drop, force=args.force)
+    out = hotrod.optimize(args.source, args.out, options)
     manifest = json.loads((out / "manifest.json").read_text())
     if manifest.get("auto"):
         from hotrod.auto import format_table

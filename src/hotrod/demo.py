@@ -22,11 +22,11 @@ from hotrod.artifact import MANIFEST, is_artifact
 from hotrod.auto import format_table
 from hotrod.bench.report import pyplot, save_chart
 from hotrod.bench.runners import hotrod_runner, pytorch_model, pytorch_runner
-from hotrod.bench.timing import interleaved, median
 from hotrod.build import code_fingerprint
 from hotrod.demo_models import DEMO_MODELS, DemoModel, demo_model
 from hotrod.errors import HotrodError
 from hotrod.load import cache_dir, weights_sha256
+from hotrod.timing import interleaved, median
 from hotrod.verify import Example
 from hotrod.version import __version__
 

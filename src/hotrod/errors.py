@@ -31,3 +31,10 @@ def check_number(name: str, value: float, low: float | None = None, high: float 
     if high is not None and value > high:
         raise HotrodError(f"{name} must be <= {high:g}, got {value:g}")
     return value
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """`value` when it is one of `choices`, else one line that lists them."""
+    if value not in choices:
+        raise HotrodError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
+    return value

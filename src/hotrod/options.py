@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
-from hotrod.errors import HotrodError
+from hotrod import precisions
+from hotrod.errors import HotrodError, check_choice, check_number
 from hotrod.export.onnx import OPSET
 
-# int8: dynamic (weights per-channel, activations per call); int8-static: QDQ with calibrated activation
-# ranges; int8-weight and int4: weight-only block-quantized MatMulNBits; fp16/bf16: mixed precision.
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-static", "int8-weight", "int4")
-# The torch backend's static engine (`hotrod.runtime.static`): its weights' precision.
-ENGINE_PRECISIONS = ("fp32", "bf16", "fp16", "int8-weight")
+# Both lists are the registry's (`hotrod.precisions`); named here for the CLI and the scripts.
+PRECISIONS = precisions.names()
+ENGINE_PRECISIONS = precisions.names(lambda p: p.engine)  # the torch backend's static engine (`runtime.static`)
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 AUTO = "auto"  # build every candidate precision, keep the fastest within the accuracy budget
 BACKENDS = ("onnxruntime", "torch")
 DEVICES = ("cpu", "cuda")
 
+Texts = str | Path | Sequence[str] | None
+
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """How an artifact is built. `device` is the device it is built for and loads on by default."""
+    """How an artifact is built, as its manifest records it. `device` is the device it is built for and
+    loads on by default."""
 
     precision: str = "fp32"
     device: str = "cpu"
@@ -29,7 +33,7 @@ class ExportOptions:
     calibration_method: str = "minmax"  # for precisions that calibrate activation ranges (int8-static)
 
     def __post_init__(self):
-        check_choice("precision", self.precision, PRECISIONS)
+        precisions.get(self.precision)
         check_choice("device", self.device, DEVICES)
         check_choice("calibration method", self.calibration_method, CALIBRATION_METHODS)
 
@@ -37,7 +41,55 @@ class ExportOptions:
         return asdict(self)
 
 
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise HotrodError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
-    return value
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """Everything `hotrod.optimize` is told besides the source and the output directory.
+
+    `precision` is a name of `hotrod.precisions`, or "auto". `calibration` and `verify_texts` are a file,
+    a list of texts (examples, for `verify_texts`) or None for the built-in sets; `verify_examples` is how
+    many examples verify the result (0 skips it), and with "auto", `max_drop` is the largest drop in score
+    below the source's a candidate may have.
+    """
+
+    precision: str = "fp32"
+    backend: str = "onnxruntime"
+    device: str = "cpu"
+    fusion: bool = True
+    calibration: Texts = None
+    calibration_method: str = "minmax"
+    verify_texts: Texts = None
+    verify_examples: int = 32
+    max_drop: float = 0.01
+    force: bool = False  # replace an existing output directory whole
+    progress: bool = True
+
+    def __post_init__(self):
+        self.export()  # precision, device, calibration method
+        if check_choice("backend", self.backend, BACKENDS) != "onnxruntime":
+            raise HotrodError("optimize writes ONNX graphs for the onnxruntime backend; "
+                              "run a checkpoint in PyTorch with hotrod.load(source, backend='torch')")
+        # "auto" judges its candidates by verification, so it needs at least one example.
+        check_number("verify_examples" + (" with precision 'auto'" if self.auto else ""), self.verify_examples,
+                     1 if self.auto else 0)
+        if not isinstance(self.verify_examples, int):
+            raise HotrodError(f"verify_examples must be a whole number, got {self.verify_examples!r}")
+        check_number("max_drop", self.max_drop, 0, 1)
+
+    @classmethod
+    def of(cls, options: OptimizeOptions | None = None, **changes) -> OptimizeOptions:
+        """`options` (or the defaults) with `changes`: how keyword arguments become an options object."""
+        if options is None:
+            return cls(**changes)
+        if not isinstance(options, cls):
+            raise HotrodError(f"options must be an OptimizeOptions, got {type(options).__name__}")
+        return replace(options, **changes) if changes else options
+
+    @property
+    def auto(self) -> bool:
+        return self.precision == AUTO
+
+    def export(self, precision: str | None = None) -> ExportOptions:
+        """The manifest's options for an artifact in `precision` (this one's; fp32 stands in for "auto")."""
+        chosen = precision or ("fp32" if self.auto else self.precision)
+        return ExportOptions(precision=chosen, device=self.device, fusion=self.fusion,
+                             calibration_method=self.calibration_method)

@@ -11,7 +11,8 @@ import json
 import pytest
 import torch
 
-from hotrod.bench import ct2, harness, peers, timing
+from hotrod import timing
+from hotrod.bench import ct2, harness, peers
 from hotrod.cli import main
 
 

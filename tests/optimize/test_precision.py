@@ -1,4 +1,5 @@
-"""fp16 / bf16 mixed precision: the overflow search, the converted graphs and what onnxruntime can run.
+"""fp16 / bf16 mixed precision: the overflow search, the converted graphs and what onnxruntime can run
+(`optimize/mixed.py`, `optimize/convert.py`, `optimize/emulate.py`, `runtime/kernels.py`).
 
 The T5 here has its feed-forward weights scaled up so that, as in real T5 checkpoints, the wo projection
 and the residual stream after it grow past fp16's 65504: a plain fp16 conversion returns Inf/NaN, and
@@ -15,8 +16,12 @@ import torch
 from onnx import TensorProto, helper
 
 import hotrod
+from hotrod import precisions
 from hotrod.optimize.calibration import capture_feeds
-from hotrod.optimize.precision import HALF_TYPES, KEEP_FP32_OPS, convert, emulate, half_supported, to_half
+from hotrod.optimize.convert import convert
+from hotrod.optimize.emulate import emulate
+from hotrod.optimize.mixed import KEEP_FP32_OPS, to_half
+from hotrod.runtime.kernels import half_supported
 from tests.zoo import CASES, build_checkpoint
 
 GRAPHS = {"t5": ("encoder", "decoder_init", "decoder"), "gpt2": ("decoder",), "bert": ("encoder",)}
@@ -85,7 +90,7 @@ def _hot_t5(directory):
 @pytest.mark.parametrize("graph", GRAPHS["t5"])
 def test_plain_fp16_of_the_hot_t5_overflows(recorded, graph):
     models, feeds = recorded("t5")
-    naive, _ = emulate(convert(models[graph], HALF_TYPES["fp16"], KEEP_FP32_OPS, []), HALF_TYPES["fp16"])
+    naive, _ = emulate(convert(models[graph], precisions.half("fp16"), KEEP_FP32_OPS, []), precisions.half("fp16"))
     errors = _errors(_run(models[graph], feeds[graph]), _run(naive, feeds[graph]))
     assert any(not finite or diff > 0.1 * magnitude for finite, diff, magnitude in errors)
 
@@ -99,7 +104,7 @@ def test_search_keeps_the_overflowing_nodes_of_t5_in_fp32(recorded, graph):
     assert "Relu" in report["kept_op_types"]  # softmax now runs inside the fused attention op
     assert report["cosine"] > 0.999 and np.isfinite(report["max_abs_diff"])
     reference = _run(models[graph], feeds[graph])
-    assert _within(reference, _run(emulate(half, HALF_TYPES["fp16"])[0], feeds[graph]), report)
+    assert _within(reference, _run(emulate(half, precisions.half("fp16"))[0], feeds[graph]), report)
     # The graph itself loads in onnxruntime with the fp32 interface of the original, and runs finite.
     assert _io_types(half) == _io_types(models[graph])
     assert any(t.data_type == TensorProto.FLOAT16 for t in half.graph.initializer)
@@ -125,7 +130,7 @@ def test_bf16_has_the_range_fp16_lacks(recorded):
     assert any(t.data_type == TensorProto.BFLOAT16 for t in half.graph.initializer)
     assert _io_types(half) == _io_types(models["encoder"])
     assert _within(_run(models["encoder"], feeds["encoder"]),
-                   _run(emulate(half, HALF_TYPES["bf16"])[0], feeds["encoder"]), report)
+                   _run(emulate(half, precisions.half("bf16"))[0], feeds["encoder"]), report)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -136,7 +141,7 @@ def test_ordinary_models_convert_with_few_kept_nodes(recorded, name, dtype):
     half, report = to_half(models[graph], dtype, feeds[graph])
     assert report["kept_node_count"] <= 2 and report["rounds"] <= 2
     assert report["cosine"] > 0.999
-    assert _within(_run(models[graph], feeds[graph]), _run(emulate(half, HALF_TYPES[dtype])[0], feeds[graph]), report)
+    assert _within(_run(models[graph], feeds[graph]), _run(emulate(half, precisions.half(dtype))[0], feeds[graph]), report)
 
 
 def test_a_search_that_cannot_finish_names_what_fails(recorded):
@@ -162,8 +167,7 @@ CHAIN_FEED = {"x": np.array([[200, 200]]), "w": np.array([[200], [200]]), "b": n
 
 
 def test_emulation_overflows_where_half_arithmetic_does():
-    half = HALF_TYPES["fp16"]
-    emulated, held = emulate(_chain(TensorProto.FLOAT16), half)
+    emulated, held = emulate(_chain(TensorProto.FLOAT16), precisions.half("fp16"))
     assert {"m", "y"} <= held
     (y,) = _session(emulated).run(None, {k: v.astype(np.float32) for k, v in CHAIN_FEED.items()})
     f16 = {k: v.astype(np.float16) for k, v in CHAIN_FEED.items()}
@@ -184,7 +188,7 @@ def test_half_supported_tells_the_truth_about_this_onnxruntime():
     except Exception:  # noqa: BLE001
         loads = False
     assert half_supported("bf16", "cpu", ["MatMul", "Add"]) == loads
-    for dtype in HALF_TYPES:  # the graphs' whole op set is supported only where each part is
+    for dtype in ("fp16", "bf16"):  # the graphs' whole op set is supported only where each part is
         assert half_supported(dtype, "cpu") <= half_supported(dtype, "cpu", ["MatMul", "Add"])
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         assert not half_supported("fp16", "cuda") and not half_supported("bf16", "cuda")

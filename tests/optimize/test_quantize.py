@@ -1,6 +1,6 @@
 """Static QDQ int8 and int8 weight-only quantization, graph by graph, on the tiny models.
 
-`quantize` is tested where it works: an fp32 graph of an artifact in, a quantized graph out, run with
+Each precision's `lower` is tested where it works: an fp32 graph of an artifact in, a quantized graph out, run with
 onnxruntime on feeds recorded from the fp32 model (calibrated on half of the built-in calibration texts,
 judged on the other half).
 """
@@ -14,11 +14,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from hotrod import precisions
 from hotrod.errors import HotrodError
 from hotrod.export import onnx as exporter
 from hotrod.optimize.calibration import builtin_texts, capture_feeds
-from hotrod.optimize.quantize import MAX_CALIBRATION_FEEDS, NEEDS_CALIBRATION, describe, prune_initializers, quantize
-from hotrod.options import CALIBRATION_METHODS, PRECISIONS
+from hotrod.optimize.quantize import MAX_CALIBRATION_FEEDS
+from hotrod.options import CALIBRATION_METHODS
 
 CASES = ("gpt2", "t5", "bert")
 # Cosine of the first output (logits / hidden states) to fp32 over the held-out feeds, on these random
@@ -40,6 +41,12 @@ def feeds(zoo):
         return recorded[case]
 
     return get
+
+
+def lower(model: onnx.ModelProto, precision: str, feeds: list[dict] | None = None,
+          method: str = "minmax") -> onnx.ModelProto:
+    """`model` lowered to `precision` through the registry, as the build does it."""
+    return precisions.get(precision).lower(model, feeds, method)[0]
 
 
 def graphs(artifact: Path) -> dict[str, onnx.ModelProto]:
@@ -88,8 +95,7 @@ def test_int8_static_quantizes_every_weight_and_stays_close(zoo, feeds, case_nam
     calibration, held_out = feeds(case_name)
     for name, fp32 in graphs(zoo.artifact(case_name)).items():
         expected = len(weight_ops(fp32))
-        quantized = prune_initializers(quantize(graphs(zoo.artifact(case_name))[name], "int8-static",
-                                                calibration[name], method))
+        quantized = lower(graphs(zoo.artifact(case_name))[name], "int8-static", calibration[name], method)
         ops = [node.op_type for node in quantized.graph.node]
         assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
         assert "Identity" not in ops  # the isolating copies are gone
@@ -112,7 +118,7 @@ def test_int8_static_runs_as_integer_kernels_and_leaves_the_rest_fp32(zoo, feeds
     """After ORT's graph optimization every quantized MatMul / Gemm is an integer kernel."""
     calibration, held_out = feeds(case_name)
     for name, fp32 in graphs(zoo.artifact(case_name)).items():
-        quantized = prune_initializers(quantize(graphs(zoo.artifact(case_name))[name], "int8-static", calibration[name]))
+        quantized = lower(graphs(zoo.artifact(case_name))[name], "int8-static", calibration[name])
         dequantized = {node.output[0] for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
         for node in quantized.graph.node:  # the residual stream and fused ops read fp32 tensors
             if node.op_type not in ("MatMul", "Gemm", "DequantizeLinear"):
@@ -126,7 +132,7 @@ def test_int8_static_runs_as_integer_kernels_and_leaves_the_rest_fp32(zoo, feeds
 def test_int8_weight_is_8_bit_matmul_nbits(zoo, feeds, case_name):
     _, held_out = feeds(case_name)
     for name, fp32 in graphs(zoo.artifact(case_name)).items():
-        quantized = prune_initializers(quantize(graphs(zoo.artifact(case_name))[name], "int8-weight"))
+        quantized = lower(graphs(zoo.artifact(case_name))[name], "int8-weight")
         nbits = [node for node in quantized.graph.node if node.op_type == "MatMulNBits"]
         assert len(nbits) == sum(node.op_type == "MatMul" for node in weight_ops(fp32)) > 0
         for node in nbits:
@@ -141,7 +147,7 @@ def test_embeddings_stay_fp32(zoo, feeds):
     calibration, _ = feeds("gpt2")
     fp32 = graphs(zoo.artifact("gpt2"))["decoder"]
     for precision in ("int8-static", "int8-weight"):
-        quantized = quantize(graphs(zoo.artifact("gpt2"))["decoder"], precision, calibration["decoder"])
+        quantized = lower(graphs(zoo.artifact("gpt2"))["decoder"], precision, calibration["decoder"])
         tables = {t.name: t.data_type for t in quantized.graph.initializer}
         gathers = [n for n in fp32.graph.node if n.op_type == "Gather" and n.input[0] in tables]
         assert gathers and all(tables[n.input[0]] == onnx.TensorProto.FLOAT for n in gathers)
@@ -152,7 +158,7 @@ def test_large_graphs_go_through_external_data(zoo, feeds, monkeypatch):
     calibration, held_out = feeds("t5")
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_THRESHOLD", 0)  # the one threshold, where graphs are saved
     fp32 = graphs(zoo.artifact("t5"))["decoder"]
-    quantized = quantize(graphs(zoo.artifact("t5"))["decoder"], "int8-static", calibration["decoder"], "minmax")
+    quantized = lower(graphs(zoo.artifact("t5"))["decoder"], "int8-static", calibration["decoder"], "minmax")
     assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in quantized.graph.initializer)
     reference, actual = run(fp32, held_out["decoder"]), run(quantized, held_out["decoder"])
     assert cosine(reference, actual) >= MIN_COSINE["int8-static"]
@@ -161,7 +167,7 @@ def test_large_graphs_go_through_external_data(zoo, feeds, monkeypatch):
 def test_calibration_leaves_no_files_behind(zoo, feeds, tmp_path, monkeypatch):
     calibration, _ = feeds("bert")
     monkeypatch.chdir(tmp_path)
-    quantize(graphs(zoo.artifact("bert"))["encoder"], "int8-static", calibration["encoder"], "entropy")
+    lower(graphs(zoo.artifact("bert"))["encoder"], "int8-static", calibration["encoder"], "entropy")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -169,29 +175,28 @@ def test_calibration_leaves_no_files_behind(zoo, feeds, tmp_path, monkeypatch):
 def test_static_without_feeds_is_one_clear_error(zoo, missing):
     model = graphs(zoo.artifact("bert"))["encoder"]
     with pytest.raises(HotrodError, match="int8-static .*needs feeds"):
-        quantize(model, "int8-static", missing)
+        lower(model, "int8-static", missing)
 
 
 def test_feeds_of_another_graph_are_refused(zoo, feeds):
     calibration, _ = feeds("t5")
     with pytest.raises(HotrodError, match="lack graph input"):
-        quantize(graphs(zoo.artifact("t5"))["decoder"], "int8-static", calibration["encoder"])
+        lower(graphs(zoo.artifact("t5"))["decoder"], "int8-static", calibration["encoder"])
 
 
 def test_unknown_method_lists_the_choices(zoo, feeds):
     calibration, _ = feeds("bert")
     with pytest.raises(HotrodError, match="calibration method 'kl'; choose from minmax, percentile, entropy"):
-        quantize(graphs(zoo.artifact("bert"))["encoder"], "int8-static", calibration["encoder"], method="kl")
+        lower(graphs(zoo.artifact("bert"))["encoder"], "int8-static", calibration["encoder"], method="kl")
 
 
 def test_tables_agree_with_options():
-    assert NEEDS_CALIBRATION == {"int8-static"} and NEEDS_CALIBRATION <= set(PRECISIONS)
     assert set(MAX_CALIBRATION_FEEDS) == set(CALIBRATION_METHODS)
 
 
 @pytest.mark.parametrize("precision", ["int8", "int8-static", "int8-weight", "int4"])
 def test_describe_names_the_precision_and_keeps_embeddings_fp32(precision):
-    weights = describe(precision, "percentile")
+    weights = precisions.get(precision).describe("percentile")
     assert set(weights) == {"matmul_weights", "lm_head", "embeddings", "activations"}
     assert precision in weights["lm_head"] and weights["embeddings"] == "fp32"
-    assert ("percentile" in weights["activations"]) == (precision in NEEDS_CALIBRATION)
+    assert ("percentile" in weights["activations"]) == (precision == "int8-static")

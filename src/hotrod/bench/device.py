@@ -1,5 +1,5 @@
 """What `hotrod bench --device cuda` needs beyond the CPU path: a device check before any work, and the
-device memory each system adds. The timing itself waits for the GPU (`hotrod.bench.timing.synchronized`).
+device memory each system adds. The timing itself waits for the GPU (`hotrod.timing.synchronized`).
 """
 
 from __future__ import annotations

@@ -20,12 +20,9 @@ from pathlib import Path
 
 import torch
 
+from hotrod import precisions
 from hotrod.load import cache_dir
 
-# Bytes per weight each precision reads; block-32 weight-only formats carry one fp32 scale per block.
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-static": 1.0,
-                "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32}
-INT8_COMPUTE = ("int8", "int8-static", "int8-weight", "int4")  # int4 runs at accuracy level 4: int8 math
 EMBEDDING_NAMES = ("embed", "wte", "wpe", "shared", "relative_attention_bias")
 
 
@@ -43,9 +40,10 @@ class Machine:
 
     def rate(self, precision: str) -> float:
         """Operations per second for matrix work at `precision` (quantized formats compute in int8)."""
-        if precision in INT8_COMPUTE and self.int8_gops:
+        compute = precisions.get(precision).compute
+        if compute == "int8" and self.int8_gops:
             return self.int8_gops * 1e9
-        if precision in ("fp16", "bf16") and self.half_gflops:
+        if compute == "half" and self.half_gflops:
             return self.half_gflops * 1e9
         return self.matmul_gflops * 1e9
 
@@ -164,7 +162,7 @@ def generation_floor(step_params: int, total_params: int, prompt_tokens: int, ne
                      precision: str, m: Machine) -> float:
     """Seconds: the prompt's matrix work, then each new token's weight traffic (or work, if larger)."""
     prefill = 2 * total_params * prompt_tokens / m.rate(precision)
-    per_token = max(step_params * WEIGHT_BYTES[precision] / (m.bandwidth_gbs * 1e9),
+    per_token = max(step_params * precisions.get(precision).weight_bytes / (m.bandwidth_gbs * 1e9),
                     2 * step_params / m.rate(precision))
     return prefill + new_tokens * per_token
 
@@ -172,4 +170,4 @@ def generation_floor(step_params: int, total_params: int, prompt_tokens: int, ne
 def forward_floor(total_params: int, real_tokens: int, precision: str, m: Machine) -> float:
     """Seconds for an encoder forward over the real (unpadded) tokens: work over rate, or weights over bandwidth."""
     return max(2 * total_params * real_tokens / m.rate(precision),
-               total_params * WEIGHT_BYTES[precision] / (m.bandwidth_gbs * 1e9))
+               total_params * precisions.get(precision).weight_bytes / (m.bandwidth_gbs * 1e9))

@@ -28,11 +28,11 @@ from hotrod.bench.case import Case
 from hotrod.bench.device import check_device, gpu_figures, gpu_start, ort_has_cuda
 from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
 from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
-from hotrod.bench.timing import interleaved, synchronized
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError, first_line
 from hotrod.load import cache_dir, open_source
 from hotrod.options import PRECISIONS, check_choice
+from hotrod.timing import interleaved, synchronized
 
 PEERS = peer_systems.PEERS
 missing_peers = peer_systems.missing_peers

@@ -75,32 +75,17 @@ def export_graph(module: torch.nn.Module, io: GraphIO, vocab_size: int, path: Pa
 
 
 def constants_to_initializers(model: onnx.ModelProto, min_elements: int = 1024) -> onnx.ModelProto:
-    """Turn large Constant nodes into initializers.
+    """Turn Constant nodes of `min_elements` or more into initializers (onnx-ir's pass).
 
     Weights built at trace time (such as a concatenated QKV projection) are traced as Constant nodes;
     the quantizers and the external-data writer only see initializers, so they are moved there.
     """
-    graph = model.graph
-    kept = []
-    for node in graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
-        if node.op_type == "Constant" and value is not None and _elements(value) >= min_elements:
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(value)
-            tensor.name = node.output[0]
-            graph.initializer.append(tensor)
-        else:
-            kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    return model
+    import onnx_ir
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
-
-def _elements(tensor: onnx.TensorProto) -> int:
-    count = 1
-    for dim in tensor.dims:
-        count *= dim
-    return count
+    graph = onnx_ir.from_proto(model)
+    LiftConstantsToInitializersPass(size_limit=min_elements)(graph)
+    return onnx_ir.to_proto(graph)
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> Path | None:

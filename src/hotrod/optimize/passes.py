@@ -1,8 +1,8 @@
 """The pass pipeline for one exported graph, in the order the design fixes.
 
-`fuse_graph` runs on the fp32 export; `lower_graph` then applies the precision: mixed precision
-(fp16/bf16) or quantization (int8 dynamic or static, int8/int4 weight-only). Each rewrites the file in
-place and returns its external data file (if any) and what it did, for the manifest.
+`fuse_graph` runs on the fp32 export; `lower_graph` then applies the precision (`hotrod.precisions`):
+mixed precision (fp16/bf16) or quantization (int8 dynamic or static, int8/int4 weight-only). Each
+rewrites the file in place and returns its external data file (if any) and what it did, for the manifest.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import onnx
 
 from hotrod.export.onnx import save_model
 from hotrod.optimize.fusion import fuse
-from hotrod.optimize.quantize import prune_initializers, quantize
+from hotrod.precisions import Precision
 from hotrod.registry import Dims
-
-HALF = ("fp16", "bf16")
 
 
 def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims) -> tuple[Path | None, dict]:
@@ -36,18 +34,12 @@ def portable_graph(path: Path) -> tuple[Path | None, dict]:
     return _write(model, path), {"fused_ops": counts}
 
 
-def lower_graph(path: Path, precision: str, feeds: list[dict[str, np.ndarray]] | None = None,
+def lower_graph(path: Path, precision: Precision, feeds: list[dict[str, np.ndarray]] | None = None,
                 method: str = "minmax") -> tuple[Path | None, dict]:
-    """Apply `precision` to one fp32 graph; `feeds` are its recorded inputs, for passes that calibrate."""
-    if precision == "fp32":
+    """Apply `precision` to one fp32 graph; `feeds` are its recorded inputs, for precisions that need them."""
+    if not precision.converts:
         return _external(path), {}
-    model, report = _read(path), {}
-    if precision in HALF:
-        from hotrod.optimize.precision import to_half
-
-        model, report["mixed_precision"] = to_half(model, precision, feeds or [], name=path.stem)
-    else:
-        model = prune_initializers(quantize(model, precision, feeds=feeds, method=method))
+    model, report = precision.lower(_read(path), feeds, method, name=path.stem)
     return _write(model, path), report
 
 

@@ -33,9 +33,6 @@ from hotrod.options import CALIBRATION_METHODS, check_choice
 
 Feed = dict[str, np.ndarray]
 
-# Precisions whose activation ranges are calibrated: `quantize` needs the graph's recorded feeds for them.
-NEEDS_CALIBRATION = frozenset({"int8-static"})
-
 # hotrod's calibration method names -> onnxruntime.quantization.CalibrationMethod members.
 _ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 
@@ -51,46 +48,11 @@ _WEIGHT_OPS = ("MatMul", "Gemm")
 # Ends the names of the nodes hotrod adds, or names, for ORT's static quantizer.
 _ISOLATED = "hotrod_int8_input"
 
-_PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
-_DESCRIPTIONS = {  # precision -> (MatMul weights and LM head, activations)
-    "int8": ("int8 per-channel (dynamic)", "uint8 per-tensor, range measured on every call (dynamic)"),
-    "int8-static": ("int8 per-channel (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with {method}"),
-    "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", _PER_BLOCK),
-    "int4": ("int4 block-32 symmetric (MatMulNBits)", _PER_BLOCK),
-}
 
-
-def describe(precision: str, method: str | None = None) -> dict[str, str]:
-    """What the manifest says about where each kind of weight, and the activations, ended up."""
-    weights, activations = _DESCRIPTIONS.get(precision, (precision, precision))
-    activations = activations.format(method=method or "minmax")
-    return {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
-
-
-def quantize(model: onnx.ModelProto, precision: str, feeds: Sequence[Feed] | None = None,
-             method: str = "minmax") -> onnx.ModelProto:
-    """`model` quantized to `precision`; other precisions come back untouched.
-
-    `feeds` (input dicts recorded from this graph in fp32, see calibration.capture_feeds) and `method`
-    are used by the precisions in NEEDS_CALIBRATION only. The input model may be changed (ONNX's
-    external-data saving moves the weights of a graph above 2 GB out of it); use the returned one.
-    """
-    check_choice("calibration method", method, CALIBRATION_METHODS)
-    if precision in NEEDS_CALIBRATION and not feeds:
-        raise HotrodError(f"precision {precision} calibrates activation ranges and needs feeds recorded "
-                          "from the fp32 graph; none were given")
-    if precision == "int8":
-        return _int8_dynamic(model)
-    if precision == "int8-static":
-        return _int8_static(model, feeds, method)
-    if precision == "int8-weight":
-        return _weight_only(model, bits=8)
-    if precision == "int4":
-        return _weight_only(model, bits=4)
-    return model
-
-
-def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
+def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with per-channel int8 weights in every MatMul with a constant weight, activations quantized
+    on every call. The input model may be changed (ONNX's external-data saving moves the weights of a
+    graph above 2 GB out of it), here and in the others; use the returned one."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -102,11 +64,12 @@ def _int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
                 use_external_data_format=large,
                 extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
             )
-        return onnx.load(str(dst), load_external_data=True)
+        return prune_initializers(onnx.load(str(dst), load_external_data=True))
 
 
-def _int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str) -> onnx.ModelProto:
-    """QDQ int8 with calibrated activation ranges; only MatMul / Gemm with a constant weight are quantized.
+def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "minmax") -> onnx.ModelProto:
+    """QDQ int8 with activation ranges calibrated on `feeds` (input dicts recorded from this graph in fp32,
+    see calibration.capture_feeds) by `method`; only MatMul / Gemm with a constant weight are quantized.
 
     The MatMuls between two activations (attention scores and their product with V) stay fp32: their
     operands are the KV cache and softmax probabilities, whose ranges vary per step and per position
@@ -117,8 +80,12 @@ def _int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str) -> 
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    check_choice("calibration method", method, CALIBRATION_METHODS)
+    if not feeds:
+        raise HotrodError("int8-static calibrates activation ranges and needs feeds recorded from the fp32 graph; "
+                          "none were given")
     if not _weight_op_nodes(model.graph):
-        return model
+        return prune_initializers(model)
     with tempfile.TemporaryDirectory() as scratch:  # ORT's augmented calibration models go to its own temp dirs
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
         large = save_model(model, src) is not None  # the tools read files; big weights go to .data
@@ -144,16 +111,17 @@ def _int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str) -> 
                     "CalibStridedMinMax": 1,
                 },
             )
-        return _drop_isolation(onnx.load(str(dst), load_external_data=True))
+        return prune_initializers(_drop_isolation(onnx.load(str(dst), load_external_data=True)))
 
 
-def _weight_only(model: onnx.ModelProto, bits: int) -> onnx.ModelProto:
+def weight_only(model: onnx.ModelProto, bits: int) -> onnx.ModelProto:
+    """Block-wise (32) symmetric weights of `bits` bits through MatMulNBits, computed with int8 activations."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
     with _quiet():
         quantizer.process()
-    return quantizer.model.model  # the pass pipeline prunes the fp32 originals it leaves behind
+    return prune_initializers(quantizer.model.model)
 
 
 def _weight_op_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -262,19 +230,10 @@ def _quiet():
 
 
 def prune_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Drop weights no node reads any more (the quantizers leave the fp32 originals behind)."""
-    used = set(_inputs(model.graph)) | {output.name for output in model.graph.output}
-    keep = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    return model
+    """Drop weights (and nodes) nothing reads any more: the quantizers leave the fp32 originals behind."""
+    import onnx_ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-
-def _inputs(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield from node.input
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _inputs(attr.g)
-            for subgraph in attr.graphs:
-                yield from _inputs(subgraph)
+    graph = onnx_ir.from_proto(model)
+    RemoveUnusedNodesPass()(graph)
+    return onnx_ir.to_proto(graph)

@@ -3,6 +3,9 @@
 Between two timed calls the machine is left idle for a moment: thread pools (OpenMP's, ONNX Runtime's)
 keep spinning for a while after their work ends, and without the pause one system's spinning threads
 would be timed as part of the next system's run.
+
+It sits below both `hotrod.auto` (which times its candidates) and `hotrod.bench` (which times hotrod
+against its peers), so that choosing a precision does not import the benchmark.
 """
 
 from __future__ import annotations

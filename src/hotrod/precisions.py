@@ -1,0 +1,190 @@
+"""The precisions hotrod builds and runs in: one small class each, and the one place that lists them.
+
+As in CTranslate2's quantization types and ONNX Runtime's tools, a precision is an object rather than a
+string every floor re-reads: it says whether lowering a graph to it needs feeds recorded from the fp32
+graph, lowers a graph to itself, says whether this onnxruntime has its kernels on a device, and
+describes itself for the manifest. The options, the CLI's choices, `--precision auto`'s candidates, the
+static engine's list and the benchmark's hardware floor all read this registry.
+
+- fp32: the export as it is.
+- fp16 / bf16: mixed precision, the nodes that overflow kept in fp32 by measurement (`optimize/mixed.py`).
+- int8: dynamic quantization (per-channel weights, activations quantized per call).
+- int8-static: QDQ with activation ranges calibrated on recorded feeds.
+- int8-weight / int4: weight-only, block-quantized MatMulNBits.
+
+The graph passes are imported when a graph is lowered, so this module stays cheap for the options, the
+CLI and the static engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ml_dtypes  # numpy's bfloat16; onnx itself depends on it
+import numpy as np
+from onnx import TensorProto
+
+from hotrod.errors import check_choice
+
+if TYPE_CHECKING:
+    import onnx
+
+Feed = dict[str, np.ndarray]
+
+_PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    """One precision. `weights` and `activations` are what the manifest says of them (the name when empty);
+    `activations` may name the calibration `{method}`."""
+
+    name: str
+    weight_bytes: float  # bytes read per weight; block-32 formats carry one fp32 scale per block
+    compute: str = "fp32"  # the matrix arithmetic: fp32, half or int8 (the benchmark's floor picks its rate)
+    needs_feeds: bool = False  # lowering reads feeds recorded from the fp32 graph
+    candidate: bool = True  # tried by `--precision auto`
+    engine: bool = False  # the torch backend's static engine runs in it too
+    weights: str = ""
+    activations: str = ""
+
+    @property
+    def converts(self) -> bool:
+        """Whether this precision changes anything: fp32 leaves the graphs and weights as they are."""
+        return True
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        """`model` (a fused fp32 graph) in this precision, and what to add to its manifest entry.
+
+        `feeds` are inputs recorded from the fp32 graph (required where `needs_feeds`), `method` the
+        calibration method, `name` the graph's name for error messages. The input model may be changed;
+        use the returned one.
+        """
+        raise NotImplementedError
+
+    def has_kernels(self, device: str) -> bool:
+        """Whether onnxruntime here runs this precision's graphs on `device` with kernels of its own."""
+        return True
+
+    def describe(self, method: str = "minmax") -> dict[str, str]:
+        """Where each kind of weight, and the activations, ended up (the manifest's "weights")."""
+        weights = self.weights or self.name
+        activations = (self.activations or self.name).format(method=method)
+        return {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Full(Precision):
+    """fp32: the export unchanged."""
+
+    @property
+    def converts(self) -> bool:
+        return False
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        return model, {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Half(Precision):
+    """fp16 or bf16 mixed precision. The tolerance is on each output's largest absolute difference from
+    fp32, relative to its largest magnitude: bf16 keeps 8 significant bits to fp16's 11, so a wider band."""
+
+    onnx_type: int
+    numpy_type: type
+    max_finite: float
+    rtol: float
+    atol: float
+    compute: str = "half"
+    needs_feeds: bool = True
+    engine: bool = True
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        from hotrod.optimize.mixed import to_half
+
+        model, report = to_half(model, self.name, feeds, name=name)
+        return model, {"mixed_precision": report}
+
+    def has_kernels(self, device: str) -> bool:
+        from hotrod.runtime.kernels import half_supported
+
+        return half_supported(self.name, device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int8Dynamic(Precision):
+    """Per-channel int8 weights; activations quantized on every call, so nothing to calibrate."""
+
+    compute: str = "int8"
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        from hotrod.optimize.quantize import int8_dynamic
+
+        return int8_dynamic(model), {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int8Static(Precision):
+    """QDQ int8 with activation ranges calibrated on the recorded feeds."""
+
+    compute: str = "int8"
+    needs_feeds: bool = True
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        from hotrod.optimize.quantize import int8_static
+
+        return int8_static(model, feeds, method), {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightOnly(Precision):
+    """Block-32 symmetric weights of `bits` bits through MatMulNBits, computed with int8 activations."""
+
+    bits: int
+    compute: str = "int8"  # accuracy level 4: int8 math
+    activations: str = _PER_BLOCK
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        from hotrod.optimize.quantize import weight_only
+
+        return weight_only(model, self.bits), {}
+
+
+REGISTRY: dict[str, Precision] = {p.name: p for p in (
+    Full(name="fp32", weight_bytes=4.0, engine=True),
+    Half(name="fp16", weight_bytes=2.0, onnx_type=TensorProto.FLOAT16, numpy_type=np.float16,
+         max_finite=65504.0, rtol=1e-2, atol=1e-3),
+    Half(name="bf16", weight_bytes=2.0, onnx_type=TensorProto.BFLOAT16, numpy_type=ml_dtypes.bfloat16,
+         max_finite=float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), rtol=5e-2, atol=1e-2),
+    Int8Dynamic(name="int8", weight_bytes=1.0, weights="int8 per-channel (dynamic)",
+                activations="uint8 per-tensor, range measured on every call (dynamic)"),
+    Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel (int8-static, QDQ)",
+               activations="uint8 per-tensor, static ranges calibrated with {method}"),
+    # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
+    WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,
+               weights="int8 block-32 symmetric (int8-weight, MatMulNBits)"),
+    WeightOnly(name="int4", weight_bytes=0.5 + 4 / 32, bits=4, weights="int4 block-32 symmetric (MatMulNBits)"),
+)}
+
+
+def get(name: str) -> Precision:
+    """The precision called `name`; an unknown name is one line that lists the known ones."""
+    return REGISTRY[check_choice("precision", name, tuple(REGISTRY))]
+
+
+def half(name: str) -> Half:
+    """The half precision called `name` (fp16 or bf16)."""
+    return REGISTRY[check_choice("half precision", name, names(lambda p: isinstance(p, Half)))]  # type: ignore[return-value]
+
+
+def names(where: Callable[[Precision], bool] | None = None) -> tuple[str, ...]:
+    """The precisions' names, in the registry's order (those `where` accepts, if given)."""
+    return tuple(name for name, precision in REGISTRY.items() if where is None or where(precision))

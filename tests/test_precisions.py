@@ -1,0 +1,101 @@
+"""The precision registry: the one list, and what each entry tells the options, the manifest and the floor.
+
+The tables here are what hotrod said before the registry existed, so a change to them is a change to
+artifacts' manifests (old artifacts must still read the same) or to the CLI's choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import hotrod
+from hotrod import precisions
+from hotrod.errors import HotrodError
+from hotrod.options import ENGINE_PRECISIONS, PRECISIONS, OptimizeOptions
+
+PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
+MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), calibrated with "entropy"
+    "fp32": ("fp32", "fp32"),
+    "fp16": ("fp16", "fp16"),
+    "bf16": ("bf16", "bf16"),
+    "int8": ("int8 per-channel (dynamic)", "uint8 per-tensor, range measured on every call (dynamic)"),
+    "int8-static": ("int8 per-channel (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with entropy"),
+    "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", PER_BLOCK),
+    "int4": ("int4 block-32 symmetric (MatMulNBits)", PER_BLOCK),
+}
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-static": 1.0,
+                "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32}
+
+
+def test_one_list_in_the_order_the_cli_shows():
+    assert PRECISIONS == precisions.names() == tuple(MANIFEST_WEIGHTS)
+    assert set(ENGINE_PRECISIONS) == {"fp32", "bf16", "fp16", "int8-weight"}
+
+
+def test_each_precision_describes_itself_as_manifests_always_have():
+    for name, (weights, activations) in MANIFEST_WEIGHTS.items():
+        assert precisions.get(name).describe("entropy") == {
+            "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
+
+
+def test_what_the_pipeline_and_the_floor_read():
+    assert precisions.names(lambda p: p.needs_feeds) == ("fp16", "bf16", "int8-static")
+    assert precisions.names(lambda p: not p.converts) == ("fp32",)
+    assert precisions.names(lambda p: p.candidate) == ("fp32", "fp16", "bf16", "int8", "int8-static", "int4")
+    assert {name: precisions.get(name).weight_bytes for name in PRECISIONS} == WEIGHT_BYTES
+    assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-static", "int8-weight", "int4")
+    assert precisions.names(lambda p: p.compute == "half") == ("fp16", "bf16")
+
+
+def test_only_half_asks_onnxruntime_for_kernels():
+    assert all(precisions.get(name).has_kernels("cpu") for name in PRECISIONS if name not in ("fp16", "bf16"))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: precisions.get("fp8"), "unknown precision 'fp8'; choose from fp32, fp16, bf16, int8, int8-static"),
+    (lambda: precisions.half("int8"), "unknown half precision 'int8'; choose from fp16, bf16"),
+])
+def test_an_unknown_name_lists_the_known_ones(call, message):
+    with pytest.raises(HotrodError, match=message):
+        call()
+
+
+def test_fp32_leaves_a_graph_as_it_is():
+    sentinel = object()
+    assert precisions.get("fp32").lower(sentinel) == (sentinel, {})
+
+
+# -- the options object of `hotrod.optimize` ------------------------------------------------------------
+
+
+def test_keyword_arguments_become_the_options_object():
+    base = OptimizeOptions(precision="int8", verify_examples=4)
+    assert OptimizeOptions.of(None, precision="int8", verify_examples=4) == base
+    assert OptimizeOptions.of(base) is base
+    assert OptimizeOptions.of(base, max_drop=0.5) == dataclasses.replace(base, max_drop=0.5)
+    assert base.export().to_dict() == {"precision": "int8", "device": "cpu", "opset": base.export().opset,
+                                       "fusion": True, "calibration_method": "minmax"}
+    assert OptimizeOptions(precision="auto").export().precision == "fp32"
+    with pytest.raises(TypeError):
+        OptimizeOptions.of(None, precison="int8")
+    with pytest.raises(HotrodError, match="must be an OptimizeOptions"):
+        hotrod.optimize("unused", "unused", "int8")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"precision": "fp8"}, "unknown precision 'fp8'"),
+    ({"device": "tpu"}, "unknown device 'tpu'"),
+    ({"calibration_method": "kl"}, "unknown calibration method 'kl'"),
+    ({"backend": "torch"}, "optimize writes ONNX graphs"),
+    ({"backend": "tensorflow"}, "unknown backend"),
+    ({"verify_examples": -1}, "verify_examples must be >= 0"),
+    ({"verify_examples": 2.5}, "verify_examples must be a whole number"),
+    ({"precision": "auto", "verify_examples": 0}, "verify_examples with precision 'auto' must be >= 1"),
+    ({"max_drop": 2}, "max_drop must be <= 1"),
+    ({"max_drop": float("nan")}, "max_drop must be a finite number"),
+])
+def test_bad_options_are_one_line_at_construction(changes, message):
+    with pytest.raises(HotrodError, match=message):
+        OptimizeOptions(**changes)
