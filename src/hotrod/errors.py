@@ -38,3 +38,10 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise HotrodError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
     return value
+
+
+def check_count(name: str, value: int, low: int = 1) -> int:
+    """`value` when it is an integer >= `low` (not a bool, not a float that happens to be whole)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise HotrodError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value

@@ -283,16 +283,22 @@ class ModelEngine:
         self.metrics.queue(self.info.name, len(self.scheduler.waiting), running)
 
 
+def served_names(dirs: list[str] | tuple[str, ...]) -> list[str]:
+    """The name each artifact directory is served under (its folder's); two alike are refused."""
+    names = [Path(directory).resolve().name for directory in dirs]
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        raise HotrodError(f"two models would both be served as {twice!r}; serve them from differently named folders")
+    return names
+
+
 def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions,
                  metrics: Metrics) -> dict[str, ModelEngine]:
     """One engine per artifact directory, named after the directory; names must be unique."""
     import hotrod
 
     engines: dict[str, ModelEngine] = {}
-    for directory in dirs:
-        name = Path(directory).resolve().name
-        if name in engines:
-            raise HotrodError(f"two models would both be served as {name!r}; serve them from differently named folders")
+    for name, directory in zip(served_names(dirs), dirs):
         model = hotrod.load(directory, backend=runtime.backend, device=runtime.device, threads=runtime.threads,
                             precision=runtime.precision if runtime.backend == "torch" else None)
         engines[name] = ModelEngine(name, model, options, metrics, str(directory))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hotrod.errors import HotrodError, check_number
+from hotrod.errors import HotrodError, check_count, check_number
 
 # Families with relative positions (T5) have no position table to bound a prompt, but their encoder is
 # quadratic in it: without a limit one long text would hold every other request back.
@@ -40,9 +40,9 @@ class ServeLimits:
         check_number("request_timeout_s", self.request_timeout_s)
         check_number("shutdown_timeout_s", self.shutdown_timeout_s, 0)
         for name in ("max_batch_inputs", "max_request_bytes", "max_connections"):
-            _check_count(name, getattr(self, name))
+            check_count(name, getattr(self, name))
         if self.max_input_tokens is not None:
-            _check_count("max_input_tokens", self.max_input_tokens)
+            check_count("max_input_tokens", self.max_input_tokens)
 
     def input_tokens(self, max_positions: int | None) -> int:
         """The longest prompt (or embedding input) a model with `max_positions` is sent."""
@@ -65,8 +65,3 @@ class Access:
             raise HotrodError("api_key must be a non-empty string without spaces")
         if any(not origin for origin in self.cors_origins):
             raise HotrodError("a CORS origin must not be empty")
-
-
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise HotrodError(f"{name} must be an integer >= 1, got {value!r}")

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hotrod.errors import HotrodError, check_number
+from hotrod.errors import HotrodError, check_count, check_number
 from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS
 from hotrod.runtime.base import RuntimeOptions
-from hotrod.serve.engine import ServeOptions
+from hotrod.serve.engine import ServeOptions, served_names
 from hotrod.serve.limits import API_KEY_ENV, Access, ServeLimits
 
 
@@ -36,12 +36,12 @@ class Scaling:
     num_gpus: float = 0.0
 
     def __post_init__(self) -> None:
-        _count("replicas", self.replicas)
+        check_count("replicas", self.replicas)
         check_number("num_cpus", self.num_cpus, 0)
         check_number("num_gpus", self.num_gpus, 0)
         if self.autoscaling:
             low, high = self.min_replicas or 0, self.max_replicas or self.replicas
-            _count("max_replicas", high)
+            check_count("max_replicas", high)
             if not 0 <= low <= high:
                 raise HotrodError(f"min_replicas must be in 0..max_replicas ({high}), got {low}")
         if self.target_ongoing_requests is not None:
@@ -78,11 +78,7 @@ class ReplicaSpec:
     def __post_init__(self) -> None:
         if not self.artifacts:
             raise HotrodError("give at least one artifact directory")
-        names = [Path(a).name for a in self.artifacts]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise HotrodError(f"two models would both be served as {twice[0]!r}; serve them from differently "
-                              "named folders")
+        served_names(self.artifacts)
 
     @property
     def max_ongoing_requests(self) -> int:
@@ -152,11 +148,6 @@ def _runtime(args: dict[str, Any]) -> RuntimeOptions:
         if name in args and args[name] is not None and args[name] not in choices:
             raise HotrodError(f"{name} must be one of {', '.join(choices)}, got {args[name]!r}")
     threads = args.pop("threads", 0)
-    _count("threads", threads, low=0)
+    check_count("threads", threads, low=0)
     return RuntimeOptions(args.pop("backend", "onnxruntime"), args.pop("device", None) or "cpu", threads,
                           precision=args.pop("engine_precision", None) or "fp32")
-
-
-def _count(name: str, value: Any, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise HotrodError(f"{name} must be an integer >= {low}, got {value!r}")
