@@ -31,7 +31,7 @@ from ray.serve.deployment import Application
 
 from hotrod.serve.app import create_app
 from hotrod.serve.engine import ModelEngine, load_engines
-from hotrod.serve.metrics import _BATCH_BUCKETS, _LATENCY_BUCKETS, Metrics
+from hotrod.serve.metrics import _RECORD, SPECS, Metrics, Spec
 from hotrod.serve.replicas import ReplicaSpec, spec_from_args
 
 DEPLOYMENT = "hotrod"
@@ -41,7 +41,7 @@ HEALTH_CHECK_PERIOD_S = 5.0
 class RayMetrics(Metrics):
     """hotrod's metrics, recorded twice: in the replica's own registry (its /metrics) and in Ray's
     metrics, which Ray tags with the deployment and replica and exports from every node's metrics port,
-    so that one Prometheus scrape of the cluster sums the replicas."""
+    so that one Prometheus scrape of the cluster sums the replicas. Both are built from `SPECS`."""
 
     def __init__(self):
         super().__init__()
@@ -49,43 +49,20 @@ class RayMetrics(Metrics):
         replica = serve.get_replica_context().replica_id.unique_id
         Gauge("hotrod_replica_info", "The Ray Serve replica answering", ["replica"], registry=self.registry) \
             .labels(replica).set(1)
-        self.mirror = {
-            "depth": ray_metrics.Gauge("hotrod_queue_depth", "Requests waiting to run", ("model",)),
-            "running": ray_metrics.Gauge("hotrod_running_requests", "Requests in the running batch", ("model",)),
-            "batch": ray_metrics.Histogram("hotrod_batch_size", "Rows per model call", list(_BATCH_BUCKETS),
-                                           ("model", "kind")),
-            "wait": ray_metrics.Histogram("hotrod_queue_wait_seconds", "Time from arrival to first run",
-                                          list(_LATENCY_BUCKETS), ("model",)),
-            "latency": ray_metrics.Histogram("hotrod_request_latency_seconds", "Time from arrival to the last "
-                                             "byte", list(_LATENCY_BUCKETS), ("model", "endpoint")),
-            "tokens": ray_metrics.Counter("hotrod_generated_tokens", "Tokens generated", ("model",)),
-            "requests": ray_metrics.Counter("hotrod_requests", "Requests by outcome",
-                                            ("model", "endpoint", "outcome")),
-        }
+        self.mirror = {key: _ray_metric(spec) for key, spec in SPECS.items()}
 
-    def queue(self, model: str, waiting: int, running: int) -> None:
-        super().queue(model, waiting, running)
-        self.mirror["depth"].set(waiting, {"model": model})
-        self.mirror["running"].set(running, {"model": model})
+    def record(self, key: str, labels: tuple[str, ...], value: float) -> None:
+        super().record(key, labels, value)
+        spec = SPECS[key]
+        if spec.kind == "counter" and not value:  # Ray's counters refuse an increment of 0
+            return
+        getattr(self.mirror[key], _RECORD[spec.kind])(value, dict(zip(spec.labels, labels)))
 
-    def batch(self, model: str, kind: str, size: int) -> None:
-        super().batch(model, kind, size)
-        self.mirror["batch"].observe(size, {"model": model, "kind": kind})
 
-    def queue_wait(self, model: str, seconds: float) -> None:
-        super().queue_wait(model, seconds)
-        self.mirror["wait"].observe(seconds, {"model": model})
-
-    def tokens(self, model: str, count: int) -> None:
-        super().tokens(model, count)
-        if count:
-            self.mirror["tokens"].inc(count, {"model": model})
-
-    def request(self, model: str, endpoint: str, outcome: str, seconds: float | None = None) -> None:
-        super().request(model, endpoint, outcome, seconds)
-        self.mirror["requests"].inc(1, {"model": model, "endpoint": endpoint, "outcome": outcome})
-        if seconds is not None:
-            self.mirror["latency"].observe(seconds, {"model": model, "endpoint": endpoint})
+def _ray_metric(spec: Spec):
+    if spec.kind == "histogram":
+        return ray_metrics.Histogram(spec.name, spec.help, list(spec.buckets), spec.labels)
+    return {"gauge": ray_metrics.Gauge, "counter": ray_metrics.Counter}[spec.kind](spec.name, spec.help, spec.labels)
 
 
 class HotrodReplica:
