@@ -501,6 +501,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chaos", action="store_true", help="one continuous server, W5 beside hostile requests "
                         "(benchmarks/serve_chaos.py); writes OUT-chaos.json and OUT-chaos.md")
     args = parser.parse_args(argv)
+    if args.ray and args.chaos:
+        raise UsageError("--ray and --chaos are separate runs; choose one")
     args.policies = _list(args.batching, "--batching")
     bad = [p for p in args.policies if p not in POLICIES]
     if bad:
