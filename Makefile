@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hotrod-installed
 
-.PHONY: demo test test-ray bench lint clean
+.PHONY: demo test test-ray peers test-peers bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,31 @@ test-ray: $(STAMP)
 	$(BIN)/pip install -q -e ".[ray]"
 	$(BIN)/python -m pytest tests/serve/test_ray.py
 
+# The bench's native peers. llama.cpp (llama-cpp-python, compiled for this CPU: a few minutes) goes into
+# hotrod's environment; optimum-intel pins an older transformers, so OpenVINO gets an environment of its own,
+# with the same CPU build of torch (and without torchvision, whose wheel is built for another torch).
+OV_VENV  := .venv-openvino
+OV_STAMP := $(OV_VENV)/.hotrod-installed
+PEERS_STAMP := $(VENV)/.hotrod-peers
+
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e ".[peers]"
+	touch $(PEERS_STAMP)
+
+$(OV_STAMP):
+	$(PYTHON) -m venv $(OV_VENV)
+	$(OV_VENV)/bin/pip install -q torch==2.13.0 || $(OV_VENV)/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(OV_VENV)/bin/pip install -q "optimum-intel[openvino]>=2.2,<3" "torch==2.13.0"
+	$(OV_VENV)/bin/pip uninstall -q -y torchvision
+	touch $(OV_STAMP)
+
+peers: $(PEERS_STAMP) $(OV_STAMP)
+	@echo "peers ready: hotrod bench --peers llamacpp,openvino with HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python"
+
+test-peers: peers
+	HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python $(BIN)/python -m pytest tests/bench/test_llamacpp.py \
+		tests/bench/test_openvino_peer.py tests/bench/test_remote.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core.py
 
@@ -31,4 +56,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(OV_VENV) build dist src/*.egg-info .pytest_cache

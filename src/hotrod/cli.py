@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")
     p.add_argument("--precision", default="fp32", help="comma-separated hotrod precisions to time")
     p.add_argument("--peers", default="torch", help="comma-separated peers beside PyTorch eager: torch "
-                   "(torch.compile), ctranslate2, optimum (needs an environment of its own: reported as skipped)")
+                   "(torch.compile), ctranslate2, llamacpp, openvino (in the environment HOTROD_OPENVINO_PYTHON "
+                   "names), optimum (needs an environment of its own: reported as skipped)")
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="threads for every system (default: all cores)")

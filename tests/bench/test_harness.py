@@ -16,15 +16,6 @@ from hotrod.bench import ct2, harness, peers
 from hotrod.cli import main
 
 
-@pytest.fixture
-def no_floor_measurement(monkeypatch):
-    """The machine's figures are measured once per machine; the tests use fixed ones."""
-    from hotrod.bench.floor import Machine
-
-    fixed = Machine(cpu="test", threads=1, bandwidth_gbs=10.0, matmul_gflops=50.0, int8_gops=100.0, measured="-")
-    monkeypatch.setattr(harness, "machine", lambda threads, device="cpu": fixed)
-
-
 @pytest.fixture(autouse=True)
 def short_settle(monkeypatch):
     """The pause between timed calls matters for real figures, not for checking that figures are made."""

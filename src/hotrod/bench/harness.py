@@ -132,7 +132,11 @@ def _run_case(case: Case, plan: _Plan, result: Result) -> None:
         for name, build in peer_systems.builders(peer, case, ids, mask, device, plan.threads).items():
             builders[name] = (build, (Exception,))
     systems, outputs = _prepare(builders, device, result)
-    _time(case, systems, outputs, plan.runs, mask, reference, plan.machine, result)
+    try:
+        _time(case, systems, outputs, plan.runs, mask, reference, plan.machine, result)
+    finally:
+        for system in systems.values():
+            _close(system)
 
 
 # A system's builder, and the errors that skip it (with their reason) instead of ending the run.
@@ -145,6 +149,7 @@ def _prepare(builders: dict[str, _Builder], device: str, result: Result) -> tupl
     systems, outputs = {}, {}
     for name, (build, errors) in builders.items():
         start = gpu_start(device)
+        system = None
         try:
             system = build()
             system.rss_bytes = _rss()
@@ -155,10 +160,16 @@ def _prepare(builders: dict[str, _Builder], device: str, result: Result) -> tupl
             outputs[name] = system.call().cpu()
         except errors as exc:
             result.skipped[name] = _reason(exc)
+            _close(system)
             continue
         system.figures.update(gpu_figures(device, start))
         systems[name] = system
     return systems, outputs
+
+
+def _close(system: System | None) -> None:
+    if system is not None and system.close is not None:
+        system.close()
 
 
 def _reason(exc: Exception) -> str:

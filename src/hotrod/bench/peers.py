@@ -3,6 +3,10 @@
 - torch: the same transformers model under `torch.compile`, the way transformers itself offers it
   (a static KV cache and a compiled decoding step for generation; the compiled module for encoders).
 - ctranslate2: the same checkpoint converted by CTranslate2 at fp32 and int8 (`hotrod.bench.ct2`).
+- llamacpp: llama.cpp (through llama-cpp-python) on GGUF files written from the same weights, at Q8_0,
+  Q4_0 and Q4_K_M (`hotrod.bench.llamacpp`).
+- openvino: optimum-intel's export with NNCF's int8 / int4 weight compression, and its full int8
+  quantization for encoders, run in an environment of its own (`hotrod.bench.openvino_peer`).
 - optimum: optimum-onnx pins an older transformers than hotrod's, so it cannot share this environment;
   it is reported as skipped, with that reason.
 
@@ -24,10 +28,11 @@ from hotrod.bench.case import Case
 from hotrod.bench.runners import System, dir_size, pytorch_model, pytorch_runner
 from hotrod.errors import HotrodError
 
-PEERS = ("torch", "optimum", "ctranslate2")
-_PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2"}
+PEERS = ("torch", "optimum", "ctranslate2", "llamacpp", "openvino")
+_PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2", "llamacpp": "llama_cpp"}
 _INSTALL = {
     "ctranslate2": "pip install 'hotrod[bench]'",
+    "llamacpp": "pip install 'hotrod[peers]', which builds llama.cpp for this CPU",
     "optimum": "optimum-onnx pins an older transformers, so it needs a virtual environment of its own",
 }
 _OPTIMUM_SKIP = ("optimum-onnx pins an older transformers than hotrod's, so it is not timed in the same "
@@ -45,6 +50,14 @@ def missing_peers(peers: Sequence[str], device: str = "cpu") -> dict[str, str]:
             skipped[peer] = f"not installed: no module {module} ({_INSTALL[peer]})"
         elif peer == "optimum":
             skipped[peer] = _OPTIMUM_SKIP
+        elif peer == "openvino":
+            from hotrod.bench import openvino_peer
+
+            problem = openvino_peer.problem(device)
+            if problem:
+                skipped[peer] = problem
+        elif peer == "llamacpp" and device != "cpu":
+            skipped[peer] = "llama.cpp is timed on the CPU only (this llama-cpp-python is built for it)"
         elif peer == "ctranslate2" and device == "cuda":
             from hotrod.bench import ct2
 
@@ -63,6 +76,14 @@ def builders(peer: str, case: Case, ids: torch.Tensor, mask: torch.Tensor, devic
         from hotrod.bench import ct2
 
         return ct2.builders(case, ids, mask, device, threads)
+    if peer == "openvino":
+        from hotrod.bench import openvino_peer
+
+        return openvino_peer.builders(case, ids, mask, threads)
+    if peer == "llamacpp":
+        from hotrod.bench import llamacpp
+
+        return llamacpp.builders(case, ids, mask, threads)
     return {}
 
 

@@ -23,6 +23,7 @@ class System:
 
     `call` runs the whole case and returns what `agreement` compares (tokens, or hidden states);
     `first_token` runs it for one new token (None for encoders). `figures` are reported as they are.
+    `close` frees what the system holds (a peer's worker process) once its case is timed.
     """
 
     call: Callable[[], torch.Tensor]
@@ -31,6 +32,7 @@ class System:
     size_bytes: int | None
     rss_bytes: int = 0
     figures: dict = field(default_factory=dict)
+    close: Callable[[], None] | None = None
 
 
 def dir_size(path: Path) -> int | None:

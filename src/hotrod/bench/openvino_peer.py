@@ -1,0 +1,92 @@
+"""OpenVINO as a peer: the same checkpoint exported by optimum-intel and compressed by NNCF, on the CPU.
+
+optimum-intel pins an older transformers than hotrod's, so it runs in a Python environment of its own
+(`make peers` builds one): the harness finds that environment's Python in `HOTROD_OPENVINO_PYTHON`, or
+uses its own where optimum-intel imports beside hotrod, and drives `workers/openvino_worker.py` there.
+
+Systems: weight-only int8 and int4 (NNCF's weight compression, what optimum-intel offers for language
+models), and for encoders also NNCF's full int8 quantization (weights and activations), calibrated on
+rows shaped like the case's. Each is converted once and kept under hotrod's cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hotrod.bench.case import Case
+from hotrod.bench.remote import Worker, has_module
+from hotrod.bench.runners import System
+from hotrod.load import cache_dir, source_fingerprint
+
+ENVIRONMENT = "HOTROD_OPENVINO_PYTHON"
+# Each format, and the hotrod precision whose hardware floor it is held to (fp32 is the reference the
+# tests compare answers with; the bench times the compressed formats of `_BY_KIND`).
+FORMATS = {"fp32": "fp32", "int8": "int8-weight", "int4": "int4", "int8-full": "int8-static"}
+_BY_KIND = {"encoder": ("int8", "int8-full"), "decoder": ("int8", "int4"), "seq2seq": ("int8", "int4")}
+
+
+def python() -> str | None:
+    """The Python that runs OpenVINO: `HOTROD_OPENVINO_PYTHON`, or this one where optimum-intel is here."""
+    named = os.environ.get(ENVIRONMENT)
+    if named:
+        return named
+    return sys.executable if importlib.util.find_spec("optimum") and _has_intel() else None
+
+
+def problem(device: str) -> str | None:
+    """Why OpenVINO cannot be timed here, or None."""
+    if device != "cpu":
+        return "OpenVINO is timed on the CPU only (its GPU plugin runs on Intel GPUs)"
+    found = python()
+    if found is None:
+        return (f"not installed: optimum-intel pins an older transformers, so it needs an environment of its "
+                f"own; `make peers` builds one, then set {ENVIRONMENT} to its Python")
+    if not Path(found).is_file():
+        return f"{ENVIRONMENT}={found} is not a file"
+    if not has_module(found, "optimum.intel"):
+        return f"{ENVIRONMENT}={found} cannot import optimum.intel (pip install 'optimum-intel[openvino]' there)"
+    return None
+
+
+def builders(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) -> dict[str, Callable[[], System]]:
+    """One builder per format, named "openvino <format>"; each converts (once), loads and compiles."""
+    return {f"openvino {name}": _builder(case, ids, mask, threads, name) for name in _BY_KIND[case.kind]}
+
+
+def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, name: str) -> Callable[[], System]:
+    def build() -> System:
+        target = converted_path(case.source, case.kind, name)
+        worker = Worker(python(), "openvino_worker.py", target.with_name(target.name + ".log"))
+        try:
+            info = worker.build(kind=case.kind, source=case.source, precision=name, target=str(target),
+                                threads=threads, ids=ids.cpu().numpy(), mask=mask.cpu().numpy(),
+                                new_tokens=case.new_tokens)
+        except BaseException:
+            worker.close()
+            raise
+        first = (lambda: worker.call(first=True)) if case.kind != "encoder" else None
+        return System(worker.call, first, FORMATS[name], info["size_bytes"],
+                      figures={"format": name, "version": info["version"]}, close=worker.close)
+
+    return build
+
+
+def converted_path(source: str, kind: str, name: str) -> Path:
+    """Where the checkpoint converted to `name` is kept (the worker builds it there once)."""
+    tag = f"{source_fingerprint(Path(source))}|{kind}|{name}"
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:16]
+    return cache_dir() / "bench" / "openvino" / f"{Path(source).name}-{name}-{digest}"
+
+
+def _has_intel() -> bool:
+    try:
+        return importlib.util.find_spec("optimum.intel") is not None
+    except ModuleNotFoundError:
+        return False

@@ -1,0 +1,145 @@
+"""OpenVINO through optimum-intel, run as a bench peer in a Python environment of its own.
+
+optimum-intel pins an older transformers than hotrod's, so it cannot be imported beside hotrod: the
+harness starts this file with the other environment's Python (`hotrod.bench.remote`) and talks to it
+over its stdin and stdout, one pickled request and one pickled reply at a time. It imports nothing from
+hotrod, which that environment does not have.
+
+Requests: `build` (convert once into `target`, then load and compile), `call` (run the whole case, or
+one new token), `close`. A reply is `{"ok": True, ...}` or `{"ok": False, "error": "<first line>"}`.
+Anything the libraries print goes to stderr, so stdout carries replies only.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+# What each precision asks of optimum-intel: weight-only compression by NNCF, or NNCF's full
+# quantization (int8 weights and activations, calibrated on the case's own inputs) for encoders;
+# "fp32" is the export as it is.
+WEIGHT_BITS = {"int8": 8, "int4": 4}
+CALIBRATION_BATCHES = 8
+STAMP = "openvino-version.txt"  # the OpenVINO that converted the model
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a library's print must not be read as a reply
+    requests = sys.stdin.buffer
+    system = None
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:
+            return
+        if request["op"] == "close":
+            return
+        try:
+            if request["op"] == "build":
+                system = Peer(**request["args"])
+                reply = {"ok": True, "version": _version(), "size_bytes": _size(system.target)}
+            else:
+                reply = {"ok": True, "value": system.call(request["first"])}
+        except Exception as exc:  # reported to the harness, which skips this system with the reason
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {_first_line(exc)}"}
+        pickle.dump(reply, replies)
+        replies.flush()
+
+
+class Peer:
+    """One converted model on OpenVINO's CPU plugin, answering for one case's inputs."""
+
+    def __init__(self, kind: str, source: str, precision: str, target: str, threads: int, ids, mask,
+                 new_tokens: int):
+        import torch
+
+        self.kind, self.new_tokens = kind, new_tokens
+        self.target = Path(target)
+        self.ids, self.mask = torch.from_numpy(ids), torch.from_numpy(mask)
+        stamp = self.target / STAMP
+        if not stamp.is_file() or stamp.read_text() != _version():  # converted by another OpenVINO: again
+            self._convert(source, precision)
+        config = {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
+        self.model = _model_class(kind).from_pretrained(self.target, ov_config=config, compile=True)
+
+    def call(self, first: bool):
+        import torch
+
+        with torch.inference_mode():
+            if self.kind == "encoder":
+                feeds = {"input_ids": self.ids, "attention_mask": self.mask}
+                if "token_type_ids" in self.model.input_names:
+                    feeds["token_type_ids"] = torch.zeros_like(self.ids)
+                return self.model(**feeds).last_hidden_state.numpy()
+            count = 1 if first else self.new_tokens
+            kwargs = {"max_new_tokens": count, "min_new_tokens": count, "do_sample": False, "num_beams": 1}
+            if self.kind == "decoder" and self.model.generation_config.pad_token_id is None:
+                kwargs["pad_token_id"] = self.model.config.eos_token_id
+            return self.model.generate(self.ids, attention_mask=self.mask, **kwargs).numpy()
+
+    def _convert(self, source: str, precision: str) -> None:
+        """Exports and compresses into a sibling directory, renamed into place only when whole."""
+        from optimum.intel import OVWeightQuantizationConfig
+
+        partial = self.target.with_name(self.target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        full = precision == "int8-full"
+        bits = WEIGHT_BITS.get(precision)  # fp32: the export as it is
+        quantization = OVWeightQuantizationConfig(bits=bits) if bits else None
+        model = _model_class(self.kind).from_pretrained(source, export=True, compile=False,
+                                                        quantization_config=quantization)
+        if full:
+            model.model = self._quantized(model.model)
+        model.save_pretrained(partial)
+        (partial / STAMP).write_text(_version())
+        shutil.rmtree(self.target, ignore_errors=True)
+        partial.rename(self.target)
+
+    def _quantized(self, graph):
+        """NNCF's post-training int8 quantization of an encoder, calibrated on rows shaped like the case's."""
+        import nncf
+        import numpy as np
+
+        if self.kind != "encoder":
+            raise ValueError("full int8 quantization is timed for encoders only")
+        names = {port.get_any_name() for port in graph.inputs}
+        rng = np.random.default_rng(0)
+        feeds = []
+        for _ in range(CALIBRATION_BATCHES):
+            ids = rng.integers(2, 1000, size=self.ids.shape) * self.mask.numpy()
+            feed = {"input_ids": ids, "attention_mask": self.mask.numpy()}
+            if "token_type_ids" in names:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            feeds.append(feed)
+        return nncf.quantize(graph, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                             subset_size=len(feeds))
+
+
+def _model_class(kind: str):
+    import optimum.intel as intel
+
+    return {"encoder": intel.OVModelForFeatureExtraction, "decoder": intel.OVModelForCausalLM,
+            "seq2seq": intel.OVModelForSeq2SeqLM}[kind]
+
+
+def _version() -> str:
+    import openvino
+
+    return openvino.__version__.split("-")[0]
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""OpenVINO as a peer, in an environment of its own: found or skipped with the reason, and its answers.
+
+The tests that run OpenVINO need the environment `make peers` builds, named by HOTROD_OPENVINO_PYTHON
+(`make test-peers` sets it); they skip with that reason where it is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import transformers
+
+from hotrod.bench import openvino_peer, peers
+from hotrod.bench.case import Case
+from hotrod.bench.remote import RemoteError
+from hotrod.bench.runners import AUTO_CLASSES, pytorch_runner
+from tests.zoo import CASES
+
+OPENVINO_PYTHON = os.environ.get(openvino_peer.ENVIRONMENT)
+needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON, reason=f"{openvino_peer.ENVIRONMENT} is not set "
+                                    "(make test-peers builds the environment and sets it)")
+
+
+def test_without_an_environment_the_reason_says_how_to_make_one(monkeypatch):
+    monkeypatch.delenv(openvino_peer.ENVIRONMENT, raising=False)
+    monkeypatch.setattr(openvino_peer, "_has_intel", lambda: False)
+    assert "make peers" in peers.missing_peers(["openvino"])["openvino"]
+
+
+@pytest.mark.parametrize("python, reason", [("/no/such/python", "is not a file"),
+                                            (sys.executable, "cannot import optimum.intel")])
+def test_a_named_environment_that_cannot_run_it_is_skipped_with_the_reason(monkeypatch, python, reason):
+    monkeypatch.setenv(openvino_peer.ENVIRONMENT, python)
+    if python == sys.executable and openvino_peer._has_intel():
+        pytest.skip("optimum-intel is installed beside hotrod here")
+    assert reason in peers.missing_peers(["openvino"])["openvino"]
+
+
+def test_openvino_is_timed_on_the_cpu_only():
+    assert "CPU only" in openvino_peer.problem("cuda")
+
+
+def _case(zoo, name: str, lengths=(6,)) -> tuple[Case, torch.nn.Module]:
+    kind = CASES[name].kind
+    model = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(zoo.checkpoint(name)).eval()
+    return Case(name, str(zoo.checkpoint(name)), kind, lengths, 0 if kind == "encoder" else 4), model
+
+
+def _system(case: Case, ids, mask, name: str):
+    return openvino_peer._builder(case, ids, mask, 1, name)()
+
+
+@needs_openvino
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_fp32_tokens_are_transformers_tokens(zoo, name):
+    case, model = _case(zoo, name)
+    ids, mask = case.inputs(model.config.vocab_size)
+    system = _system(case, ids, mask, "fp32")
+    try:
+        assert torch.equal(system.call(), pytorch_runner(model, case.kind, ids, mask, case.generate_kwargs())())
+        assert system.first_token().shape[1] == ids.shape[1] + 1 - (case.kind == "seq2seq") * (ids.shape[1] - 1)
+    finally:
+        system.close()
+
+
+@needs_openvino
+def test_full_int8_encoder_stays_close_to_fp32(zoo):
+    case, model = _case(zoo, "bert", lengths=(7, 3))
+    ids, mask = case.inputs(model.config.vocab_size)
+    system = _system(case, ids, mask, "int8-full")
+    try:
+        ours = system.call()
+        assert system.precision == "int8-static" and system.figures["format"] == "int8-full"
+    finally:
+        system.close()
+    with torch.inference_mode():
+        theirs = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    keep = mask.bool()
+    assert torch.nn.functional.cosine_similarity(ours[keep], theirs[keep], dim=-1).mean() > 0.95
+
+
+@needs_openvino
+def test_a_conversion_that_fails_is_one_line_and_leaves_nothing(zoo):
+    case = Case("broken", str(zoo.checkpoint("gpt2")), "seq2seq", (4,), 2)  # GPT-2 has no seq2seq export
+    ids, mask = case.inputs(100)
+    with pytest.raises(RemoteError) as caught:
+        _system(case, ids, mask, "int8")
+    assert "\n" not in str(caught.value) and str(caught.value)
+    assert not openvino_peer.converted_path(case.source, case.kind, "int8").exists()
+
+
+@needs_openvino
+def test_bench_times_openvino_beside_hotrod(zoo, tmp_path, bench_peer):
+    (result,) = bench_peer(zoo.checkpoint("bert"), tmp_path / "bench", "openvino", "--batch", "2", "--seq", "5")
+    assert {"openvino int8", "openvino int8-full"} <= set(result["systems"]), result["skipped"]
+    assert result["systems"]["openvino int8"]["agreement"] > 0.99
+    assert result["systems"]["openvino int8"]["version"]
