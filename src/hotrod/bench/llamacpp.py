@@ -5,13 +5,15 @@ Each call runs the case the way llama.cpp runs it natively: the prompt in one `l
 the input in one `llama_encode`), then one `llama_decode` per new token, greedy (the argmax of the last
 logits), with the memory cleared first so no call reuses an earlier prompt's cache. Encoders go in as one
 padding-free batch, one sequence id per row, and every token's hidden state is read back. Generation is
-timed at batch 1, which is what the bindings' single-sequence decoding loop is for.
+timed at batch 1, which is what the bindings' single-sequence decoding loop is for. Each system runs in a
+process of its own (`workers/llamacpp_worker.py`), away from the other peers' OpenMP runtimes.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 
 from hotrod.bench import gguf_file
 from hotrod.bench.case import Case
+from hotrod.bench.remote import Worker
 from hotrod.bench.runners import AUTO_CLASSES, System
 from hotrod.load import cache_dir, source_fingerprint
 
@@ -36,11 +39,18 @@ def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, na
     def build() -> System:
         if case.kind != "encoder" and case.batch != 1:
             raise ValueError("llama.cpp's generation is timed at batch 1 (one sequence per decoding loop)")
-        path = quantized(case.source, case.kind, name, threads)
-        runner = Runner(path, case, ids.cpu(), mask.cpu(), threads)
-        first = (lambda: runner.generate(1)) if case.kind != "encoder" else None
-        return System(runner.call, first, FORMATS[name], path.stat().st_size, figures={"format": name},
-                      close=runner.close)
+        log = cache_dir() / "bench" / "llamacpp" / "worker.log"
+        worker = Worker(sys.executable, "llamacpp_worker.py", log)  # its own process: see the worker's docstring
+        try:
+            info = worker.build(name=case.name, source=case.source, kind=case.kind, lengths=case.lengths,
+                                new_tokens=case.new_tokens, format=name, threads=threads, ids=ids.cpu().numpy(),
+                                mask=mask.cpu().numpy())
+        except BaseException:
+            worker.close()
+            raise
+        first = (lambda: worker.call(first=True)) if case.kind != "encoder" else None
+        return System(worker.call, first, FORMATS[name], info["size_bytes"], figures={"format": name},
+                      close=worker.close)
 
     return build
 

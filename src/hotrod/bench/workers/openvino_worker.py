@@ -5,15 +5,11 @@ harness starts this file with the other environment's Python (`hotrod.bench.remo
 over its stdin and stdout, one pickled request and one pickled reply at a time. It imports nothing from
 hotrod, which that environment does not have.
 
-Requests: `build` (convert once into `target`, then load and compile), `call` (run the whole case, or
-one new token), `close`. A reply is `{"ok": True, ...}` or `{"ok": False, "error": "<first line>"}`.
-Anything the libraries print goes to stderr, so stdout carries replies only.
+It answers the requests of `loop.py`: `build` converts once into `target`, then loads and compiles.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -27,27 +23,10 @@ STAMP = "openvino-version.txt"  # the OpenVINO that converted the model
 
 
 def main() -> None:
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # a library's print must not be read as a reply
-    requests = sys.stdin.buffer
-    system = None
-    while True:
-        try:
-            request = pickle.load(requests)
-        except EOFError:
-            return
-        if request["op"] == "close":
-            return
-        try:
-            if request["op"] == "build":
-                system = Peer(**request["args"])
-                reply = {"ok": True, "version": _version(), "size_bytes": _size(system.target)}
-            else:
-                reply = {"ok": True, "value": system.call(request["first"])}
-        except Exception as exc:  # reported to the harness, which skips this system with the reason
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {_first_line(exc)}"}
-        pickle.dump(reply, replies)
-        replies.flush()
+    sys.path.insert(0, str(Path(__file__).parent))  # the loop beside this file (-I leaves it off the path)
+    from loop import serve
+
+    serve(Peer)
 
 
 class Peer:
@@ -65,6 +44,9 @@ class Peer:
             self._convert(source, precision)
         config = {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
         self.model = _model_class(kind).from_pretrained(self.target, ov_config=config, compile=True)
+
+    def info(self) -> dict:
+        return {"version": _version(), "size_bytes": _size(self.target)}
 
     def call(self, first: bool):
         import torch
@@ -134,11 +116,6 @@ def _version() -> str:
 
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
 
 
 if __name__ == "__main__":
