@@ -92,7 +92,10 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
 
         if s.do_sample:
             top_idx = torch.multinomial(torch.softmax(log_probs, dim=-1), num_samples=keep)
-            top_scores = torch.gather(log_probs, 1, top_idx)
+            # Drawn candidates are ranked by score, as topk's are: the first `beams` are the ones that may
+            # finish a hypothesis (transformers ranks them too since 5.24; before, draw order decided).
+            top_scores, order = torch.gather(log_probs, 1, top_idx).sort(dim=-1, descending=True)
+            top_idx = top_idx.gather(1, order)
         else:
             top_scores, top_idx = torch.topk(log_probs, k=keep)
         source_beam = top_idx // vocab
