@@ -59,16 +59,17 @@ def test_a_failing_candidate_is_reported_and_the_rest_go_on(zoo, tmp_path, monke
 
     real = quantize.weight_only
 
-    def broken(model, bits):
+    def broken(model, bits, block_size=32):
         if bits == 4:
             raise RuntimeError("cannot quantize this graph")
-        return real(model, bits)
+        return real(model, bits, block_size)
 
     monkeypatch.setattr(quantize, "weight_only", broken)
     out = hotrod.optimize(zoo.checkpoint("bert"), tmp_path / "a", precision="auto", verify_examples=2,
                           max_drop=0.05, progress=False)
     rows = {r["precision"]: r for r in json.loads((out / "manifest.json").read_text())["auto"]["candidates"]}
-    assert rows["int4"]["status"] == "failed" and "cannot quantize" in rows["int4"]["reason"]
+    for name in ("int4", "int4-b128"):
+        assert rows[name]["status"] == "failed" and "cannot quantize" in rows[name]["reason"]
     assert any(r["status"] == "kept" for r in rows.values())
 
 

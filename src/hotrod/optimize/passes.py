@@ -18,8 +18,8 @@ from hotrod.precisions import Precision
 from hotrod.registry import Dims
 
 
-def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims) -> tuple[Path | None, dict]:
-    model, counts = fuse(_read(path), optimizer_model_type, dims)
+def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims, device: str = "cpu") -> tuple[Path | None, dict]:
+    model, counts = fuse(_read(path), optimizer_model_type, dims, device)
     return _write(model, path), {"fused_ops": counts}
 
 

@@ -10,6 +10,7 @@
   activations (accuracy level 4): int4's layout and kernel with twice the bits, for models int4 hurts.
 - int4: block-wise (32) symmetric int4 weights through MatMulNBits, computed with int8 activations
   (accuracy level 4); batch-1 decoding is bound by weight bytes, and this reads an eighth of fp32's.
+  int4-b128 is the same with blocks of 128: fewer scales to read and apply, a coarser fit.
 In all of them the token embedding stays fp32: a Gather reads one row per token, so quantizing it saves
 memory but no time, and costs accuracy.
 """
@@ -114,11 +115,11 @@ def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "mi
         return prune_initializers(_drop_isolation(onnx.load(str(dst), load_external_data=True)))
 
 
-def weight_only(model: onnx.ModelProto, bits: int) -> onnx.ModelProto:
-    """Block-wise (32) symmetric weights of `bits` bits through MatMulNBits, computed with int8 activations."""
+def weight_only(model: onnx.ModelProto, bits: int, block_size: int = 32) -> onnx.ModelProto:
+    """Block-wise symmetric weights of `bits` bits through MatMulNBits, computed with int8 activations."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True, accuracy_level=4)
     with _quiet():
         quantizer.process()
     return prune_initializers(quantizer.model.model)

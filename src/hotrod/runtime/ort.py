@@ -4,10 +4,16 @@ Each run binds its outputs to ORT-allocated buffers and returns the OrtValues th
 binds those same OrtValues as its past inputs, so the KV cache is never copied through numpy. Cache
 buffers that a graph updates in place are torch tensors on the device (`empty`), bound by pointer as
 both input and output. Only logits (and hidden states) are read back into torch.
+
+A graph's binding is kept from one run to the next (one per thread, as runs may come from several): a
+buffer bound by pointer stays bound while it is the same memory, shape and type, so a decoding step
+rebinds only its few small inputs and its logits, not the two buffers of every layer's cache, and wraps
+only the outputs it returns (GPT-2, W1 int4: binding 0.7 -> 0.3-0.4 ms a step).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,10 +59,11 @@ class OrtBackend:
         session_options.log_severity_level = 3
         self.sessions = {name: _open(path, session_options, providers) for name, path in files.items()}
         _check_placement(self.sessions, options.device)
+        self._local = threading.local()  # each thread's bindings: {graph: _Binding}
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         io = contract_of(self.contracts, graph, feeds)
-        binding = self.sessions[graph].io_binding()
+        binding = self._binding(graph)
         # The binding holds only native pointers: every Python object behind them (a copied feed, a
         # value made from numpy, which does not own its buffer) must outlive the run.
         alive: list[Any] = []
@@ -65,11 +72,18 @@ class OrtBackend:
         into = into or {}
         for name in io.output_names:
             if name in into:  # the same memory as an input: onnxruntime's kernels then update it in place
-                _bind_tensor(binding.bind_output, name, into[name])
-            else:
-                binding.bind_output(name, self.device)
-        self.sessions[graph].run_with_iobinding(binding)
-        return {name: into.get(name, value) for name, value in zip(io.output_names, binding.get_outputs())}
+                binding.tensor(binding.io.bind_output, name, into[name])
+            else:  # onnxruntime allocates it, at this run's shape
+                binding.io.bind_output(name, self.device)
+                binding.bound.pop(name, None)
+        self.sessions[graph].run_with_iobinding(binding.io)
+        return binding.outputs(io.output_names, into)
+
+    def _binding(self, graph: str) -> _Binding:
+        bindings = self._local.__dict__.setdefault("bindings", {})
+        if graph not in bindings:
+            bindings[graph] = _Binding(self.sessions[graph].io_binding())
+        return bindings[graph]
 
     def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A torch tensor on the device, bound to runs by pointer: the cache rows can then be copied and
@@ -92,17 +106,18 @@ class OrtBackend:
             return value[index.to(value.device)]
         return self._handle(torch.from_numpy(value.numpy()[index.cpu().numpy()]))
 
-    def _bind_input(self, binding: ort.IOBinding, name: str, value: Any, alive: list[Any]) -> None:
+    def _bind_input(self, binding: _Binding, name: str, value: Any, alive: list[Any]) -> None:
         """A torch tensor already on the device is bound where it lies; anything else goes through an OrtValue."""
         if isinstance(value, torch.Tensor) and value.device == self.torch_device and value.dtype in _NUMPY_TYPES \
                 and value.numel():
             value = value.contiguous()
             alive.append(value)
-            _bind_tensor(binding.bind_input, name, value)
+            binding.tensor(binding.io.bind_input, name, value)
             return
         handle = self._handle(value)
         alive.append(handle)
-        binding.bind_ortvalue_input(name, handle)
+        binding.io.bind_ortvalue_input(name, handle)
+        binding.bound.pop(name, None)
 
     def _handle(self, value: Any) -> ort.OrtValue:
         if isinstance(value, ort.OrtValue):
@@ -116,10 +131,30 @@ _NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int6
                 torch.int32: np.int32, torch.bool: np.bool_}
 
 
-def _bind_tensor(bind: Any, name: str, tensor: torch.Tensor) -> None:
-    """Bind a contiguous torch tensor by pointer (`bind` is an IOBinding's bind_input or bind_output)."""
-    device = "cpu" if tensor.device.type == "cpu" else tensor.device.type
-    bind(name, device, tensor.device.index or 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+class _Binding:
+    """A graph's IOBinding and what each name is bound to by pointer: (pointer, shape, type) per name."""
+
+    def __init__(self, io: ort.IOBinding):
+        self.io = io
+        self.bound: dict[str, tuple] = {}
+
+    def tensor(self, bind: Any, name: str, tensor: torch.Tensor) -> None:
+        """Bind a contiguous torch tensor by pointer (`bind` is the binding's bind_input or bind_output),
+        unless `name` is bound to that very memory, shape and type already."""
+        key = (tensor.data_ptr(), tensor.shape, tensor.dtype, tensor.device)
+        if self.bound.get(name) == key:
+            return
+        device = "cpu" if tensor.device.type == "cpu" else tensor.device.type
+        bind(name, device, tensor.device.index or 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+        self.bound[name] = key
+
+    def outputs(self, names: list[str], into: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's outputs: `into`'s own handles, and OrtValues for the rest. onnxruntime's get_outputs()
+        would wrap every output, the cache buffers bound in `into` too; only the others are wrapped here."""
+        if all(name in into for name in names):
+            return {name: into[name] for name in names}
+        values = self.io._iobinding.get_outputs()  # the native list behind IOBinding.get_outputs()
+        return {name: into[name] if name in into else ort.OrtValue(values[index]) for index, name in enumerate(names)}
 
 
 def _check_placement(sessions: dict[str, ort.InferenceSession], device: str) -> None:
