@@ -200,3 +200,46 @@ def test_describe_names_the_precision_and_keeps_embeddings_fp32(precision):
     assert set(weights) == {"matmul_weights", "lm_head", "embeddings", "activations"}
     assert precision in weights["lm_head"] and weights["embeddings"] == "fp32"
     assert ("percentile" in weights["activations"]) == (precision == "int8-static")
+
+
+def _matmul_add_graph(bias_is_constant: bool) -> onnx.ModelProto:
+    """x [2, 64] @ w [64, 32] + b, b a constant [32] vector or a graph input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])]
+    if bias_is_constant:
+        weights.append(numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b"))
+    else:
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [32]))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model: onnx.ModelProto, feed: dict) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feed)[0]
+
+
+@pytest.mark.parametrize("bits, block_size", [(4, 32), (4, 128), (8, 32)])
+def test_weight_only_takes_a_constant_bias_into_its_kernel(bits, block_size, monkeypatch):
+    from hotrod.optimize import quantize
+
+    feed = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
+    folded = quantize.weight_only(_matmul_add_graph(True), bits, block_size)
+    monkeypatch.setattr(quantize, "fold_bias", lambda model: model)
+    unfolded = quantize.weight_only(_matmul_add_graph(True), bits, block_size)
+    assert [n.op_type for n in folded.graph.node] == ["MatMulNBits"]
+    assert folded.graph.node[0].input[5] == "b" and folded.graph.node[0].output[0] == "y"
+    assert [n.op_type for n in unfolded.graph.node] == ["MatMulNBits", "Add"]
+    np.testing.assert_allclose(_run(folded, feed), _run(unfolded, feed), rtol=1e-5, atol=1e-5)
+
+
+def test_a_bias_that_is_not_a_constant_vector_stays_an_add():
+    from hotrod.optimize.quantize import weight_only
+
+    model = weight_only(_matmul_add_graph(False), 4)
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "Add"]

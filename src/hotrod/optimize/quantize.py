@@ -122,7 +122,49 @@ def weight_only(model: onnx.ModelProto, bits: int, block_size: int = 32) -> onnx
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True, accuracy_level=4)
     with _quiet():
         quantizer.process()
-    return prune_initializers(quantizer.model.model)
+    return prune_initializers(fold_bias(quantizer.model.model))
+
+
+def fold_bias(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each MatMulNBits followed only by an Add of a constant [N] vector takes that vector as its own bias
+    input, and the Add goes. The quantizer leaves every bias Add standing, and at batch-1 decoding each is
+    a call of its own for a few thousand numbers (GPT-2 W1 int4-b128: 48 Adds a step, 0.338 against 0.361
+    s, the same logits)."""
+    graph = model.graph
+    vectors = {t.name: list(t.dims) for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    folded: set[int] = set()
+    for node in graph.node:
+        add = _bias_add(node, readers, outputs)
+        if add is None:
+            continue
+        bias = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+        if vectors.get(bias) != [onnx.helper.get_attribute_value(_attribute(node, "N"))]:
+            continue
+        inputs = [*node.input, *[""] * (5 - len(node.input))]
+        node.input[:] = [*inputs[:5], bias]
+        node.output[0] = add.output[0]
+        folded.add(id(add))
+    kept = [node for node in graph.node if id(node) not in folded]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
+
+
+def _bias_add(node: onnx.NodeProto, readers: dict, outputs: set[str]) -> onnx.NodeProto | None:
+    """The Add that alone reads `node`'s output, where `node` is a MatMulNBits without a bias yet."""
+    if node.op_type != "MatMulNBits" or (len(node.input) > 5 and node.input[5]) or node.output[0] in outputs:
+        return None
+    users = readers.get(node.output[0], [])
+    return users[0] if len(users) == 1 and users[0].op_type == "Add" else None
+
+
+def _attribute(node: onnx.NodeProto, name: str) -> onnx.AttributeProto:
+    return next(a for a in node.attribute if a.name == name)
 
 
 def _weight_op_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
