@@ -87,7 +87,7 @@ def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Exa
 def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
     """What a candidate is timed on: greedy generation of a few prompts, or embedding all examples."""
     texts = [e.text for e in examples]
-    if model.kind == "encoder":
+    if not model.spec.generates:
         rows = [row for row in token_rows(model, texts) if row]
         return lambda m: m.embed(rows)
     rows = token_rows(model, texts[:TIMED_EXAMPLES], room=TIMED_NEW_TOKENS)

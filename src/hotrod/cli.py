@@ -252,7 +252,7 @@ def _tokenize(model, prompts: Sequence[str]):
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise HotrodError("this model has no tokenizer; pass token ids with --ids")
-    if model.kind == "decoder":
+    if model.spec.pads_left:
         tokenizer.padding_side = "left"  # decoder-only prompts are left-padded, as transformers expects
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -25,6 +25,7 @@ from hotrod.bench.runners import hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.build import code_fingerprint
 from hotrod.demo_models import DEMO_MODELS, DemoModel, demo_model
 from hotrod.errors import HotrodError
+from hotrod.kinds import spec as kind_spec
 from hotrod.load import cache_dir, weights_sha256
 from hotrod.timing import interleaved, median
 from hotrod.verify import Example
@@ -118,7 +119,7 @@ def _reusable(artifact: Path, source: Path, max_drop: float) -> bool:
 def _systems(ours, theirs, demo: DemoModel, examples: list[Example]) -> tuple[dict, str]:
     """PyTorch and hotrod callables over the same inputs, and a phrase saying what is timed."""
     tokenizer = ours.tokenizer
-    if demo.kind == "encoder":
+    if not kind_spec(demo.kind).generates:
         texts = [e.text for e in examples]
         batches = [tokenizer(texts[i:i + ENCODER_BATCH], return_tensors="pt", padding=True)
                    for i in range(0, len(texts), ENCODER_BATCH)]

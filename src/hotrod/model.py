@@ -2,7 +2,8 @@
 
 `generate` and `__call__` take transformers' argument names and return what transformers returns
 (a LongTensor laid out the same way; an output with `.logits` or `.last_hidden_state`). Everything
-kind-specific is in the decoding states; nothing here knows a family or a backend.
+kind-specific is in the decoding states and the kind's spec (`hotrod.kinds`); nothing here knows a family
+or a backend.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
 from hotrod.generation.cache import DecoderState, SelfCache, Seq2SeqState, compact_prompts
 from hotrod.generation.search import generate as run_search
+from hotrod.kinds import spec as kind_spec
 from hotrod.registry import Family
 
 
@@ -44,6 +46,7 @@ class HotrodModel:
         self.manifest = manifest
         self.dims = family.dims(config)
         self.kind = family.kind
+        self.spec = kind_spec(family.kind)
 
     @property
     def device(self) -> str:
@@ -54,7 +57,7 @@ class HotrodModel:
     @torch.inference_mode()
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs: Any) -> torch.LongTensor:
         """Greedy, beam or sampled generation with transformers' arguments and output layout."""
-        if self.kind == "encoder":
+        if not self.spec.generates:
             raise HotrodError(f"{self.config.model_type} is an encoder; it has no generate(), use embed() or call it")
         if input_ids is None:  # transformers' first argument is also called `inputs`
             input_ids = kwargs.pop("inputs", None)
@@ -62,7 +65,7 @@ class HotrodModel:
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
             attention_mask = self._as_long(attention_mask, input_ids.shape)
-        elif self.kind == "decoder":
+        elif self.spec.infers_padding:
             attention_mask = _infer_mask(input_ids, values)
         else:  # transformers infers padding only for decoder-only models
             attention_mask = torch.ones_like(input_ids)
@@ -73,13 +76,13 @@ class HotrodModel:
 
     def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
         """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""
-        if self.kind == "decoder":
+        if self.spec.continues_prompt:  # the new tokens take positions after the prompt's
             return gen_config.resolve(values, prompt_length, self.dims.max_positions)
         return gen_config.resolve(values, 1, None)
 
     def decoding_state(self, settings: gen_config.Settings) -> DecoderState | Seq2SeqState:
         """A fresh decoding state for this model (the server keeps one per running batch)."""
-        if self.kind == "decoder":
+        if not self.spec.encodes:
             return DecoderState(self.backend, self.dims, capacity=settings.max_length)
         start = settings.decoder_start_token_id
         if start is None:
@@ -101,10 +104,10 @@ class HotrodModel:
     def _forward(self, input_ids, attention_mask, token_type_ids, decoder_input_ids) -> ModelOutput:
         input_ids = self._ids(input_ids)
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
-        if self.kind == "encoder":
+        if not self.spec.generates:
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
             return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
-        if self.kind == "decoder":
+        if not self.spec.encodes:
             return ModelOutput(logits=self._decoder_logits(input_ids, mask))
         if decoder_input_ids is None:
             raise HotrodError("an encoder-decoder forward needs decoder_input_ids")
@@ -147,7 +150,7 @@ class HotrodModel:
         """
         if pooling not in ("mean", "cls"):
             raise HotrodError(f"unknown pooling {pooling!r}; choose from mean, cls")
-        if self.kind == "decoder":
+        if not self.spec.encodes:
             raise HotrodError(f"{self.config.model_type} is a decoder-only model; embed() needs an encoder")
         if batch_size < 1:
             raise HotrodError(f"batch_size must be >= 1, got {batch_size}")

@@ -58,13 +58,13 @@ def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new
     """Run both HotrodModels on each example (batch 1) and return the figures for the manifest."""
     if not examples:
         raise HotrodError("verification needs at least one example")
-    room = (max_new_tokens or 20) if candidate.kind == "decoder" else 0
+    room = candidate.spec.room(max_new_tokens or 20)
     pairs = [(torch.tensor([row], dtype=torch.long), example)
              for row, example in zip(token_rows(candidate, [e.text for e in examples], room, seed), examples) if row]
     rows, examples = [ids for ids, _ in pairs], [example for _, example in pairs]  # targets stay with their rows
     if not rows:
         raise HotrodError("none of the verification examples has any token")
-    if candidate.kind == "encoder":
+    if not candidate.spec.generates:
         figures = _compare_encoder(candidate, reference, rows)
     else:
         figures = _compare_lm(candidate, reference, rows, examples, max_new_tokens)
@@ -134,9 +134,9 @@ def _compare_lm(candidate: Any, reference: Any, rows: list[torch.Tensor], exampl
         max_abs = max(max_abs, difference)
         cosines.append(cosine)
         if example.target is not None and candidate.tokenizer is not None:
-            start = ids.shape[1] if candidate.kind == "decoder" else 0
-            task["ours"] += int(_text(candidate, ours[0, start:]) == example.target)
-            task["source"] += int(_text(candidate, theirs[0, start:]) == example.target)
+            prompt = ids.shape[1] if candidate.spec.continues_prompt else 0  # a start token decodes to ""
+            task["ours"] += int(_text(candidate, ours[0, prompt:]) == example.target)
+            task["source"] += int(_text(candidate, theirs[0, prompt:]) == example.target)
             task["n"] += 1
     figures = {
         "logits_max_abs": max_abs,
@@ -161,7 +161,7 @@ def _agreement(ours: torch.Tensor, theirs: torch.Tensor) -> int:
 
 def _logits(candidate: Any, reference: Any, ids: torch.Tensor, generated: torch.Tensor) -> tuple[float, float]:
     """Teacher-forced logits of both models over the reference's generation: max-abs and mean cosine."""
-    if candidate.kind == "decoder":
+    if not candidate.spec.encodes:
         ours, theirs = candidate(generated).logits, reference(generated).logits
     else:
         ours = candidate(ids, decoder_input_ids=generated).logits

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from hotrod.kinds import KindSpec
+from hotrod.kinds import spec as kind_spec
+
 
 @dataclass(frozen=True)
 class Case:
@@ -16,6 +19,10 @@ class Case:
     kind: str
     lengths: tuple[int, ...]
     new_tokens: int = 0
+
+    @property
+    def spec(self) -> KindSpec:
+        return kind_spec(self.kind)
 
     @property
     def batch(self) -> int:
@@ -31,13 +38,13 @@ class Case:
         ids = torch.zeros(self.batch, self.seq, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, length in enumerate(self.lengths):
-            span = slice(self.seq - length, self.seq) if self.kind == "decoder" else slice(0, length)
+            span = self.spec.prompt_span(length, self.seq)
             ids[row, span] = torch.randint(2, vocab_size, (length,), generator=generator)
             mask[row, span] = 1
         return ids, mask
 
     def generate_kwargs(self) -> dict | None:
-        if self.kind == "encoder":
+        if not self.spec.generates:
             return None
         return {"max_new_tokens": self.new_tokens, "min_new_tokens": self.new_tokens, "do_sample": False,
                 "num_beams": 1}

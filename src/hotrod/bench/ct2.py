@@ -86,12 +86,12 @@ def _calls(path: Path, case: Case, ids: torch.Tensor, rows: list[list[int]], dev
     import ctranslate2
 
     kwargs = {"device": device, "intra_threads": threads, "inter_threads": 1}
-    if case.kind == "encoder":
+    if not case.spec.generates:
         encoder = ctranslate2.Encoder(str(path), **kwargs)
         return lambda: _hidden(encoder.forward_batch(rows).last_hidden_state, device), None
     tokens = vocabulary(path)
     words = [[tokens[i] for i in row] for row in rows]
-    if case.kind == "decoder":
+    if not case.spec.encodes:
         generator = ctranslate2.Generator(str(path), **kwargs)
         return (_generate(generator, words, ids, case.new_tokens), _generate(generator, words, ids, 1))
     translator = ctranslate2.Translator(str(path), **kwargs)

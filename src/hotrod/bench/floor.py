@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from hotrod import precisions
+from hotrod.kinds import spec as kind_spec
 from hotrod.load import cache_dir
 
 EMBEDDING_NAMES = ("embed", "wte", "wpe", "shared", "relative_attention_bias")
@@ -144,15 +145,16 @@ def matmul_params(model: torch.nn.Module, kind: str) -> tuple[int, int]:
     Embedding tables are gathered, not multiplied, so they are left out; an LM head tied to the
     embedding is counted once. For encoder-decoders a step reads only the decoder and the head.
     """
+    spec = kind_spec(kind)
     seen, step, total = set(), 0, 0
     for name, param in model.named_parameters():
         if param.dim() != 2 or id(param) in seen or any(e in name for e in EMBEDDING_NAMES):
             continue
         seen.add(id(param))
         total += param.numel()
-        if kind != "seq2seq" or "decoder" in name or "lm_head" in name:
+        if not (spec.generates and spec.encodes) or "decoder" in name or "lm_head" in name:
             step += param.numel()
-    if kind != "encoder" and not any("lm_head" in n for n, _ in model.named_parameters()):
+    if spec.generates and not any("lm_head" in n for n, _ in model.named_parameters()):
         head = model.get_input_embeddings().weight.numel()  # tied head: the embedding, read as a matrix
         step, total = step + head, total + head
     return step, total

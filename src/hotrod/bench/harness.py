@@ -30,6 +30,7 @@ from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine
 from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError, first_line
+from hotrod.kinds import spec as kind_spec
 from hotrod.load import cache_dir, open_source
 from hotrod.options import PRECISIONS, check_choice
 from hotrod.timing import interleaved, synchronized
@@ -63,18 +64,18 @@ def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_to
     src = open_source(source)
     dims = src.family.dims(src.config)
     kind = src.family.kind
+    spec = kind_spec(kind)
     for value, name in [(b, "--batch") for b in batches] + [(s, "--seq") for s in seqs]:
         if value < 1:
             raise HotrodError(f"{name} values must be >= 1, got {value}")
-    if kind != "encoder" and new_tokens < 1:
+    if spec.generates and new_tokens < 1:
         raise HotrodError("--new-tokens must be >= 1 for a language model")
     limit = dims.max_positions
     for seq in seqs:
-        total = seq + (new_tokens if kind == "decoder" else 0)
-        if limit is not None and total > limit:
-            raise HotrodError(f"--seq {seq}{' + --new-tokens ' + str(new_tokens) if kind == 'decoder' else ''} "
+        if limit is not None and spec.needs_positions(seq, new_tokens) > limit:
+            raise HotrodError(f"--seq {seq}{' + --new-tokens ' + str(new_tokens) if spec.room(new_tokens) else ''} "
                               f"is longer than the model's {limit} positions")
-    return [Case(f"b{b}-s{s}", str(src.path), kind, (s,) * b, new_tokens if kind != "encoder" else 0)
+    return [Case(f"b{b}-s{s}", str(src.path), kind, (s,) * b, new_tokens if spec.generates else 0)
             for b in batches for s in seqs]
 
 
@@ -180,7 +181,7 @@ def _reason(exc: Exception) -> str:
 def _pytorch(model: torch.nn.Module, case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str) -> System:
     model.to(device)
     ids, mask = ids.to(device), mask.to(device)
-    first = pytorch_runner(model, case.kind, ids, mask, _one_token(case)) if case.kind != "encoder" else None
+    first = pytorch_runner(model, case.kind, ids, mask, _one_token(case)) if case.spec.generates else None
     return System(pytorch_runner(model, case.kind, ids, mask, case.generate_kwargs()), first, "fp32",
                   dir_size(Path(case.source)))
 
@@ -206,7 +207,7 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
             raise plan.artifacts[key]
         path, backend = plan.artifacts[key], "onnxruntime"
         model = hotrod.load(path, device=plan.device, threads=plan.threads)  # refuses a silent CPU fallback
-    first = hotrod_runner(model, ids, mask, _one_token(case)) if case.kind != "encoder" else None
+    first = hotrod_runner(model, ids, mask, _one_token(case)) if case.spec.generates else None
     return System(hotrod_runner(model, ids, mask, case.generate_kwargs()), first, precision, dir_size(path),
                   figures={"backend": backend})
 
@@ -252,7 +253,7 @@ def _time(case: Case, systems: dict[str, System], outputs: dict, runs: int, mask
             "rss_bytes": system.rss_bytes,
             **system.figures,
         }
-        if case.kind == "encoder":
+        if not case.spec.generates:
             figures["sequences_per_s"] = case.batch / p50
         else:
             figures["tokens_per_s"] = case.batch * case.new_tokens / p50
@@ -262,7 +263,7 @@ def _time(case: Case, systems: dict[str, System], outputs: dict, runs: int, mask
 
 def _floor(case: Case, precision: str, step: int, total: int, m: Machine) -> float:
     tokens = sum(case.lengths)
-    if case.kind == "encoder":
+    if not case.spec.generates:
         return forward_floor(total, tokens, precision, m)
     # A batch reads the weights once per step for all its rows: the per-token traffic is shared.
     return generation_floor(step, total, tokens, case.new_tokens, precision, m)

@@ -37,7 +37,7 @@ def builders(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) ->
 
 def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, name: str) -> Callable[[], System]:
     def build() -> System:
-        if case.kind != "encoder" and case.batch != 1:
+        if case.spec.generates and case.batch != 1:
             raise ValueError("llama.cpp's generation is timed at batch 1 (one sequence per decoding loop)")
         log = cache_dir() / "bench" / "llamacpp" / "worker.log"
         worker = Worker(sys.executable, "llamacpp_worker.py", log)  # its own process: see the worker's docstring
@@ -48,7 +48,7 @@ def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, na
         except BaseException:
             worker.close()
             raise
-        first = (lambda: worker.call(first=True)) if case.kind != "encoder" else None
+        first = (lambda: worker.call(first=True)) if case.spec.generates else None
         return System(worker.call, first, FORMATS[name], info["size_bytes"], figures={"format": name},
                       close=worker.close)
 
@@ -108,10 +108,10 @@ class Runner:
         self.case = case
         self.rows = [row[keep.bool()].tolist() for row, keep in zip(ids, mask)]
         self.ids, self.mask = ids, mask
-        tokens = sum(len(row) for row in self.rows) if case.kind == "encoder" else case.seq + case.new_tokens + 1
+        tokens = case.seq + case.new_tokens + 1 if case.spec.generates else sum(len(row) for row in self.rows)
         kwargs = dict(n_ctx=tokens, n_batch=tokens, n_ubatch=tokens, n_threads=threads, n_threads_batch=threads,
                       verbose=False)
-        if case.kind == "encoder":
+        if not case.spec.generates:
             kwargs.update(embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
         self.llama = llama_cpp.Llama(str(path), **kwargs)
         self.batch = llama_cpp.llama_batch_init(tokens, 0, max(case.batch, 1))
@@ -127,7 +127,7 @@ class Runner:
             self.llama.close()
 
     def call(self) -> torch.Tensor:
-        return self.generate(self.case.new_tokens) if self.case.kind != "encoder" else self.encode()
+        return self.generate(self.case.new_tokens) if self.case.spec.generates else self.encode()
 
     def generate(self, count: int) -> torch.Tensor:
         """Greedy tokens laid out as transformers' generate lays them out for the same kind."""
@@ -135,7 +135,7 @@ class Runner:
 
         self._clear()
         prompt = self.rows[0]
-        if self.case.kind == "seq2seq":
+        if self.case.spec.encodes:
             self._fill([prompt], every=True)
             self._check(llama_cpp.llama_encode(self.llama.ctx, self.batch), "llama_encode")
             start = llama_cpp.llama_model_decoder_start_token(self.llama.model)

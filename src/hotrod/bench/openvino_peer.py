@@ -65,13 +65,14 @@ def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, na
         target = converted_path(case.source, case.kind, name)
         worker = Worker(python(), "openvino_worker.py", target.with_name(target.name + ".log"))
         try:
-            info = worker.build(kind=case.kind, source=case.source, precision=name, target=str(target),
-                                threads=threads, ids=ids.cpu().numpy(), mask=mask.cpu().numpy(),
-                                new_tokens=case.new_tokens)
+            # The worker runs without hotrod: what it must know of the kind travels with the call.
+            info = worker.build(kind=case.kind, generates=case.spec.generates, pads_left=case.spec.pads_left,
+                                source=case.source, precision=name, target=str(target), threads=threads,
+                                ids=ids.cpu().numpy(), mask=mask.cpu().numpy(), new_tokens=case.new_tokens)
         except BaseException:
             worker.close()
             raise
-        first = (lambda: worker.call(first=True)) if case.kind != "encoder" else None
+        first = (lambda: worker.call(first=True)) if case.spec.generates else None
         return System(worker.call, first, FORMATS[name], info["size_bytes"],
                       figures={"format": name, "version": info["version"]}, close=worker.close)
 

@@ -99,7 +99,7 @@ def compiled_system(case: Case, ids: torch.Tensor, mask: torch.Tensor, device: s
         raise RuntimeError(problem)
     model = pytorch_model(case.source, case.kind, device)  # its own copy: compiling must not touch the baseline
     ids, mask, size = ids.to(device), mask.to(device), dir_size(Path(case.source))
-    if case.kind == "encoder":
+    if not case.spec.generates:
         return System(_strict(pytorch_runner(torch.compile(model), case.kind, ids, mask)), None, "fp32", size)
     kwargs = {**case.generate_kwargs(), "cache_implementation": "static", "compile_config": _compile_config(device)}
     call = _strict(_checked(model, pytorch_runner(model, case.kind, ids, mask, kwargs)))

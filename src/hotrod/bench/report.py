@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod.bench.harness import Result
+from hotrod.kinds import spec as kind_spec
 
 
 def write_report(results: Sequence[Result], out: Path) -> Path:
@@ -27,7 +28,7 @@ def write_report(results: Sequence[Result], out: Path) -> Path:
 
 def _case_table(result: Result) -> list[str]:
     case = result.case
-    lm = case["kind"] != "encoder"
+    lm = kind_spec(case["kind"]).generates
     gpu = any("gpu_memory_bytes" in f for f in result.systems.values())
     title = f"## {case['name']}: batch {len(case['lengths'])}, prompt {max(case['lengths'])}"
     title += f", {case['new_tokens']} new tokens" if lm else ", forward"

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from hotrod.kinds import spec as kind_spec
+
 AUTO_CLASSES = {"decoder": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM", "encoder": "AutoModel"}
 
 
@@ -58,14 +60,15 @@ def pytorch_model(source: str | Path, kind: str, device: str = "cpu") -> torch.n
 def pytorch_runner(model: torch.nn.Module, kind: str, ids: torch.Tensor, mask: torch.Tensor,
                    generate_kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
     """A no-argument call running `model` once; returns tokens (LMs) or the last hidden state (encoders)."""
-    if kind == "encoder":
+    spec = kind_spec(kind)
+    if not spec.generates:
         def forward():
             with torch.inference_mode():
                 return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
         return forward
     kwargs = dict(generate_kwargs or {})
-    if kind == "decoder" and model.generation_config.pad_token_id is None:
+    if spec.pads_left and model.generation_config.pad_token_id is None:
         kwargs["pad_token_id"] = model.config.eos_token_id
 
     def generate():
@@ -78,19 +81,20 @@ def pytorch_runner(model: torch.nn.Module, kind: str, ids: torch.Tensor, mask: t
 def hotrod_runner(model: Any, ids: torch.Tensor, mask: torch.Tensor,
                   generate_kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
     """The same call on a HotrodModel."""
-    if model.kind == "encoder":
+    if not model.spec.generates:
         return lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state
     return lambda: model.generate(ids, attention_mask=mask, **(generate_kwargs or {}))
 
 
 def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.Tensor) -> float:
     """Share of generated tokens that agree (LMs), or hidden-state cosine over real tokens (encoders)."""
-    if kind == "encoder":
+    spec = kind_spec(kind)
+    if not spec.generates:
         keep = mask.bool()
         cosine = torch.nn.functional.cosine_similarity(ours.float()[keep], theirs.float()[keep], dim=-1)
         return float(cosine.mean())
     if ours.shape != theirs.shape:
         width = min(ours.shape[1], theirs.shape[1])
         ours, theirs = ours[:, :width], theirs[:, :width]
-    start = mask.shape[1] if kind == "decoder" else 0
+    start = mask.shape[1] if spec.continues_prompt else 0
     return float((ours[:, start:] == theirs[:, start:]).float().mean())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hotrod.errors import HotrodError
+from hotrod.kinds import spec as kind_spec
 
 _HERE = Path(__file__).resolve().parent
 _SENTENCES = _HERE / "sentences.txt"
@@ -46,7 +47,7 @@ class DemoModel:
 
         A decoder's input is the exact prompt text and its target the expected continuation, stripped.
         """
-        if self.kind == "encoder":
+        if not kind_spec(self.kind).generates:
             return [(line, "") for line in _read_lines(_SENTENCES)]
         pairs = []
         for line in _read_lines(_HERE / self.name / "heldout.tsv"):

@@ -74,14 +74,14 @@ def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per
     """
     if not texts:
         raise HotrodError("calibration needs at least one text")
-    room = max_new_tokens if model.kind == "decoder" else 0
+    room = model.spec.room(max_new_tokens)
     rows = [row for row in token_rows(model, texts, room, seed) if row] or [[0]]
     recorder = _Recorder(model.backend)
     model.backend = recorder
     try:
         for row in rows:
             ids = torch.tensor([row], dtype=torch.long)
-            if model.kind == "encoder":
+            if not model.spec.generates:
                 model(ids)
             else:
                 model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,

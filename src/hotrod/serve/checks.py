@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from hotrod.errors import HotrodError, first_line
+from hotrod.kinds import spec
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
 from hotrod.serve.protocol import Engine
@@ -98,7 +99,7 @@ def new_tokens(request: Request, engine: Engine, prompt: list[int], new: int | N
     if new > limit:
         raise ApiError(400, f"{param}: {new} is above this server's limit of {limit}", param)
     positions = engine.info.max_positions
-    if positions is not None and engine.info.kind == "decoder" and len(prompt) + new > positions:
+    if positions is not None and spec(engine.info.kind).needs_positions(len(prompt), new) > positions:
         raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
                             f"{positions} positions", where)
     return new

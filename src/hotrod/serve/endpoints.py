@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from hotrod import kinds
 from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, token_ids
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
 from hotrod.serve.protocol import Engine, Params
@@ -28,8 +29,8 @@ from hotrod.serve.schemas import (
 )
 from hotrod.serve.sse import collect, stream, submit
 
-GENERATORS = ("decoder", "seq2seq")
-ENCODERS = ("encoder",)
+GENERATORS = kinds.names(lambda kind: kind.generates)  # the kinds each route serves
+ENCODERS = kinds.names(lambda kind: not kind.generates)
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody}
                                            for s in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
 STREAMED = {**ERRORS, 200: {"description": "JSON, or with `stream: true` server-sent events ending in "

@@ -65,7 +65,7 @@ class ModelEngine:
         self._stop = False
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
-        if model.kind == "encoder":
+        if not model.spec.generates:
             self.runner = EncoderRunner(model)
             self.scheduler = DynamicBatcher(options.max_batch_size, options.max_queue_delay_ms / 1000,
                                             options.max_queue)
@@ -141,7 +141,7 @@ class ModelEngine:
         self._ready = False
 
     def _warm_up(self) -> None:
-        if self.model.kind == "encoder":
+        if not self.model.spec.generates:
             self.model.embed([[1, 2, 3]])
         else:
             self.model.generate([[1, 2, 3]], max_new_tokens=2)
@@ -168,7 +168,7 @@ class ModelEngine:
                 self._fail_all(EngineDown(self._failure))
 
     def _serve_loop(self) -> None:
-        iteration = self._generation_iteration if self.model.kind != "encoder" else self._encoder_iteration
+        iteration = self._generation_iteration if self.model.spec.generates else self._encoder_iteration
         while True:
             with self._cond:
                 while not self.scheduler.busy() and not self._stop:

@@ -27,6 +27,7 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
+from hotrod import kinds
 from hotrod.serve import tensors
 from hotrod.serve.checks import input_limit, new_tokens, token_rows
 from hotrod.serve.endpoints import ENCODERS, GENERATORS, embed_vectors, generation_params
@@ -76,7 +77,7 @@ router = APIRouter()
 
 
 def signature(engine: Engine) -> Signature:
-    return GENERATOR if engine.info.kind in GENERATORS else ENCODER
+    return GENERATOR if kinds.spec(engine.info.kind).generates else ENCODER
 
 
 @router.get("/v2", responses=ERRORS)

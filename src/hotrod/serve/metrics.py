@@ -18,7 +18,7 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 class Spec:
     """One metric, declared once: the registry here and a mirror elsewhere (Ray's) are built from it."""
 
-    kind: str  # gauge | histogram | counter
+    type: str  # gauge | histogram | counter
     name: str
     help: str
     labels: tuple[str, ...]
@@ -38,13 +38,13 @@ SPECS = {
     "requests": Spec("counter", "hotrod_requests", "Requests by outcome", ("model", "endpoint", "outcome")),
 }
 
-_RECORD = {"gauge": "set", "histogram": "observe", "counter": "inc"}  # each kind's way of taking a value
+_RECORD = {"gauge": "set", "histogram": "observe", "counter": "inc"}  # each type's way of taking a value
 
 
 def _prometheus(spec: Spec, registry: CollectorRegistry):
-    if spec.kind == "histogram":
+    if spec.type == "histogram":
         return Histogram(spec.name, spec.help, list(spec.labels), buckets=spec.buckets, registry=registry)
-    return {"gauge": Gauge, "counter": Counter}[spec.kind](spec.name, spec.help, list(spec.labels), registry=registry)
+    return {"gauge": Gauge, "counter": Counter}[spec.type](spec.name, spec.help, list(spec.labels), registry=registry)
 
 
 class Metrics:
@@ -74,7 +74,7 @@ class Metrics:
 
     def record(self, key: str, labels: tuple[str, ...], value: float) -> None:
         """The one place a value is recorded: a gauge is set, a histogram observes, a counter adds."""
-        getattr(getattr(self, key).labels(*labels), _RECORD[SPECS[key].kind])(value)
+        getattr(getattr(self, key).labels(*labels), _RECORD[SPECS[key].type])(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -54,15 +54,15 @@ class RayMetrics(Metrics):
     def record(self, key: str, labels: tuple[str, ...], value: float) -> None:
         super().record(key, labels, value)
         spec = SPECS[key]
-        if spec.kind == "counter" and not value:  # Ray's counters refuse an increment of 0
+        if spec.type == "counter" and not value:  # Ray's counters refuse an increment of 0
             return
-        getattr(self.mirror[key], _RECORD[spec.kind])(value, dict(zip(spec.labels, labels)))
+        getattr(self.mirror[key], _RECORD[spec.type])(value, dict(zip(spec.labels, labels)))
 
 
 def _ray_metric(spec: Spec):
-    if spec.kind == "histogram":
+    if spec.type == "histogram":
         return ray_metrics.Histogram(spec.name, spec.help, list(spec.buckets), spec.labels)
-    return {"gauge": ray_metrics.Gauge, "counter": ray_metrics.Counter}[spec.kind](spec.name, spec.help, spec.labels)
+    return {"gauge": ray_metrics.Gauge, "counter": ray_metrics.Counter}[spec.type](spec.name, spec.help, spec.labels)
 
 
 class HotrodReplica:

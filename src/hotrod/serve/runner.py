@@ -78,7 +78,7 @@ class GenerationRunner:
         # The model's own settings, resolved as generate() resolves them: its EOS ids and start token.
         defaults = model.settings(1, {**gen_config.merge(model.generation_config, None, {}), "max_new_tokens": 1})
         self.eos_ids: tuple[int, ...] = defaults.eos_token_ids
-        self.start_token = model.decoding_state(defaults).start_token if model.kind == "seq2seq" else None
+        self.start_token = None if model.spec.continues_prompt else model.decoding_state(defaults).start_token
 
     def options(self, prompt: list[int], params: Params) -> RowOptions:
         """Resolve a request's settings as `generate()` would; raises HotrodError for a bad combination."""
@@ -99,7 +99,7 @@ class GenerationRunner:
         return [tokens[r.id] for r in requests]
 
     def _prefill(self, requests: list[Request]) -> list[Outcome]:
-        ids, mask = _padded([r.prompt for r in requests], left=self.model.kind == "decoder")
+        ids, mask = _padded([r.prompt for r in requests], left=self.model.spec.pads_left)
         state = self.model.decoding_state(requests[0].options.settings)
         state.reserve(max(r.options.settings.max_length for r in requests))
         with torch_threads(self.model.backend.loop_threads):
@@ -194,8 +194,7 @@ class GenerationRunner:
                 out = search.generate(state, ids, torch.ones_like(ids), settings)  # type: ignore[arg-type]
         except _Cancelled:
             return None
-        start = len(request.prompt) if self.model.kind == "decoder" else 1
-        return out[0, start:].tolist()
+        return self.model.spec.generated(out[0], len(request.prompt)).tolist()
 
     def _pick(self, logits: torch.Tensor, requests: list[Request], first: bool = False) -> list[Outcome]:
         """Each row's next token; a row whose choice raises gets the exception, the others their token."""
@@ -220,10 +219,7 @@ class GenerationRunner:
 
     def _history(self, request: Request, first: bool) -> list[int]:
         """The row as the decoding loop would hold it: prompt (or start token) plus what was generated."""
-        generated = [] if first else request.tokens
-        if self.model.kind == "decoder":
-            return request.prompt + generated
-        return [self.start_token] + generated
+        return self.model.spec.history(request.prompt, [] if first else request.tokens, self.start_token)
 
 
 def _logprobs(logits: torch.Tensor, token: int, top: int | None) -> TokenLogprobs | None:
@@ -272,7 +268,7 @@ def position_bytes(model: HotrodModel) -> int:
 
 
 def _cache_layers(model: HotrodModel) -> int:
-    return model.dims.num_decoder_layers if model.kind == "seq2seq" else model.dims.num_layers
+    return model.spec.cache_layers(model.dims)
 
 
 def _padded(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,11 +32,12 @@ def main() -> None:
 class Peer:
     """One converted model on OpenVINO's CPU plugin, answering for one case's inputs."""
 
-    def __init__(self, kind: str, source: str, precision: str, target: str, threads: int, ids, mask,
-                 new_tokens: int):
+    def __init__(self, kind: str, generates: bool, pads_left: bool, source: str, precision: str, target: str,
+                 threads: int, ids, mask, new_tokens: int):
         import torch
 
         self.kind, self.new_tokens = kind, new_tokens
+        self.generates, self.pads_left = generates, pads_left  # hotrod's kind spec, sent by the parent
         self.target = Path(target)
         self.ids, self.mask = torch.from_numpy(ids), torch.from_numpy(mask)
         stamp = self.target / STAMP
@@ -52,14 +53,14 @@ class Peer:
         import torch
 
         with torch.inference_mode():
-            if self.kind == "encoder":
+            if not self.generates:
                 feeds = {"input_ids": self.ids, "attention_mask": self.mask}
                 if "token_type_ids" in self.model.input_names:
                     feeds["token_type_ids"] = torch.zeros_like(self.ids)
                 return self.model(**feeds).last_hidden_state.numpy()
             count = 1 if first else self.new_tokens
             kwargs = {"max_new_tokens": count, "min_new_tokens": count, "do_sample": False, "num_beams": 1}
-            if self.kind == "decoder" and self.model.generation_config.pad_token_id is None:
+            if self.pads_left and self.model.generation_config.pad_token_id is None:
                 kwargs["pad_token_id"] = self.model.config.eos_token_id
             return self.model.generate(self.ids, attention_mask=self.mask, **kwargs).numpy()
 
@@ -86,7 +87,7 @@ class Peer:
         import nncf
         import numpy as np
 
-        if self.kind != "encoder":
+        if self.generates:
             raise ValueError("full int8 quantization is timed for encoders only")
         names = {port.get_any_name() for port in graph.inputs}
         rng = np.random.default_rng(0)

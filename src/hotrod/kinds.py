@@ -1,0 +1,78 @@
+"""The three kinds of model, each as one small spec: what generic code asks of a kind, answered here once.
+
+As Optimum describes each architecture in one declarative object, hotrod describes each kind (encoder,
+decoder-only, encoder-decoder) by what it does: whether it generates, whether it has an encoder, whether
+generated rows continue the prompt (so prompts pad on the left and count against the position limit) or
+begin with a start token, and which layers hold the self-attention cache. The decoding loop, the server,
+verification, calibration and the benchmark read these answers; nothing outside this module and
+`hotrod.models` compares a kind's name. Families say which kind they are (`hotrod.registry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hotrod.errors import check_choice
+from hotrod.registry import Dims, Kind
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    name: Kind
+    generates: bool  # has generate(); served with continuous batching (else with dynamic batching)
+    encodes: bool  # has an encoder: embed() applies, and a forward reads encoder inputs
+    continues_prompt: bool  # generated rows begin with the prompt (else with the decoder's start token)
+
+    @property
+    def pads_left(self) -> bool:
+        """Prompts of a batch are left-padded: each row's new tokens then follow its last prompt token."""
+        return self.continues_prompt
+
+    @property
+    def infers_padding(self) -> bool:
+        """generate() without a mask infers one from the pad token, as transformers does for these only."""
+        return self.continues_prompt
+
+    def cache_layers(self, dims: Dims) -> int:
+        """Layers that hold a self-attention cache while generating: the decoder's."""
+        return dims.num_decoder_layers if self.encodes else dims.num_layers
+
+    def room(self, new_tokens: int) -> int:
+        """Positions a prompt must leave free for `new_tokens` (they share the prompt's positions or not)."""
+        return new_tokens if self.continues_prompt else 0
+
+    def needs_positions(self, prompt_tokens: int, new_tokens: int) -> int:
+        """Positions of the model's limit that a prompt and its new tokens take together."""
+        return prompt_tokens + self.room(new_tokens)
+
+    def prompt_span(self, length: int, width: int) -> slice:
+        """Where a row's `length` tokens sit in a batch `width` wide."""
+        return slice(width - length, width) if self.pads_left else slice(0, length)
+
+    def generated(self, sequences: torch.Tensor, prompt_length: int) -> torch.Tensor:
+        """The new tokens of `generate()`'s output rows (after the prompt, or after the start token)."""
+        return sequences[..., prompt_length if self.continues_prompt else 1:]
+
+    def history(self, prompt: list[int], generated: list[int], start_token: int | None) -> list[int]:
+        """A row as the decoding loop holds it: prompt (or start token) and what has been generated."""
+        return (prompt if self.continues_prompt else [start_token]) + generated
+
+
+KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
+    KindSpec("encoder", generates=False, encodes=True, continues_prompt=False),
+    KindSpec("decoder", generates=True, encodes=False, continues_prompt=True),
+    KindSpec("seq2seq", generates=True, encodes=True, continues_prompt=False),
+)}
+
+
+def names(where: Callable[[KindSpec], bool]) -> tuple[str, ...]:
+    """The kinds `where` accepts, in the table's order."""
+    return tuple(name for name, kind in KINDS.items() if where(kind))
+
+
+def spec(kind: str) -> KindSpec:
+    """The spec of `kind`; an unknown name is one line that lists the known ones."""
+    return KINDS[check_choice("model kind", kind, tuple(KINDS))]
