@@ -27,7 +27,9 @@ def test_every_kind_answers_as_it_always_has():
 
 def test_positions_and_spans_follow_the_prompt_only_for_decoders():
     decoder, seq2seq = kinds.spec("decoder"), kinds.spec("seq2seq")
-    assert decoder.needs_positions(10, 5) == 15 and seq2seq.needs_positions(10, 5) == 10
+    assert decoder.needs_positions(10, 5) == 15 and kinds.spec("encoder").needs_positions(10, 5) == 10
+    assert seq2seq.needs_positions(10, 5) == 10 and seq2seq.needs_positions(3, 8) == 9  # start token + 8
+    assert decoder.decoder_prompt(10) == 10 and seq2seq.decoder_prompt(10) == 1
     assert decoder.prompt_span(3, 8) == slice(5, 8) and seq2seq.prompt_span(3, 8) == slice(0, 3)
     rows = torch.tensor([[7, 8, 9, 1, 2]])
     assert decoder.generated(rows, 3).tolist() == [[1, 2]]

@@ -19,7 +19,7 @@ from hotrod import precisions
 from hotrod.contracts import graph_contracts
 from hotrod.export import export_graph
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
-from hotrod.optimize import fuse_graph, lower_graph, portable_graph
+from hotrod.optimize import fuse_graph, lower_graph, note_fp32_ops, portable_graph
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts
 from hotrod.optimize.portable import kernel_runs
@@ -57,6 +57,8 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
         if not kernel_runs(device, dims.head_dim):
             external, rewritten = portable_graph(path)
             report.update(rewritten)
+        if src.family.fp32_ops:
+            note_fp32_ops(path, src.family.fp32_ops)
         entries[name] = {
             **_files(directory, path, external),
             "inputs": [t.to_dict() for t in io.inputs],

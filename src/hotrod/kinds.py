@@ -44,9 +44,16 @@ class KindSpec:
         """Positions a prompt must leave free for `new_tokens` (they share the prompt's positions or not)."""
         return new_tokens if self.continues_prompt else 0
 
+    def decoder_prompt(self, prompt_tokens: int) -> int:
+        """Tokens the decoder holds before its first new token: the prompt, or the start token."""
+        return prompt_tokens if self.continues_prompt else 1
+
     def needs_positions(self, prompt_tokens: int, new_tokens: int) -> int:
-        """Positions of the model's limit that a prompt and its new tokens take together."""
-        return prompt_tokens + self.room(new_tokens)
+        """Positions of the model's limit that a prompt and its new tokens take: one sequence for a
+        decoder-only model; for an encoder-decoder, the longer of the input and the decoder's own."""
+        if not self.generates or self.continues_prompt:
+            return prompt_tokens + self.room(new_tokens)
+        return max(prompt_tokens, self.decoder_prompt(prompt_tokens) + new_tokens)
 
     def prompt_span(self, length: int, width: int) -> slice:
         """Where a row's `length` tokens sit in a batch `width` wide."""

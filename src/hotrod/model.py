@@ -76,9 +76,8 @@ class HotrodModel:
 
     def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
         """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""
-        if self.spec.continues_prompt:  # the new tokens take positions after the prompt's
-            return gen_config.resolve(values, prompt_length, self.dims.max_positions)
-        return gen_config.resolve(values, 1, None)
+        # The decoder's positions: after the prompt's (decoder-only), or after the start token's.
+        return gen_config.resolve(values, self.spec.decoder_prompt(prompt_length), self.dims.max_positions)
 
     def decoding_state(self, settings: gen_config.Settings) -> DecoderState | Seq2SeqState:
         """A fresh decoding state for this model (the server keeps one per running batch)."""

@@ -47,6 +47,9 @@ class Family:
     dims: Callable[[object], Dims]
     build: Callable[[object], nn.Module]  # config -> lean module with `graphs()` and `load_hf()`
     onnx_optimizer: str | None = None  # model type for ONNX Runtime's transformer optimizer (fusion)
+    # Operators this family's graphs keep in fp32 under fp16/bf16, beyond the list every graph keeps
+    # (`hotrod.optimize.mixed.KEEP_FP32_OPS`); each graph carries them in its metadata.
+    fp32_ops: tuple[str, ...] = ()
 
 
 _FAMILIES: dict[str, Family] = {}

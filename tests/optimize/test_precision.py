@@ -206,3 +206,14 @@ def test_bad_input_is_a_hotrod_error(recorded, call):
     models, feeds = recorded("bert")
     with pytest.raises(hotrod.HotrodError):
         call(models["encoder"], feeds["encoder"])
+
+
+@pytest.mark.parametrize("case_name, ops", [("t5", {"Relu", "Log"}), ("gpt2", set()), ("bert", set())])
+def test_each_graph_carries_its_familys_fp32_ops(zoo, case_name, ops):
+    """T5's own fragile ops travel in its graphs' metadata; other families keep only the generic list."""
+    from hotrod.optimize.mixed import graph_fp32_ops
+
+    artifact = zoo.artifact(case_name)
+    graphs = sorted(artifact.glob("*.onnx"))
+    assert graphs and all(graph_fp32_ops(onnx.load(str(g), load_external_data=False)) == ops for g in graphs)
+    assert not ops & set(KEEP_FP32_OPS)

@@ -26,6 +26,12 @@ from hotrod.models.common import (
 )
 from hotrod.registry import Dims, Family, register
 
+# Kept in fp32 under half precision, beyond what every graph keeps:
+T5_FP32_OPS = (
+    "Relu",  # the feed-forward activation: when the search keeps wi or wo, the path through it stays fp32
+    "Log",  # relative-position buckets: half rounding of log(distance) moves a distance to the next bucket
+)
+
 
 class T5LayerNorm(nn.Module):
     """RMS norm without mean or bias, accumulated in fp32 as T5 expects."""
@@ -332,8 +338,10 @@ def mt5_model(config) -> T5Model:
 
 
 FAMILY = register(
-    Family(name="t5", model_types=("t5",), kind="seq2seq", dims=t5_dims, build=T5Model, onnx_optimizer="t5")
+    Family(name="t5", model_types=("t5",), kind="seq2seq", dims=t5_dims, build=T5Model, onnx_optimizer="t5",
+           fp32_ops=T5_FP32_OPS)
 )
 MT5 = register(
-    Family(name="mt5", model_types=("mt5",), kind="seq2seq", dims=t5_dims, build=mt5_model, onnx_optimizer="t5")
+    Family(name="mt5", model_types=("mt5",), kind="seq2seq", dims=t5_dims, build=mt5_model, onnx_optimizer="t5",
+           fp32_ops=T5_FP32_OPS)
 )

@@ -4,6 +4,6 @@ or quantization.
 Each pass reads and writes one graph file in place, and returns what it did, for the manifest.
 """
 
-from hotrod.optimize.passes import fuse_graph, lower_graph, portable_graph
+from hotrod.optimize.passes import fuse_graph, lower_graph, note_fp32_ops, portable_graph
 
-__all__ = ["fuse_graph", "lower_graph", "portable_graph"]
+__all__ = ["fuse_graph", "lower_graph", "note_fp32_ops", "portable_graph"]

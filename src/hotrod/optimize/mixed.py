@@ -5,8 +5,9 @@ a T5 feed-forward or a residual stream can grow past it, and the graph then retu
 Which nodes do so depends on the weights, so each graph is searched with inputs recorded from the fp32
 model (`hotrod.optimize.calibration.capture_feeds`):
 
-1. convert (`optimize/convert.py`), keeping KEEP_FP32_OPS, index arithmetic and the nodes found so far in
-   fp32; graph inputs and outputs stay fp32, so the runtime's interface does not change;
+1. convert (`optimize/convert.py`), keeping KEEP_FP32_OPS and the family's own (`Family.fp32_ops`), index
+   arithmetic and the nodes found so far in fp32; graph inputs and outputs stay fp32, so the runtime's
+   interface does not change;
 2. run the fp32 graph and the half graph, emulated as a device with half kernels runs it
    (`optimize/emulate.py`), on every feed with every intermediate value exposed;
 3. each value that first goes non-finite in half, or that fp32 shows to be beyond the half range while
@@ -36,15 +37,15 @@ KEEP_FP32_OPS: tuple[str, ...] = (
     "ReduceMean",  # the mean of those squares needs fp32's range; the variance sets the whole layer's scale
     "Sqrt",  # the root of a variance: small variances lose their digits in half
     "Softmax",  # where scores meet the mask's large negatives; fp32 keeps the exponentials and their sum exact
-    "Relu",  # T5's feed-forward activation: when the search keeps wi or wo, the path through it stays fp32
     "ReduceSum",  # sums of squares or exponentials overflow half long before their terms do
-    "Log",  # T5's relative-position buckets: half rounding of log(distance) moves a distance to the next bucket
     "Exp",  # exp overflows fp16 above 11
     # The decoder's KV cache is an fp32 buffer the op updates in place; in half it would read and write a
     # cast copy, and the step's keys and values would never reach the buffer.
     "GroupQueryAttention",
     "ScatterND",  # the same buffers, written in place by the GPU form of that attention (optimize/portable.py)
 )
+# A graph's own additions to that list (its family's `fp32_ops`), comma-separated in its metadata.
+FP32_OPS_KEY = "hotrod.keep_fp32_ops"
 MAX_ROUNDS = 8
 _INTEGER_TYPES = {
     TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT64,
@@ -75,7 +76,7 @@ def to_half(model: onnx.ModelProto, dtype: str, feeds: Sequence[Mapping[str, np.
     feeds = [graph_feed([i.name for i in base.graph.input], feed) for feed in feeds]
     reference = Runner(base, graph.all_values())
     graph.learn_types(reference.run(feeds[0]))
-    op_kept = set(KEEP_FP32_OPS) | converter_default_blocks()
+    op_kept = set(KEEP_FP32_OPS) | graph_fp32_ops(model) | converter_default_blocks()
     kept_types = {node.name for node in base.graph.node if node.op_type in op_kept}
     index_nodes = _index_math(base, graph)
     searched: set[str] = set()
@@ -91,6 +92,12 @@ def to_half(model: onnx.ModelProto, dtype: str, feeds: Sequence[Mapping[str, np.
         searched |= fixes
     raise HotrodError(f"{half.name} {name or model.graph.name or 'graph'}: {result.failure(rtol, atol)} "
                       f"after {round_number} round(s) keeping {len(searched)} node(s) in fp32")
+
+
+def graph_fp32_ops(model: onnx.ModelProto) -> set[str]:
+    """The operators `model`'s family keeps in fp32, as its export recorded them (`FP32_OPS_KEY`)."""
+    value = next((p.value for p in model.metadata_props if p.key == FP32_OPS_KEY), "")
+    return {op for op in value.split(",") if op}
 
 
 def _fixes(result: Comparison, graph: GraphInfo, kept: set[str]) -> set[str]:

@@ -23,6 +23,16 @@ def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims, device: str = 
     return _write(model, path), {"fused_ops": counts}
 
 
+def note_fp32_ops(path: Path, ops: tuple[str, ...]) -> None:
+    """Record in the graph's metadata the operators its family keeps in fp32 under half precision, so that
+    lowering it later (`hotrod.optimize.mixed`) needs nothing but the graph."""
+    from hotrod.optimize.mixed import FP32_OPS_KEY
+
+    model = onnx.load(str(path), load_external_data=False)  # external weights stay where they are
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, FP32_OPS_KEY: ",".join(ops)})
+    onnx.save_model(model, str(path))
+
+
 def portable_graph(path: Path) -> tuple[Path | None, dict]:
     """Rewrite in-place attention into ops a GPU provider runs in fp32 (`hotrod.optimize.portable`)."""
     from hotrod.optimize.portable import has_in_place_attention, portable_attention
