@@ -110,12 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time hotrod against PyTorch (and installed peers) against the hardware floor")
     p.add_argument("source", nargs="?", help="checkpoint or hub id for a batch x sequence sweep")
-    p.add_argument("--workload", default=None, help="comma-separated workload ids (W1-W4); need no model")
-    p.add_argument("--batch", default="1", help="comma-separated batch sizes for the sweep")
-    p.add_argument("--seq", default="32", help="comma-separated prompt lengths for the sweep")
+    p.add_argument("--workload", type=_names, default=None, help="comma-separated workload ids (W1-W4); need no model")
+    p.add_argument("--batch", type=_ints, default="1", help="comma-separated batch sizes for the sweep")
+    p.add_argument("--seq", type=_ints, default="32", help="comma-separated prompt lengths for the sweep")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")
-    p.add_argument("--precision", default="fp32", help="comma-separated hotrod precisions to time")
-    p.add_argument("--peers", default="torch", help="comma-separated peers beside PyTorch eager: torch "
+    p.add_argument("--precision", type=_names, default="fp32", help="comma-separated hotrod precisions to time")
+    p.add_argument("--peers", type=_names, default="torch", help="comma-separated peers beside PyTorch eager: torch "
                    "(torch.compile), ctranslate2, llamacpp, openvino (in the environment HOTROD_OPENVINO_PYTHON "
                    "names), optimum (needs an environment of its own: reported as skipped)")
     p.add_argument("--device", default="cpu", choices=DEVICES)
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="optimize the built-in models for this machine, verify them, time them "
                                     "against PyTorch and write a report")
-    p.add_argument("--models", default=None, help="comma-separated demo model names (default: all)")
+    p.add_argument("--models", type=_names, default=None, help="comma-separated demo model names (default: all)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per system (medians are reported)")
     p.add_argument("--max-drop", type=float, default=0.01, help="accuracy budget for --precision auto")
     p.add_argument("--out", default=None, help="where to keep the demo's artifacts and report")
@@ -318,43 +318,41 @@ def _bench(args) -> int:
     harness.check_device(args.device)
     if bool(args.workload) == bool(args.source):
         raise HotrodError("give either a model to sweep or --workload W1,..., not both or neither")
-    precisions = _names(args.precision, "--precision")
-    peers = _names(args.peers, "--peers")
-    harness.check_options(precisions, peers, args.runs, args.device)  # before any checkpoint is built
+    harness.check_options(args.precision, args.peers, args.runs, args.device)  # before any checkpoint is built
     if args.workload:
-        cases = harness.workload_cases(_names(args.workload, "--workload"))
+        cases = harness.workload_cases(args.workload)
     else:
-        cases = harness.sweep_cases(args.source, _ints(args.batch, "--batch"), _ints(args.seq, "--seq"),
-                                    args.new_tokens)
+        cases = harness.sweep_cases(args.source, args.batch, args.seq, args.new_tokens)
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
     out = Path(args.out)
-    results = harness.run(cases, precisions, peers, args.runs, threads, out, device=args.device)
+    results = harness.run(cases, args.precision, args.peers, args.runs, threads, out, device=args.device)
     report = write_report(results, out)
     print(report.read_text())
     print(f"report: {report}")
     return 0
 
 
-def _names(text: str, option: str) -> list[str]:
+def _names(text: str) -> list[str]:
+    """argparse type: a comma-separated list, none of it empty (argparse names the option on error)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise HotrodError(f"{option} is empty")
+        raise argparse.ArgumentTypeError("expects a comma-separated list, got an empty one")
     return names
 
 
-def _ints(text: str, option: str) -> list[int]:
+def _ints(text: str) -> list[int]:
+    """argparse type: comma-separated integers."""
     try:
-        return [int(n) for n in _names(text, option)]
+        return [int(n) for n in _names(text)]
     except ValueError:
-        raise HotrodError(f"{option} expects comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expects comma-separated integers, got {text!r}") from None
 
 
 def _demo(args) -> int:
     from hotrod.demo import run_demo
 
-    names = _names(args.models, "--models") if args.models else None
-    run_demo(names, runs=args.runs, out=args.out, max_drop=args.max_drop)
+    run_demo(args.models, runs=args.runs, out=args.out, max_drop=args.max_drop)
     return 0
 
 

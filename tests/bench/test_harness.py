@@ -70,7 +70,6 @@ def test_missing_peer_is_skipped_with_its_reason(monkeypatch):
 @pytest.mark.parametrize("args, message", [
     (["--seq", "200"], "longer than the model's 64 positions"),
     (["--batch", "0"], "--batch values must be >= 1"),
-    (["--batch", "two"], "--batch expects comma-separated integers"),
     (["--precision", "fp8"], "unknown precision 'fp8'"),
     (["--peers", "tensorflow"], "unknown peer 'tensorflow'"),
     (["--workload", "W1"], "not both"),
@@ -155,3 +154,15 @@ def test_report_shows_device_memory_when_measured(tmp_path):
     assert "on cuda" in report and "| GPU MB |" in report and "| 300 |" in report
     skipped_row = next(line for line in report.splitlines() if line.startswith("| ctranslate2 "))
     assert skipped_row.count("|") == report.splitlines()[6].count("|")  # as many cells as the header
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "two"], "argument --batch: expects comma-separated integers, got 'two'"),
+    (["--seq", ","], "argument --seq: expects a comma-separated list, got an empty one"),
+    (["--peers", ""], "argument --peers: expects a comma-separated list, got an empty one"),
+])
+def test_a_malformed_list_is_a_command_line_error(zoo, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(zoo.checkpoint("gpt2")), "--out", str(tmp_path / "b"), *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("hotrod: error:") and message in err and "\n" not in err
