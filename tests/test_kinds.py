@@ -56,3 +56,19 @@ def test_no_generic_module_compares_a_kind_name():
                  if path.parent.name != "models" and path.name != "kinds.py"
                  for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not offenders
+
+
+def test_each_kind_makes_its_own_state_and_names_its_graphs():
+    from hotrod.generation.cache import DecoderState, Seq2SeqState
+
+    dims = Dims(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, head_dim=4, max_positions=16,
+                num_decoder_layers=2)
+    assert isinstance(kinds.spec("decoder").new_state(None, dims, None, 8), DecoderState)
+    assert isinstance(kinds.spec("seq2seq").new_state(None, dims, 0, 8), Seq2SeqState)
+    with pytest.raises(HotrodError, match="decoder_start_token_id is not set"):
+        kinds.spec("seq2seq").new_state(None, dims, None, 8)
+    with pytest.raises(HotrodError, match="does not generate"):
+        kinds.spec("encoder").new_state(None, dims, None, 8)
+    graphs = {name: tuple(kinds.spec(name).contracts(dims)) for name in kinds.KINDS}
+    assert graphs == {"encoder": ("encoder",), "decoder": ("decoder",),
+                      "seq2seq": ("encoder", "decoder_init", "decoder")}

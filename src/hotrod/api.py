@@ -16,8 +16,8 @@ import torch
 from hotrod import artifact as art
 from hotrod import build, precisions
 from hotrod.build import build_module
-from hotrod.contracts import graph_contracts
 from hotrod.errors import HotrodError
+from hotrod.kinds import spec as kind_spec
 from hotrod.load import (
     Source,
     cache_dir,
@@ -285,7 +285,7 @@ def _ort_model(directory: Path, entries: dict[str, dict], device: str, threads: 
 
     config = read_config(directory)
     family = get_family(config.model_type)
-    contracts = graph_contracts(family.kind, family.dims(config))
+    contracts = kind_spec(family.kind).contracts(family.dims(config))
     backend = OrtBackend(art.graph_files(directory, entries), contracts,
                          RuntimeOptions(backend="onnxruntime", device=device, threads=threads))
     return HotrodModel(family, config, backend, load_generation_config(directory, config), load_tokenizer(directory),
@@ -308,7 +308,7 @@ def _torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel
     if options.device == "cuda" and not torch.cuda.is_available():
         raise HotrodError("device 'cuda' asked for, but this torch has no CUDA device")
     dims = src.family.dims(src.config)
-    contracts = graph_contracts(src.family.kind, dims)
+    contracts = kind_spec(src.family.kind).contracts(dims)
     if options.uses_static_engine:
         from hotrod.runtime.static import EngineOptions, StaticBackend
 

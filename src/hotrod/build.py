@@ -16,8 +16,8 @@ import torch
 
 from hotrod import artifact as art
 from hotrod import precisions
-from hotrod.contracts import graph_contracts
 from hotrod.export import export_graph
+from hotrod.kinds import spec as kind_spec
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.optimize import fuse_graph, lower_graph, note_fp32_ops, portable_graph
 from hotrod.optimize.calibration import Feeds
@@ -43,7 +43,7 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
     that run everywhere (`hotrod.optimize.portable`).
     """
     dims = src.family.dims(src.config)
-    contracts = graph_contracts(src.family.kind, dims)
+    contracts = kind_spec(src.family.kind).contracts(dims)
     module = build_module(src)
     graphs = module.graphs()
     entries = {}

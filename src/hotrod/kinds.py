@@ -3,7 +3,8 @@
 As Optimum describes each architecture in one declarative object, hotrod describes each kind (encoder,
 decoder-only, encoder-decoder) by what it does: whether it generates, whether it has an encoder, whether
 generated rows continue the prompt (so prompts pad on the left and count against the position limit) or
-begin with a start token, and which layers hold the self-attention cache. The decoding loop, the server,
+begin with a start token, which graphs it exports, which decoding state runs it and which layers hold
+the self-attention cache. The decoding loop, the server,
 verification, calibration and the benchmark read these answers; nothing outside this module and
 `hotrod.models` compares a kind's name. Families say which kind they are (`hotrod.registry`).
 """
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from hotrod.errors import check_choice
+from hotrod.contracts import GraphIO, graph_contracts
+from hotrod.errors import HotrodError, check_choice
+from hotrod.generation.cache import DecoderState, DecodingState, Seq2SeqState
 from hotrod.registry import Dims, Kind
 
 
@@ -35,6 +39,21 @@ class KindSpec:
     def infers_padding(self) -> bool:
         """generate() without a mask infers one from the pad token, as transformers does for these only."""
         return self.continues_prompt
+
+    def contracts(self, dims: Dims) -> dict[str, GraphIO]:
+        """The graphs every family of this kind exports, and their inputs and outputs."""
+        return graph_contracts(self.name, dims)
+
+    def new_state(self, backend: Any, dims: Dims, start_token: int | None, capacity: int) -> DecodingState:
+        """A fresh decoding state over `backend` with room for `capacity` positions per row; an encoder-decoder
+        starts each row with `start_token`, which it must have."""
+        if not self.generates:
+            raise HotrodError(f"a model of kind {self.name} does not generate")
+        if not self.encodes:
+            return DecoderState(backend, dims, capacity=capacity)
+        if start_token is None:
+            raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
+        return Seq2SeqState(backend, dims, start_token, capacity=capacity)
 
     def cache_layers(self, dims: Dims) -> int:
         """Layers that hold a self-attention cache while generating: the decoder's."""

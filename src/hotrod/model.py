@@ -18,7 +18,7 @@ import torch
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
-from hotrod.generation.cache import DecoderState, SelfCache, Seq2SeqState, compact_prompts
+from hotrod.generation.cache import DecodingState, SelfCache, compact_prompts
 from hotrod.generation.search import generate as run_search
 from hotrod.kinds import spec as kind_spec
 from hotrod.registry import Family
@@ -79,16 +79,12 @@ class HotrodModel:
         # The decoder's positions: after the prompt's (decoder-only), or after the start token's.
         return gen_config.resolve(values, self.spec.decoder_prompt(prompt_length), self.dims.max_positions)
 
-    def decoding_state(self, settings: gen_config.Settings) -> DecoderState | Seq2SeqState:
+    def decoding_state(self, settings: gen_config.Settings) -> DecodingState:
         """A fresh decoding state for this model (the server keeps one per running batch)."""
-        if not self.spec.encodes:
-            return DecoderState(self.backend, self.dims, capacity=settings.max_length)
         start = settings.decoder_start_token_id
         if start is None:
             start = getattr(self.config, "decoder_start_token_id", None)
-        if start is None:
-            raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
-        return Seq2SeqState(self.backend, self.dims, start, capacity=settings.max_length)
+        return self.spec.new_state(self.backend, self.dims, start, settings.max_length)
 
     # -- forward --------------------------------------------------------------------------------
 
