@@ -4,9 +4,9 @@ As Optimum describes each architecture in one declarative object, hotrod describ
 decoder-only, encoder-decoder) by what it does: whether it generates, whether it has an encoder, whether
 generated rows continue the prompt (so prompts pad on the left and count against the position limit) or
 begin with a start token, which graphs it exports, which decoding state runs it and which layers hold
-the self-attention cache. The decoding loop, the server,
-verification, calibration and the benchmark read these answers; nothing outside this module and
-`hotrod.models` compares a kind's name. Families say which kind they are (`hotrod.registry`).
+the self-attention cache. The decoding loop, the server, verification, calibration and the benchmark
+read these answers; nothing outside this module and `hotrod.models` compares a kind's name. Families say
+which kind they are (`hotrod.registry`).
 """
 
 from __future__ import annotations
