@@ -77,7 +77,11 @@ class OrtBackend:
                 binding.io.bind_output(name, self.device)
                 binding.bound.pop(name, None)
         self.sessions[graph].run_with_iobinding(binding.io)
-        return binding.outputs(io.output_names, into)
+        outputs = binding.outputs(io.output_names, into)
+        for name in io.output_names:  # the binding lets go of what onnxruntime allocated: the caller owns it
+            if name not in into:
+                binding.io.bind_output(name, self.device)
+        return outputs
 
     def _binding(self, graph: str) -> _Binding:
         bindings = self._local.__dict__.setdefault("bindings", {})
