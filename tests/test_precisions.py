@@ -25,9 +25,11 @@ MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), 
     "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", PER_BLOCK),
     "int4": ("int4 block-32 symmetric (MatMulNBits)", PER_BLOCK),
     "int4-b128": ("int4 block-128 symmetric (int4-b128, MatMulNBits)", PER_BLOCK),
+    "int4-b256": ("int4 block-256 symmetric (int4-b256, MatMulNBits)", PER_BLOCK),
 }
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-static": 1.0,
-                "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32, "int4-b128": 0.5 + 4 / 128}
+                "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32, "int4-b128": 0.5 + 4 / 128,
+                "int4-b256": 0.5 + 4 / 256}
 
 
 def test_one_list_in_the_order_the_cli_shows():
@@ -45,10 +47,10 @@ def test_what_the_pipeline_and_the_floor_read():
     assert precisions.names(lambda p: p.needs_feeds) == ("fp16", "bf16", "int8-static")
     assert precisions.names(lambda p: not p.converts) == ("fp32",)
     assert precisions.names(lambda p: p.candidate) == ("fp32", "fp16", "bf16", "int8", "int8-static", "int4",
-                                                                   "int4-b128")
+                                                                   "int4-b128", "int4-b256")
     assert {name: precisions.get(name).weight_bytes for name in PRECISIONS} == WEIGHT_BYTES
     assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-static", "int8-weight", "int4",
-                                                                    "int4-b128")
+                                                                    "int4-b128", "int4-b256")
     assert precisions.names(lambda p: p.compute == "half") == ("fp16", "bf16")
 
 

@@ -194,7 +194,8 @@ def test_tables_agree_with_options():
     assert set(MAX_CALIBRATION_FEEDS) == set(CALIBRATION_METHODS)
 
 
-@pytest.mark.parametrize("precision", ["int8", "int8-static", "int8-weight", "int4", "int4-b128"])
+@pytest.mark.parametrize("precision", ["int8", "int8-static", "int8-weight", "int4", "int4-b128",
+                                       "int4-b256"])
 def test_describe_names_the_precision_and_keeps_embeddings_fp32(precision):
     weights = precisions.get(precision).describe("percentile")
     assert set(weights) == {"matmul_weights", "lm_head", "embeddings", "activations"}
