@@ -10,7 +10,8 @@
   activations (accuracy level 4): int4's layout and kernel with twice the bits, for models int4 hurts.
 - int4: block-wise (32) symmetric int4 weights through MatMulNBits, computed with int8 activations
   (accuracy level 4); batch-1 decoding is bound by weight bytes, and this reads an eighth of fp32's.
-  int4-b128 is the same with blocks of 128: fewer scales to read and apply, a coarser fit.
+  int4-b128 and int4-b256 are the same with blocks of 128 and 256: fewer scales to read and apply, a
+  coarser fit.
 In all of them the token embedding stays fp32: a Gather reads one row per token, so quantizing it saves
 memory but no time, and costs accuracy.
 """

@@ -70,17 +70,15 @@ class OrtBackend:
         for name in io.input_names:
             self._bind_input(binding, name, feeds[name], alive)
         into = into or {}
+        allocated = [name for name in io.output_names if name not in into]  # by onnxruntime, at this run's shape
         for name in io.output_names:
             if name in into:  # the same memory as an input: onnxruntime's kernels then update it in place
                 binding.tensor(binding.io.bind_output, name, into[name])
-            else:  # onnxruntime allocates it, at this run's shape
-                binding.io.bind_output(name, self.device)
-                binding.bound.pop(name, None)
+            else:
+                binding.allocated(name, self.device)
         self.sessions[graph].run_with_iobinding(binding.io)
         outputs = binding.outputs(io.output_names, into)
-        for name in io.output_names:  # the binding lets go of what onnxruntime allocated: the caller owns it
-            if name not in into:
-                binding.io.bind_output(name, self.device)
+        binding.release(allocated, self.device)
         return outputs
 
     def _binding(self, graph: str) -> _Binding:
@@ -135,12 +133,28 @@ _NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int6
                 torch.int32: np.int32, torch.bool: np.bool_}
 
 
+_ALLOCATED = ("allocated by onnxruntime",)  # what `_Binding.bound` holds for an output onnxruntime allocates
+
+
 class _Binding:
-    """A graph's IOBinding and what each name is bound to by pointer: (pointer, shape, type) per name."""
+    """A graph's IOBinding and what each name is bound to: (pointer, shape, type, device) for memory bound
+    by pointer, `_ALLOCATED` for an output onnxruntime allocates on each run."""
 
     def __init__(self, io: ort.IOBinding):
         self.io = io
         self.bound: dict[str, tuple] = {}
+
+    def allocated(self, name: str, device: str) -> None:
+        """Have onnxruntime allocate output `name` on `device`, unless it is bound that way already."""
+        if self.bound.get(name) != _ALLOCATED:
+            self.io.bind_output(name, device)
+            self.bound[name] = _ALLOCATED
+
+    def release(self, names: list[str], device: str) -> None:
+        """Let go of the outputs onnxruntime allocated in the last run (the caller holds them now): binding
+        each to its device again empties its slot, and the next run allocates afresh."""
+        for name in names:
+            self.io.bind_output(name, device)
 
     def tensor(self, bind: Any, name: str, tensor: torch.Tensor) -> None:
         """Bind a contiguous torch tensor by pointer (`bind` is the binding's bind_input or bind_output),
