@@ -110,3 +110,19 @@ def test_process_without_sampling_leaves_scores_alone():
     scores = random_scores()
     s = settings(temperature=0.5, top_k=3, top_p=0.5, max_new_tokens=3)
     assert torch.equal(sampling.process(scores, random_sequences(), s, None), scores)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("scores_kind", ["random", "ties", "nan", "inf", "strided"])
+def test_argmax_is_torchs(scores_kind, dtype):
+    """The vocabulary argmax picks what torch.argmax picks: first of a tie, NaN as largest, -inf rows."""
+    scores = random_scores(3, ties=scores_kind == "ties").to(dtype)
+    if scores_kind == "nan":
+        scores[1, 7] = scores[4, 0] = scores[4, 9] = float("nan")
+    if scores_kind == "inf":
+        scores[2] = -float("inf")
+        scores[3, 5] = scores[3, 11] = float("inf")
+    if scores_kind == "strided":
+        scores = scores.t().contiguous().t()[::2]
+    ours = sampling.argmax(scores)
+    assert ours.dtype == torch.long and torch.equal(ours, torch.argmax(scores, dim=-1))

@@ -11,7 +11,7 @@ import torch
 
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import process
+from hotrod.generation.sampling import argmax, process
 
 NEG = -1.0e9
 
@@ -41,7 +41,7 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
         if generator is not None and generator.device != scores.device:
             scores = scores.to(generator.device)
         return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1).cpu()
-    return torch.argmax(scores, dim=-1).cpu()
+    return argmax(scores).cpu()
 
 
 def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:

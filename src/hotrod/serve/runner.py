@@ -31,6 +31,7 @@ from hotrod.generation import config as gen_config
 from hotrod.generation import search
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
+from hotrod.generation.sampling import argmax
 from hotrod.generation.search import pick
 from hotrod.model import HotrodModel, torch_threads
 from hotrod.serve.protocol import Params, TokenLogprobs
@@ -202,7 +203,7 @@ class GenerationRunner:
         tokens: list[int | BaseException] = [0] * len(requests)
         if plain:
             chosen = logits if len(plain) == len(requests) else logits[plain]
-            for i, token in zip(plain, torch.argmax(chosen, dim=-1).tolist()):
+            for i, token in zip(plain, argmax(chosen).tolist()):
                 tokens[i] = token
         for i, r in enumerate(requests):
             if not r.options.plain:
