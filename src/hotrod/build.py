@@ -21,8 +21,7 @@ from hotrod.kinds import spec as kind_spec
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.optimize import fuse_graph, lower_graph, note_fp32_ops, portable_graph
 from hotrod.optimize.calibration import Feeds
-from hotrod.optimize.fusion import fused_op_counts
-from hotrod.optimize.portable import kernel_runs
+from hotrod.optimize.fusion import fused_op_counts, kernel_runs
 from hotrod.options import ExportOptions
 from hotrod.precisions import Precision
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -81,7 +82,10 @@ def test_attention_is_one_fused_node_per_attention_block(zoo, case):
         producers = {out: node for node in model.graph.node for out in node.output}
         for node in (n for n in model.graph.node if n.op_type.endswith("Attention")):
             query = producers[node.input[0]]
-            assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q
+            if node.op_type == "GroupQueryAttention":  # fed the QKV projection itself, packed
+                assert not node.input[1] and not node.input[2] and query.op_type != "Split", query.op_type
+            else:
+                assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q
 
 
 def test_info_lists_fused_ops(zoo, capsys):
@@ -180,3 +184,34 @@ def test_no_weight_escapes_quantization(quantized, case_name, precision):
         constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
         fp32_weights = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in constants]
         assert not fp32_weights, f"{graph.name}: {fp32_weights}"
+
+
+def _split_into_attention(sizes, extra_reader=False, axis=-1) -> onnx.ModelProto:
+    """qkv -> Split(sizes) -> GroupQueryAttention, as the exporter writes it; optionally a second reader of k."""
+    nodes = [helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=axis),
+             helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_k", "past_v", "seqlens", "total"],
+                              ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=2, kv_num_heads=2)]
+    if extra_reader:
+        nodes.append(helper.make_node("Identity", ["k"], ["k_copy"]))
+    graph = helper.make_graph(nodes, "g", [], [], initializer=[
+        onnx.numpy_helper.from_array(np.array(sizes, np.int64), "sizes")])
+    return helper.make_model(graph)
+
+
+@pytest.mark.parametrize(("sizes", "extra_reader", "axis", "packs"), [
+    ((16, 16, 16), False, -1, True),
+    ((16, 16, 16), False, 2, True),
+    ((16, 8, 8), False, -1, False),  # grouped heads: not the op's packed layout here
+    ((16, 16, 16), True, -1, False),  # k is read elsewhere too
+    ((16, 16, 16), False, 1, False),  # not the hidden axis
+])
+def test_pack_qkv_folds_only_an_equal_split_nothing_else_reads(sizes, extra_reader, axis, packs):
+    from hotrod.optimize.fusion import pack_qkv
+
+    model = pack_qkv(_split_into_attention(sizes, extra_reader, axis))
+    attention = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    ops = [n.op_type for n in model.graph.node]
+    if packs:
+        assert list(attention.input[:3]) == ["qkv", "", ""] and "Split" not in ops
+    else:
+        assert list(attention.input[:3]) == ["q", "k", "v"] and "Split" in ops

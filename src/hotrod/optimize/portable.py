@@ -33,12 +33,6 @@ _DOMAIN = "com.microsoft"
 _PREFIX = "portable_attention/"
 
 
-def kernel_runs(device: str, head_dim: int) -> bool:
-    """Whether ONNX Runtime runs the exported fp32 GroupQueryAttention on `device`: only its CPU provider
-    has it in fp32, and only for head sizes that are a multiple of 8 (it refuses others at run time)."""
-    return device == "cpu" and head_dim % 8 == 0
-
-
 def has_in_place_attention(model: onnx.ModelProto) -> bool:
     return any(node.op_type == IN_PLACE_OP for node in model.graph.node)
 
