@@ -20,13 +20,15 @@ class _Ticket:
 @pytest.fixture
 def calls(monkeypatch):
     """How often each state operation ran, so the test knows every path was taken."""
-    counts = {"join": 0, "keep": 0, "place": 0}
+    counts = {"join": 0, "keep": 0, "place": 0, "most_joined": 0}
     for cls in (cache.DecoderState, cache.Seq2SeqState):
-        for name in counts:
+        for name in ("join", "keep", "place"):
             original = getattr(cls, name)
 
             def counted(self, *args, _original=original, _name=name):
                 counts[_name] += 1
+                if _name == "join":  # how many states one join took in at once
+                    counts["most_joined"] = max(counts["most_joined"], len(args[0]))
                 return _original(self, *args)
 
             monkeypatch.setattr(cls, name, counted)
@@ -39,12 +41,16 @@ def _alone(model, request: Request, eos) -> list[int]:
     return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
 
 
-def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, calls):
+@pytest.mark.parametrize("burst", [1, 3], ids=["one_by_one", "bursts"])
+def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, calls, burst):
+    """Requests arrive one every other step, or three at a time (prefilled in parts by length, then
+    joined to the running rows in one join)."""
     model = zoo.model(lm_case, backend)
     runner = GenerationRunner(model)
-    scheduler = ContinuousScheduler(4, 10**6, 100, runner.eos_ids)
+    scheduler = ContinuousScheduler(4 if burst == 1 else 8, 10**6, 100, runner.eos_ids)
     generator = torch.Generator().manual_seed(1)
-    lengths = [3, 11, 5, 9, 4, 10, 6, 2]
+    # In bursts, a long prompt arrives with two short ones: prefilled in two parts (`hotrod.batching.plan`).
+    lengths = [3, 11, 5, 9, 4, 10, 6, 2] if burst == 1 else [3, 40, 4, 2, 45, 5, 3, 38]
     news = [12, 3, 9, 5, 11, 4, 7, 6]
     requests = [Request(_Ticket(), prompt=torch.randint(2, 100, (n,), generator=generator).tolist(),
                         params=Params(max_new_tokens=new)) for n, new in zip(lengths, news)]
@@ -53,13 +59,15 @@ def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, c
     pending, step = list(requests), 0
     while pending or scheduler.busy():
         if pending and step % 2 == 0:
-            scheduler.add(pending.pop(0))
+            for _ in range(min(burst, len(pending))):
+                scheduler.add(pending.pop(0))
         _execute(scheduler, runner, scheduler.plan())
         step += 1
     runner.release(scheduler.plan().release)
     for request in requests:
         assert request.tokens == _alone(model, request, runner.eos_ids)
-    assert calls["join"] and calls["keep"] and calls["place"]
+    assert calls["join"] and calls["keep"] and (calls["place"] or burst > 1)
+    assert calls["most_joined"] >= burst - 1  # in bursts, one join takes in several prefilled parts
     assert not runner.groups
 
 

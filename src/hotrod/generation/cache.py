@@ -35,8 +35,8 @@ class DecodingState(Protocol):
     def reorder(self, index: torch.Tensor) -> None:
         """Keep cache rows `index` (beam search)."""
 
-    def join(self, other: DecodingState) -> None:
-        """Append the rows of `other`, a state of the same model that has been started."""
+    def join(self, others: list[DecodingState]) -> None:
+        """Append the rows of `others`, in order: started states of the same model."""
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (the others have finished)."""
@@ -145,19 +145,27 @@ class SelfCache:
     def release(self, rows: list[int]) -> None:
         self.lengths[rows], self.idle[rows] = 0, True
 
-    def join(self, other: SelfCache) -> None:
-        if not self.buffers:
-            self.buffers, self.lengths, self.idle, self.capacity = other.buffers, other.lengths, other.idle, other.capacity
+    def join(self, others: list[SelfCache]) -> None:
+        """Append the rows of `others`, in order, in one new buffer per layer: joining several states at
+        once copies each row once, where joining them one by one recopies the rows joined before."""
+        parts = ([self] if self.buffers else []) + list(others)
+        if len(parts) == 1:
+            part = parts[0]
+            self.buffers, self.lengths, self.idle, self.capacity = part.buffers, part.lengths, part.idle, part.capacity
             return
-        rows, capacity = len(self.lengths), max(self.capacity, other.capacity)
-        total = rows + len(other.lengths)
+        capacity = max(part.capacity for part in parts)
+        total = sum(len(part.lengths) for part in parts)
         joined = []
-        for a, b in zip(self.buffers, other.buffers):
-            out = self._new(total, capacity)
-            self._copy(out, a, self.length, slice(0, rows))
-            joined.append(self._copy(out, b, other.length, slice(rows, total)))
+        for layer in range(len(self.past)):
+            out, start = self._new(total, capacity), 0
+            for part in parts:
+                rows = len(part.lengths)
+                self._copy(out, part.buffers[layer], part.length, slice(start, start + rows))
+                start += rows
+            joined.append(out)
         self.buffers, self.capacity = joined, capacity
-        self.lengths, self.idle = torch.cat([self.lengths, other.lengths]), torch.cat([self.idle, other.idle])
+        self.lengths = torch.cat([part.lengths for part in parts])
+        self.idle = torch.cat([part.idle for part in parts])
 
     def _new(self, rows: int, capacity: int) -> Any:
         return self.backend.empty((rows, self.shape[0], capacity, self.shape[1]))
@@ -245,8 +253,8 @@ class DecoderState(_OnSelfCache):
     def place(self, other: DecoderState, pairs: list[tuple[int, int]]) -> None:
         self.kv.place(other.kv, pairs)
 
-    def join(self, other: DecoderState) -> None:
-        self.kv.join(other.kv)
+    def join(self, others: list[DecoderState]) -> None:
+        self.kv.join([other.kv for other in others])
 
     def keep(self, index: torch.Tensor) -> None:
         if not len(index):
@@ -317,25 +325,27 @@ class Seq2SeqState(_OnSelfCache):
             self.mask[slot] = 0
             self.mask[slot, :width] = other.mask[row]
 
-    def join(self, other: Seq2SeqState) -> None:
-        """Cross K/V and encoder masks pad on the right to the wider of the two."""
-        if not self.kv.buffers:
-            self.kv.join(other.kv)
-            self.cross, self.mask = other.cross, other.mask
+    def join(self, others: list[Seq2SeqState]) -> None:
+        """Cross K/V and encoder masks pad on the right to the widest."""
+        parts = ([self] if self.kv.buffers else []) + list(others)
+        self.kv.join([other.kv for other in others])
+        if len(parts) == 1:
+            self.cross, self.mask = parts[0].cross, parts[0].mask
             return
-        self.kv.join(other.kv)
-        ours, theirs = self.mask.shape[1], other.mask.shape[1]
-        width = max(ours, theirs)
+        width = max(part.mask.shape[1] for part in parts)
+        total = sum(part.mask.shape[0] for part in parts)
         joined = []
-        for a, b in zip(self.cross, other.cross):
-            a, b = self.backend.view(a), self.backend.view(b)
-            out = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
-            out[: a.shape[0], :, :ours] = a
-            out[a.shape[0] :, :, :theirs] = b
+        for layer in range(len(self.cross_names)):
+            views = [self.backend.view(part.cross[layer]) for part in parts]
+            out = views[0].new_zeros((total, views[0].shape[1], width, views[0].shape[3]))
+            start = 0
+            for view in views:
+                out[start : start + view.shape[0], :, : view.shape[2]] = view
+                start += view.shape[0]
             joined.append(out)
         self.cross = joined
         pad = torch.nn.functional.pad
-        self.mask = torch.cat([pad(self.mask, (0, width - ours)), pad(other.mask, (0, width - theirs))])
+        self.mask = torch.cat([pad(part.mask, (0, width - part.mask.shape[1])) for part in parts])
 
     def keep(self, index: torch.Tensor) -> None:
         if not len(index):
