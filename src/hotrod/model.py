@@ -79,12 +79,13 @@ class HotrodModel:
         # The decoder's positions: after the prompt's (decoder-only), or after the start token's.
         return gen_config.resolve(values, self.spec.decoder_prompt(prompt_length), self.dims.max_positions)
 
-    def decoding_state(self, settings: gen_config.Settings) -> DecodingState:
-        """A fresh decoding state for this model (the server keeps one per running batch)."""
+    def decoding_state(self, settings: gen_config.Settings, capacity: int | None = None) -> DecodingState:
+        """A fresh decoding state for this model (the server keeps one per running batch), whose cache
+        starts with `capacity` positions per row (default: the settings' whole `max_length`)."""
         start = settings.decoder_start_token_id
         if start is None:
             start = getattr(self.config, "decoder_start_token_id", None)
-        return self.spec.new_state(self.backend, self.dims, start, settings.max_length)
+        return self.spec.new_state(self.backend, self.dims, start, settings.max_length if capacity is None else capacity)
 
     # -- forward --------------------------------------------------------------------------------
 

@@ -213,5 +213,6 @@ def test_pack_qkv_folds_only_an_equal_split_nothing_else_reads(sizes, extra_read
     ops = [n.op_type for n in model.graph.node]
     if packs:
         assert list(attention.input[:3]) == ["qkv", "", ""] and "Split" not in ops
+        assert not model.graph.initializer  # the split's sizes went with it
     else:
         assert list(attention.input[:3]) == ["q", "k", "v"] and "Split" in ops

@@ -35,8 +35,9 @@ class DecodingState(Protocol):
     def reorder(self, index: torch.Tensor) -> None:
         """Keep cache rows `index` (beam search)."""
 
-    def join(self, others: list[DecodingState]) -> None:
-        """Append the rows of `others`, in order: started states of the same model."""
+    def join(self, others: list[DecodingState], positions: int = 0) -> None:
+        """Append the rows of `others`, in order: started states of the same model. The joined buffers
+        hold at least `positions` per row (what the rows will need, when the parts hold less)."""
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (the others have finished)."""
@@ -145,15 +146,16 @@ class SelfCache:
     def release(self, rows: list[int]) -> None:
         self.lengths[rows], self.idle[rows] = 0, True
 
-    def join(self, others: list[SelfCache]) -> None:
+    def join(self, others: list[SelfCache], positions: int = 0) -> None:
         """Append the rows of `others`, in order, in one new buffer per layer: joining several states at
         once copies each row once, where joining them one by one recopies the rows joined before."""
         parts = ([self] if self.buffers else []) + list(others)
         if len(parts) == 1:
             part = parts[0]
             self.buffers, self.lengths, self.idle, self.capacity = part.buffers, part.lengths, part.idle, part.capacity
+            self.reserve(positions)
             return
-        capacity = max(part.capacity for part in parts)
+        capacity = max(positions, *(part.capacity for part in parts))
         total = sum(len(part.lengths) for part in parts)
         joined = []
         for layer in range(len(self.past)):
@@ -253,8 +255,8 @@ class DecoderState(_OnSelfCache):
     def place(self, other: DecoderState, pairs: list[tuple[int, int]]) -> None:
         self.kv.place(other.kv, pairs)
 
-    def join(self, others: list[DecoderState]) -> None:
-        self.kv.join([other.kv for other in others])
+    def join(self, others: list[DecoderState], positions: int = 0) -> None:
+        self.kv.join([other.kv for other in others], positions)
 
     def keep(self, index: torch.Tensor) -> None:
         if not len(index):
@@ -325,10 +327,10 @@ class Seq2SeqState(_OnSelfCache):
             self.mask[slot] = 0
             self.mask[slot, :width] = other.mask[row]
 
-    def join(self, others: list[Seq2SeqState]) -> None:
+    def join(self, others: list[Seq2SeqState], positions: int = 0) -> None:
         """Cross K/V and encoder masks pad on the right to the widest."""
         parts = ([self] if self.kv.buffers else []) + list(others)
-        self.kv.join([other.kv for other in others])
+        self.kv.join([other.kv for other in others], positions)
         if len(parts) == 1:
             self.cross, self.mask = parts[0].cross, parts[0].mask
             return

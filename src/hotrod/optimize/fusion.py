@@ -80,8 +80,8 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
     readers = Counter(name for node in graph.node for name in node.input)
-    constants = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
-    constants.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+    constants = {t.name: t for t in graph.initializer}  # converted only where a split's sizes are read
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
                       if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
     folded = set()
     for node in graph.node:
@@ -94,6 +94,13 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
         node.input[0], node.input[1], node.input[2] = split.input[0], "", ""
         folded.add(id(split))
     kept = [node for node in graph.node if id(node) not in folded]
+    # The splits' sizes go too, unless something else reads them (ONNX Runtime warns of a constant left over).
+    read = {name for node in kept for name in node.input} | {out.name for out in graph.output}
+    sizes = {node.input[1] for node in graph.node if id(node) in folded and len(node.input) > 1} - read
+    kept = [node for node in kept if node.op_type != "Constant" or node.output[0] not in sizes]
+    unread = [t for t in graph.initializer if t.name in sizes]
+    for tensor in unread:
+        graph.initializer.remove(tensor)
     del graph.node[:]
     graph.node.extend(kept)
     return model
@@ -107,7 +114,7 @@ def _equal_last_axis_split(split: onnx.NodeProto, constants: dict) -> bool:
     if len(split.input) < 2 or not split.input[1]:
         return "split" not in attrs or len(set(attrs["split"])) == 1  # no sizes: equal parts
     sizes = constants.get(split.input[1])
-    return sizes is not None and len(set(sizes.tolist())) == 1
+    return sizes is not None and len(set(onnx.numpy_helper.to_array(sizes).tolist())) == 1
 
 
 def fused_op_counts(model: onnx.ModelProto) -> dict[str, int]:
