@@ -78,6 +78,9 @@ def _execute(scheduler, runner, plan) -> None:
                          (plan.admit, runner.admit(plan.admit) if plan.admit else [])):
         for row, pick in zip(rows, tokens):
             scheduler.record(row, pick.token)
+    for group in runner.groups:  # sized once for what its rows will need: no step grows the cache
+        wanted = max(r.options.settings.max_length for r in group.rows if r is not None)
+        assert group.state.kv.capacity >= wanted
 
 
 def test_a_long_request_leaving_gives_its_cache_memory_back(lm_case, zoo):
