@@ -62,6 +62,9 @@ class DecodingState(Protocol):
         """The rows left need at most `positions` each: give back memory held for rows that have gone."""
 
 
+ROUND_POSITIONS = 64  # a grown cache's positions per row are a multiple of this (see `SelfCache._rounded`)
+
+
 class SelfCache:
     """Self-attention K/V buffers [rows, heads, capacity, head_dim], updated in place by the graph.
 
@@ -111,10 +114,16 @@ class SelfCache:
     def reserve(self, positions: int) -> None:
         if positions <= self.capacity:
             return
-        grown = max(positions, self.capacity + self.capacity // 2)
+        self._resize(self._rounded(max(positions, self.capacity + self.capacity // 2), positions))
+
+    def _rounded(self, capacity: int, needed: int) -> int:
+        """`capacity` up to a multiple of ROUND_POSITIONS, within the model's positions (never under
+        `needed`): a server batch sized for its rows' needs then seldom grows for one newcomer's few more
+        positions, each growth being a copy of every row into fresh memory."""
+        capacity = -(-capacity // ROUND_POSITIONS) * ROUND_POSITIONS
         if self.max_positions:
-            grown = max(positions, min(grown, self.max_positions))
-        self._resize(grown)
+            capacity = min(capacity, self.max_positions)
+        return max(capacity, needed)
 
     def fit(self, positions: int) -> None:
         """Shrink to `positions` per row (one copy) once the buffers hold twice that: a long request that
@@ -155,7 +164,8 @@ class SelfCache:
             self.buffers, self.lengths, self.idle, self.capacity = part.buffers, part.lengths, part.idle, part.capacity
             self.reserve(positions)
             return
-        capacity = max(positions, *(part.capacity for part in parts))
+        capacity = max(part.capacity for part in parts)
+        capacity = max(capacity, self._rounded(positions, positions)) if positions > capacity else capacity
         total = sum(len(part.lengths) for part in parts)
         joined = []
         for layer in range(len(self.past)):

@@ -1,0 +1,57 @@
+"""The self-attention cache's sizing: growth in rounded steps within the model's positions, and joins."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotrod.generation.cache import ROUND_POSITIONS, SelfCache
+from hotrod.registry import Dims
+
+
+class _Backend:
+    """What SelfCache asks of a backend, on plain torch tensors."""
+
+    def empty(self, shape):
+        return torch.zeros(shape)
+
+    def view(self, value):
+        return value
+
+
+def _cache(rows: int, capacity: int, max_positions: int | None = 1024, fill: float = 1.0) -> SelfCache:
+    dims = Dims(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, head_dim=4, max_positions=max_positions)
+    cache = SelfCache(_Backend(), dims, 2, capacity)
+    cache.allocate(rows, capacity)
+    cache.lengths = torch.full((rows,), min(capacity, 3), dtype=torch.long)
+    for buffer in cache.buffers:
+        buffer.fill_(fill)
+    return cache
+
+
+@pytest.mark.parametrize(("capacity", "asked", "max_positions", "grown"), [
+    (100, 101, 1024, 192),  # 1.5x, up to a multiple of the step
+    (100, 300, 1024, 320),  # what was asked, up to a multiple
+    (100, 101, 130, 130),  # never past the model's positions
+    (100, 200, 130, 200),  # nor under what was asked
+    (100, 101, None, 192),  # relative positions: no limit
+    (100, 90, 1024, 100),  # room enough: unchanged
+])
+def test_reserve_grows_in_rounded_steps_within_the_models_positions(capacity, asked, max_positions, grown):
+    cache = _cache(2, capacity, max_positions)
+    cache.reserve(asked)
+    assert cache.capacity == grown and all(b.shape[2] == grown for b in cache.buffers)
+    assert all(bool((b[:, :, :3] == 1).all()) for b in cache.buffers)  # the rows' positions were kept
+
+
+def test_a_join_takes_every_part_at_once_sized_for_what_the_rows_will_need():
+    first, second, third = _cache(2, 40, fill=1), _cache(1, 10, fill=2), _cache(3, 20, fill=3)
+    first.join([second, third], positions=100)
+    assert first.capacity == -(-100 // ROUND_POSITIONS) * ROUND_POSITIONS
+    assert first.lengths.tolist() == [3] * 6
+    for buffer in first.buffers:
+        assert buffer.shape[:3] == (6, 2, first.capacity)
+        assert [float(buffer[row, 0, 0, 0]) for row in range(6)] == [1, 1, 2, 3, 3, 3]
+    roomy = _cache(1, 200)
+    roomy.join([_cache(1, 10)], positions=50)  # the parts hold enough already: no rounding up
+    assert roomy.capacity == 200
