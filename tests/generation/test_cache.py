@@ -55,3 +55,12 @@ def test_a_join_takes_every_part_at_once_sized_for_what_the_rows_will_need():
     roomy = _cache(1, 200)
     roomy.join([_cache(1, 10)], positions=50)  # the parts hold enough already: no rounding up
     assert roomy.capacity == 200
+
+
+def test_joining_nothing_sizes_the_rows_for_what_they_will_need():
+    """A lone prefilled group (prompt-wide) grows to what its rows will need, rounded, not by half again."""
+    cache = _cache(2, 100)
+    cache.join([], positions=116)
+    assert cache.capacity == 128
+    cache.join([], positions=50)
+    assert cache.capacity == 128

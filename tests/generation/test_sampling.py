@@ -126,3 +126,4 @@ def test_argmax_is_torchs(scores_kind, dtype):
         scores = scores.t().contiguous().t()[::2]
     ours = sampling.argmax(scores)
     assert ours.dtype == torch.long and torch.equal(ours, torch.argmax(scores, dim=-1))
+    assert torch.equal(sampling.argmax(scores[0]), torch.argmax(scores[0], dim=-1))  # one row, 1-D

@@ -186,29 +186,31 @@ def test_no_weight_escapes_quantization(quantized, case_name, precision):
         assert not fp32_weights, f"{graph.name}: {fp32_weights}"
 
 
-def _split_into_attention(sizes, extra_reader=False, axis=-1) -> onnx.ModelProto:
+def _split_into_attention(sizes, extra_reader=False, axis=-1, k_is_output=False) -> onnx.ModelProto:
     """qkv -> Split(sizes) -> GroupQueryAttention, as the exporter writes it; optionally a second reader of k."""
     nodes = [helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=axis),
              helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_k", "past_v", "seqlens", "total"],
                               ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=2, kv_num_heads=2)]
     if extra_reader:
         nodes.append(helper.make_node("Identity", ["k"], ["k_copy"]))
-    graph = helper.make_graph(nodes, "g", [], [], initializer=[
+    outputs = [helper.make_tensor_value_info("k", onnx.TensorProto.FLOAT, None)] if k_is_output else []
+    graph = helper.make_graph(nodes, "g", [], outputs, initializer=[
         onnx.numpy_helper.from_array(np.array(sizes, np.int64), "sizes")])
     return helper.make_model(graph)
 
 
-@pytest.mark.parametrize(("sizes", "extra_reader", "axis", "packs"), [
-    ((16, 16, 16), False, -1, True),
-    ((16, 16, 16), False, 2, True),
-    ((16, 8, 8), False, -1, False),  # grouped heads: not the op's packed layout here
-    ((16, 16, 16), True, -1, False),  # k is read elsewhere too
-    ((16, 16, 16), False, 1, False),  # not the hidden axis
+@pytest.mark.parametrize(("sizes", "extra_reader", "axis", "k_is_output", "packs"), [
+    ((16, 16, 16), False, -1, False, True),
+    ((16, 16, 16), False, 2, False, True),
+    ((16, 8, 8), False, -1, False, False),  # grouped heads: not the op's packed layout here
+    ((16, 16, 16), True, -1, False, False),  # k is read elsewhere too
+    ((16, 16, 16), False, -1, True, False),  # k is a graph output
+    ((16, 16, 16), False, 1, False, False),  # not the hidden axis
 ])
-def test_pack_qkv_folds_only_an_equal_split_nothing_else_reads(sizes, extra_reader, axis, packs):
+def test_pack_qkv_folds_only_an_equal_split_nothing_else_reads(sizes, extra_reader, axis, k_is_output, packs):
     from hotrod.optimize.fusion import pack_qkv
 
-    model = pack_qkv(_split_into_attention(sizes, extra_reader, axis))
+    model = pack_qkv(_split_into_attention(sizes, extra_reader, axis, k_is_output))
     attention = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
     ops = [n.op_type for n in model.graph.node]
     if packs:

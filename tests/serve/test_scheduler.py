@@ -114,8 +114,8 @@ def test_row_limit_and_kv_budget_bound_the_running_batch():
     scheduler, runner = ContinuousScheduler(3, 10**6, 100, (EOS,)), FakeRunner()
     _drive(scheduler, runner, {0: [_request(i, 4) for i in range(7)]})
     assert max(len(b) for b in runner.batches) == 3
-    # budget: 2 rows of footprint 4 + 6 = 10 positions fit in 20, a third does not
-    scheduler, runner = ContinuousScheduler(8, 20, 100, (EOS,)), FakeRunner()
+    # budget: 2 rows of footprint 4 + 6 = 10 positions, held as 64 by the cache, fit in 128, a third does not
+    scheduler, runner = ContinuousScheduler(8, 128, 100, (EOS,)), FakeRunner()
     requests = [_request(i, 6) for i in range(5)]
     _drive(scheduler, runner, {0: requests})
     assert max(len(b) for b in runner.batches) == 2

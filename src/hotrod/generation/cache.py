@@ -37,7 +37,8 @@ class DecodingState(Protocol):
 
     def join(self, others: list[DecodingState], positions: int = 0) -> None:
         """Append the rows of `others`, in order: started states of the same model. The joined buffers
-        hold at least `positions` per row (what the rows will need, when the parts hold less)."""
+        hold at least `positions` per row (what the rows will need, when the parts hold less); joining
+        no others only sizes the state's own buffers so."""
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (the others have finished)."""
@@ -162,7 +163,8 @@ class SelfCache:
         if len(parts) == 1:
             part = parts[0]
             self.buffers, self.lengths, self.idle, self.capacity = part.buffers, part.lengths, part.idle, part.capacity
-            self.reserve(positions)
+            if positions > self.capacity:
+                self._resize(self._rounded(positions, positions))
             return
         capacity = max(part.capacity for part in parts)
         capacity = max(capacity, self._rounded(positions, positions)) if positions > capacity else capacity

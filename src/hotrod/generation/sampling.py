@@ -6,6 +6,7 @@ top-k, top-p. Each takes scores [rows, vocab] and returns new scores.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hotrod.generation.config import Settings
@@ -33,7 +34,7 @@ def argmax(scores: torch.Tensor) -> torch.Tensor:
     """
     if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64):
         return torch.argmax(scores, dim=-1)
-    return torch.from_numpy(scores.detach().numpy().argmax(axis=-1))
+    return torch.from_numpy(np.asarray(scores.detach().numpy().argmax(axis=-1)))  # a 0-d array for one row
 
 
 def suppress(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:

@@ -80,6 +80,7 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
     readers = Counter(name for node in graph.node for name in node.input)
+    readers.update(out.name for out in graph.output)
     constants = {t.name: t for t in graph.initializer}  # converted only where a split's sizes are read
     constants.update({n.output[0]: n.attribute[0].t for n in graph.node
                       if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
@@ -101,6 +102,8 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     unread = [t for t in graph.initializer if t.name in sizes]
     for tensor in unread:
         graph.initializer.remove(tensor)
+    for value in [v for v in graph.input if v.name in sizes]:  # initializers listed as inputs (old IR)
+        graph.input.remove(value)
     del graph.node[:]
     graph.node.extend(kept)
     return model

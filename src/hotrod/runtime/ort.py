@@ -137,8 +137,8 @@ class OrtBackend:
 class _Lent:
     """An OrtValue's host buffer lent to numpy, and through it to torch, without a copy.
 
-    OrtValue.numpy() is a view that does not keep its OrtValue alive; an array made from this object
-    holds it as its base, so the buffer lives as long as any array or tensor on it. Copying a step's
+    An array made from this object holds the OrtValue as its base, so the buffer lives as long as any
+    array or tensor on it, whether or not this onnxruntime's own numpy() view does. Copying a step's
     logits instead cost a fresh vocab-sized buffer per token (GPT-2: about 50 us a step with its page
     faults, against a kernel time of 3-4 ms).
     """

@@ -186,7 +186,7 @@ class GenerationRunner:
             return
         wanted = _wanted(row for group in self.groups for row in group.rows)
         if len(self.groups) == 1:
-            self.groups[0].state.reserve(wanted)  # rows prefilled with their prompts' room only
+            self.groups[0].state.join([], wanted)  # rows prefilled with their prompts' room only
             return
         for group in self.groups:  # a join copies the cache anyway: leave the free slots behind
             _compact(group)

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from hotrod.generation.cache import ROUND_POSITIONS
 from hotrod.serve.protocol import Params, QueueFull
 
 POLICIES = ("continuous", "request", "none")
@@ -159,7 +160,8 @@ class ContinuousScheduler:
         if len(batch) + 1 > self.max_batch_size:
             return False
         rows = [*batch, request]
-        return len(rows) * max(r.footprint for r in rows) <= self.kv_budget
+        positions = -(-max(r.footprint for r in rows) // ROUND_POSITIONS) * ROUND_POSITIONS  # as the cache holds them
+        return len(rows) * positions <= self.kv_budget
 
     def _drop_cancelled(self) -> list[Request]:
         gone = [r for r in (*self.waiting, *self.running) if r.cancelled]
