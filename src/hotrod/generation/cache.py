@@ -66,6 +66,11 @@ class DecodingState(Protocol):
 ROUND_POSITIONS = 64  # a grown cache's positions per row are a multiple of this (see `SelfCache._rounded`)
 
 
+def rounded_positions(positions: int) -> int:
+    """`positions` up to a multiple of ROUND_POSITIONS: what a grown cache holds per row for them."""
+    return -(-positions // ROUND_POSITIONS) * ROUND_POSITIONS
+
+
 class SelfCache:
     """Self-attention K/V buffers [rows, heads, capacity, head_dim], updated in place by the graph.
 
@@ -121,7 +126,7 @@ class SelfCache:
         """`capacity` up to a multiple of ROUND_POSITIONS, within the model's positions (never under
         `needed`): a server batch sized for its rows' needs then seldom grows for one newcomer's few more
         positions, each growth being a copy of every row into fresh memory."""
-        capacity = -(-capacity // ROUND_POSITIONS) * ROUND_POSITIONS
+        capacity = rounded_positions(capacity)
         if self.max_positions:
             capacity = min(capacity, self.max_positions)
         return max(capacity, needed)
@@ -160,14 +165,15 @@ class SelfCache:
         """Append the rows of `others`, in order, in one new buffer per layer: joining several states at
         once copies each row once, where joining them one by one recopies the rows joined before."""
         parts = ([self] if self.buffers else []) + list(others)
+        capacity = max(part.capacity for part in parts)
+        if positions > capacity:
+            capacity = self._rounded(positions, positions)
         if len(parts) == 1:
             part = parts[0]
             self.buffers, self.lengths, self.idle, self.capacity = part.buffers, part.lengths, part.idle, part.capacity
-            if positions > self.capacity:
-                self._resize(self._rounded(positions, positions))
+            if capacity > self.capacity:
+                self._resize(capacity)
             return
-        capacity = max(part.capacity for part in parts)
-        capacity = max(capacity, self._rounded(positions, positions)) if positions > capacity else capacity
         total = sum(len(part.lengths) for part in parts)
         joined = []
         for layer in range(len(self.past)):

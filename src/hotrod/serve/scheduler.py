@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotrod.generation.cache import ROUND_POSITIONS
+from hotrod.generation.cache import rounded_positions
 from hotrod.serve.protocol import Params, QueueFull
 
 POLICIES = ("continuous", "request", "none")
@@ -160,8 +160,7 @@ class ContinuousScheduler:
         if len(batch) + 1 > self.max_batch_size:
             return False
         rows = [*batch, request]
-        positions = -(-max(r.footprint for r in rows) // ROUND_POSITIONS) * ROUND_POSITIONS  # as the cache holds them
-        return len(rows) * positions <= self.kv_budget
+        return len(rows) * rounded_positions(max(r.footprint for r in rows)) <= self.kv_budget  # as the cache holds them
 
     def _drop_cancelled(self) -> list[Request]:
         gone = [r for r in (*self.waiting, *self.running) if r.cancelled]
