@@ -63,19 +63,24 @@ def test_a_gpu_build_keeps_the_fused_norms(zoo, tmp_path):
 
 def test_attention_is_one_fused_node_per_attention_block(zoo, case):
     """Each attention block is one attention node fed by one QKV MatMul: a GroupQueryAttention over the
-    in-place cache for a decoder step's self-attention, a MultiHeadAttention everywhere else (encoders,
-    T5's first step and every cross-attention)."""
+    in-place cache for a decoder step's self-attention, ONNX's Attention for an encoder model's
+    self-attention (the zoo builds for the CPU, `hotrod.optimize.fusion.onnx_attention`), a
+    MultiHeadAttention everywhere else (T5's encoder, whose k and v reach it as [B, N, S, H], its first
+    step and every cross-attention)."""
     artifact = zoo.artifact(case)
     graphs = json.loads((artifact / "manifest.json").read_text())["graphs"]
     config = CASES[case].config()
     layers = getattr(config, "num_hidden_layers", None) or config.num_layers
     decoder_layers = getattr(config, "num_decoder_layers", None) or layers
-    expected = {  # graph: (GroupQueryAttention, MultiHeadAttention)
-        "encoder": (0, layers), "decoder_init": (0, 2 * decoder_layers), "decoder": (decoder_layers, decoder_layers)}
+    expected = {  # graph: (GroupQueryAttention, MultiHeadAttention, Attention)
+        "encoder": (0, 0, layers), "decoder_init": (0, 2 * decoder_layers, 0),
+        "decoder": (decoder_layers, decoder_layers, 0)}
     if CASES[case].kind == "decoder":
-        expected["decoder"] = (layers, 0)
+        expected["decoder"] = (layers, 0, 0)
+    if CASES[case].kind == "seq2seq":
+        expected["encoder"] = (0, layers, 0)
     for name, entry in graphs.items():
-        counts = tuple(entry["fused_ops"].get(op, 0) for op in ("GroupQueryAttention", "MultiHeadAttention"))
+        counts = tuple(entry["fused_ops"].get(op, 0) for op in ("GroupQueryAttention", "MultiHeadAttention", "Attention"))
         assert counts == expected[name], name
         model = onnx.load(str(artifact / entry["file"]))
         assert "Softmax" not in {n.op_type for n in model.graph.node}
@@ -84,6 +89,8 @@ def test_attention_is_one_fused_node_per_attention_block(zoo, case):
             query = producers[node.input[0]]
             if node.op_type == "GroupQueryAttention":  # fed the QKV projection itself, packed
                 assert not node.input[1] and not node.input[2] and query.op_type != "Split", query.op_type
+            elif node.op_type == "Attention":  # q, k and v: the parts of one Split of the QKV projection
+                assert query.op_type == "Split" and list(query.output) == list(node.input[:3]), query.op_type
             else:
                 assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q
 
@@ -218,3 +225,70 @@ def test_pack_qkv_folds_only_an_equal_split_nothing_else_reads(sizes, extra_read
         assert not model.graph.initializer  # the split's sizes went with it
     else:
         assert list(attention.input[:3]) == ["q", "k", "v"] and "Split" in ops
+
+
+def _self_attention(sizes=(16, 16, 16), bias=True, padding_mask=False, present=False, unidirectional=0,
+                    extra_nodes=()) -> onnx.ModelProto:
+    """x -> Split(sizes) -> MultiHeadAttention(q, k, v[, bias]) -> y, in opset 17."""
+    f32 = onnx.TensorProto.FLOAT
+    inputs = ["q", "k", "v", "", "mask" if padding_mask else "", "bias" if bias else ""]
+    outputs = ["y", "present_k", "present_v"] if present else ["y"]
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["q", "k", "v"], axis=-1),
+             helper.make_node("MultiHeadAttention", inputs, outputs, domain="com.microsoft", num_heads=2,
+                              scale=0.25, unidirectional=unidirectional), *extra_nodes]
+    graph_inputs = [helper.make_tensor_value_info("x", f32, [2, 5, sum(sizes)])]
+    if bias:
+        graph_inputs.append(helper.make_tensor_value_info("bias", f32, [2, 1, 5, 5]))
+    if padding_mask:
+        graph_inputs.append(helper.make_tensor_value_info("mask", onnx.TensorProto.INT32, [2, 5]))
+    graph = helper.make_graph(nodes, "g", graph_inputs, [helper.make_tensor_value_info(o, f32, None) for o in outputs],
+                              initializer=[onnx.numpy_helper.from_array(np.array(sizes, np.int64), "sizes")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_onnx_attention_computes_what_multihead_attention_did(bias):
+    from hotrod.optimize.fusion import onnx_attention
+
+    rng = np.random.default_rng(0)
+    mask = np.where(rng.random((2, 1, 5, 5)) < 0.3, -1e4, 0.0).astype(np.float32)  # some keys masked per row
+    feeds = {"x": rng.standard_normal((2, 5, 48)).astype(np.float32), **({"bias": mask} if bias else {})}
+    before = _run(_self_attention(bias=bias), feeds)
+    model = onnx_attention(_self_attention(bias=bias))
+    attention = [n for n in model.graph.node if n.op_type == "Attention"]
+    assert len(attention) == 1 and attention[0].domain == ""
+    assert "MultiHeadAttention" not in {n.op_type for n in model.graph.node}
+    assert next(o.version for o in model.opset_import if o.domain == "") == 23
+    np.testing.assert_allclose(_run(model, feeds), before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", [
+    {"sizes": (16, 8, 8)},  # q, k, v of other widths (grouped heads)
+    {"padding_mask": True},  # a key padding mask: the contrib op's own input
+    {"present": True},  # a KV cache out
+    {"unidirectional": 1},  # causal
+    {"extra_nodes": (helper.make_node("ReduceMean", ["y"], ["m"], axes=[-1]),)},  # its axes move at opset 18
+])
+def test_onnx_attention_leaves_what_it_cannot_convert(variant):
+    from hotrod.optimize.fusion import onnx_attention
+
+    model = onnx_attention(_self_attention(**variant))
+    assert "MultiHeadAttention" in {n.op_type for n in model.graph.node}
+    assert next(o.version for o in model.opset_import if o.domain == "") == 17
+
+
+def test_onnx_attention_names_the_parts_of_a_split_without_sizes():
+    """From opset 18 a Split with no sizes must say how many parts it makes; the bump adds it."""
+    from hotrod.optimize.fusion import onnx_attention
+
+    plain = helper.make_node("Split", ["x"], ["a", "b"], axis=1)
+    model = onnx_attention(_self_attention(extra_nodes=(plain,)))
+    split = next(n for n in model.graph.node if list(n.output) == ["a", "b"])
+    assert helper.get_attribute_value(next(a for a in split.attribute if a.name == "num_outputs")) == 2
+    assert "Attention" in {n.op_type for n in model.graph.node}

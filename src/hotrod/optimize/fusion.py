@@ -19,6 +19,12 @@ On a GPU the fused kernels are the fast ones, and stay.
 Where ONNX Runtime's own GroupQueryAttention kernel runs the in-place attention (`kernel_runs`), the Split
 of each layer's QKV projection is folded into the op's packed-QKV input: one node fewer per layer in a
 decoding step where every node's dispatch counts (GPT-2 at batch 1: 12 of 146 nodes).
+
+On the CPU, an encoder's self-attention (a MultiHeadAttention fed by one Split of the QKV projection,
+with at most an additive bias) becomes ONNX's own Attention (opset 23), whose CPU kernel (onnxruntime
+1.23 and later) computes the same numbers faster: bert-base's int8 encoder at 128 tokens spent 6.8 ms a
+call in MultiHeadAttention and 5.0 in Attention, outputs identical to the last bit (onnxruntime 1.32,
+2 Zen 4 cores). The graph moves to opset 23 only where none of its standard ops changed meaning on the way.
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ def fuse(model: onnx.ModelProto, optimizer_model_type: str, dims: Dims,
     model = fused.model
     if kernel_runs(device, dims.head_dim):
         model = pack_qkv(model)
+    if device == "cpu":
+        model = onnx_attention(model)
     if not any(op.domain == "com.microsoft" for op in model.opset_import):  # the fused ops live there
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return model, fused_op_counts(model)
@@ -107,6 +115,75 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(kept)
     return model
+
+
+# ONNX's Attention is defined from this opset on.
+ATTENTION_OPSET = 23
+
+# Standard ops whose meaning changed between opset 17 and 23 in ways a mere version bump would break:
+# the reductions took their axes as an input from opset 18, GroupNormalization's scale and bias went
+# from per-group to per-channel in 21. A graph holding one keeps its opset, and its attention.
+_CHANGED_BY_23 = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+                  "ReduceMin", "ReduceProd", "ReduceSumSquare", "GroupNormalization")
+
+
+def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each self-attention MultiHeadAttention whose q, k and v are the equal parts of one Split of the last
+    axis, with no inputs past an additive attention bias and no outputs past its result, becomes ONNX's
+    Attention (opset 23), with the same heads, scale and bias (its float `attn_mask` is added the same way).
+    The graph's opset is raised to 23 for it, or nothing changes where that is not a mere bump."""
+    graph = model.graph
+    opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or not _bumpable(graph):
+        return model
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    converted = 0
+    for index, node in enumerate(graph.node):
+        attention = _as_onnx_attention(node, producer, constants)
+        if attention is not None:
+            graph.node[index].CopyFrom(attention)
+            converted += 1
+    if converted and opset.version < ATTENTION_OPSET:
+        for node in graph.node:  # from opset 18 a Split given no sizes must say how many parts it makes
+            if node.op_type == "Split" and node.domain in ("", "ai.onnx") and (len(node.input) < 2 or not node.input[1]) \
+                    and not any(a.name == "num_outputs" for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("num_outputs", len(node.output)))
+        opset.version = ATTENTION_OPSET
+    return model
+
+
+def _bumpable(graph: onnx.GraphProto) -> bool:
+    """Whether raising the graph's opset to 23 leaves the meaning of every standard op in it unchanged."""
+    for node in graph.node:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return False  # a subgraph's ops would need the same check; hotrod's graphs have none
+        if node.domain in ("", "ai.onnx") and node.op_type in _CHANGED_BY_23:
+            return False
+    return True
+
+
+def _as_onnx_attention(node: onnx.NodeProto, producer: dict, constants: dict) -> onnx.NodeProto | None:
+    """ONNX's Attention computing what `node` does, or None where `node` is not the plain self-attention
+    `onnx_attention` converts."""
+    if node.op_type != "MultiHeadAttention" or node.domain != "com.microsoft":
+        return None
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    if not all(inputs[:3]) or inputs[3] or inputs[4] or any(inputs[6:]) or any(node.output[1:]):
+        return None  # packed or biased q/k/v, a key padding mask, a KV cache in or out
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("unidirectional", 0) or set(attrs) - {"num_heads", "scale", "mask_filter_value", "unidirectional"}:
+        return None
+    split = producer.get(inputs[0])
+    if split is None or split.op_type != "Split" or list(split.output) != inputs[:3] \
+            or not _equal_last_axis_split(split, constants):
+        return None  # cross-attention, or q / k / v of other widths
+    extra = {"scale": attrs["scale"]} if "scale" in attrs else {}
+    return onnx.helper.make_node(
+        "Attention", [*inputs[:3], *([inputs[5]] if inputs[5] else [])], [node.output[0]], name=node.name,
+        q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra)
 
 
 def _equal_last_axis_split(split: onnx.NodeProto, constants: dict) -> bool:
