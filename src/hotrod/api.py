@@ -112,8 +112,11 @@ class _Lowering:
     def apply(self, precision: Precision, directory: Path) -> dict:
         """Lower the graphs in `directory` (a copy of the fp32 export, or the export itself)."""
         feeds = self.feeds() if precision.needs_feeds else None
-        return build.lower(directory, self.entries, precision, feeds, self.options.calibration_method,
-                           self.options.progress)
+        entries = build.lower(directory, self.entries, precision, feeds, self.options.calibration_method,
+                              self.options.progress)
+        if self.options.fusion and self.options.device == "cpu":
+            entries = build.finish_for_cpu(directory, entries, precision)
+        return entries
 
     def copy(self, precision: str, directory: Path) -> tuple[Path, dict]:
         """The export copied to `directory` and lowered to `precision` there; returns it and its entries."""
@@ -196,18 +199,20 @@ def load(
     threads: int = 0,
     precision: str | None = None,
     static: bool | None = None,
+    profile: bool = False,
 ) -> HotrodModel:
     """A drop-in model from an artifact, or from a checkpoint (exported on first use for onnxruntime).
 
     On the torch backend a GPU runs the static engine (`hotrod.runtime.static`), in `precision` (fp32,
-    bf16, fp16, int8-weight; fp32 when not given); `static=True` runs it on a CPU too.
+    bf16, fp16, int8-weight; fp32 when not given); `static=True` runs it on a CPU too. `profile` has
+    onnxruntime time every node (`hotrod.bench.ops.op_times` reads it; runs are slower meanwhile).
     """
     check_choice("backend", backend, BACKENDS)
     if device is not None:
         check_choice("device", device, DEVICES)
-    options = _runtime_options(backend, device or "cpu", threads, precision, static)
+    options = _runtime_options(backend, device or "cpu", threads, precision, static, profile)
     if art.is_artifact(path_or_source):
-        return _load_artifact(art.open_artifact(path_or_source), backend, device, threads)
+        return _load_artifact(art.open_artifact(path_or_source), backend, device, threads, profile)
     src = open_source(path_or_source)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
@@ -221,13 +226,13 @@ def load(
         optimize(src.origin if src.from_hub else src.path, cached, force=True, progress=sys.stderr.isatty(),
                  verify_examples=0, device=built_for)  # a cache for load(); `hotrod verify` measures it on request
         artifact = art.open_artifact(cached)
-    return _load_artifact(artifact, backend, device, threads)
+    return _load_artifact(artifact, backend, device, threads, profile)
 
 
 def _runtime_options(backend: str, device: str, threads: int, precision: str | None,
-                     static: bool | None) -> RuntimeOptions:
+                     static: bool | None, profile: bool = False) -> RuntimeOptions:
     options = RuntimeOptions(backend=backend, device=device, threads=threads, precision=precision or "fp32",
-                             static=static)
+                             static=static, profile=profile)
     if precision is None:
         return options
     if backend != "torch":
@@ -268,17 +273,18 @@ def verify(
     return {"against": src.origin, "examples_from": _origin(texts), **figures}
 
 
-def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int) -> HotrodModel:
+def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int,
+                   profile: bool = False) -> HotrodModel:
     device = device or artifact.manifest["options"].get("device", "cpu")
     if backend == "torch":
         options = RuntimeOptions(backend=backend, device=device, threads=threads)
         return _torch_model(_artifact_source(artifact), options, load_tokenizer(artifact.path))
     _check_built_for(artifact, device)
-    return _ort_model(artifact.path, artifact.manifest["graphs"], device, threads, artifact.manifest)
+    return _ort_model(artifact.path, artifact.manifest["graphs"], device, threads, artifact.manifest, profile)
 
 
 def _ort_model(directory: Path, entries: dict[str, dict], device: str, threads: int = 0,
-               manifest: dict | None = None) -> HotrodModel:
+               manifest: dict | None = None, profile: bool = False) -> HotrodModel:
     """The graphs `entries` names in `directory` on onnxruntime: an artifact's, or those of one being built,
     which has no manifest until the end."""
     from hotrod.runtime.ort import OrtBackend
@@ -287,7 +293,7 @@ def _ort_model(directory: Path, entries: dict[str, dict], device: str, threads: 
     family = get_family(config.model_type)
     contracts = kind_spec(family.kind).contracts(family.dims(config))
     backend = OrtBackend(art.graph_files(directory, entries), contracts,
-                         RuntimeOptions(backend="onnxruntime", device=device, threads=threads))
+                         RuntimeOptions(backend="onnxruntime", device=device, threads=threads, profile=profile))
     return HotrodModel(family, config, backend, load_generation_config(directory, config), load_tokenizer(directory),
                        manifest=manifest)
 

@@ -19,7 +19,7 @@ from hotrod import precisions
 from hotrod.export import export_graph
 from hotrod.kinds import spec as kind_spec
 from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
-from hotrod.optimize import fuse_graph, lower_graph, note_fp32_ops, portable_graph
+from hotrod.optimize import cpu_attention_graph, fuse_graph, lower_graph, note_fp32_ops, portable_graph
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts, kernel_runs
 from hotrod.options import ExportOptions
@@ -78,6 +78,23 @@ def lower(directory: Path, entries: dict[str, dict], precision: Precision, feeds
         external, report = lower_graph(path, precision, (feeds or {}).get(name), method)
         lowered[name] = {**entry, **_files(directory, path, external), **report}
     return lowered
+
+
+def finish_for_cpu(directory: Path, entries: dict[str, dict], precision: Precision) -> dict[str, dict]:
+    """The last rewrite of a fused CPU build, once its precision is applied: encoders' self-attention as
+    ONNX's Attention (`hotrod.optimize.fusion.onnx_attention`), except in half precision."""
+    if precision.compute == "half":
+        return entries
+    finished = {}
+    for name, entry in entries.items():
+        path = directory / entry["file"]
+        rewritten = cpu_attention_graph(path)
+        if rewritten is None:
+            finished[name] = entry
+            continue
+        external, report = rewritten
+        finished[name] = {**entry, **_files(directory, path, external), **report}
+    return finished
 
 
 def _files(directory: Path, path: Path, external: Path | None) -> dict:

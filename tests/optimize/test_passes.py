@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -167,6 +168,37 @@ def test_quantized_artifact_holds_quantized_weights_only(zoo, quantized, precisi
     assert out.shape[0] == 2 and out.shape[1] <= 9
 
 
+def _session_ops(path) -> set[str]:
+    """The op types of the graph as onnxruntime runs it, after its own optimizations at session start."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as scratch:
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(Path(scratch) / "placed.onnx")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return {n.op_type for n in onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize(("precision", "converted", "fused"), [
+    ("int8", True, "DynamicQuantizeMatMul"),  # onnxruntime still fuses its int8 products at opset 23
+    ("int4", True, "MatMulNBits"),
+    ("int8-static", False, "MatMulIntegerToFloat"),  # QDQ graphs keep opset 17: see hotrod.optimize.fusion
+])
+def test_cpu_encoders_get_onnx_attention_where_their_precision_allows(zoo, quantized, precision, converted, fused):
+    artifact = quantized("bert", precision)
+    model = onnx.load(str(artifact / "encoder.onnx"), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    assert (("Attention" in ops, "MultiHeadAttention" in ops, opset) ==
+            ((True, False, 23) if converted else (False, True, 17)))
+    counts = json.loads((artifact / "manifest.json").read_text())["graphs"]["encoder"]["fused_ops"]
+    assert counts.get("Attention" if converted else "MultiHeadAttention") == LAYERS
+    running = _session_ops(artifact / "encoder.onnx")
+    assert fused in running and "MatMulInteger" not in running
+
+
 def test_prune_initializers_drops_only_unused_weights():
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
@@ -228,14 +260,14 @@ def test_pack_qkv_folds_only_an_equal_split_nothing_else_reads(sizes, extra_read
 
 
 def _self_attention(sizes=(16, 16, 16), bias=True, padding_mask=False, present=False, unidirectional=0,
-                    extra_nodes=()) -> onnx.ModelProto:
+                    extra_nodes=(), scale=0.25) -> onnx.ModelProto:
     """x -> Split(sizes) -> MultiHeadAttention(q, k, v[, bias]) -> y, in opset 17."""
     f32 = onnx.TensorProto.FLOAT
     inputs = ["q", "k", "v", "", "mask" if padding_mask else "", "bias" if bias else ""]
     outputs = ["y", "present_k", "present_v"] if present else ["y"]
     nodes = [helper.make_node("Split", ["x", "sizes"], ["q", "k", "v"], axis=-1),
              helper.make_node("MultiHeadAttention", inputs, outputs, domain="com.microsoft", num_heads=2,
-                              scale=0.25, unidirectional=unidirectional), *extra_nodes]
+                              scale=scale, unidirectional=unidirectional), *extra_nodes]
     graph_inputs = [helper.make_tensor_value_info("x", f32, [2, 5, sum(sizes)])]
     if bias:
         graph_inputs.append(helper.make_tensor_value_info("bias", f32, [2, 1, 5, 5]))
@@ -252,15 +284,15 @@ def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_onnx_attention_computes_what_multihead_attention_did(bias):
+@pytest.mark.parametrize(("bias", "scale"), [(True, 0.25), (False, 0.25), (True, 0.0)])  # 0: 1/sqrt(head size)
+def test_onnx_attention_computes_what_multihead_attention_did(bias, scale):
     from hotrod.optimize.fusion import onnx_attention
 
     rng = np.random.default_rng(0)
     mask = np.where(rng.random((2, 1, 5, 5)) < 0.3, -1e4, 0.0).astype(np.float32)  # some keys masked per row
     feeds = {"x": rng.standard_normal((2, 5, 48)).astype(np.float32), **({"bias": mask} if bias else {})}
-    before = _run(_self_attention(bias=bias), feeds)
-    model = onnx_attention(_self_attention(bias=bias))
+    before = _run(_self_attention(bias=bias, scale=scale), feeds)
+    model = onnx_attention(_self_attention(bias=bias, scale=scale))
     attention = [n for n in model.graph.node if n.op_type == "Attention"]
     assert len(attention) == 1 and attention[0].domain == ""
     assert "MultiHeadAttention" not in {n.op_type for n in model.graph.node}
@@ -274,6 +306,7 @@ def test_onnx_attention_computes_what_multihead_attention_did(bias):
     {"present": True},  # a KV cache out
     {"unidirectional": 1},  # causal
     {"extra_nodes": (helper.make_node("ReduceMean", ["y"], ["m"], axes=[-1]),)},  # its axes move at opset 18
+    {"extra_nodes": (helper.make_node("DequantizeLinear", ["y", "s"], ["d"]),)},  # static int8's QDQ
 ])
 def test_onnx_attention_leaves_what_it_cannot_convert(variant):
     from hotrod.optimize.fusion import onnx_attention

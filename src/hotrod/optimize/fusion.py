@@ -20,11 +20,15 @@ Where ONNX Runtime's own GroupQueryAttention kernel runs the in-place attention 
 of each layer's QKV projection is folded into the op's packed-QKV input: one node fewer per layer in a
 decoding step where every node's dispatch counts (GPT-2 at batch 1: 12 of 146 nodes).
 
-On the CPU, an encoder's self-attention (a MultiHeadAttention fed by one Split of the QKV projection,
-with at most an additive bias) becomes ONNX's own Attention (opset 23), whose CPU kernel (onnxruntime
-1.23 and later) computes the same numbers faster: bert-base's int8 encoder at 128 tokens spent 6.8 ms a
-call in MultiHeadAttention and 5.0 in Attention, outputs identical to the last bit (onnxruntime 1.32,
-2 Zen 4 cores). The graph moves to opset 23 only where none of its standard ops changed meaning on the way.
+For the CPU, once a graph has its precision, an encoder's self-attention (a MultiHeadAttention fed by
+one Split of the QKV projection, with at most an additive bias) becomes ONNX's own Attention (opset 23),
+whose CPU kernel (onnxruntime 1.23 and later) computes the same numbers faster: bert-base's int8 encoder
+at 128 tokens spent 6.8 ms a forward in MultiHeadAttention and 5.0 in Attention, outputs identical to the
+last bit (onnxruntime 1.32, 2 Zen 4 cores). It comes last because the tools before it read opset 17:
+onnxruntime's shape inference (which half precision needs) takes any op named Attention for its own, and
+its QDQ fusions of static int8 match QuantizeLinear / DequantizeLinear only up to some opset in some
+releases. So the graph moves to opset 23 only where none of its standard ops changes meaning on the way
+and none is a QuantizeLinear or DequantizeLinear, and half-precision graphs keep their attention.
 """
 
 from __future__ import annotations
@@ -69,8 +73,6 @@ def fuse(model: onnx.ModelProto, optimizer_model_type: str, dims: Dims,
     model = fused.model
     if kernel_runs(device, dims.head_dim):
         model = pack_qkv(model)
-    if device == "cpu":
-        model = onnx_attention(model)
     if not any(op.domain == "com.microsoft" for op in model.opset_import):  # the fused ops live there
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return model, fused_op_counts(model)
@@ -122,9 +124,12 @@ ATTENTION_OPSET = 23
 
 # Standard ops whose meaning changed between opset 17 and 23 in ways a mere version bump would break:
 # the reductions took their axes as an input from opset 18, GroupNormalization's scale and bias went
-# from per-group to per-channel in 21. A graph holding one keeps its opset, and its attention.
+# from per-group to per-channel in 21, GridSample renamed its modes and DFT took its axis as an input in
+# 20. Static int8's QuantizeLinear / DequantizeLinear stay at the opset onnxruntime's QDQ fusions know
+# (see above). A graph holding any of these keeps its opset, and its attention.
 _CHANGED_BY_23 = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
-                  "ReduceMin", "ReduceProd", "ReduceSumSquare", "GroupNormalization")
+                  "ReduceMin", "ReduceProd", "ReduceSumSquare", "GroupNormalization", "GridSample", "DFT",
+                  "QuantizeLinear", "DequantizeLinear")
 
 
 def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -134,7 +139,7 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     The graph's opset is raised to 23 for it, or nothing changes where that is not a mere bump."""
     graph = model.graph
     opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None or not _bumpable(graph):
+    if opset is None or not _bumpable(model):
         return model
     producer = {out: node for node in graph.node for out in node.output}
     constants = {t.name: t for t in graph.initializer}
@@ -155,9 +160,11 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _bumpable(graph: onnx.GraphProto) -> bool:
+def _bumpable(model: onnx.ModelProto) -> bool:
     """Whether raising the graph's opset to 23 leaves the meaning of every standard op in it unchanged."""
-    for node in graph.node:
+    if model.functions:
+        return False  # their bodies would need the same check; hotrod's graphs have none
+    for node in model.graph.node:
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             return False  # a subgraph's ops would need the same check; hotrod's graphs have none
         if node.domain in ("", "ai.onnx") and node.op_type in _CHANGED_BY_23:
@@ -180,7 +187,7 @@ def _as_onnx_attention(node: onnx.NodeProto, producer: dict, constants: dict) ->
     if split is None or split.op_type != "Split" or list(split.output) != inputs[:3] \
             or not _equal_last_axis_split(split, constants):
         return None  # cross-attention, or q / k / v of other widths
-    extra = {"scale": attrs["scale"]} if "scale" in attrs else {}
+    extra = {"scale": attrs["scale"]} if attrs.get("scale") else {}  # the contrib op's 0 means 1/sqrt(head size)
     return onnx.helper.make_node(
         "Attention", [*inputs[:3], *([inputs[5]] if inputs[5] else [])], [node.output[0]], name=node.name,
         q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra)

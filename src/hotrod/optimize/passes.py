@@ -44,6 +44,22 @@ def portable_graph(path: Path) -> tuple[Path | None, dict]:
     return _write(model, path), {"fused_ops": counts}
 
 
+def cpu_attention_graph(path: Path) -> tuple[Path | None, dict] | None:
+    """ONNX's Attention for the graph's plain self-attention (`hotrod.optimize.fusion.onnx_attention`):
+    the new external data file (if any) and fused-op counts, or None where nothing changed."""
+    from hotrod.optimize.fusion import fused_op_counts, onnx_attention
+
+    if "MultiHeadAttention" not in {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}:
+        return None  # the common case (decoding steps), told without reading the weights
+    model = _read(path)
+    before = fused_op_counts(model)
+    model = onnx_attention(model)
+    counts = fused_op_counts(model)
+    if counts == before:
+        return None
+    return _write(model, path), {"fused_ops": counts}
+
+
 def lower_graph(path: Path, precision: Precision, feeds: list[dict[str, np.ndarray]] | None = None,
                 method: str = "minmax") -> tuple[Path | None, dict]:
     """Apply `precision` to one fp32 graph; `feeds` are its recorded inputs, for precisions that need them."""

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from hotrod.contracts import GraphIO
-from hotrod.errors import check_number
+from hotrod.errors import HotrodError, check_number
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class RuntimeOptions:
     For the torch backend: `static` runs the static engine (`hotrod.runtime.static`: cast weights,
     pooled caches, recorded calls), None meaning on a GPU only (on a CPU, eager fp32 is the reference
     the others are checked against); `precision` is the engine's weights; `compile` adds torch.compile.
+    `profile` has onnxruntime record every node's time (`hotrod.bench.ops` reads it).
     """
 
     backend: str = "onnxruntime"
@@ -32,9 +33,12 @@ class RuntimeOptions:
     threads: int = 0
     precision: str = "fp32"
     static: bool | None = None
+    profile: bool = False
 
     def __post_init__(self):
         check_number("threads", self.threads, 0)
+        if self.profile and self.backend != "onnxruntime":
+            raise HotrodError("profile reads onnxruntime's profiler: it needs the onnxruntime backend")
 
     @property
     def uses_static_engine(self) -> bool:

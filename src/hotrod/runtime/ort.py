@@ -13,8 +13,12 @@ only the outputs it returns (GPT-2, W1 int4: binding 0.7 -> 0.3-0.4 ms a step).
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,14 +57,43 @@ class OrtBackend:
         self.torch_device = torch.device(self.device, 0) if self.device != "cpu" else torch.device("cpu")
         self.loop_threads = 1 if self.device == "cpu" else None
         providers = providers_for(options.device)
+        self._profiles = Path(tempfile.mkdtemp(prefix="hotrod-profile-")) if options.profile else None
+        # Runs of each graph, counted while profiling: the profiler's trace holds one model_run event each.
+        self.profiled_runs: Counter[str] | None = Counter() if options.profile else None
+        if self._profiles is not None:  # gone with the backend, read or not
+            weakref.finalize(self, shutil.rmtree, self._profiles, True)
+        self.sessions = {name: _open(path, self._session_options(options, name), providers)
+                         for name, path in files.items()}
+        _check_placement(self.sessions, options.device)
+        self._local = threading.local()  # each thread's bindings: {graph: _Binding}
+
+    def _session_options(self, options: RuntimeOptions, graph: str) -> ort.SessionOptions:
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session_options.intra_op_num_threads = cpu_threads(options.threads)
         session_options.inter_op_num_threads = 1
         session_options.log_severity_level = 3
-        self.sessions = {name: _open(path, session_options, providers) for name, path in files.items()}
-        _check_placement(self.sessions, options.device)
-        self._local = threading.local()  # each thread's bindings: {graph: _Binding}
+        if self._profiles is not None:  # a file per graph, in a folder of the backend's own
+            session_options.enable_profiling = True
+            session_options.profile_file_prefix = str(self._profiles / graph)
+        return session_options
+
+    def profile_events(self) -> dict[str, list[dict]]:
+        """Each graph's profiler events (onnxruntime's trace format, times in microseconds from the
+        profiler's start), for a backend opened with `profile`. Ends the recording: a second call finds none."""
+        if self._profiles is None:
+            raise HotrodError("this model was not loaded with profile=True")
+        events = {}
+        for name, session in self.sessions.items():
+            path = Path(session.end_profiling())
+            if not path.is_file():
+                continue
+            try:
+                events[name] = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise HotrodError(f"onnxruntime's profile of {name} cannot be read: {exc}") from None
+        shutil.rmtree(self._profiles, ignore_errors=True)
+        return events
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         io = contract_of(self.contracts, graph, feeds)
@@ -81,6 +114,8 @@ class OrtBackend:
             else:
                 binding.allocated(name, self.device)
         self.sessions[graph].run_with_iobinding(binding.io)
+        if self.profiled_runs is not None:
+            self.profiled_runs[graph] += 1
         outputs = binding.outputs(io.output_names, into)
         binding.release(allocated, self.device)
         return outputs

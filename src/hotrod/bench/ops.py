@@ -1,0 +1,236 @@
+"""Where an artifact's time goes, operator by operator, against the floor of each graph's runs.
+
+`hotrod profile ARTIFACT` loads an artifact with onnxruntime's profiler on, runs its kind's work (a
+greedy generation of a forced length, or one forward) on seeded token ids after a warm-up, and sums
+the profiler's per-node kernel times per operator type, per run of each graph. Beside them stand two
+floors for one run: its matrix weights over the measured memory bandwidth (what bounds a decoding step,
+which reads every weight once) and its matrix work over the measured matrix rate (what bounds an
+encoder). The gap between a graph's median run and its kernels' sum is time spent outside the kernels
+(binding, scheduling, the framework between nodes).
+
+onnxruntime's profiler is the well-kept tool for the per-node times; what it lacks is the floor and the
+sum per operator, which is all this adds. A graph's figures are per run, averaged over the profiled
+runs (a decoder graph's prompt among its steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from hotrod import artifact as art
+from hotrod.bench.floor import machine
+from hotrod.errors import HotrodError, check_number
+from hotrod.kinds import spec as kind_spec
+from hotrod.registry import Dims
+from hotrod.runtime.base import cpu_threads
+
+# Operators that multiply an activation by a weight matrix, and the input that holds the weight.
+MATRIX_OPS = {"MatMul": 1, "Gemm": 1, "MatMulInteger": 1, "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1,
+              "MatMulNBits": 1, "QLinearMatMul": 3, "QGemm": 3, "FusedMatMul": 1}
+MAX_RUNS = 100
+MAX_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class OpTime:
+    op: str
+    ms: float  # kernel time per run of the graph, summed over the op's nodes
+    nodes: int
+
+
+@dataclass(frozen=True)
+class GraphTimes:
+    graph: str
+    runs: int
+    run_ms: float  # the mean run, as onnxruntime timed it (a decoder's prompt and steps alike)
+    work_share_ms: float  # this graph's runs in one run of the work, summed
+    kernels_ms: float  # the kernels' time per run
+    ops: list[OpTime]
+    weight_mb: float  # the matrix weights one run reads
+    traffic_floor_ms: float  # those weights over the memory bandwidth
+    work_floor_ms: float  # the matrix work of one run over the matrix rate
+
+
+@dataclass(frozen=True)
+class Profile:
+    work_ms: float  # the median run of the whole work, wall clock
+    steps: int  # decoding steps a run (new tokens), 1 for a forward
+    graphs: list[GraphTimes]
+
+    @property
+    def outside_ms(self) -> float:
+        """A run's time outside onnxruntime's graph runs: the decoding loop, binding, Python."""
+        return max(self.work_ms - sum(g.work_share_ms for g in self.graphs), 0.0)
+
+
+def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tokens: int = 64, runs: int = 3,
+                     threads: int = 0) -> Profile:
+    """Profile `runs` runs of the artifact's work on a batch of `batch` x `length` seeded token ids."""
+    import hotrod
+
+    for name, value, high in (("batch", batch, 256), ("length", length, MAX_TOKENS),
+                              ("new tokens", new_tokens, MAX_TOKENS), ("runs", runs, MAX_RUNS)):
+        check_number(name, value, 1, high)
+        if not isinstance(value, int):
+            raise HotrodError(f"{name} must be a whole number, got {value!r}")
+    artifact = art.open_artifact(path)
+    manifest = artifact.manifest
+    device = manifest["options"].get("device", "cpu")
+    if device != "cpu":
+        raise HotrodError(f"profile times the CPU provider's kernels against this machine's floor; {artifact.path} "
+                          f"was built for {device}")
+    model = hotrod.load(artifact.path, device="cpu", threads=threads, profile=True)
+    ids = torch.randint(0, manifest["dims"]["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    spec = kind_spec(manifest["kind"])
+    generates = spec.generates
+    # The graph that reads the whole input, where the kind encodes it; every other run is a decoding step.
+    encoder = next(iter(spec.contracts(Dims(**manifest["dims"])))) if spec.encodes else None
+
+    def work() -> None:
+        if generates:
+            model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           do_sample=False)
+        else:
+            model(input_ids=ids, attention_mask=mask)
+
+    work()  # the warm-up, left out of the figures: its graph runs are counted, and skipped in the traces
+    warm = dict(model.backend.profiled_runs)
+    walls = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        work()
+        walls.append((time.perf_counter() - started) * 1e3)
+    done = dict(model.backend.profiled_runs)
+    events = model.backend.profile_events()
+    floor = machine(cpu_threads(threads))
+    rate = floor.rate(manifest["options"]["precision"])
+    times = []
+    for name, entry in manifest["graphs"].items():
+        if name not in events:
+            continue
+        weights, macs = matrix_weights(artifact.path / entry["file"])
+        # An encoder sees every token; a decoding step one a row (the floor of a step, where most runs are).
+        tokens = batch * length if name == encoder else batch
+        summed = op_times(events[name], warm.get(name, 0), done.get(name, 0) - warm.get(name, 0))
+        if summed is None:
+            continue
+        run_ms, durations, ops = summed
+        times.append(GraphTimes(
+            graph=name, runs=len(durations), run_ms=run_ms, work_share_ms=sum(durations) / 1e3 / runs,
+            kernels_ms=sum(o.ms for o in ops), ops=ops, weight_mb=weights / 1e6,
+            traffic_floor_ms=weights / (floor.bandwidth_gbs * 1e9) * 1e3, work_floor_ms=2 * macs * tokens / rate * 1e3))
+    return Profile(work_ms=statistics.median(walls), steps=new_tokens if generates else 1, graphs=times)
+
+
+def op_times(trace: list[dict], skip: int = 0, expected: int | None = None
+             ) -> tuple[float, list[float], list[OpTime]] | None:
+    """(mean run ms, each run's microseconds, kernel time per run by operator) from one session's profiler
+    trace, leaving out its first `skip` runs and everything before the next; None where no run is left.
+    `expected` is how many runs should be left: onnxruntime stops recording at a million events, and a
+    trace cut short would misreport, so it is refused."""
+    runs = sorted((e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])[skip:]
+    if expected is not None and len(runs) < expected:
+        raise HotrodError(f"onnxruntime's profiler recorded {len(runs)} of {expected} runs (it keeps at most a "
+                          "million events): profile fewer runs or tokens")
+    if not runs:
+        return None
+    since = runs[0]["ts"]
+    total: dict[str, float] = defaultdict(float)
+    nodes: dict[str, set[str]] = defaultdict(set)
+    for event in trace:
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time") or event["ts"] < since:
+            continue
+        op = event.get("args", {}).get("op_name", "?")
+        total[op] += event["dur"]
+        nodes[op].add(event["name"])
+    durations = [e["dur"] for e in runs]
+    ops = [OpTime(op, total[op] / len(runs) / 1e3, len(nodes[op])) for op in total]
+    return statistics.fmean(durations) / 1e3, durations, sorted(ops, key=lambda o: -o.ms)
+
+
+def matrix_weights(path: Path) -> tuple[int, int]:
+    """(bytes, multiply-adds per token) of the weight matrices a graph's matrix ops read, each counted
+    once; a quantized weight is read through its DequantizeLinear where the graph is in QDQ form."""
+    model = onnx.load(str(path), load_external_data=False)  # sizes are in the headers; the data stays put
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    dequantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    seen: set[str] = set()
+    size, macs = 0, 0
+    for node in graph.node:
+        position = MATRIX_OPS.get(node.op_type)
+        if position is None or len(node.input) <= position:
+            continue
+        name = node.input[position]
+        name = dequantized.get(name, name)
+        tensor = initializers.get(name)
+        if tensor is None or name in seen:
+            continue  # a product of two activations (attention), or a weight counted already
+        seen.add(name)
+        size += _bytes(tensor) + sum(_bytes(initializers[i]) for i in node.input[position + 1:] if i in initializers)
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            macs += attrs["K"] * attrs["N"]
+        else:
+            macs += int(np.prod(tensor.dims))
+    return size, macs
+
+
+def _bytes(tensor: onnx.TensorProto) -> int:
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims)) * itemsize
+
+
+def format_profile(profile: Profile, top: int = 12) -> str:
+    """The work's time, then a plain-text table per graph."""
+    step = profile.work_ms / profile.steps
+    lines = [f"work: median {profile.work_ms:.3f} ms a run"
+             + (f", {step:.3f} ms a step over {profile.steps} steps" if profile.steps > 1 else "")
+             + f"; outside onnxruntime's graph runs {profile.outside_ms:.3f} ms a run"
+             + (f" ({profile.outside_ms / profile.steps:.3f} ms a step)" if profile.steps > 1 else "")]
+    for g in profile.graphs:
+        floor = max(g.traffic_floor_ms, g.work_floor_ms)
+        lines.append(f"{g.graph}: {g.runs} runs, {g.run_ms:.3f} ms a run (kernels {g.kernels_ms:.3f} ms); "
+                     f"floor {floor:.3f} ms ({g.weight_mb:.1f} MB of matrix weights: {g.traffic_floor_ms:.3f} ms "
+                     f"at the bandwidth; matrix work {g.work_floor_ms:.3f} ms at the matrix rate), "
+                     f"{g.run_ms / floor if floor else float('inf'):.1f}x floor")
+        lines.append(f"  {'op':<34} {'ms a run':>9} {'nodes':>6} {'share':>6}")
+        for o in g.ops[:top]:
+            lines.append(f"  {o.op:<34} {o.ms:9.3f} {o.nodes:6d} {o.ms / g.run_ms:6.1%}")
+        rest = g.ops[top:]
+        if rest:
+            lines.append(f"  {'(' + str(len(rest)) + ' more ops)':<34} {sum(o.ms for o in rest):9.3f}")
+        lines.append(f"  {'outside the kernels':<34} {max(g.run_ms - g.kernels_ms, 0.0):9.3f}")
+    return "\n".join(lines)
+
+
+def check_output(path: Path) -> Path:
+    """`path` where a file can be written: checked before a long profile, not after."""
+    if path.is_dir():
+        raise HotrodError(f"{path} is a directory; --json names the file to write")
+    if not path.parent.is_dir():
+        raise HotrodError(f"{path.parent} does not exist")
+    return path
+
+
+def write_profile(profile: Profile, path: Path) -> Path:
+    """The figures as JSON at `path`, written whole or not at all (a temporary file renamed into place)."""
+    tmp = check_output(path).with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps({**asdict(profile), "outside_ms": profile.outside_ms}, indent=2))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
