@@ -5,8 +5,9 @@ greedy generation of a forced length, or one forward) on seeded token ids after 
 the profiler's per-node kernel times per operator type, per run of each graph. Beside them stand two
 floors for one run: its matrix weights over the measured memory bandwidth (what bounds a decoding step,
 which reads every weight once) and its matrix work over the measured matrix rate (what bounds an
-encoder). The gap between a graph's median run and its kernels' sum is time spent outside the kernels
-(binding, scheduling, the framework between nodes).
+encoder). The work is also timed without the profiler (which costs time of its own at every node), with
+the time inside onnxruntime's graph runs summed: the rest is the time outside onnxruntime (binding, the
+decoding loop), per step.
 
 onnxruntime's profiler is the well-kept tool for the per-node times; what it lacks is the floor and the
 sum per operator, which is all this adds. A graph's figures are per run, averaged over the profiled
@@ -19,7 +20,7 @@ import json
 import os
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,31 +52,35 @@ class OpTime:
 @dataclass(frozen=True)
 class GraphTimes:
     graph: str
-    runs: int
-    run_ms: float  # the mean run, as onnxruntime timed it (a decoder's prompt and steps alike)
-    work_share_ms: float  # this graph's runs in one run of the work, summed
-    kernels_ms: float  # the kernels' time per run
+    runs: int  # in the profiled runs of the work
+    run_ms: float  # its mean run as onnxruntime timed it, the profiler's own cost included
+    kernels_ms: float  # the kernels' time per run (a decoder's prompt and steps alike)
     ops: list[OpTime]
     weight_mb: float  # the matrix weights one run reads
     traffic_floor_ms: float  # those weights over the memory bandwidth
     work_floor_ms: float  # the matrix work of one run over the matrix rate
+    work_kernels_ms: float  # this graph's kernel time in one run of the work
 
 
 @dataclass(frozen=True)
 class Profile:
-    work_ms: float  # the median run of the whole work, wall clock
+    work_ms: float  # the mean run of the whole work, wall clock, timed without the profiler
+    runs_ms: float  # the time of one run of the work spent inside onnxruntime's graph runs, idem
     steps: int  # decoding steps a run (new tokens), 1 for a forward
     graphs: list[GraphTimes]
 
     @property
     def outside_ms(self) -> float:
-        """A run's time outside onnxruntime's graph runs: the decoding loop, binding, Python."""
-        return max(self.work_ms - sum(g.work_share_ms for g in self.graphs), 0.0)
+        """A run's time outside onnxruntime's graph runs: binding, the decoding loop, Python."""
+        return max(self.work_ms - self.runs_ms, 0.0)
 
 
 def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tokens: int = 64, runs: int = 3,
                      threads: int = 0) -> Profile:
-    """Profile `runs` runs of the artifact's work on a batch of `batch` x `length` seeded token ids."""
+    """Profile `runs` runs of the artifact's work on a batch of `batch` x `length` seeded token ids.
+
+    The work is timed twice, each time after a warm-up: once without the profiler, for the wall clock
+    (recording every node costs time of its own), once with it, for the kernels' times."""
     import hotrod
 
     for name, value, high in (("batch", batch, 256), ("length", length, MAX_TOKENS),
@@ -89,13 +94,44 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
     if device != "cpu":
         raise HotrodError(f"profile times the CPU provider's kernels against this machine's floor; {artifact.path} "
                           f"was built for {device}")
-    model = hotrod.load(artifact.path, device="cpu", threads=threads, profile=True)
     ids = torch.randint(0, manifest["dims"]["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
     spec = kind_spec(manifest["kind"])
-    generates = spec.generates
+    plain = hotrod.load(artifact.path, device="cpu", threads=threads)
+    _timed(plain, ids, spec.generates, new_tokens, 1, warm_up=False)
+    plain.backend.run_ms = Counter()  # time inside onnxruntime's runs, from here on
+    walls = _timed(plain, ids, spec.generates, new_tokens, runs, warm_up=False)
+    runs_ms = sum(plain.backend.run_ms.values()) / runs
+    del plain
+    model = hotrod.load(artifact.path, device="cpu", threads=threads, profile=True)
+    _timed(model, ids, spec.generates, new_tokens, 1, warm_up=False)  # the warm-up: its graph runs are skipped
+    warm = dict(model.backend.profiled_runs)
+    _timed(model, ids, spec.generates, new_tokens, runs, warm_up=False)
+    done = dict(model.backend.profiled_runs)
+    events = model.backend.profile_events()
+    floor = machine(cpu_threads(threads))
+    rate = floor.rate(manifest["options"]["precision"])
     # The graph that reads the whole input, where the kind encodes it; every other run is a decoding step.
     encoder = next(iter(spec.contracts(Dims(**manifest["dims"])))) if spec.encodes else None
+    times = []
+    for name, entry in manifest["graphs"].items():
+        summed = op_times(events.get(name, []), warm.get(name, 0), done.get(name, 0) - warm.get(name, 0))
+        if summed is None:
+            continue
+        run_ms, durations, ops = summed
+        weights, macs = matrix_weights(artifact.path / entry["file"])
+        tokens = batch * length if name == encoder else batch  # a step's floor, where most runs are
+        kernels = sum(o.ms for o in ops)
+        times.append(GraphTimes(
+            graph=name, runs=len(durations), run_ms=run_ms, kernels_ms=kernels, ops=ops, weight_mb=weights / 1e6,
+            traffic_floor_ms=weights / (floor.bandwidth_gbs * 1e9) * 1e3, work_floor_ms=2 * macs * tokens / rate * 1e3,
+            work_kernels_ms=kernels * len(durations) / runs))
+    return Profile(work_ms=statistics.fmean(walls), runs_ms=runs_ms, steps=new_tokens if spec.generates else 1,
+                   graphs=times)
+
+
+def _timed(model, ids: torch.Tensor, generates: bool, new_tokens: int, runs: int, warm_up: bool = True) -> list[float]:
+    """Milliseconds of each of `runs` runs of the work, after one untimed run with `warm_up`."""
+    mask = torch.ones_like(ids)
 
     def work() -> None:
         if generates:
@@ -104,33 +140,14 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
         else:
             model(input_ids=ids, attention_mask=mask)
 
-    work()  # the warm-up, left out of the figures: its graph runs are counted, and skipped in the traces
-    warm = dict(model.backend.profiled_runs)
+    if warm_up:
+        work()
     walls = []
     for _ in range(runs):
         started = time.perf_counter()
         work()
         walls.append((time.perf_counter() - started) * 1e3)
-    done = dict(model.backend.profiled_runs)
-    events = model.backend.profile_events()
-    floor = machine(cpu_threads(threads))
-    rate = floor.rate(manifest["options"]["precision"])
-    times = []
-    for name, entry in manifest["graphs"].items():
-        if name not in events:
-            continue
-        weights, macs = matrix_weights(artifact.path / entry["file"])
-        # An encoder sees every token; a decoding step one a row (the floor of a step, where most runs are).
-        tokens = batch * length if name == encoder else batch
-        summed = op_times(events[name], warm.get(name, 0), done.get(name, 0) - warm.get(name, 0))
-        if summed is None:
-            continue
-        run_ms, durations, ops = summed
-        times.append(GraphTimes(
-            graph=name, runs=len(durations), run_ms=run_ms, work_share_ms=sum(durations) / 1e3 / runs,
-            kernels_ms=sum(o.ms for o in ops), ops=ops, weight_mb=weights / 1e6,
-            traffic_floor_ms=weights / (floor.bandwidth_gbs * 1e9) * 1e3, work_floor_ms=2 * macs * tokens / rate * 1e3))
-    return Profile(work_ms=statistics.median(walls), steps=new_tokens if generates else 1, graphs=times)
+    return walls
 
 
 def op_times(trace: list[dict], skip: int = 0, expected: int | None = None
@@ -194,25 +211,24 @@ def _bytes(tensor: onnx.TensorProto) -> int:
 
 
 def format_profile(profile: Profile, top: int = 12) -> str:
-    """The work's time, then a plain-text table per graph."""
-    step = profile.work_ms / profile.steps
-    lines = [f"work: median {profile.work_ms:.3f} ms a run"
-             + (f", {step:.3f} ms a step over {profile.steps} steps" if profile.steps > 1 else "")
-             + f"; outside onnxruntime's graph runs {profile.outside_ms:.3f} ms a run"
-             + (f" ({profile.outside_ms / profile.steps:.3f} ms a step)" if profile.steps > 1 else "")]
+    """The work's time and what of it onnxruntime's runs took, then a plain-text table per graph."""
+    per_step = f" ({profile.outside_ms / profile.steps:.3f} ms a step over {profile.steps} steps)" \
+        if profile.steps > 1 else ""
+    lines = [f"work: {profile.work_ms:.3f} ms a run without the profiler; onnxruntime's graph runs "
+             f"{profile.runs_ms:.3f} ms of it, outside them {profile.outside_ms:.3f} ms{per_step}",
+             "(kernel times below are the profiler's, which costs a little time at every node of its own)"]
     for g in profile.graphs:
         floor = max(g.traffic_floor_ms, g.work_floor_ms)
-        lines.append(f"{g.graph}: {g.runs} runs, {g.run_ms:.3f} ms a run (kernels {g.kernels_ms:.3f} ms); "
-                     f"floor {floor:.3f} ms ({g.weight_mb:.1f} MB of matrix weights: {g.traffic_floor_ms:.3f} ms "
-                     f"at the bandwidth; matrix work {g.work_floor_ms:.3f} ms at the matrix rate), "
-                     f"{g.run_ms / floor if floor else float('inf'):.1f}x floor")
+        lines.append(f"{g.graph}: {g.runs} runs, kernels {g.kernels_ms:.3f} ms a run; floor {floor:.3f} ms "
+                     f"({g.weight_mb:.1f} MB of matrix weights: {g.traffic_floor_ms:.3f} ms at the bandwidth; "
+                     f"matrix work {g.work_floor_ms:.3f} ms at the matrix rate); kernels "
+                     f"{g.kernels_ms / floor if floor else float('inf'):.1f}x floor")
         lines.append(f"  {'op':<34} {'ms a run':>9} {'nodes':>6} {'share':>6}")
         for o in g.ops[:top]:
-            lines.append(f"  {o.op:<34} {o.ms:9.3f} {o.nodes:6d} {o.ms / g.run_ms:6.1%}")
+            lines.append(f"  {o.op:<34} {o.ms:9.3f} {o.nodes:6d} {o.ms / g.kernels_ms:6.1%}")
         rest = g.ops[top:]
         if rest:
             lines.append(f"  {'(' + str(len(rest)) + ' more ops)':<34} {sum(o.ms for o in rest):9.3f}")
-        lines.append(f"  {'outside the kernels':<34} {max(g.run_ms - g.kernels_ms, 0.0):9.3f}")
     return "\n".join(lines)
 
 
