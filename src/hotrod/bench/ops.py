@@ -97,15 +97,15 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
     ids = torch.randint(0, manifest["dims"]["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(0))
     spec = kind_spec(manifest["kind"])
     plain = hotrod.load(artifact.path, device="cpu", threads=threads)
-    _timed(plain, ids, spec.generates, new_tokens, 1, warm_up=False)
+    _timed(plain, ids, spec.generates, new_tokens, 1)  # the warm-up
     plain.backend.run_ms = Counter()  # time inside onnxruntime's runs, from here on
-    walls = _timed(plain, ids, spec.generates, new_tokens, runs, warm_up=False)
+    walls = _timed(plain, ids, spec.generates, new_tokens, runs)
     runs_ms = sum(plain.backend.run_ms.values()) / runs
     del plain
     model = hotrod.load(artifact.path, device="cpu", threads=threads, profile=True)
-    _timed(model, ids, spec.generates, new_tokens, 1, warm_up=False)  # the warm-up: its graph runs are skipped
+    _timed(model, ids, spec.generates, new_tokens, 1)  # the warm-up: its graph runs are skipped
     warm = dict(model.backend.profiled_runs)
-    _timed(model, ids, spec.generates, new_tokens, runs, warm_up=False)
+    _timed(model, ids, spec.generates, new_tokens, runs)
     done = dict(model.backend.profiled_runs)
     events = model.backend.profile_events()
     floor = machine(cpu_threads(threads))
@@ -129,8 +129,8 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
                    graphs=times)
 
 
-def _timed(model, ids: torch.Tensor, generates: bool, new_tokens: int, runs: int, warm_up: bool = True) -> list[float]:
-    """Milliseconds of each of `runs` runs of the work, after one untimed run with `warm_up`."""
+def _timed(model, ids: torch.Tensor, generates: bool, new_tokens: int, runs: int) -> list[float]:
+    """Milliseconds of each of `runs` runs of the work."""
     mask = torch.ones_like(ids)
 
     def work() -> None:
@@ -140,8 +140,6 @@ def _timed(model, ids: torch.Tensor, generates: bool, new_tokens: int, runs: int
         else:
             model(input_ids=ids, attention_mask=mask)
 
-    if warm_up:
-        work()
     walls = []
     for _ in range(runs):
         started = time.perf_counter()

@@ -91,9 +91,7 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     producer = {out: node for node in graph.node for out in node.output}
     readers = Counter(name for node in graph.node for name in node.input)
     readers.update(out.name for out in graph.output)
-    constants = {t.name: t for t in graph.initializer}  # converted only where a split's sizes are read
-    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
-                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    constants = _constants(graph)
     folded = set()
     for node in graph.node:
         if node.op_type != "GroupQueryAttention" or not all(node.input[:3]):
@@ -142,9 +140,7 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset is None or not _bumpable(model):
         return model
     producer = {out: node for node in graph.node for out in node.output}
-    constants = {t.name: t for t in graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
-                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    constants = _constants(graph)
     converted = 0
     for index, node in enumerate(graph.node):
         attention = _as_onnx_attention(node, producer, constants)
@@ -191,6 +187,15 @@ def _as_onnx_attention(node: onnx.NodeProto, producer: dict, constants: dict) ->
     return onnx.helper.make_node(
         "Attention", [*inputs[:3], *([inputs[5]] if inputs[5] else [])], [node.output[0]], name=node.name,
         q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra)
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's constant tensors by name, initializers and Constant nodes alike (read only where a
+    split's sizes are asked for)."""
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    return constants
 
 
 def _equal_last_axis_split(split: onnx.NodeProto, constants: dict) -> bool:
