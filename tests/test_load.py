@@ -156,19 +156,36 @@ HEAD_MODELS = {  # checkpoints of other heads over the same base model: (case, c
 
 
 @pytest.mark.parametrize("head", list(HEAD_MODELS))
-def test_other_head_checkpoints_load_their_base_model(backend, tmp_path, head):
+def test_the_bare_model_of_a_head_checkpoint_loads_when_asked(backend, tmp_path, head):
+    """--task feature-extraction runs the encoder without its head; a bare GPT2Model gets the tied LM head."""
     import transformers
 
     name, class_name, base = HEAD_MODELS[head]
     torch.manual_seed(1)
-    if base is None:  # a bare GPT2Model: hotrod adds the tied LM head
+    if base is None:
         reference = transformers.GPT2LMHeadModel(CASES[name].config()).eval()
         reference.transformer.save_pretrained(tmp_path / "ckpt")
+        task = None
     else:
         headed = getattr(transformers, class_name)(CASES[name].config()).eval()
         headed.save_pretrained(tmp_path / "ckpt")
-        reference = base(headed)
-    assert_matches_reference(load(tmp_path / "ckpt", backend), reference, name)
+        reference, task = base(headed), "feature-extraction"
+    assert_matches_reference(load_on(tmp_path / "ckpt", backend, task=task), reference, name)
+
+
+@pytest.mark.parametrize("class_name", ["RobertaForMaskedLM", "RobertaForMultipleChoice", "RobertaForCausalLM"])
+def test_a_head_hotrod_does_not_run_is_refused_by_name(backend, tmp_path, class_name):
+    import transformers
+
+    getattr(transformers, class_name)(CASES["roberta"].config()).save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(hotrod.HotrodError, match=f"head {class_name} is not supported .* runs feature-extraction, "
+                                                 "text-classification, token-classification, question-answering"):
+        load(tmp_path / "ckpt", backend)
+
+
+def test_an_unknown_task_is_refused(backend, zoo):
+    with pytest.raises(hotrod.HotrodError, match="unknown task 'text-generation' for bert; it runs feature-extraction"):
+        load_on(zoo.checkpoint("bert"), backend, task="text-generation")
 
 
 def test_checkpoint_without_tokenizer_optimizes_and_generates_on_ids(zoo, backend, tmp_path):

@@ -55,7 +55,7 @@ def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | Non
     texts = _calibration_texts(options.calibration)  # a bad file fails before any work
     examples = _examples(options.verify_texts)[:options.verify_examples]
     out = Path(out)
-    src = open_source(source)
+    src = open_source(source, options.task)
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, options.force) as tmp:
@@ -200,9 +200,12 @@ def load(
     precision: str | None = None,
     static: bool | None = None,
     profile: bool = False,
+    task: str | None = None,
 ) -> HotrodModel:
     """A drop-in model from an artifact, or from a checkpoint (exported on first use for onnxruntime).
 
+    A checkpoint runs the head its `architectures` names, or `task` (`hotrod.tasks`); an artifact runs the
+    task it was built for.
     On the torch backend a GPU runs the static engine (`hotrod.runtime.static`), in `precision` (fp32,
     bf16, fp16, int8-weight; fp32 when not given); `static=True` runs it on a CPU too. `profile` has
     onnxruntime time every node (`hotrod.bench.ops.op_times` reads it; runs are slower meanwhile).
@@ -212,19 +215,24 @@ def load(
         check_choice("device", device, DEVICES)
     options = _runtime_options(backend, device or "cpu", threads, precision, static, profile)
     if art.is_artifact(path_or_source):
-        return _load_artifact(art.open_artifact(path_or_source), backend, device, threads, profile)
-    src = open_source(path_or_source)
+        artifact = art.open_artifact(path_or_source)
+        if task is not None and task != artifact.manifest.get("task"):
+            raise HotrodError(f"{path_or_source} was built for {artifact.manifest.get('task')}, not {task}; "
+                              f"build it with hotrod optimize --task {task}")
+        return _load_artifact(artifact, backend, device, threads, profile)
+    src = open_source(path_or_source, task)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
     built_for = options.device  # graphs differ by device (`hotrod.optimize.portable`)
-    cached = cache_dir() / f"{src.family.name}-{source_fingerprint(src.path)[:20]}-fp32"
+    told = f"-{task}" if task else ""
+    cached = cache_dir() / f"{src.family.name}-{source_fingerprint(src.path)[:20]}{told}-fp32"
     if built_for != "cpu":
         cached = cached.with_name(f"{cached.name}-{built_for}")
     try:
         artifact = art.open_artifact(cached)
     except HotrodError:  # not exported yet, or by an older hotrod, or damaged: export afresh
         optimize(src.origin if src.from_hub else src.path, cached, force=True, progress=sys.stderr.isatty(),
-                 verify_examples=0, device=built_for)  # a cache for load(); `hotrod verify` measures it on request
+                 verify_examples=0, device=built_for, task=task)  # a cache for load(); `hotrod verify` measures it on request
         artifact = art.open_artifact(cached)
     return _load_artifact(artifact, backend, device, threads, profile)
 
@@ -265,7 +273,7 @@ def verify(
     chosen = _examples(texts)[:examples]
     artifact = art.open_artifact(path)
     model = _load_artifact(artifact, "onnxruntime", None, threads)
-    src = _artifact_source(artifact) if against is None else open_source(against)
+    src = _artifact_source(artifact) if against is None else open_source(against, artifact.manifest.get("task"))
     if src.family.dims(src.config) != model.dims:
         raise HotrodError(f"{src.origin} is not the model of {path} (its dimensions differ)")
     reference = _torch_model(src, RuntimeOptions(backend="torch", threads=threads), model.tokenizer)
@@ -334,6 +342,6 @@ def _artifact_source(artifact: art.Artifact) -> Source:
             f"the torch backend needs the checkpoint this artifact was made from ({recorded['origin']}), "
             "which is no longer where it was or has changed; load the checkpoint itself with backend='torch'"
         )
-    return open_source(path)
+    return open_source(path, artifact.manifest.get("task"))
 
 

@@ -28,7 +28,8 @@ from hotrod.load import file_sha256
 from hotrod.version import __version__
 
 MANIFEST = "manifest.json"
-FORMAT = 3  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches
+FORMAT = 4  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches;
+#            4: encoders end in their task's head
 
 
 @dataclass(frozen=True)

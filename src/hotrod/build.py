@@ -6,6 +6,7 @@ candidate); each step works on a directory and returns the manifest entries it p
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts, kernel_runs
 from hotrod.options import ExportOptions
 from hotrod.precisions import Precision
+from hotrod.tasks import TASK_KEY, labels
 
 GRAPH_SUFFIXES = (".onnx", ".onnx.data")
 
@@ -113,6 +115,10 @@ def copy_graphs(source: Path, dest: Path) -> None:
 def write_configs(src: Source, out: Path) -> dict:
     """Copy config.json, write generation_config.json and the tokenizer; returns their manifest entries."""
     shutil.copyfile(src.path / "config.json", out / "config.json")
+    told = getattr(src.config, TASK_KEY, None)
+    if told:  # the task given with --task, kept with the config so that the artifact reads back as built
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, TASK_KEY: told}, indent=2) + "\n")
     load_generation_config(src.path, src.config).save_pretrained(out)
     tokenizer = load_tokenizer(src.path)
     if tokenizer is not None:
@@ -130,6 +136,8 @@ def describe_source(src: Source) -> dict:
         "family": src.family.name,
         "model_type": src.config.model_type,
         "kind": src.family.kind,
+        "task": src.family.dims(src.config).task,
+        "labels": {str(i): name for i, name in labels(src.config, src.family.dims(src.config).task).items()},
         "dims": src.family.dims(src.config).to_dict(),
         "versions": versions(),
         "code": code_fingerprint(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hotrod.registry import Dims, Kind
+from hotrod.tasks import ANSWER, CLASSIFY, TOKENS
 
 INT64 = "int64"
 INT32 = "int32"
@@ -61,11 +62,21 @@ def _lengths() -> tuple[TensorSpec, ...]:
 
 
 def encoder_io(dims: Dims) -> dict[str, GraphIO]:
+    """One graph; its outputs are what the task's head returns, named as transformers' output fields."""
     inputs = [_ids("input_ids"), _ids("attention_mask")]
     if dims.type_vocab_size:
         inputs.append(_ids("token_type_ids"))
-    hidden = TensorSpec("last_hidden_state", FLOAT32, ("batch", "sequence", dims.hidden_size))
-    return {"encoder": GraphIO("encoder", tuple(inputs), (hidden,))}
+    return {"encoder": GraphIO("encoder", tuple(inputs), _head_outputs(dims))}
+
+
+def _head_outputs(dims: Dims) -> tuple[TensorSpec, ...]:
+    if dims.task == CLASSIFY:
+        return (TensorSpec("logits", FLOAT32, ("batch", dims.num_labels)),)
+    if dims.task == TOKENS:
+        return (TensorSpec("logits", FLOAT32, ("batch", "sequence", dims.num_labels)),)
+    if dims.task == ANSWER:
+        return tuple(TensorSpec(name, FLOAT32, ("batch", "sequence")) for name in ("start_logits", "end_logits"))
+    return (TensorSpec("last_hidden_state", FLOAT32, ("batch", "sequence", dims.hidden_size)),)
 
 
 def decoder_io(dims: Dims) -> dict[str, GraphIO]:

@@ -18,6 +18,7 @@ import torch
 
 from hotrod.errors import HotrodError, first_line
 from hotrod.registry import Family, get_family
+from hotrod.tasks import TASK_KEY, check_task
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -39,8 +40,9 @@ class Source:
     family: Family
 
 
-def open_source(source: str | Path) -> Source:
-    """Find the checkpoint (downloading a hub id), read its config and pick its family."""
+def open_source(source: str | Path, task: str | None = None) -> Source:
+    """Find the checkpoint (downloading a hub id), read its config and pick its family; `task` overrides the
+    head its `architectures` names (`hotrod.tasks`). A head the family does not run is refused here."""
     origin = str(source)
     path = Path(origin).expanduser()
     from_hub = False
@@ -53,7 +55,11 @@ def open_source(source: str | Path) -> Source:
     if any(path.glob("*.onnx")) and not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
         raise HotrodError(f"{origin} holds ONNX graphs but no manifest.json: an incomplete or damaged artifact")
     config = read_config(path)
-    return Source(origin=origin, path=path, from_hub=from_hub, config=config, family=get_family(config.model_type))
+    family = get_family(config.model_type)
+    if task is not None:
+        setattr(config, TASK_KEY, check_task(task, family))
+    family.dims(config)  # the head: supported, and as wide as the label map
+    return Source(origin=origin, path=path, from_hub=from_hub, config=config, family=family)
 
 
 def read_config(path: Path):

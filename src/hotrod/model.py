@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hotrod import tasks
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
@@ -31,6 +32,8 @@ class ModelOutput:
     logits: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
     encoder_last_hidden_state: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None  # question answering
+    end_logits: torch.Tensor | None = None
 
     def __getitem__(self, key: str) -> torch.Tensor | None:
         return getattr(self, key)
@@ -47,6 +50,8 @@ class HotrodModel:
         self.dims = family.dims(config)
         self.kind = family.kind
         self.spec = kind_spec(family.kind)
+        self.task = self.dims.task
+        self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
 
     @property
     def device(self) -> str:
@@ -91,7 +96,8 @@ class HotrodModel:
 
     @torch.inference_mode()
     def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None) -> ModelOutput:
-        """One forward pass: `.logits` for language models, `.last_hidden_state` for encoders."""
+        """One forward pass, with transformers' output fields: `.logits` for language models; for encoders,
+        what the head returns (`.logits`, `.start_logits` / `.end_logits`), or `.last_hidden_state`."""
         with torch_threads(self.backend.loop_threads):
             return self._forward(input_ids, attention_mask, token_type_ids, decoder_input_ids)
 
@@ -102,7 +108,7 @@ class HotrodModel:
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if not self.spec.generates:
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
-            return ModelOutput(last_hidden_state=self._encode(input_ids, mask, types))
+            return ModelOutput(**self._encode(input_ids, mask, types))
         if not self.spec.encodes:
             return ModelOutput(logits=self._decoder_logits(input_ids, mask))
         if decoder_input_ids is None:
@@ -148,6 +154,9 @@ class HotrodModel:
             raise HotrodError(f"unknown pooling {pooling!r}; choose from mean, cls")
         if not self.spec.encodes:
             raise HotrodError(f"{self.config.model_type} is a decoder-only model; embed() needs an encoder")
+        if self.task not in (tasks.FEATURES, tasks.TEXT2TEXT):
+            raise HotrodError(f"this model ends in its {self.task} head, so it has no embeddings; build it with "
+                              f"--task {tasks.FEATURES} (task=) for the bare encoder")
         if batch_size < 1:
             raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
         rows = self._rows(texts_or_ids)
@@ -157,23 +166,31 @@ class HotrodModel:
                 result[group] = self._embed_batch([rows[i] for i in group], pooling)
         return torch.nn.functional.normalize(result, dim=-1) if normalize else result
 
-    def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        """The encoder's last hidden state; a right-padded batch runs as padding-free sub-batches.
+    def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The encoder graph's outputs by name; a right-padded batch runs as padding-free sub-batches.
 
-        Positions past a row's length are zero (transformers fills them with values of no meaning).
+        Per-token outputs past a row's length are zero (transformers fills them with values of no meaning).
         """
+        io = self.spec.contracts(self.dims)["encoder"]
         lengths = trailing_lengths(mask) if ids.shape[0] > 1 else None
         if lengths is None or min(lengths) == ids.shape[1]:
-            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            return self._host(self.backend.run("encoder", feeds)["last_hidden_state"])
-        hidden = torch.zeros(*ids.shape, self.dims.hidden_size)
+            out = self.backend.run("encoder", {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+            return {name: self._host(out[name]) for name in io.output_names}
+        result = {t.name: torch.zeros(ids.shape[0], *(ids.shape[1] if a == "sequence" else a for a in t.axes[1:]))
+                  for t in io.outputs}
         for group in plan(lengths, max_batch=len(lengths)):
             width = lengths[group[-1]]
             feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width],
                      "token_type_ids": types[group, :width]}
-            out = self._host(self.backend.run("encoder", feeds)["last_hidden_state"]).float()
-            hidden[group, :width] = out * mask[group, :width, None]
-        return hidden
+            out = self.backend.run("encoder", feeds)
+            for spec in io.outputs:
+                value = self._host(out[spec.name]).float()
+                if "sequence" not in spec.axes:
+                    result[spec.name][group] = value
+                    continue
+                real = mask[group, :width].reshape(len(group), width, *[1] * (value.dim() - 2))
+                result[spec.name][group, :width] = value * real
+        return result
 
     def _embed_batch(self, rows: list[list[int]], pooling: str) -> torch.Tensor:
         width = max(len(r) for r in rows)

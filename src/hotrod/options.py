@@ -9,6 +9,7 @@ from pathlib import Path
 from hotrod import precisions
 from hotrod.errors import HotrodError, check_choice, check_number
 from hotrod.export.onnx import OPSET
+from hotrod.tasks import TASKS
 
 # Both lists are the registry's (`hotrod.precisions`); named here for the CLI and the scripts.
 PRECISIONS = precisions.names()
@@ -62,6 +63,7 @@ class OptimizeOptions:
     max_drop: float = 0.01
     force: bool = False  # replace an existing output directory whole
     progress: bool = True
+    task: str | None = None  # the head to build (`hotrod.tasks`); None: the one the checkpoint names
 
     def __post_init__(self):
         self.export()  # precision, device, calibration method
@@ -74,6 +76,8 @@ class OptimizeOptions:
         if not isinstance(self.verify_examples, int):
             raise HotrodError(f"verify_examples must be a whole number, got {self.verify_examples!r}")
         check_number("max_drop", self.max_drop, 0, 1)
+        if self.task is not None:
+            check_choice("task", self.task, TASKS)
 
     @classmethod
     def of(cls, options: OptimizeOptions | None = None, **changes) -> OptimizeOptions:

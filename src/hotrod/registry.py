@@ -8,6 +8,7 @@ graphs exist and what their inputs and outputs are called (see `hotrod.contracts
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -32,6 +33,8 @@ class Dims:
     max_positions: int | None  # None: relative positions, no hard limit
     num_decoder_layers: int = 0  # seq2seq only
     type_vocab_size: int = 0  # encoders with token type embeddings
+    task: str = ""  # what the graphs end in (`hotrod.tasks`): an encoder's head decides its outputs
+    num_labels: int = 0  # outputs per row or token of a labelled head
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -44,12 +47,20 @@ class Family:
     name: str
     model_types: tuple[str, ...]
     kind: Kind
-    dims: Callable[[object], Dims]
+    sizes: Callable[[object], Dims]  # config -> the architecture's sizes (`dims` adds the task's)
     build: Callable[[object], nn.Module]  # config -> lean module with `graphs()` and `load_hf()`
+    tasks: tuple[str, ...] = ()  # the heads it runs (`hotrod.tasks`); the first is the bare model's
     onnx_optimizer: str | None = None  # model type for ONNX Runtime's transformer optimizer (fusion)
     # Operators this family's graphs keep in fp32 under fp16/bf16, beyond the list every graph keeps
     # (`hotrod.optimize.mixed.KEEP_FP32_OPS`); each graph carries them in its metadata.
     fp32_ops: tuple[str, ...] = ()
+
+    def dims(self, config) -> Dims:
+        """The sizes of `config`'s model with its task (`hotrod.tasks.task_of`): the head shapes the graphs."""
+        from hotrod.tasks import label_count, task_of
+
+        task = task_of(config, self)
+        return dataclasses.replace(self.sizes(config), task=task, num_labels=label_count(config, task))
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -101,9 +101,12 @@ def _key(value: Any) -> Any:
 
 def _compare_encoder(candidate: Any, reference: Any, rows: list[torch.Tensor]) -> dict:
     max_abs, cosines, embeddings = 0.0, [], []
+    name = candidate.spec.contracts(candidate.dims)["encoder"].output_names[0]
     for ids in rows:
-        ours = candidate(ids).last_hidden_state.float()[0]
-        theirs = reference(ids).last_hidden_state.float()[0]
+        ours = candidate(ids)[name].float()[0]
+        theirs = reference(ids)[name].float()[0]
+        if ours.dim() == 1:  # one vector per row: a sequence head's logits
+            ours, theirs = ours[None], theirs[None]
         max_abs = max(max_abs, float((ours - theirs).abs().max()))
         cosines.append(float(torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).mean()))
         embeddings.append(float(torch.nn.functional.cosine_similarity(ours.mean(0), theirs.mean(0), dim=0)))

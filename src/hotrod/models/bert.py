@@ -1,7 +1,8 @@
-"""BERT-style encoders (bert; sentence-transformers checkpoints such as all-MiniLM-L6-v2).
+"""BERT-style encoders (bert; sentence-transformers checkpoints such as all-MiniLM-L6-v2) and their heads.
 
-Weight names follow Hugging Face's BertModel; checkpoints of head models (`bert.` prefix) load too.
-The encoder-kind graph is (input_ids, attention_mask, token_type_ids) -> last_hidden_state.
+Weight names follow Hugging Face's BertModel; checkpoints of head models (`bert.` prefix) load with their
+head (`hotrod.models.heads`). The encoder-kind graph is (input_ids, attention_mask, token_type_ids) ->
+the last hidden state, or what the checkpoint's head makes of it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from transformers.activations import ACT2FN
 from hotrod.models.common import (
     FusedProjection,
     additive_mask,
-    load_weights,
     multi_head_attention,
     padding_mask,
-    strip_prefix,
 )
+from hotrod.models.heads import STANDARD_HEADS, Head, build_head, load_with_head
 from hotrod.models.packing import Packing, packed_attention
 from hotrod.registry import Dims, Family, register
+from hotrod.tasks import ENCODER_TASKS
 
 
 class BertEmbeddings(nn.Module):
@@ -108,15 +109,19 @@ class Layers(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """The encoder-kind graph: (input_ids, attention_mask, token_type_ids) -> last_hidden_state."""
+    """The encoder-kind graph: (input_ids, attention_mask, token_type_ids) -> last_hidden_state, or the
+    outputs of the head the checkpoint's task names (`heads`)."""
 
     embeddings_class = BertEmbeddings
     checkpoint_prefixes = ("bert.",)
+    heads: dict[str, Head] = STANDARD_HEADS
 
     def __init__(self, config):
         super().__init__()
         self.embeddings = self.embeddings_class(config)
         self.encoder = Layers(config)
+        self.num_labels = config.num_labels
+        self.head = build_head(config, self.heads)
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         x = self.embeddings(input_ids, token_type_ids)
@@ -124,7 +129,7 @@ class BertEncoder(nn.Module):
         bias = additive_mask(padding_mask(attention_mask).expand(-1, -1, seq, -1), x.dtype)
         for layer in self.encoder.layer:
             x = layer(x, bias)
-        return x
+        return self.finish(x, attention_mask)
 
     def forward_packed(self, input_ids, attention_mask, token_type_ids):
         """The same graph with every layer on the real tokens only (`hotrod.models.packing`): equal to
@@ -133,7 +138,11 @@ class BertEncoder(nn.Module):
         tokens = packing.pack(self.embeddings(input_ids, token_type_ids))
         for layer in self.encoder.layer:
             tokens = layer(tokens, packing)
-        return packing.unpack(tokens)
+        return self.finish(packing.unpack(tokens), attention_mask)
+
+    def finish(self, hidden, attention_mask):
+        """The last hidden state, or what the head makes of it."""
+        return hidden if self.head is None else self.head(hidden, attention_mask)
 
     def graphs(self) -> dict[str, nn.Module]:
         return {"encoder": self}
@@ -143,7 +152,7 @@ class BertEncoder(nn.Module):
         return {"encoder": self.forward_packed}
 
     def load_hf(self, state_dict: dict[str, torch.Tensor]) -> None:
-        load_weights(self, strip_prefix(state_dict, self.checkpoint_prefixes))
+        load_with_head(self, state_dict, self.checkpoint_prefixes)
 
 
 def bert_dims(config) -> Dims:
@@ -159,5 +168,6 @@ def bert_dims(config) -> Dims:
 
 
 FAMILY = register(
-    Family(name="bert", model_types=("bert",), kind="encoder", dims=bert_dims, build=BertEncoder, onnx_optimizer="bert")
+    Family(name="bert", model_types=("bert",), kind="encoder", sizes=bert_dims, build=BertEncoder,
+           onnx_optimizer="bert", tasks=ENCODER_TASKS)
 )

@@ -12,6 +12,7 @@ from transformers.activations import ACT2FN
 
 from hotrod.models.common import Conv1D, attention_in_place, load_weights
 from hotrod.registry import Dims, Family, register
+from hotrod.tasks import GENERATE
 
 
 class GPT2Attention(nn.Module):
@@ -110,5 +111,5 @@ def gpt2_dims(config) -> Dims:
     )
 
 
-FAMILY = register(Family(name="gpt2", model_types=("gpt2",), kind="decoder", dims=gpt2_dims, build=GPT2LM,
-                         onnx_optimizer="gpt2"))
+FAMILY = register(Family(name="gpt2", model_types=("gpt2",), kind="decoder", sizes=gpt2_dims, build=GPT2LM,
+                         onnx_optimizer="gpt2", tasks=(GENERATE,)))

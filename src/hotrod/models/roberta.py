@@ -7,7 +7,9 @@ import dataclasses
 import torch
 
 from hotrod.models.bert import BertEmbeddings, BertEncoder, bert_dims
+from hotrod.models.heads import STANDARD_HEADS, ProjectedClassifier
 from hotrod.registry import Dims, Family, register
+from hotrod.tasks import CLASSIFY, ENCODER_TASKS
 
 
 class RobertaEmbeddings(BertEmbeddings):
@@ -23,6 +25,7 @@ class RobertaEmbeddings(BertEmbeddings):
 class RobertaEncoder(BertEncoder):
     embeddings_class = RobertaEmbeddings
     checkpoint_prefixes = ("roberta.",)
+    heads = {**STANDARD_HEADS, CLASSIFY: ProjectedClassifier}
 
 
 def roberta_dims(config) -> Dims:
@@ -32,6 +35,6 @@ def roberta_dims(config) -> Dims:
 
 
 FAMILY = register(
-    Family(name="roberta", model_types=("roberta",), kind="encoder", dims=roberta_dims, build=RobertaEncoder,
-           onnx_optimizer="bert")
+    Family(name="roberta", model_types=("roberta",), kind="encoder", sizes=roberta_dims, build=RobertaEncoder,
+           onnx_optimizer="bert", tasks=ENCODER_TASKS)
 )

@@ -25,6 +25,7 @@ from hotrod.models.common import (
     split_heads,
 )
 from hotrod.registry import Dims, Family, register
+from hotrod.tasks import TEXT2TEXT
 
 # Kept in fp32 under half precision, beyond what every graph keeps:
 T5_FP32_OPS = (
@@ -338,10 +339,10 @@ def mt5_model(config) -> T5Model:
 
 
 FAMILY = register(
-    Family(name="t5", model_types=("t5",), kind="seq2seq", dims=t5_dims, build=T5Model, onnx_optimizer="t5",
-           fp32_ops=T5_FP32_OPS)
+    Family(name="t5", model_types=("t5",), kind="seq2seq", sizes=t5_dims, build=T5Model, onnx_optimizer="t5",
+           fp32_ops=T5_FP32_OPS, tasks=(TEXT2TEXT,))
 )
 MT5 = register(
-    Family(name="mt5", model_types=("mt5",), kind="seq2seq", dims=t5_dims, build=mt5_model, onnx_optimizer="t5",
-           fp32_ops=T5_FP32_OPS)
+    Family(name="mt5", model_types=("mt5",), kind="seq2seq", sizes=t5_dims, build=mt5_model, onnx_optimizer="t5",
+           fp32_ops=T5_FP32_OPS, tasks=(TEXT2TEXT,))
 )
