@@ -1,8 +1,9 @@
 """Session fixtures: the zoo of tiny checkpoints and artifacts, and an isolated, offline environment.
 
 `pytest_generate_tests` parametrizes any test that asks for `case` (every entry of the table),
-`lm_case` (decoder-only and seq2seq), `seq2seq_case`, `encoder_case` or `backend` (both backends),
-so that adding a row to `tests.zoo.CASES` runs the whole suite on it.
+`lm_case` (decoder-only and seq2seq), `seq2seq_case`, `encoder_case`, `head_case` (every encoder case
+with every task head) or `backend` (every backend), so that adding a row to `tests.zoo.CASES` runs the
+whole suite on it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from tests.zoo import BACKENDS, CASES, ENCODER_CASES, LM_CASES, SEQ2SEQ_CASES, Zoo
+from tests.zoo import BACKENDS, CASES, ENCODER_CASES, HEAD_CASES, LM_CASES, SEQ2SEQ_CASES, Zoo
 
 _PARAMETERS = {
     "case": list(CASES),
     "lm_case": LM_CASES,
     "seq2seq_case": SEQ2SEQ_CASES,
     "encoder_case": ENCODER_CASES,
+    "head_case": list(HEAD_CASES),
     "backend": list(BACKENDS),
 }
 

@@ -80,6 +80,7 @@ class Case:
     config: Callable[[], transformers.PretrainedConfig]
     tokenizer: Callable[[Path], int] | None = None  # writes tokenizer files, returns the tokenizer's size
     pad_side: str = "right"  # how batches of unequal prompts are padded
+    task: str | None = None  # an encoder's head (`hotrod.tasks`); None: the bare model
 
     @property
     def is_lm(self) -> bool:
@@ -119,6 +120,41 @@ CASES: dict[str, Case] = {
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]
 SEQ2SEQ_CASES = [name for name, case in CASES.items() if case.kind == "seq2seq"]
 ENCODER_CASES = [name for name, case in CASES.items() if not case.is_lm]
+
+# -- the heads: every encoder case with every task head, named `<case>-<head>` ---------------------
+
+CLASS_LABELS = ("negative", "neutral", "positive")
+TAGS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+HEADS = {  # short name: (task, class-name suffix, labels)
+    "cls": ("text-classification", "ForSequenceClassification", CLASS_LABELS),
+    "ner": ("token-classification", "ForTokenClassification", TAGS),
+    "qa": ("question-answering", "ForQuestionAnswering", ()),
+}
+
+
+def head_case(base: Case, head: str, **config_changes) -> Case:
+    """`base` with one of the HEADS on top: transformers' head class of the same family, its label map."""
+    import dataclasses
+
+    task, suffix, labels = HEADS[head]
+    hf_class = getattr(transformers, base.hf_class.__name__.removesuffix("Model") + suffix)
+
+    def config():
+        made = base.config()
+        if labels:
+            made.id2label = dict(enumerate(labels))
+            made.label2id = {label: i for i, label in enumerate(labels)}
+        for key, value in config_changes.items():
+            setattr(made, key, value)
+        return made
+
+    return dataclasses.replace(base, name=f"{base.name}-{head}", hf_class=hf_class, config=config, task=task)
+
+
+HEAD_CASES: dict[str, Case] = {
+    case.name: case for case in (head_case(CASES[name], head) for name in ENCODER_CASES for head in HEADS)
+}
+ALL_CASES: dict[str, Case] = {**CASES, **HEAD_CASES}
 
 
 def build_checkpoint(case: Case, directory: Path, seed: int = 0, **save_kwargs) -> Path:
@@ -165,7 +201,7 @@ class Zoo:
 
     def checkpoint(self, name: str) -> Path:
         if name not in self._checkpoints:
-            self._checkpoints[name] = build_checkpoint(CASES[name], self.root / "checkpoints" / name)
+            self._checkpoints[name] = build_checkpoint(ALL_CASES[name], self.root / "checkpoints" / name)
         return self._checkpoints[name]
 
     def artifact(self, name: str) -> Path:
@@ -177,7 +213,7 @@ class Zoo:
     def reference(self, name: str) -> torch.nn.Module:
         """transformers' own model, read from the same checkpoint directory."""
         if name not in self._references:
-            self._references[name] = CASES[name].hf_class.from_pretrained(self.checkpoint(name)).eval()
+            self._references[name] = ALL_CASES[name].hf_class.from_pretrained(self.checkpoint(name)).eval()
         return self._references[name]
 
     def hf_generate(self, name: str, ids: torch.Tensor, mask: torch.Tensor | None, seed: int | None = None,
