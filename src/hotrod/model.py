@@ -17,11 +17,12 @@ import torch
 
 from hotrod import tasks
 from hotrod.batching import plan, trailing_lengths
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, check_count
 from hotrod.generation import config as gen_config
 from hotrod.generation.cache import DecodingState, SelfCache, compact_prompts
 from hotrod.generation.search import generate as run_search
 from hotrod.kinds import spec as kind_spec
+from hotrod.pipelines.base import Row
 from hotrod.registry import Family
 
 
@@ -165,6 +166,41 @@ class HotrodModel:
             for group in plan([len(r) for r in rows], batch_size):
                 result[group] = self._embed_batch([rows[i] for i in group], pooling)
         return torch.nn.functional.normalize(result, dim=-1) if normalize else result
+
+    # -- task heads (`hotrod.pipelines`) -------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run_rows(self, rows: Sequence[Row], batch_size: int = 32) -> list[dict[str, torch.Tensor]]:
+        """Each row's head outputs, per-token ones cut to the row's length: rows of similar length run
+        together, padded only to their own longest (`hotrod.batching.plan`)."""
+        check_count("batch_size", batch_size)
+        results: list[dict[str, torch.Tensor]] = [{} for _ in rows]
+        io = self.spec.contracts(self.dims)["encoder"]
+        pad = self._pad_id()
+        with torch_threads(self.backend.loop_threads):
+            for group in plan([len(row) for row in rows], batch_size):
+                members = [rows[i] for i in group]
+                width = max(len(r) for r in members)
+                for row in members:
+                    self._check_row(row.input_ids)
+                ids = torch.tensor([r.input_ids + [pad] * (width - len(r)) for r in members], dtype=torch.long)
+                mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in members], dtype=torch.long)
+                types = torch.tensor([(r.token_type_ids or [0] * len(r)) + [0] * (width - len(r)) for r in members],
+                                     dtype=torch.long)
+                out = self._encode(ids, mask, types)
+                for position, (index, row) in enumerate(zip(group, members)):
+                    results[index] = {spec.name: out[spec.name][position, :len(row)] if "sequence" in spec.axes
+                                      else out[spec.name][position] for spec in io.outputs}
+        return results
+
+    def classify(self, texts_or_pairs, top_k: int | None = 1, function_to_apply: str | None = None,
+                 truncate: bool = False) -> list:
+        """Labels and scores as transformers' `pipeline("text-classification")` gives them (`top_k=1`: as
+        it answers without top_k; None: every label). Inputs: a text, a (text, text_pair) pair, or a list."""
+        from hotrod.pipelines import classify
+
+        prepared = classify.prepare(self, texts_or_pairs, top_k, function_to_apply, truncate)
+        return classify.finish(self, prepared, self.run_rows(prepared.rows))
 
     def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
         """The encoder graph's outputs by name; a right-padded batch runs as padding-free sub-batches.

@@ -1,0 +1,70 @@
+"""The rows a task runs through an encoder head, and what every task checks of its inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotrod.errors import HotrodError
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model input: token ids and, for families that have them, token types (a text pair's second
+    text is type 1)."""
+
+    input_ids: list[int]
+    token_type_ids: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Prepared:
+    """A task's rows and what its `finish` needs: `state` is the task's own (offsets, windows, ...)."""
+
+    rows: list[Row]
+    state: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def require_task(model: Any, task: str, method: str) -> None:
+    """A task method on a model built for another task is one line naming both."""
+    if model.task != task:
+        raise HotrodError(f"{method}() needs a {task} model; this one is built for {model.task or 'no task'}")
+
+
+def require_tokenizer(model: Any, method: str) -> Any:
+    if model.tokenizer is None:
+        raise HotrodError(f"{method}() needs the model's tokenizer, and this model has none")
+    return model.tokenizer
+
+
+def check_text(text: Any, what: str) -> str:
+    """A non-empty string, else one line naming `what`."""
+    if not isinstance(text, str):
+        raise HotrodError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise HotrodError(f"{what} is empty")
+    return text
+
+
+def encode(model: Any, texts: Sequence[str], pairs: Sequence[str] | None = None, truncate: bool = False,
+           what: str = "text") -> list[Row]:
+    """Tokenize texts (or text pairs) as the model's tokenizer does for transformers' pipelines; an input
+    past the model's positions is refused, naming it, unless `truncate` (then cut to fit, the longer
+    text of a pair first)."""
+    tokenizer = model.tokenizer
+    limit = model.dims.max_positions
+    kwargs = {"truncation": "longest_first", "max_length": limit} if truncate and limit else {}
+    encoded = tokenizer(list(texts), list(pairs), **kwargs) if pairs is not None else tokenizer(list(texts), **kwargs)
+    types = encoded.get("token_type_ids") if model.dims.type_vocab_size else None
+    rows = []
+    for i, ids in enumerate(encoded["input_ids"]):
+        if limit and len(ids) > limit:
+            raise HotrodError(f"{what} {i} has {len(ids)} tokens, more than the model's {limit} positions; "
+                              "shorten it or ask for truncation")
+        rows.append(Row(list(ids), list(types[i]) if types is not None else None))
+    return rows

@@ -1,0 +1,106 @@
+"""Sequence classification as transformers' `pipeline("text-classification")` answers it, and the scores
+that `model.rerank` ranks by.
+
+Scores are the logits through the function the pipeline picks: none for regression, sigmoid for
+multi-label heads and one-output heads, softmax otherwise (or the one asked for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hotrod.errors import HotrodError, check_choice
+from hotrod.pipelines.base import Prepared, check_text, encode, require_task, require_tokenizer
+from hotrod.tasks import CLASSIFY
+
+FUNCTIONS = ("softmax", "sigmoid", "none")
+
+Input = str | Sequence[str] | dict  # a text, a (text, text_pair) pair, or {"text", "text_pair"}
+
+
+def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = 1,
+            function_to_apply: str | None = None, truncate: bool = False) -> Prepared:
+    """Rows of `inputs`: one text, one pair, or a list of either."""
+    require_task(model, CLASSIFY, "classify")
+    require_tokenizer(model, "classify")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise HotrodError(f"top_k must be a whole number >= 1 or None, got {top_k!r}")
+    function = default_function(model.config) if function_to_apply is None else \
+        check_choice("function_to_apply", str(function_to_apply).lower(), FUNCTIONS)
+    single = _is_one(inputs)
+    items = [inputs] if single else list(inputs)
+    if not items:
+        raise HotrodError("nothing to classify")
+    pairs = [_pair(item, i) for i, item in enumerate(items)]
+    if all(second is None for _, second in pairs):
+        rows = encode(model, [first for first, _ in pairs], truncate=truncate)
+    elif any(second is None for _, second in pairs):
+        raise HotrodError("inputs mix single texts and text pairs; classify one kind at a time")
+    else:
+        rows = encode(model, [a for a, _ in pairs], [b for _, b in pairs], truncate=truncate, what="pair")
+    return Prepared(rows, state=single, options={"top_k": top_k, "function": function})
+
+
+def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> list:
+    """The pipeline's answer: with top_k=1, the best label of each input (a list of one for one input);
+    otherwise each input's top_k labels (every label for None), best first."""
+    top_k, function = prepared.options["top_k"], prepared.options["function"]
+    answers = []
+    for out in outputs:
+        scores = apply(out["logits"].float(), function)
+        if top_k == 1:
+            best = int(scores.argmax())
+            answers.append({"label": model.labels[best], "score": float(scores[best])})
+            continue
+        ranked = sorted(({"label": model.labels[i], "score": float(s)} for i, s in enumerate(scores)),
+                        key=lambda entry: entry["score"], reverse=True)
+        answers.append(ranked if top_k is None else ranked[:top_k])
+    if prepared.state and top_k != 1:
+        return answers[0]
+    return answers
+
+
+def default_function(config) -> str:
+    """The function transformers' pipeline applies when none is asked for."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression":
+        return "none"
+    if problem == "multi_label_classification" or config.num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def apply(logits: torch.Tensor, function: str) -> torch.Tensor:
+    if function == "sigmoid":
+        return torch.sigmoid(logits)
+    if function == "softmax":
+        return torch.softmax(logits, dim=-1)
+    return logits
+
+
+def _is_one(inputs: Any) -> bool:
+    """One text, one {"text", "text_pair"}, or one (text, text_pair) of two strings."""
+    if isinstance(inputs, str | dict):
+        return True
+    return isinstance(inputs, tuple) and len(inputs) == 2 and all(isinstance(t, str) for t in inputs)
+
+
+def _pair(item: Any, index: int) -> tuple[str, str | None]:
+    """(text, text_pair or None) of one input; a pair with a side missing is one line naming it."""
+    if isinstance(item, str):
+        return check_text(item, f"text {index}"), None
+    if isinstance(item, dict):
+        unknown = set(item) - {"text", "text_pair"}
+        if unknown:
+            raise HotrodError(f"input {index} has unknown key(s) {', '.join(sorted(unknown))}; use text, text_pair")
+        text = check_text(item.get("text"), f"input {index}'s text")
+        pair = item.get("text_pair")
+        return text, None if pair is None else check_text(pair, f"input {index}'s text_pair")
+    if isinstance(item, list | tuple):
+        if len(item) != 2:
+            raise HotrodError(f"input {index} is a pair of {len(item)} texts; a pair has two")
+        return check_text(item[0], f"pair {index}'s first text"), check_text(item[1], f"pair {index}'s second text")
+    raise HotrodError(f"input {index} must be a text or a pair of texts, got {type(item).__name__}")
