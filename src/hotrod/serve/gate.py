@@ -1,4 +1,4 @@
-"""The door of every /v1 and /v2 request: its key, its media type and its size, before any of it is parsed.
+"""The door of every /v1, /v2 and TEI request: its key, its media type and its size, before any of it is parsed.
 
 An ASGI middleware rather than FastAPI dependencies, because FastAPI reads and parses a body before it
 runs any dependency: an unauthenticated or oversized request would already have cost its parse (and
@@ -28,11 +28,12 @@ from hotrod.serve.tensors import HEADER
 
 API_PREFIX = "/v1/"
 OPEN_V2 = "/v2/health/"
+TEI_ROUTES = ("/predict", "/rerank")  # text-embeddings-inference's own, at the root as TEI has them
 
 
 def guarded(path: str) -> bool:
-    """The routes behind the door: every /v1 and /v2 route but the v2 health probes."""
-    return path.startswith(API_PREFIX) or (is_v2(path) and not path.startswith(OPEN_V2))
+    """The routes behind the door: every /v1 and /v2 route but the v2 health probes, and TEI's."""
+    return path.startswith(API_PREFIX) or path in TEI_ROUTES or (is_v2(path) and not path.startswith(OPEN_V2))
 
 
 def _readable(path: str, media: str, headers: Headers) -> bool:
