@@ -115,27 +115,30 @@ def tag_hotrod(model, texts: Sequence[str]) -> list[str]:
     types = encoded.get("token_type_ids")
     rows = [Row(list(ids), list(types[i]) if types else None) for i, ids in enumerate(encoded["input_ids"])]
     outputs = model.run_rows(rows, BATCH)
-    answers = []
-    for text, offsets, out in zip(texts, encoded["offset_mapping"], outputs):
+    answers, tokenizer = [], model.tokenizer
+    for ids, offsets, out in zip(encoded["input_ids"], encoded["offset_mapping"], outputs):
         labels = [model.labels[int(i)] for i in out["logits"].argmax(-1)]
-        groups = entity_groups(labels, offsets)
-        answers.append(";".join(f"{label}={text[start:end].lower()}" for label, start, end in groups))
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        words = [(label, tokenizer.convert_tokens_to_string(tokens[first:last + 1]))
+                 for label, first, last in entity_groups(labels, offsets)]
+        answers.append(";".join(f"{label}={word}" for label, word in words))
     return answers
 
 
 def entity_groups(labels: Sequence[str], offsets: Sequence[tuple[int, int]]) -> list[tuple[str, int, int]]:
-    """(type, start, end) of each entity: a token continues the open group when it has the group's type and
-    is not a B- tag; O groups are dropped (transformers' `group_entities`). Special tokens are skipped."""
+    """(type, first token, last token) of each entity: a token continues the open group when it has the
+    group's type and is not a B- tag; O groups are dropped (transformers' `group_entities`, whose words are
+    the group's tokens as text). Special tokens (empty offsets) are skipped."""
     groups: list[list] = []
-    for label, (start, end) in zip(labels, offsets):
+    for index, (label, (start, end)) in enumerate(zip(labels, offsets)):
         if start == end:
             continue
         head, _, kind = label.partition("-") if "-" in label else ("I", "", label)
         if groups and groups[-1][0] == kind and head != "B":
-            groups[-1][2] = end
+            groups[-1][2] = index
         else:
-            groups.append([kind, start, end])
-    return [(kind, start, end) for kind, start, end in groups if kind != "O"]
+            groups.append([kind, index, index])
+    return [(kind, first, last) for kind, first, last in groups if kind != "O"]
 
 
 def accuracy(predicted: Sequence[str], targets: Sequence[str]) -> float:

