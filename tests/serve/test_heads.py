@@ -70,12 +70,23 @@ def assert_same_labels(actual, expected) -> None:
 
 
 def error(response: httpx.Response, status: int, param: str | None, *words: str) -> str:
+    """The message of a refusal in hotrod's shape, naming `param` and holding `words`."""
     assert response.status_code == status, response.text
     body = response.json()["error"]
     assert body["param"] == param
     for word in words:
         assert word in body["message"], body["message"]
     return body["message"]
+
+
+def tei_error(response: httpx.Response, status: int, *words: str) -> str:
+    """The message of a refusal in TEI's shape, `{"error", "error_type"}`."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "error_type"} and body["error_type"] == "validation"
+    for word in words:
+        assert word in body["error"], body["error"]
+    return body["error"]
 
 
 # -- /v1/classify ---------------------------------------------------------------------------------------
@@ -220,27 +231,29 @@ def test_rerank_takes_at_most_ten_thousand_documents(serve, reranker):
     client = serve({"rank": reranker}, ServeLimits(max_batch_inputs=20_000))
     error(client.post("/v1/rerank", json={"query": "q", "documents": ["d"] * 10_001}), 400, "documents",
           "10001 inputs", "at most 10000")
-    error(client.post("/rerank", json={"query": "q", "texts": ["d"] * 10_001}), 400, "texts", "at most 10000")
+    tei_error(client.post("/rerank", json={"query": "q", "texts": ["d"] * 10_001}), 400, "texts", "at most 10000")
 
 
-@pytest.mark.parametrize("path,body,param,words", [
-    ("/rerank", {"query": "q", "texts": []}, "texts", ("empty",)),
-    ("/predict", {"inputs": ["a", "b", "c"]}, "inputs", ("3 strings",)),
-    ("/predict", {"inputs": [["a", "b", "c"]]}, "inputs", ("inputs[0]", "3 texts")),
-    ("/predict", {"inputs": [["a"], [""]]}, "inputs", ("inputs[1]", "empty")),
-    ("/predict", {"inputs": []}, "inputs", ("empty",)),
+@pytest.mark.parametrize("path,body,status,words", [
+    ("/rerank", {"query": "q", "texts": []}, 400, ("texts", "empty")),
+    ("/rerank", {"query": "q", "texts": [LONG]}, 400, ("texts", "tokens")),
+    ("/rerank", {"query": "q"}, 422, ("texts",)),
+    ("/predict", {"inputs": ["a", "b", "c"]}, 400, ("inputs", "3 strings")),
+    ("/predict", {"inputs": [["a", "b", "c"]]}, 400, ("inputs[0]", "3 texts")),
+    ("/predict", {"inputs": [["a"], [""]]}, 400, ("inputs[1]", "empty")),
+    ("/predict", {"inputs": []}, 400, ("inputs", "empty")),
 ])
-def test_tei_refusals(serve, reranker, path, body, param, words):
+def test_tei_refusals_in_its_shape(serve, reranker, path, body, status, words):
     client = serve({"rank": reranker})
-    error(client.post(path, json=body), 400, param, *words)
+    tei_error(client.post(path, json=body), status, *words)
 
 
 def test_tei_routes_need_one_model_of_their_task(serve, zoo, classifier, reranker):
     client = serve({"bert": zoo.model("bert", "torch"), "cls": classifier})
-    error(client.post("/rerank", json={"query": "q", "texts": ["d"]}), 400, None, "one label", "bert", "cls")
+    tei_error(client.post("/rerank", json={"query": "q", "texts": ["d"]}), 400, "one label", "bert", "cls")
     assert client.post("/predict", json={"inputs": "hello"}).status_code == 200
     two = serve({"cls": classifier, "rank": reranker})
-    error(two.post("/predict", json={"inputs": "hello"}), 400, None, "several", "/v1/predict")
+    tei_error(two.post("/predict", json={"inputs": "hello"}), 400, "several", "/v1/classify")
 
 
 # -- the engine: rows of concurrent requests share one model call ----------------------------------------

@@ -23,12 +23,11 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hotrod.serve.http_errors import INFER_PATH, error_response, is_v2, record
+from hotrod.serve.http_errors import INFER_PATH, TEI_ROUTES, error_response, is_v2, record
 from hotrod.serve.tensors import HEADER
 
 API_PREFIX = "/v1/"
 OPEN_V2 = "/v2/health/"
-TEI_ROUTES = ("/predict", "/rerank")  # text-embeddings-inference's own, at the root as TEI has them
 
 
 def guarded(path: str) -> bool:

@@ -73,13 +73,12 @@ async def rerank_route(body: RerankRequest, request: Request) -> Response:
 
 
 async def relevance(request: Request, engine: Any, query: str, texts: list[str], function: str | None,
-                    truncate: bool) -> tuple[list[float], int]:
+                    truncate: bool, param: str = "documents") -> tuple[list[float], int]:
     """Each (query, text) pair's score through `function` (None: the head's own, a sigmoid for a
     cross-encoder), and the tokens they ran: the one-label classification of each pair."""
     pairs = [[query, text] for text in texts]
-    prepared = await rows.prepare(request, engine, classify.prepare, pairs, None, function, truncate,
-                                  param="documents")
-    answers = await rows.answer(request, engine, classify, prepared, "documents")
+    prepared = await rows.prepare(request, engine, classify.prepare, pairs, None, function, truncate, param=param)
+    answers = await rows.answer(request, engine, classify, prepared, param)
     return [labels[0]["score"] for labels in answers], rows.tokens(prepared)
 
 

@@ -30,6 +30,7 @@ from hotrod.serve.protocol import Engine
 from hotrod.tasks import CLASSIFY
 
 router = APIRouter()
+_NAMED = {"predict": "/v1/classify", "rerank": "/v1/rerank"}  # the route of each that names its model
 Item = str | list[str]  # one text, or a [text, text_pair]
 
 
@@ -45,7 +46,7 @@ def served_head(request: Request, endpoint: str, one_label: bool) -> tuple[Engin
         raise ApiError(400, f"{request.url.path} needs a {wanted}; this server serves {served}")
     if len(fits) > 1:
         raise ApiError(400, f"{request.url.path} serves one {wanted}, and several are served ({', '.join(fits)}); "
-                            f"name one with /v1/{endpoint}")
+                            f"name one with {_NAMED[endpoint]}")
     return resolve(request, endpoint if endpoint == "predict" else "tei_rerank", fits[0], ENCODERS)
 
 
@@ -109,6 +110,6 @@ async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     rows.check_texts(request, engine, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
                      body.truncate)
     scores, _ = await relevance(request, engine, body.query, body.texts, tei_function(engine, body.raw_scores),
-                                body.truncate)
+                                body.truncate, "texts")
     ranks = [Rank(index=i, text=body.texts[i] if body.return_text else None, score=scores[i]) for i in ranked(scores)]
     return json_response(TeiRerankResponse(ranks), recorder)
