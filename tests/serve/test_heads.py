@@ -334,3 +334,12 @@ def test_metrics_per_route_and_the_api_key(serve, reranker):
     assert 'hotrod_requests_total{endpoint="tei_rerank",model="rank",outcome="ok"} 1.0' in text
     assert 'hotrod_requests_total{endpoint="tei_rerank",model="rank",outcome="invalid"} 1.0' in text
     assert 'hotrod_requests_total{endpoint="rerank",model="rank",outcome="invalid"} 2.0' in text  # 401 and 400
+
+
+def test_openapi_lists_the_task_routes(serve, reranker):
+    schema = serve({"rank": reranker}).get("/openapi.json").json()
+    for path in ("/v1/classify", "/v1/rerank", "/predict", "/rerank"):
+        assert "post" in schema["paths"][path]
+    schemas = schema["components"]["schemas"]
+    assert {"query", "documents", "top_n", "return_documents"} <= set(schemas["RerankRequest"]["properties"])
+    assert {"query", "texts", "raw_scores", "return_text", "truncate"} <= set(schemas["TeiRerankRequest"]["properties"])
