@@ -167,9 +167,9 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
          max_finite=65504.0, rtol=1e-2, atol=1e-3),
     Half(name="bf16", weight_bytes=2.0, onnx_type=TensorProto.BFLOAT16, numpy_type=ml_dtypes.bfloat16,
          max_finite=float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), rtol=5e-2, atol=1e-2),
-    Int8Dynamic(name="int8", weight_bytes=1.0, weights="int8 per-channel (dynamic)",
+    Int8Dynamic(name="int8", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (dynamic)",
                 activations="uint8 per-tensor, range measured on every call (dynamic)"),
-    Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel (int8-static, QDQ)",
+    Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
                activations="uint8 per-tensor, static ranges calibrated with {method}"),
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
     WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,

@@ -244,3 +244,34 @@ def test_a_bias_that_is_not_a_constant_vector_stays_an_add():
 
     model = weight_only(_matmul_add_graph(False), 4)
     assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "Add"]
+
+
+def _worst_case_matmul(rows: int = 4, depth: int = 64, width: int = 16) -> tuple[onnx.ModelProto, np.ndarray]:
+    """x @ W with positive activations and weights, each column's largest weight beside its others: the
+    u8 x s8 pair sums an integer kernel forms are as large as they get. Returns the graph and a feed."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = rng.uniform(0.5, 1.0, (depth, width)).astype(np.float32)
+    weight[:2] = 1.0
+    x = rng.uniform(0.9, 1.0, (rows, depth)).astype(np.float32)
+    x[:, :2] = 1.0  # the activations' maximum: uint8 255 against zero point 0
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", depth])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", width])],
+                              [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), x
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8-static"])
+def test_int8_weights_keep_to_seven_bits_so_every_x86_kernel_is_exact(precision):
+    """Without VNNI (AVX2 alone) onnxruntime's u8 x s8 kernel adds pairs of products in int16, saturating
+    past 32767: full-range weights (255 * 127 * 2) gave a tiny GPT-2 logits at cosine 0.993 to fp32 there.
+    Weights in [-64, 64] fit (255 * 64 * 2 = 32640); the product on this CPU must be the exact one."""
+    model, x = _worst_case_matmul()
+    exact = x @ onnx.numpy_helper.to_array(model.graph.initializer[0])
+    quantized = lower(model, precision, [{"x": x}])
+    weights = [onnx.numpy_helper.to_array(t) for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert weights and all(np.abs(w.astype(np.int32)).max() <= 64 for w in weights)
+    [[got]] = run(quantized, [{"x": x}])  # as sessions run it, after onnxruntime's own fusions
+    assert np.abs(got - exact).max() <= 0.02 * np.abs(exact).max()  # a saturated sum is off by about half

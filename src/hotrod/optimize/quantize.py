@@ -14,6 +14,13 @@
   coarser fit.
 In all of them the token embedding stays fp32: a Gather reads one row per token, so quantizing it saves
 memory but no time, and costs accuracy.
+
+int8 and int8-static weights use 7 of their 8 bits ([-64, 64], onnxruntime's reduce_range). Both multiply
+uint8 activations by int8 weights, and on an x86 CPU without VNNI (AVX2 only) onnxruntime's kernel sums
+pairs of u8 x s8 products in int16 (vpmaddubsw), which saturates past 32767: 255 * 127 * 2 = 64770 gives
+wrong sums (a tiny GPT-2's logits at cosine 0.993 to fp32, errors up to 0.14 on logits of magnitude 0.6),
+255 * 64 * 2 = 32640 fits. VNNI's vpdpbusd does not saturate, but an artifact built on one machine runs
+on others, so the range is the one that is exact on every x86 CPU, whichever machine built it.
 """
 
 from __future__ import annotations
@@ -47,14 +54,17 @@ MAX_CALIBRATION_FEEDS = {"minmax": 32, "percentile": 16, "entropy": 16}
 # output projection a Gemm, so Gemm is here too (ORT runs it as QGemm), or those weights would stay fp32.
 _WEIGHT_OPS = ("MatMul", "Gemm")
 
+# Weights in [-64, 64]: exact in onnxruntime's u8 x s8 kernels on every x86 CPU (see the module docstring).
+REDUCE_RANGE = True
+
 # Ends the names of the nodes hotrod adds, or names, for ORT's static quantizer.
 _ISOLATED = "hotrod_int8_input"
 
 
 def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with per-channel int8 weights in every MatMul with a constant weight, activations quantized
-    on every call. The input model may be changed (ONNX's external-data saving moves the weights of a
-    graph above 2 GB out of it), here and in the others; use the returned one."""
+    """`model` with per-channel int8 weights (7-bit range) in every MatMul with a constant weight,
+    activations quantized on every call. The input model may be changed (ONNX's external-data saving moves
+    the weights of a graph above 2 GB out of it), here and in the others; use the returned one."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -62,8 +72,8 @@ def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
         large = save_model(model, src) is not None  # the tools read files; big weights go to .data
         with _quiet():
             quantize_dynamic(
-                str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-                use_external_data_format=large,
+                str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=REDUCE_RANGE,
+                op_types_to_quantize=["MatMul"], use_external_data_format=large,
                 extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
             )
         return prune_initializers(onnx.load(str(dst), load_external_data=True))
@@ -101,9 +111,9 @@ def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "mi
                 # accurate (an asymmetric range has 256 levels either way), but with int8 activations ORT's
                 # CPU optimizer leaves the MatMuls that share one quantized input (Q/K/V) as an fp32 MatMul
                 # on dequantized weights, slower than fp32; with uint8 every one becomes MatMulIntegerToFloat,
-                # QLinearMatMul or QGemm. VNNI does not saturate, so the weights keep all 8 bits (no reduce_range).
+                # QLinearMatMul or QGemm. Weights in 7 bits, exact without VNNI too (the module docstring).
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
-                reduce_range=False, op_types_to_quantize=list(_WEIGHT_OPS), nodes_to_quantize=nodes,
+                reduce_range=REDUCE_RANGE, op_types_to_quantize=list(_WEIGHT_OPS), nodes_to_quantize=nodes,
                 use_external_data_format=large,
                 calibrate_method=getattr(CalibrationMethod, _ORT_METHODS[method]),
                 extra_options={
