@@ -22,7 +22,10 @@ from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.calibration import token_rows
 from hotrod.precisions import REGISTRY
 from hotrod.timing import interleaved, median
-from hotrod.verify import Example, Remembered, compare
+from hotrod.tasks import ENCODER_TASKS, FEATURES
+from hotrod.verification.examples import ANSWERS
+from hotrod.verification.rows import answer_windows, example_rows
+from hotrod.verify import Example, Remembered, compare, measure
 
 TIMING_RUNS = 3
 TIMED_EXAMPLES = 4
@@ -85,8 +88,13 @@ def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Exa
 
 
 def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
-    """What a candidate is timed on: greedy generation of a few prompts, or embedding all examples."""
+    """What a candidate is timed on: greedy generation of a few prompts, embedding all examples, or a head's
+    forward over the rows of all examples as its task builds them."""
     texts = [e.text for e in examples]
+    if model.task in ENCODER_TASKS and model.task != FEATURES:
+        rows = example_rows(model, examples) if measure(model) != ANSWERS else \
+            [w.row for e in examples for w in answer_windows(model, e.text, e.pair)]
+        return lambda m: m.run_rows(rows)
     if not model.spec.generates:
         rows = [row for row in token_rows(model, texts) if row]
         return lambda m: m.embed(rows)
