@@ -125,7 +125,7 @@ ENCODER_CASES = [name for name, case in CASES.items() if not case.is_lm]
 
 CLASS_LABELS = ("negative", "neutral", "positive")
 TAGS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
-HEADS = {  # short name: (task, class-name suffix, labels)
+TASK_HEADS = {  # short name: (task, class-name suffix, labels)
     "cls": ("text-classification", "ForSequenceClassification", CLASS_LABELS),
     "ner": ("token-classification", "ForTokenClassification", TAGS),
     "qa": ("question-answering", "ForQuestionAnswering", ()),
@@ -133,10 +133,10 @@ HEADS = {  # short name: (task, class-name suffix, labels)
 
 
 def head_case(base: Case, head: str, **config_changes) -> Case:
-    """`base` with one of the HEADS on top: transformers' head class of the same family, its label map."""
+    """`base` with one of the TASK_HEADS on top: transformers' head class of the same family, its label map."""
     import dataclasses
 
-    task, suffix, labels = HEADS[head]
+    task, suffix, labels = TASK_HEADS[head]
     hf_class = getattr(transformers, base.hf_class.__name__.removesuffix("Model") + suffix)
 
     def config():
@@ -152,7 +152,7 @@ def head_case(base: Case, head: str, **config_changes) -> Case:
 
 
 HEAD_CASES: dict[str, Case] = {
-    case.name: case for case in (head_case(CASES[name], head) for name in ENCODER_CASES for head in HEADS)
+    case.name: case for case in (head_case(CASES[name], head) for name in ENCODER_CASES for head in TASK_HEADS)
 }
 ALL_CASES: dict[str, Case] = {**CASES, **HEAD_CASES}
 

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time hotrod against PyTorch (and installed peers) against the hardware floor")
     p.add_argument("source", nargs="?", help="checkpoint or hub id for a batch x sequence sweep")
-    p.add_argument("--workload", type=_names, default=None, help="comma-separated workload ids (W1-W4); need no model")
+    p.add_argument("--workload", type=_names, default=None, help="comma-separated workload ids (W1-W4, W6, W7); need no model")
     p.add_argument("--batch", type=_ints, default="1", help="comma-separated batch sizes for the sweep")
     p.add_argument("--seq", type=_ints, default="32", help="comma-separated prompt lengths for the sweep")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hotrod.errors import HotrodError
+from hotrod.pipelines.base import Row
 from hotrod.serve import runner as runner_module
 from hotrod.serve.app import create_app
 from hotrod.serve.engine import ModelEngine, ServeOptions
@@ -192,6 +193,48 @@ def test_concurrent_embeddings_match_each_alone(encoder_case, engine_for):
     for row, vectors in zip(rows, batched):
         alone = engine.model.embed([row], pooling="mean", normalize=True)
         torch.testing.assert_close(vectors, alone, atol=1e-5, rtol=1e-4)
+
+
+def _rows(vocab: int, lengths: tuple[int, ...], seed: int = 0) -> list[Row]:
+    generator = torch.Generator().manual_seed(seed)
+    return [Row(torch.randint(5, vocab, (n,), generator=generator).tolist()) for n in lengths]
+
+
+def test_concurrent_rows_match_each_alone(head_case, engine_for):
+    """Requests of task rows (one, two or three rows each) share batches; each row gets its own outputs."""
+    engine = engine_for(head_case, "torch", ServeOptions(max_batch_size=16, max_queue_delay_ms=50.0))
+    rows = _rows(engine.info.vocab_size, (3, 9, 4, 12, 5, 7))
+    requests = [rows[:1], rows[1:3], rows[3:6]]
+
+    async def go():
+        tickets = [engine.submit_rows(r) for r in requests]
+        return [(await _last(t)).result for t in tickets]
+
+    for request, outputs in zip(requests, asyncio.run(go())):
+        alone = engine.model.run_rows(request)
+        assert len(outputs) == len(request)
+        for got, expected in zip(outputs, alone):
+            assert got.keys() == expected.keys()
+            for name in expected:
+                torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4)
+    assert max(engine.metrics.batch_size.collect()[0].samples, key=lambda s: s.value).value > 1
+
+
+def test_embeddings_and_rows_share_a_batch_and_each_gets_its_own(engine_for):
+    engine = engine_for("bert", "torch", ServeOptions(max_batch_size=16, max_queue_delay_ms=200.0))
+    rows = _rows(engine.info.vocab_size, (4, 6))
+
+    async def go():
+        embed = engine.submit_embed([rows[0].input_ids], "mean", False)
+        heads = engine.submit_rows(rows)
+        return (await _last(embed)).result, (await _last(heads)).result
+
+    vectors, outputs = asyncio.run(go())
+    torch.testing.assert_close(vectors, engine.model.embed([rows[0].input_ids]), atol=1e-5, rtol=1e-4)
+    for got, expected in zip(outputs, engine.model.run_rows(rows)):
+        torch.testing.assert_close(got["last_hidden_state"], expected["last_hidden_state"], atol=1e-5, rtol=1e-4)
+    counts = [s for s in engine.metrics.batch_size.collect()[0].samples if s.name.endswith("_count")]  # calls
+    assert counts[0].value == 1
 
 
 async def _last(ticket):

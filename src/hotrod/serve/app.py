@@ -23,7 +23,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hotrod.serve import completions, endpoints, inference_protocol
+from hotrod.serve import completions, endpoints, heads, inference_protocol, tei
 from hotrod.serve.gate import Gate
 from hotrod.serve.http_errors import ApiError, install_error_handlers
 from hotrod.serve.limits import Access, ServeLimits
@@ -36,7 +36,8 @@ from hotrod.version import __version__
 log = logging.getLogger("hotrod.serve")
 
 _ENDPOINTS = {"/v1/generate": "generate", "/v1/embed": "embed", "/v1/completions": "completions",
-              "/v1/embeddings": "embeddings"}
+              "/v1/embeddings": "embeddings", "/v1/classify": "classify", "/v1/rerank": "rerank",
+              "/predict": "predict", "/rerank": "tei_rerank"}
 router = APIRouter()
 
 
@@ -75,7 +76,7 @@ def create_app(engines: dict[str, Engine], options: ServeLimits | None = None,
     if access.cors_origins:  # outside the gate, so that preflights and refusals carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", HEADER], expose_headers=[HEADER])
-    for module in (endpoints, completions, inference_protocol):
+    for module in (endpoints, completions, heads, tei, inference_protocol):
         app.include_router(module.router)
     app.include_router(router)
     return app

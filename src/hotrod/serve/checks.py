@@ -45,7 +45,7 @@ async def token_rows(request: Request, engine: Engine, items: Sequence[Item], pa
     texts = {}
     for i, (item, where) in enumerate(zip(items, wheres)):
         if isinstance(item, str):
-            _check_bytes(item, limit, where, param)
+            check_bytes(item, limit, where, param)
             texts[i] = item
     encoded = await _encode(request, engine, list(texts.values()), param) if texts else []
     by_index = dict(zip(texts, encoded))
@@ -60,7 +60,7 @@ async def token_ids(request: Request, engine: Engine, item: Item, param: str) ->
     return (await token_rows(request, engine, [item], param))[0]
 
 
-def _check_bytes(text: str, limit: int, where: str, param: str) -> None:
+def check_bytes(text: str, limit: int, where: str, param: str) -> None:
     budget = limit * BYTES_PER_TOKEN
     if len(text) > budget or len(text.encode("utf-8")) > budget:
         raise ApiError(400, f"{where}: the text is longer than this server takes ({budget} bytes for a limit of "

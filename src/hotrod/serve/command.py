@@ -28,7 +28,8 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
     p.add_argument("--max-input-tokens", type=int, default=None,
                    help="longest prompt or embedding input (default: the model's positions, or 512 for T5)")
     p.add_argument("--max-batch-inputs", type=int, default=256,
-                   help="inputs per embedding request, and rows per /v2 infer request")
+                   help="inputs per embedding or classification request, documents per rerank, and rows per "
+                        "/v2 infer request")
     p.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="largest request body (413 above)")
     p.add_argument("--max-connections", type=int, default=1024, help="open connections before 503")
     p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before a request ends with 504")

@@ -28,6 +28,7 @@ from hotrod.serve.schemas import (
     Usage,
 )
 from hotrod.serve.sse import collect, stream, submit
+from hotrod.tasks import FEATURES
 
 GENERATORS = kinds.names(lambda kind: kind.generates)  # the kinds each route serves
 ENCODERS = kinds.names(lambda kind: not kind.generates)
@@ -83,6 +84,14 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
                                           usage=usage(len(prompt), len(tokens))), recorder)
 
 
+def check_embeds(engine: Engine) -> None:
+    """An encoder that ends in a task head has no embeddings: a 400 naming its task and its routes."""
+    task = engine.info.task
+    if task is not None and task != FEATURES:
+        raise ApiError(400, f"model: '{engine.info.name}' is a {task} model, which has no embeddings; use "
+                            f"/v1/classify, /v1/rerank or /v2 infer", "model")
+
+
 async def embed_vectors(request: Request, engine: Engine, rows: list[list[int]], pooling: str,
                         normalize: bool) -> list[list[float]]:
     """The embeddings of checked rows, one per row."""
@@ -98,6 +107,7 @@ async def embed_vectors(request: Request, engine: Engine, rows: list[list[int]],
 async def embed(body: EmbedRequest, request: Request) -> Response:
     """Embed texts or token id rows with an encoder model."""
     engine, recorder = resolve(request, "embed", body.model, ENCODERS)
+    check_embeds(engine)
     param = exactly_one(body.texts, body.token_ids, "texts", "token_ids")
     items = body.texts if body.texts is not None else body.token_ids or []
     rows = await embed_rows(request, engine, items, param)
@@ -110,6 +120,7 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     """OpenAI's embeddings endpoint: mean-pooled, unit-length vectors."""
     engine, recorder = resolve(request, "embeddings", body.model, ENCODERS)
+    check_embeds(engine)
     items = body.input
     if isinstance(items, str) or (items and isinstance(items[0], int)):
         items = [items]  # one text, or one row of token ids

@@ -22,11 +22,13 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError, check_number, first_line
 from hotrod.model import HotrodModel
+from hotrod.pipelines.base import Row
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
+from hotrod.serve.runner import ROWS, EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
+from hotrod.tasks import FEATURES
 
 log = logging.getLogger("hotrod.serve")
 
@@ -58,7 +60,8 @@ class ModelEngine:
         self.options = options
         self.metrics = metrics or Metrics()
         dims = model.dims
-        self.info = ModelInfo(name, model.kind, model.config.vocab_size, dims.max_positions, int(time.time()), path)
+        self.info = ModelInfo(name, model.kind, model.config.vocab_size, dims.max_positions, int(time.time()), path,
+                              model.task, tuple(model.labels[i] for i in sorted(model.labels)))
         self._cond = threading.Condition()
         self._accepting = True
         self._ready = False
@@ -95,6 +98,12 @@ class ModelEngine:
 
     def submit_embed(self, rows: list[list[int]], pooling: str, normalize: bool) -> Ticket:
         return self._submit(Request(Ticket(), rows=[list(r) for r in rows], options=(pooling, normalize)))
+
+    def submit_rows(self, rows: list[Row]) -> Ticket:
+        return self._submit(Request(Ticket(), rows=list(rows), options=ROWS))
+
+    def pipeline_model(self) -> HotrodModel:
+        return self.model
 
     def _submit(self, request: Request) -> Ticket:
         request.ticket.submitted = request.arrived
@@ -141,10 +150,12 @@ class ModelEngine:
         self._ready = False
 
     def _warm_up(self) -> None:
-        if not self.model.spec.generates:
-            self.model.embed([[1, 2, 3]])
-        else:
+        if self.model.spec.generates:
             self.model.generate([[1, 2, 3]], max_new_tokens=2)
+        elif self.model.task == FEATURES:
+            self.model.embed([[1, 2, 3]])
+        else:  # a head has no embeddings: its rows' forward is what it serves
+            self.model.run_rows([Row([1, 2, 3])])
 
     def _fail_all(self, error: BaseException) -> None:
         """End every request the engine holds with `error` (under the lock)."""
@@ -266,12 +277,12 @@ class ModelEngine:
             self._started(request)
         self.metrics.batch(self.info.name, self.info.kind, sum(len(r.rows) for r in batch))
         try:
-            results = self.runner.embed(batch)
+            results = self.runner.run(batch)
         except Exception as exc:  # noqa: BLE001
             self._fail(batch, exc)
         else:
-            for request, vectors in zip(batch, results):
-                request.ticket.push(Event(finish_reason="stop", result=vectors))
+            for request, result in zip(batch, results):
+                request.ticket.push(Event(finish_reason="stop", result=result))
         self._report_queue()
 
     def _started(self, request: Request) -> None:

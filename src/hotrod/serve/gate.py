@@ -1,4 +1,4 @@
-"""The door of every /v1 and /v2 request: its key, its media type and its size, before any of it is parsed.
+"""The door of every /v1, /v2 and TEI request: its key, its media type and its size, before any of it is parsed.
 
 An ASGI middleware rather than FastAPI dependencies, because FastAPI reads and parses a body before it
 runs any dependency: an unauthenticated or oversized request would already have cost its parse (and
@@ -23,7 +23,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hotrod.serve.http_errors import INFER_PATH, error_response, is_v2, record
+from hotrod.serve.http_errors import INFER_PATH, TEI_ROUTES, error_response, is_v2, record
 from hotrod.serve.tensors import HEADER
 
 API_PREFIX = "/v1/"
@@ -31,8 +31,8 @@ OPEN_V2 = "/v2/health/"
 
 
 def guarded(path: str) -> bool:
-    """The routes behind the door: every /v1 and /v2 route but the v2 health probes."""
-    return path.startswith(API_PREFIX) or (is_v2(path) and not path.startswith(OPEN_V2))
+    """The routes behind the door: every /v1 and /v2 route but the v2 health probes, and TEI's."""
+    return path.startswith(API_PREFIX) or path in TEI_ROUTES or (is_v2(path) and not path.startswith(OPEN_V2))
 
 
 def _readable(path: str, media: str, headers: Headers) -> bool:

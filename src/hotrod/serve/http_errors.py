@@ -3,7 +3,8 @@
 Clients (OpenAI's among them) read `{"error": {"message", "type", "param"}}`; FastAPI's own errors (bad
 JSON, a wrong-typed field, an unknown route) are converted to it, and an unexpected exception becomes a
 plain 500 without a traceback. Under /v2 (the Open Inference Protocol) the same errors take that
-protocol's shape, `{"error": "<message>"}`, which KServe and Triton clients read. Each API request is counted once, under the outcome its status implies.
+protocol's shape, `{"error": "<message>"}`, which KServe and Triton clients read, and on TEI's routes TEI's,
+`{"error", "error_type"}`. Each API request is counted once, under the outcome its status implies.
 Which served model a request names is resolved here; the checks of its inputs are in `checks.py`.
 Exception text from inside the server never reaches a client: a 500 names the request's id, and the log
 holds the detail under the same id.
@@ -68,10 +69,28 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param}}
 
 
+TEI_ROUTES = ("/predict", "/rerank")  # text-embeddings-inference's own, at the root as TEI has them
+
+
+def tei_error_type(status: int) -> str:
+    """TEI's `error_type` of a status."""
+    if status == 429:
+        return "overloaded"
+    if status == 503:
+        return "unhealthy"
+    return "backend" if status >= 500 else "validation"
+
+
 def error_response(status: int, message: str, param: str | None = None,
                    headers: dict[str, str] | None = None, *, path: str = "") -> JSONResponse:
-    """The error answer of a request for `path`: the v2 protocol's shape under /v2, hotrod's elsewhere."""
-    body = {"error": message} if is_v2(path) else error_body(status, message, param)
+    """The error answer of a request for `path`: the v2 protocol's shape under /v2, TEI's on its routes
+    (`{"error", "error_type"}`), hotrod's elsewhere."""
+    if is_v2(path):
+        body: dict[str, Any] = {"error": message}
+    elif path in TEI_ROUTES:
+        body = {"error": message, "error_type": tei_error_type(status)}
+    else:
+        body = error_body(status, message, param)
     return JSONResponse(body, status_code=status, headers=headers)
 
 

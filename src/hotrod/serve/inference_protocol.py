@@ -11,6 +11,10 @@ Each served model is one v2 model with one version, "1". Its tensors (also in it
   checked the same way; each row is its own engine request, so rows batch with everyone else's.
 - encoder models take `text` or `input_ids` alike and answer `embeddings` (FP32 [n, hidden]);
   parameters pooling ("mean" or "cls") and normalize, as /v1/embed.
+- encoder heads (`hotrod.tasks`) take the same inputs and answer their head's outputs: a classifier its
+  `logits` (FP32 [n, labels]); a token classifier its `logits` (FP32 [n, L, labels]) and a span head its
+  `start_logits` and `end_logits` (FP32 [n, L]), rows shorter than the longest padded with 0, with each
+  row's `lengths` (INT64 [n]). They take no parameters; their rows run in the dynamic batches of /v1/classify's.
 
 Rows are bounded by the server's max_batch_inputs, tokens by its input limit, and every refusal is a
 4xx with the protocol's `{"error": "<message>"}`. The health probes are in app.py, beside /health.
@@ -28,14 +32,17 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from hotrod import kinds
+from hotrod.pipelines.base import Row
 from hotrod.serve import tensors
 from hotrod.serve.checks import input_limit, new_tokens, token_rows
 from hotrod.serve.endpoints import ENCODERS, GENERATORS, embed_vectors, generation_params
 from hotrod.serve.http_errors import ApiError, check_running, resolve
 from hotrod.serve.protocol import Engine
-from hotrod.serve.schemas import Pooling, Sampling
+from hotrod.serve.rows import run as run_rows
+from hotrod.serve.schemas import Pooling, Sampling, _Request
 from hotrod.serve.sse import collect_all, submit_all
 from hotrod.serve.tensors import Input, Output, bad
+from hotrod.tasks import ANSWER, CLASSIFY, TOKENS
 from hotrod.version import __version__
 
 VERSION = "1"  # hotrod serves one version of each model
@@ -56,6 +63,20 @@ GENERATOR = Signature({"text_input": ("BYTES", [-1]), "input_ids": ("INT64", [-1
                        "output_lengths": ("INT64", [-1]), "finish_reason": ("BYTES", [-1])}, Sampling)
 ENCODER = Signature({"text": ("BYTES", [-1]), "input_ids": ("INT64", [-1, -1])},
                     {"embeddings": ("FP32", [-1, -1])}, Pooling)
+LENGTHS = "lengths"  # a head with per-token outputs: each row's tokens
+
+
+class NoParameters(_Request):
+    """An encoder head's infer request takes no parameters."""
+
+
+def head_outputs(task: str, labels: int) -> Tensors:
+    """The outputs of a head of `task`: what `HotrodModel.run_rows` gives per row, batched."""
+    per_token = {TOKENS: {"logits": ("FP32", [-1, -1, labels])},
+                 ANSWER: {"start_logits": ("FP32", [-1, -1]), "end_logits": ("FP32", [-1, -1])}}
+    if task in per_token:
+        return {**per_token[task], LENGTHS: ("INT64", [-1])}
+    return {"logits": ("FP32", [-1, labels])}
 
 
 class V2Error(BaseModel):
@@ -77,7 +98,12 @@ router = APIRouter()
 
 
 def signature(engine: Engine) -> Signature:
-    return GENERATOR if kinds.spec(engine.info.kind).generates else ENCODER
+    if kinds.spec(engine.info.kind).generates:
+        return GENERATOR
+    task = engine.info.task
+    if task in (CLASSIFY, TOKENS, ANSWER):
+        return Signature(ENCODER.inputs, head_outputs(task, len(engine.info.labels)), NoParameters)
+    return ENCODER
 
 
 @router.get("/v2", responses=ERRORS)
@@ -127,8 +153,10 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     rows = await _rows(request, engine, source)
     if found is GENERATOR:
         built = await _generate(request, engine, rows, source.name, options)  # type: ignore[arg-type]
-    else:
+    elif found is ENCODER:
         built = await _embed(request, engine, rows, options)  # type: ignore[arg-type]
+    else:
+        built = await _heads(request, engine, rows, found.outputs)
     outputs = [Output(out, found.outputs[out][0], *built[out](), binary=as_binary) for out, as_binary in wanted]
     head = {"model_name": name, "model_version": VERSION, **({"id": call.id} if call.id is not None else {})}
     recorder.done("ok")
@@ -165,7 +193,7 @@ def _options(parameters: dict[str, Any], model: type[BaseModel]) -> tuple[BaseMo
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        reason = (f"not a parameter of this model (it takes {', '.join(model.model_fields)})"
+        reason = (f"not a parameter of this model (it takes {', '.join(model.model_fields) or 'none'})"
                   if error["type"] == "extra_forbidden" else error["msg"])
         raise bad(f"parameters.{where}: {reason}") from None
 
@@ -247,6 +275,26 @@ async def _generate(request: Request, engine: Engine, prompts: list[list[int]], 
             "output_ids": lambda: ([rows, width], ids),
             "output_lengths": lambda: ([rows], [len(row) for row in tokens]),
             "finish_reason": lambda: ([rows], [last.finish_reason or "stop" for _, last in results])}
+
+
+async def _heads(request: Request, engine: Engine, ids: list[list[int]], found: Tensors) -> Built:
+    """A head's outputs of each row, run in the engine's dynamic batches; per-token ones padded with 0."""
+    outputs = await run_rows(request, engine, [Row(row) for row in ids])
+    lengths = [len(row) for row in ids]
+    built: Built = {LENGTHS: lambda: ([len(ids)], lengths)}
+    for name in found:
+        if name != LENGTHS:
+            built[name] = functools.partial(_stacked, [out[name] for out in outputs])
+    return built
+
+
+def _stacked(values: list[Any]) -> tuple[list[int], np.ndarray]:
+    """Rows of one output as one array, rows shorter than the longest padded with 0."""
+    width = max(value.shape[0] for value in values) if values[0].dim() else 0
+    array = np.zeros((len(values), *([width] if width else []), *values[0].shape[1:]), dtype=np.float32)
+    for i, value in enumerate(values):
+        array[i, : value.shape[0]] = value.float().numpy()
+    return list(array.shape), array
 
 
 async def _embed(request: Request, engine: Engine, rows: list[list[int]], options: Pooling) -> Built:

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hotrod.pipelines.base import Row
+
 
 @dataclass(frozen=True)
 class Params:
@@ -79,7 +81,8 @@ class Event:
     logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked for them
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "timeout"
     error: BaseException | None = None
-    result: Any = None  # an encoder's embeddings [rows, hidden] (a torch tensor) on its final event
+    result: Any = None  # on an encoder's final event: embeddings [rows, hidden] (a torch tensor), or each row's
+    # outputs by name (a list of dicts of tensors) for a submission of rows
 
 
 class Ticket:
@@ -127,6 +130,8 @@ class ModelInfo:
     max_positions: int | None  # longest sequence the model accepts (prompt + new tokens for decoders)
     created: int  # unix time the model was loaded
     path: str
+    task: str | None = None  # an encoder's head (`hotrod.tasks`): which /v1 task routes it answers
+    labels: tuple[str, ...] = ()  # a labelled head's label of each output index
 
 
 class Engine(Protocol):
@@ -145,6 +150,15 @@ class Engine(Protocol):
 
     def submit_embed(self, rows: list[list[int]], pooling: str, normalize: bool) -> Ticket:
         """Queue embeddings of `rows` (its final event carries a [rows, hidden] tensor)."""
+
+    def submit_rows(self, rows: list[Row]) -> Ticket:
+        """Queue an encoder head's rows (`hotrod.pipelines`), batched with other requests' rows; the final
+        event carries each row's outputs by name, in order."""
+
+    def pipeline_model(self) -> Any:
+        """What `hotrod.pipelines`' prepare and finish take (the HotrodModel): its tokenizer, config and
+        labels. The HTTP layer tokenizes and assembles answers with it, on the model's tokenizer thread;
+        it never runs the model."""
 
     def queue_depth(self) -> int:
         """Requests waiting to run."""

@@ -29,12 +29,13 @@ _ids = itertools.count()
 
 @dataclass(eq=False)
 class Request:
-    """One client request as the scheduler sees it. `rows` holds an encoder request's token rows."""
+    """One client request as the scheduler sees it. `rows` holds an encoder request's rows: token id lists to
+    embed, or a task's `Row`s; the scheduler reads only their lengths."""
 
     ticket: Any  # has .cancelled; the scheduler never reads anything else of it
     prompt: list[int] = field(default_factory=list)
     params: Params = field(default_factory=Params)
-    rows: list[list[int]] = field(default_factory=list)
+    rows: list[Any] = field(default_factory=list)
     options: Any = None  # what the runner needs beyond the params (resolved settings, pooling)
     arrived: float = field(default_factory=time.perf_counter)
     tokens: list[int] = field(default_factory=list)

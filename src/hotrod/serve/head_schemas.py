@@ -1,0 +1,110 @@
+"""Request and response bodies of the task routes: hotrod's /v1/classify, Cohere's (and Jina's) /v1/rerank,
+and text-embeddings-inference's /predict and /rerank, field for field, so their clients switch unchanged.
+
+Strict and closed like every request model (`schemas._Request`); what depends on the served model (its
+task, labels, positions) is checked by the routes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, RootModel
+
+from hotrod.serve.schemas import _MODEL, Usage, _Request
+
+_TRUNCATE = Field(False, description="Cut inputs longer than the model takes (the longer text of a pair first); "
+                                     "without it such an input is a 400 naming it.")
+_RAW = Field(False, description="The head's logits, without the sigmoid or softmax.")
+
+
+class ClassifyRequest(_Request):
+    """Classify texts or text pairs, as transformers' text-classification pipeline does."""
+
+    model: str | None = _MODEL
+    input: str | list[str | list[str]] = Field(description="A text, a list of texts, or a list of [text, text_pair].")
+    top_k: int | None = Field(1, ge=1, description="Labels per input, best first; null: every label. With 1, each "
+                                                   "input's best label (the pipeline's default answer).")
+    raw_scores: bool = _RAW
+    truncate: bool = _TRUNCATE
+
+
+class Label(BaseModel):
+    label: str
+    score: float
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    results: list[Label] | list[list[Label]] = Field(
+        description="The pipeline's answer: with top_k 1, one best label per input; otherwise each input's "
+                    "labels (for one text, its labels)")
+    usage: Usage
+
+
+class Document(_Request):
+    text: str
+
+
+class RerankRequest(_Request):
+    """Cohere's v1 rerank request (Jina's too): order documents by relevance to the query."""
+
+    model: str | None = _MODEL
+    query: str
+    documents: list[str | Document]
+    top_n: int | None = Field(None, ge=1, description="Results to return, most relevant first; default: all.")
+    return_documents: bool = Field(False, description="Put each document's text in its result.")
+    truncate: bool = _TRUNCATE
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: Document | None = None
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
+class PredictRequest(_Request):
+    """text-embeddings-inference's /predict: a text, a [text, text_pair], or a batch of [text] and [text, pair]."""
+
+    inputs: str | list[str] | list[list[str]]
+    truncate: bool = _TRUNCATE
+    raw_scores: bool = _RAW
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
+
+
+class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
+    """Every label of an input, best first; a batch's, one list per input."""
+
+
+class TeiRerankRequest(_Request):
+    """text-embeddings-inference's /rerank."""
+
+    query: str
+    texts: list[str]
+    truncate: bool = _TRUNCATE
+    raw_scores: bool = _RAW
+    return_text: bool = False
+
+
+class Rank(BaseModel):
+    index: int
+    text: str | None = None
+    score: float
+
+
+class TeiRerankResponse(RootModel[list[Rank]]):
+    """The texts by score, best first."""

@@ -1,0 +1,123 @@
+"""A task's rows through a served encoder head: checked at the door, prepared off the event loop, run in the
+engine's dynamic batches with every other request's rows.
+
+The routes of `heads.py` and `tei.py` are each four steps over `hotrod.pipelines`: resolve a model of the
+task (`head_engine`), check what needs no tokenizer (counts, emptiness, bytes), `prepare` (the pipeline's
+own checks and tokenization, on the model's tokenizer thread), `run` (the engine batches the rows with
+other requests'; the scheduler sees only their lengths) and `finish` (the pipeline's answer, on the same
+thread). A pipeline's HotrodError is the client's fault by construction (an empty text, a pair missing a
+side, an input past the model's positions without `truncate`), so it is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from fastapi import Request
+
+from hotrod.errors import HotrodError, first_line
+from hotrod.pipelines.base import Prepared, Row
+from hotrod.serve.checks import check_bytes, input_limit
+from hotrod.serve.endpoints import ENCODERS
+from hotrod.serve.http_errors import ApiError, Recorder, resolve
+from hotrod.serve.protocol import Engine
+from hotrod.serve.sse import collect, submit
+
+MAX_DOCUMENTS = 10_000  # documents per rerank whatever --max-batch-inputs says, as Cohere's API bounds them
+
+
+def head_engine(request: Request, endpoint: str, name: str | None, task: str) -> tuple[Engine, Recorder]:
+    """The served model a request names, refused (400, naming its task) unless it ends in a `task` head."""
+    engine, recorder = resolve(request, endpoint, name, ENCODERS)
+    check_task(engine, task, request.url.path)
+    return engine, recorder
+
+
+def check_task(engine: Engine, task: str, route: str) -> None:
+    found = engine.info.task or engine.info.kind
+    if found != task:
+        raise ApiError(400, f"model: '{engine.info.name}' is a {found} model; {route} needs a {task} model",
+                       "model")
+
+
+def check_one_label(engine: Engine) -> None:
+    """Reranking reads one score per pair: a cross-encoder's one-label head."""
+    labels = len(engine.info.labels)
+    if labels != 1:
+        raise ApiError(400, f"model: '{engine.info.name}' has {labels} labels; reranking needs a one-label "
+                            f"(cross-encoder) head", "model")
+
+
+def check_count(request: Request, count: int, param: str, most: int | None = None) -> None:
+    """At least one input, and at most the server's `max_batch_inputs` (or `most`, if lower)."""
+    if count < 1:
+        raise ApiError(400, f"{param}: the list is empty", param)
+    limit = request.app.state.limits.max_batch_inputs
+    flag = "--max-batch-inputs"
+    if most is not None and most < limit:
+        limit, flag = most, "its most"
+    if count > limit:
+        raise ApiError(400, f"{param}: {count} inputs; this server takes at most {limit} per request ({flag})",
+                       param)
+
+
+def check_texts(request: Request, engine: Engine, texts: Sequence[tuple[str, Any]], param: str,
+                truncate: bool) -> None:
+    """Each (where, text) a non-empty string and, unless it will be truncated, short enough to tokenize."""
+    limit = input_limit(request, engine)
+    for where, text in texts:
+        if not isinstance(text, str):
+            raise ApiError(400, f"{where}: must be a string", param)
+        if not text.strip():
+            raise ApiError(400, f"{where}: the text is empty", param)
+        if not truncate:
+            check_bytes(text, limit, where, param)
+
+
+async def prepare(request: Request, engine: Engine, step: Callable[..., Prepared], *args: Any,
+                  param: str) -> Prepared:
+    """A pipeline's `prepare(model, *args)` on the model's tokenizer thread, its rows bounded by the server's
+    input limit (which --max-input-tokens may set below the model's positions)."""
+    prepared = await on_tokenizer(request, engine, step, *args, param=param)
+    limit = input_limit(request, engine)
+    for i, row in enumerate(prepared.rows):
+        if len(row) > limit:
+            raise ApiError(400, f"{param}: input {i} has {len(row)} tokens; this server takes at most {limit} per "
+                                f"input for this model (send truncate: true to cut it)", param)
+    return prepared
+
+
+async def on_tokenizer(request: Request, engine: Engine, step: Callable[..., Any], *args: Any, param: str) -> Any:
+    """`step(model, *args)` on the model's own tokenizer thread: off the event loop, one thread per tokenizer."""
+    pool = request.app.state.tokenizers[engine.info.name]
+    call = functools.partial(step, engine.pipeline_model(), *args)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
+    except HotrodError as exc:
+        raise ApiError(400, f"{param}: {first_line(exc)}", param) from None
+
+
+async def run(request: Request, engine: Engine, rows: list[Row]) -> list[dict[str, torch.Tensor]]:
+    """Each row's outputs, from the engine's dynamic batches (under the request's timeout and cancellation)."""
+    reader = submit(request, functools.partial(engine.submit_rows, rows))
+    _, last = await collect(reader)
+    outputs = last.result if last.result is not None else []
+    if len(outputs) != len(rows):
+        raise ApiError(500, f"the model returned outputs of {len(outputs)} rows for {len(rows)}")
+    return outputs
+
+
+async def answer(request: Request, engine: Engine, module: Any, prepared: Prepared, param: str) -> Any:
+    """A task's answer: its prepared rows run, then `module.finish` on the tokenizer thread (span searches
+    and entity grouping are Python work that must not hold the event loop)."""
+    outputs = await run(request, engine, prepared.rows)
+    return await on_tokenizer(request, engine, module.finish, prepared, outputs, param=param)
+
+
+def tokens(prepared: Prepared) -> int:
+    """Tokens a request ran: its usage."""
+    return sum(len(row) for row in prepared.rows)

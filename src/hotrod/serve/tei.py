@@ -1,0 +1,115 @@
+"""text-embeddings-inference's /predict and /rerank, with its request and response shapes, so that a TEI
+client (huggingface_hub's, LangChain's and LlamaIndex's TEI rerankers) switches to hotrod unchanged.
+
+TEI serves one model, so these routes name none: they use the one served model of the task (a
+text-classification head; for /rerank, one with a single label). Scores are TEI's: without `raw_scores`, a
+sigmoid for a one-label head and a softmax otherwise, every label listed, best first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from hotrod.pipelines import classify
+from hotrod.pipelines.base import Prepared
+from hotrod.serve import rows
+from hotrod.serve.endpoints import ENCODERS, ERRORS
+from hotrod.serve.head_schemas import (
+    Prediction,
+    PredictRequest,
+    PredictResponse,
+    Rank,
+    TeiRerankRequest,
+    TeiRerankResponse,
+)
+from hotrod.serve.heads import json_response, ranked, relevance
+from hotrod.serve.http_errors import ApiError, resolve
+from hotrod.serve.protocol import Engine
+from hotrod.tasks import CLASSIFY
+
+router = APIRouter()
+_NAMED = {"predict": "/v1/classify", "rerank": "/v1/rerank"}  # the route of each that names its model
+Item = str | list[str]  # one text, or a [text, text_pair]
+
+
+def served_head(request: Request, endpoint: str, one_label: bool) -> tuple[Engine, Any]:
+    """The one served text-classification model (with one label, for reranking), as TEI serves one."""
+    engines = request.app.state.engines
+    fits = [name for name, engine in engines.items() if engine.info.task == CLASSIFY
+            and (not one_label or len(engine.info.labels) == 1)]
+    wanted = f"{CLASSIFY} model" + (" with one label (a cross-encoder)" if one_label else "")
+    if not fits:
+        served = ", ".join(f"{name} ({engine.info.task or engine.info.kind}, {len(engine.info.labels)} labels)"
+                           for name, engine in engines.items())
+        raise ApiError(400, f"{request.url.path} needs a {wanted}; this server serves {served}")
+    if len(fits) > 1:
+        raise ApiError(400, f"{request.url.path} serves one {wanted}, and several are served ({', '.join(fits)}); "
+                            f"name one with {_NAMED[endpoint]}")
+    return resolve(request, endpoint if endpoint == "predict" else "tei_rerank", fits[0], ENCODERS)
+
+
+def predict_items(inputs: str | list[str] | list[list[str]]) -> tuple[list[Item], bool]:
+    """TEI's reading of `inputs`: (the inputs, whether it was one). A string or a list of one or two strings
+    is one input; a list of lists is a batch of [text] and [text, text_pair]."""
+    if isinstance(inputs, str):
+        return [inputs], True
+    if not inputs:
+        raise ApiError(400, "inputs: the list is empty", "inputs")
+    if isinstance(inputs[0], str):
+        if len(inputs) > 2:
+            raise ApiError(400, f"inputs: a list of strings is one input, [text] or [text, text_pair]; got "
+                                f"{len(inputs)} strings (a batch is a list of lists)", "inputs")
+        return [inputs[0] if len(inputs) == 1 else list(inputs)], True  # type: ignore[list-item]
+    items: list[Item] = []
+    for i, item in enumerate(inputs):
+        if len(item) not in (1, 2):
+            raise ApiError(400, f"inputs[{i}]: {len(item)} texts; an input is [text] or [text, text_pair]", "inputs")
+        items.append(item[0] if len(item) == 1 else list(item))
+    return items, False
+
+
+def tei_function(engine: Engine, raw_scores: bool) -> str:
+    if raw_scores:
+        return "none"
+    return "sigmoid" if len(engine.info.labels) == 1 else "softmax"
+
+
+@router.post("/predict", response_model=PredictResponse, responses=ERRORS)
+async def predict(body: PredictRequest, request: Request) -> Response:
+    """Every label's score of each input, best first (TEI's /predict)."""
+    engine, recorder = served_head(request, "predict", one_label=False)
+    items, single = predict_items(body.inputs)
+    rows.check_count(request, len(items), "inputs")
+    texts = [(f"inputs[{i}]" if isinstance(item, str) else f"inputs[{i}][{j}]", text)
+             for i, item in enumerate(items) for j, text in enumerate([item] if isinstance(item, str) else item)]
+    rows.check_texts(request, engine, texts, "inputs", body.truncate)
+    prepared = await _prepare_mixed(request, engine, items, tei_function(engine, body.raw_scores), body.truncate)
+    answers = await rows.answer(request, engine, classify, prepared, "inputs")
+    predictions = [[Prediction(**label) for label in labels] for labels in answers]
+    return json_response(PredictResponse(predictions[0] if single else predictions), recorder)
+
+
+async def _prepare_mixed(request: Request, engine: Engine, items: list[Item], function: str,
+                         truncate: bool) -> Prepared:
+    """The rows of every input, in order: classify's prepare takes texts or pairs, and a TEI batch may hold
+    both, so a mixed batch is prepared input by input (every label of each, through `function`)."""
+    parts = [items] if len({isinstance(item, str) for item in items}) == 1 else [[item] for item in items]
+    prepared = [await rows.prepare(request, engine, classify.prepare, part, None, function, truncate,
+                                   param="inputs") for part in parts]
+    return Prepared([row for part in prepared for row in part.rows], state=False, options=prepared[0].options)
+
+
+@router.post("/rerank", response_model=TeiRerankResponse, responses=ERRORS)
+async def rerank(body: TeiRerankRequest, request: Request) -> Response:
+    """The texts by relevance to the query, best first (TEI's /rerank)."""
+    engine, recorder = served_head(request, "rerank", one_label=True)
+    rows.check_count(request, len(body.texts), "texts", rows.MAX_DOCUMENTS)
+    rows.check_texts(request, engine, [("query", body.query)], "query", body.truncate)
+    rows.check_texts(request, engine, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
+                     body.truncate)
+    scores, _ = await relevance(request, engine, body.query, body.texts, tei_function(engine, body.raw_scores),
+                                body.truncate, "texts")
+    ranks = [Rank(index=i, text=body.texts[i] if body.return_text else None, score=scores[i]) for i in ranked(scores)]
+    return json_response(TeiRerankResponse(ranks), recorder)
