@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -155,7 +156,9 @@ def test_auto_budgets_on_the_task_score(checkpoints, tmp_path):
 
 @pytest.mark.parametrize("name", ["bert-cls", "bert-ner", "roberta-qa"])
 def test_verify_cli_prints_task_figures(zoo, capsys, name):
-    assert main(["verify", str(zoo.artifact(name)), "--examples", "3"]) == 0
+    artifact = zoo.artifact(name)
+    capsys.readouterr()
+    assert main(["verify", str(artifact), "--examples", "3"]) == 0
     out = capsys.readouterr().out
     figure = {"bert-cls": "label_agreement", "bert-ner": "entity_f1", "roberta-qa": "answer_f1"}[name]
     assert f"{figure}" in out and "score_name" in out
@@ -173,10 +176,12 @@ def test_verify_cli_prints_task_figures(zoo, capsys, name):
 def test_a_malformed_task_file_is_one_line_naming_file_and_line(zoo, tmp_path, capsys, name, content, message):
     file = tmp_path / "examples.tsv"
     file.write_text(content)
-    assert main(["verify", str(zoo.artifact(name)), "--texts", str(file)]) == 1
+    artifact = zoo.artifact(name)
+    capsys.readouterr()  # building it may have written progress
+    assert main(["verify", str(artifact), "--texts", str(file)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{file}:" in err
-    assert __import__("re").search(message, err)
+    assert re.search(message, err)
 
 
 def test_a_reranking_score_must_be_a_number(checkpoints, tmp_path):

@@ -21,8 +21,8 @@ import torch
 from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.calibration import token_rows
 from hotrod.precisions import REGISTRY
-from hotrod.timing import interleaved, median
 from hotrod.tasks import ENCODER_TASKS, FEATURES
+from hotrod.timing import interleaved, median
 from hotrod.verification.examples import ANSWERS
 from hotrod.verification.rows import answer_windows, example_rows
 from hotrod.verify import Example, Remembered, compare, measure

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hotrod.errors import HotrodError
 from hotrod.pipelines.classify import apply, default_function
 from hotrod.verification import metrics
 from hotrod.verification.examples import Example
@@ -27,8 +28,7 @@ def compare_labels(candidate: Any, reference: Any, examples: Sequence[Example]) 
     figures = {"examples": len(rows), "label_agreement": agreement, **_differences(ours, theirs)}
     targets = [(i, e.target) for i, e in enumerate(examples) if e.target is not None]
     if targets:
-        index = {label: i for i, label in candidate.labels.items()}
-        picks, wanted = [i for i, _ in targets], torch.tensor([index[t] for _, t in targets])
+        picks, wanted = [i for i, _ in targets], torch.tensor([_label_index(candidate, t) for _, t in targets])
         figures["target_accuracy"] = float((ours[picks].argmax(-1) == wanted).float().mean())
         figures["source_target_accuracy"] = float((theirs[picks].argmax(-1) == wanted).float().mean())
     return {**figures, "score": agreement, "score_name": "label agreement"}
@@ -57,6 +57,14 @@ def pipeline_scores(model: Any, rows: list) -> torch.Tensor:
     """[rows, labels] scores as the text-classification pipeline gives them."""
     logits = torch.stack([out["logits"].float() for out in model.run_rows(rows)])
     return apply(logits, default_function(model.config))
+
+
+def _label_index(model: Any, label: str) -> int:
+    """The output index of a target label; one the model does not have is refused, named."""
+    for index, name in model.labels.items():
+        if name == label:
+            return index
+    raise HotrodError(f"target label {label!r} is not one of the model's labels ({', '.join(model.labels.values())})")
 
 
 def _differences(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
