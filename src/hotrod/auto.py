@@ -3,7 +3,8 @@
 The fp32 export is built once; each candidate is that export lowered to one precision in its own
 directory, verified against the source (`hotrod.verify`) and timed on this machine, interleaved with the
 others so drift hits all alike. A candidate passes when its score drops by at most `max_drop` below the
-source's own (task exact match when the examples carry targets, else agreement with the source). The
+source's own (task exact match when a language model's examples carry targets, else agreement with the
+source on the task's measure: generations, embeddings, labels, rankings, entities or answers). The
 fastest passing candidate wins; if none passes, fp32 is kept and the closest candidate is named.
 """
 
