@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hotrod import artifact as art
-from hotrod import build, precisions
+from hotrod import build, precisions, tasks
 from hotrod.build import build_module
 from hotrod.errors import HotrodError
 from hotrod.kinds import spec as kind_spec
@@ -35,7 +35,8 @@ from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS, ExportOptions, 
 from hotrod.precisions import Precision
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
-from hotrod.verify import DEFAULT_EXAMPLES, Example, builtin_examples, compare, read_examples
+from hotrod.verification import examples as task_examples
+from hotrod.verify import DEFAULT_EXAMPLES, Example, compare
 
 
 def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | None = None, **changes) -> Path:
@@ -53,9 +54,9 @@ def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | Non
     options = OptimizeOptions.of(options, **changes)
     _check_machine(options)
     texts = _calibration_texts(options.calibration)  # a bad file fails before any work
-    examples = _examples(options.verify_texts)[:options.verify_examples]
     out = Path(out)
     src = open_source(source, options.task)
+    examples = _examples(options.verify_texts, *_measure(src))[:options.verify_examples]  # before any export
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, options.force) as tmp:
@@ -175,12 +176,23 @@ def _calibration_texts(calibration) -> list[str]:
     return texts
 
 
-def _examples(verify_texts) -> list[Example]:
+def _measure(src: Source) -> tuple[str, list[str]]:
+    """What verification measures for `src` (`hotrod.verification`), and its head's labels."""
+    dims = src.family.dims(src.config)
+    measure = task_examples.measure_of(dims.task, dims.num_labels, kind_spec(src.family.kind).generates)
+    return measure, list(tasks.labels(src.config, dims.task).values())
+
+
+def _examples(verify_texts, measure: str, labels: list[str]) -> list[Example]:
+    """The examples for `measure`: a task file, given examples or texts, or the built-in ones."""
     if verify_texts is None:
-        return builtin_examples()
+        return task_examples.builtin_examples(measure)
     if isinstance(verify_texts, (str, Path)):
-        return read_examples(verify_texts)
-    examples = [e if isinstance(e, Example) else Example(str(e)) for e in verify_texts]
+        return task_examples.read_examples(verify_texts, measure, labels)
+    items = list(verify_texts)
+    if items and all(isinstance(e, str) for e in items):
+        items = task_examples.from_texts(items, measure)
+    examples = [e if isinstance(e, Example) else Example(str(e)) for e in items]
     if not examples:
         raise HotrodError("verification examples are empty")
     return examples
@@ -263,22 +275,27 @@ def verify(
 ) -> dict:
     """Compare an artifact with its source model (or the checkpoint `against`); returns the figures.
 
-    See `hotrod.verify` for what is measured. `texts` is a file of examples (`input[<TAB>target]` per
-    line), a list, or None for the built-in texts; the first `examples` of them are used.
+    See `hotrod.verify` for what is measured. `texts` is a file of examples in the task's format
+    (`hotrod.verification.examples`), a list, or None for the built-in ones; the first `examples` are used.
     """
     if examples < 1:
         raise HotrodError(f"examples must be >= 1, got {examples}")
     if not art.is_artifact(path):
         raise HotrodError(f"{path} is not a hotrod artifact (no manifest.json); verify checks an artifact")
-    chosen = _examples(texts)[:examples]
     artifact = art.open_artifact(path)
     model = _load_artifact(artifact, "onnxruntime", None, threads)
+    chosen = _examples(texts, *_measure_model(model))[:examples]
     src = _artifact_source(artifact) if against is None else open_source(against, artifact.manifest.get("task"))
     if src.family.dims(src.config) != model.dims:
         raise HotrodError(f"{src.origin} is not the model of {path} (its dimensions differ)")
     reference = _torch_model(src, RuntimeOptions(backend="torch", threads=threads), model.tokenizer)
     figures = compare(model, reference, chosen, max_new_tokens=max_new_tokens)
     return {"against": src.origin, "examples_from": _origin(texts), **figures}
+
+
+def _measure_model(model: HotrodModel) -> tuple[str, list[str]]:
+    measure = task_examples.measure_of(model.task, model.dims.num_labels, model.spec.generates)
+    return measure, list(model.labels.values())
 
 
 def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int,

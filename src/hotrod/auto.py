@@ -3,7 +3,8 @@
 The fp32 export is built once; each candidate is that export lowered to one precision in its own
 directory, verified against the source (`hotrod.verify`) and timed on this machine, interleaved with the
 others so drift hits all alike. A candidate passes when its score drops by at most `max_drop` below the
-source's own (task exact match when the examples carry targets, else agreement with the source). The
+source's own (task exact match when a language model's examples carry targets, else agreement with the
+source on the task's measure: generations, embeddings, labels, rankings, entities or answers). The
 fastest passing candidate wins; if none passes, fp32 is kept and the closest candidate is named.
 """
 
@@ -21,8 +22,11 @@ import torch
 from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.calibration import token_rows
 from hotrod.precisions import REGISTRY
+from hotrod.tasks import ENCODER_TASKS, FEATURES
 from hotrod.timing import interleaved, median
-from hotrod.verify import Example, Remembered, compare
+from hotrod.verification.examples import ANSWERS
+from hotrod.verification.rows import answer_windows, example_rows
+from hotrod.verify import Example, Remembered, compare, measure
 
 TIMING_RUNS = 3
 TIMED_EXAMPLES = 4
@@ -85,8 +89,13 @@ def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Exa
 
 
 def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
-    """What a candidate is timed on: greedy generation of a few prompts, or embedding all examples."""
+    """What a candidate is timed on: greedy generation of a few prompts, embedding all examples, or a head's
+    forward over the rows of all examples as its task builds them."""
     texts = [e.text for e in examples]
+    if model.task in ENCODER_TASKS and model.task != FEATURES:
+        rows = example_rows(model, examples) if measure(model) != ANSWERS else \
+            [w.row for e in examples for w in answer_windows(model, e.text, e.pair)]
+        return lambda m: m.run_rows(rows)
     if not model.spec.generates:
         rows = [row for row in token_rows(model, texts) if row]
         return lambda m: m.embed(rows)

@@ -62,14 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-method", default="minmax", choices=CALIBRATION_METHODS)
     p.add_argument("--max-drop", type=float, default=0.01,
                    help="with --precision auto: the largest score drop below the source's to accept")
-    p.add_argument("--verify-texts", metavar="FILE", help="examples to verify on, input[<TAB>target] per line")
+    p.add_argument("--verify-texts", metavar="FILE", help="examples to verify on, in the task's format: "
+                   "input[<TAB>target], text<TAB>label, query<TAB>document<TAB>score, question<TAB>context<TAB>answer, "
+                   "or plain texts (token-classification)")
     p.add_argument("--verify-examples", type=int, default=32, help="how many examples to verify on (0: skip)")
     p.set_defaults(handler=_optimize)
 
     p = sub.add_parser("verify", help="compare an artifact's outputs with its source model's")
     p.add_argument("artifact")
     p.add_argument("--against", metavar="SOURCE", help="checkpoint or hub id (default: the recorded source)")
-    p.add_argument("--texts", metavar="FILE", help="examples, input[<TAB>target] per line (default: built-in)")
+    p.add_argument("--texts", metavar="FILE", help="examples in the task's format, as optimize's --verify-texts "
+                   "(default: built-in)")
     p.add_argument("--examples", type=int, default=100, help="how many examples to use")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
@@ -198,9 +201,16 @@ def _verify(args) -> int:
     return 0
 
 
+# The task figures shown beside the score (`hotrod.verification`): agreement with the source's answers,
+# score differences, and the examples' own targets where they were given.
+TASK_FIGURES = ("label_agreement", "rank_agreement", "top1_agreement", "entity_f1", "answer_exact_match",
+                "answer_f1", "score_mean_abs", "target_accuracy", "target_rank_agreement", "target_f1")
+
+
 def _figures_line(figures: dict) -> str:
     shown = [f"{figures['score_name']} {figures['score']:.4f}"]
-    for key in ("logits_max_abs", "logits_cosine", "token_agreement", "embedding_cosine", "hidden_max_abs"):
+    for key in ("logits_max_abs", "logits_cosine", "token_agreement", "embedding_cosine", "hidden_max_abs",
+                *TASK_FIGURES):
         if key in figures:
             shown.append(f"{key} {figures[key]:.4g}")
     return f"verified on {figures['examples']} examples against {figures['against']}: " + ", ".join(shown)

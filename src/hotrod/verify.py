@@ -1,63 +1,70 @@
 """Verification: an optimized model's answers against the source model's, on real inputs.
 
 The reference is the source checkpoint run by hotrod's torch backend, which the test suite holds
-token-identical to transformers; both sides then go through the same decoding loop, so every difference
-measured here comes from the graphs (fusion, precision, quantization) and nothing else.
+token-identical to transformers; both sides then go through the same decoding loop and the same task
+steps, so every difference measured here comes from the graphs (fusion, precision, quantization).
 
-Figures, per kind:
-- language models: logits max-abs difference and cosine, teacher-forced on the reference's own
-  generation; greedy token agreement; exact match of whole generations; and, when examples carry
-  targets, task exact match of both sides;
-- encoders: last hidden state max-abs and cosine, and mean-pooled sentence embedding cosine.
-`score` is the one number `--precision auto` budgets against: task exact match when targets exist,
-else generation exact match with the source (language models) or mean embedding cosine (encoders).
+What is measured is what the model's task measures (`hotrod.verification`):
+- language models: logits max-abs and cosine, greedy token agreement, exact match of whole generations,
+  and task exact match where examples carry targets;
+- feature-extraction encoders: last hidden state max-abs and cosine, mean-pooled embedding cosine;
+- text-classification: label agreement and score differences; one-output heads (cross-encoders): rank
+  agreement per query; token-classification: entity F1; question-answering: answer exact match and F1.
+`score` is the one number `--precision auto` budgets against (`score_name` names it): task exact match
+when a language model's examples have targets, else agreement with the source on the task's measure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hotrod.errors import HotrodError
-from hotrod.optimize.calibration import builtin_texts, read_texts, token_rows
+from hotrod.optimize.calibration import token_rows
+from hotrod.verification import examples as task_examples
+from hotrod.verification.answers import compare_answers
+from hotrod.verification.classification import compare_labels, compare_ranking
+from hotrod.verification.embeddings import compare_embeddings
+from hotrod.verification.examples import Example
+from hotrod.verification.generation import compare_generations
+from hotrod.verification.tokens import compare_entities
+
+__all__ = ["DEFAULT_EXAMPLES", "Example", "Remembered", "builtin_examples", "compare", "measure", "read_examples"]
 
 DEFAULT_EXAMPLES = 100
+_TASK_COMPARERS = {task_examples.LABELS: compare_labels, task_examples.RANKING: compare_ranking,
+                   task_examples.ENTITIES: compare_entities, task_examples.ANSWERS: compare_answers}
 
 
-@dataclass(frozen=True)
-class Example:
-    """One input text, and optionally the output a task expects (`input<TAB>target` in a file)."""
-
-    text: str
-    target: str | None = None
+def measure(model: Any) -> str:
+    """What verification measures for `model` (`hotrod.verification.examples.measure_of`)."""
+    return task_examples.measure_of(model.task, model.dims.num_labels, model.spec.generates)
 
 
-def read_examples(path: str | Path) -> list[Example]:
-    """One example per non-empty line; a tab separates an optional expected output."""
-    examples = []
-    for line in read_texts(path, what="examples file"):
-        text, _, target = line.partition("\t")
-        if text.strip():
-            examples.append(Example(text.strip(), target.strip() if target else None))
-    if not examples:
-        raise HotrodError(f"{path} has no examples")
-    return examples
+def read_examples(path: str | Path, model: Any = None) -> list[Example]:
+    """A task file's examples in `model`'s format (a language model's, `input[<TAB>target]`, without one)."""
+    if model is None:
+        return task_examples.read_examples(path)
+    return task_examples.read_examples(path, measure(model), list(model.labels.values()))
 
 
-def builtin_examples() -> list[Example]:
-    return [Example(text) for text in builtin_texts()]
+def builtin_examples(model: Any = None) -> list[Example]:
+    """The built-in examples for `model`'s measure (plain texts without one)."""
+    return task_examples.builtin_examples(task_examples.GENERATION if model is None else measure(model))
 
 
 @torch.inference_mode()
 def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new_tokens: int | None = None,
             seed: int = 0) -> dict:
-    """Run both HotrodModels on each example (batch 1) and return the figures for the manifest."""
+    """Run both HotrodModels on each example and return the figures for the manifest."""
     if not examples:
         raise HotrodError("verification needs at least one example")
+    comparer = _TASK_COMPARERS.get(measure(candidate))
+    if comparer is not None:
+        return comparer(candidate, reference, examples)
     room = candidate.spec.room(max_new_tokens or 20)
     pairs = [(torch.tensor([row], dtype=torch.long), example)
              for row, example in zip(token_rows(candidate, [e.text for e in examples], room, seed), examples) if row]
@@ -65,9 +72,9 @@ def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new
     if not rows:
         raise HotrodError("none of the verification examples has any token")
     if not candidate.spec.generates:
-        figures = _compare_encoder(candidate, reference, rows)
+        figures = compare_embeddings(candidate, reference, rows)
     else:
-        figures = _compare_lm(candidate, reference, rows, examples, max_new_tokens)
+        figures = compare_generations(candidate, reference, rows, examples, max_new_tokens)
     return {"examples": len(rows), **figures}
 
 
@@ -88,6 +95,9 @@ class Remembered:
     def generate(self, *args, **kwargs):
         return self._remember("generate", self.model.generate, args, kwargs)
 
+    def run_rows(self, *args, **kwargs):
+        return self._remember("run_rows", self.model.run_rows, args, kwargs)
+
     def _remember(self, what: str, fn, args, kwargs):
         key = (what, *(_key(a) for a in args), *sorted((k, _key(v)) for k, v in kwargs.items()))
         if key not in self._answers:
@@ -96,87 +106,10 @@ class Remembered:
 
 
 def _key(value: Any) -> Any:
-    return (tuple(value.shape), tuple(value.flatten().tolist())) if isinstance(value, torch.Tensor) else value
-
-
-def _compare_encoder(candidate: Any, reference: Any, rows: list[torch.Tensor]) -> dict:
-    max_abs, cosines, embeddings = 0.0, [], []
-    name = candidate.spec.contracts(candidate.dims)["encoder"].output_names[0]
-    for ids in rows:
-        ours = candidate(ids)[name].float()[0]
-        theirs = reference(ids)[name].float()[0]
-        if ours.dim() == 1:  # one vector per row: a sequence head's logits
-            ours, theirs = ours[None], theirs[None]
-        max_abs = max(max_abs, float((ours - theirs).abs().max()))
-        cosines.append(float(torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).mean()))
-        embeddings.append(float(torch.nn.functional.cosine_similarity(ours.mean(0), theirs.mean(0), dim=0)))
-    return {
-        "hidden_max_abs": max_abs,
-        "hidden_cosine": _mean(cosines),
-        "embedding_cosine": _mean(embeddings),
-        "embedding_cosine_min": min(embeddings),
-        "score": _mean(embeddings),
-        "score_name": "embedding cosine",
-    }
-
-
-def _compare_lm(candidate: Any, reference: Any, rows: list[torch.Tensor], examples: Sequence[Example],
-                max_new_tokens: int | None) -> dict:
-    kwargs = {"do_sample": False, "num_beams": 1}
-    if max_new_tokens is not None:
-        kwargs["max_new_tokens"] = max_new_tokens
-    max_abs, cosines, agree, total, exact = 0.0, [], 0, 0, 0
-    task = {"ours": 0, "source": 0, "n": 0}
-    for ids, example in zip(rows, examples):
-        mask = torch.ones_like(ids)
-        theirs = reference.generate(ids, attention_mask=mask, **kwargs)
-        ours = candidate.generate(ids, attention_mask=mask, **kwargs)
-        exact += int(torch.equal(ours, theirs))
-        agree, total = agree + _agreement(ours[0], theirs[0]), total + theirs.shape[1]
-        difference, cosine = _logits(candidate, reference, ids, theirs)
-        max_abs = max(max_abs, difference)
-        cosines.append(cosine)
-        if example.target is not None and candidate.tokenizer is not None:
-            prompt = ids.shape[1] if candidate.spec.continues_prompt else 0  # a start token decodes to ""
-            task["ours"] += int(_text(candidate, ours[0, prompt:]) == example.target)
-            task["source"] += int(_text(candidate, theirs[0, prompt:]) == example.target)
-            task["n"] += 1
-    figures = {
-        "logits_max_abs": max_abs,
-        "logits_cosine": _mean(cosines),
-        "logits_cosine_min": min(cosines),
-        "token_agreement": agree / max(total, 1),
-        "exact_match": exact / len(rows),
-        "score": exact / len(rows),
-        "score_name": "exact match with the source's generations",
-    }
-    if task["n"]:
-        figures.update({"task_exact_match": task["ours"] / task["n"], "source_task_exact_match":
-                        task["source"] / task["n"], "score": task["ours"] / task["n"], "score_name": "task exact match"})
-    return figures
-
-
-def _agreement(ours: torch.Tensor, theirs: torch.Tensor) -> int:
-    """Positions of the reference's sequence where the candidate has the same token."""
-    n = min(len(ours), len(theirs))
-    return int((ours[:n] == theirs[:n]).sum())
-
-
-def _logits(candidate: Any, reference: Any, ids: torch.Tensor, generated: torch.Tensor) -> tuple[float, float]:
-    """Teacher-forced logits of both models over the reference's generation: max-abs and mean cosine."""
-    if not candidate.spec.encodes:
-        ours, theirs = candidate(generated).logits, reference(generated).logits
-    else:
-        ours = candidate(ids, decoder_input_ids=generated).logits
-        theirs = reference(ids, decoder_input_ids=generated).logits
-    ours, theirs = ours.float()[0], theirs.float()[0]
-    cosine = torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).mean()
-    return float((ours - theirs).abs().max()), float(cosine)
-
-
-def _text(model: Any, tokens: torch.Tensor) -> str:
-    return model.tokenizer.decode(tokens.tolist(), skip_special_tokens=True).strip()
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), tuple(value.flatten().tolist())
+    if isinstance(value, list | tuple):
+        return tuple(_key(v) for v in value)
+    if hasattr(value, "input_ids"):  # a task row (`hotrod.pipelines.Row`)
+        return tuple(value.input_ids), tuple(value.token_type_ids or ())
+    return value

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from hotrod.errors import HotrodError
+from hotrod.pipelines.base import Row
 
 Feeds = dict[str, list[dict[str, np.ndarray]]]  # graph name -> recorded input dicts
 BUILTIN = Path(__file__).with_name("calibration.txt")
@@ -69,26 +70,40 @@ def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per
     """Run `model` (a HotrodModel) on `texts` one at a time and return up to `per_graph` feeds per graph.
 
     Language models generate `max_new_tokens` greedily, so the step graphs are seen with real caches;
-    encoders run one forward per text. Without a tokenizer, seeded random token ids of the texts' word
+    encoders run one forward per input of their task (a text, a pair, a question with a context window). Without a tokenizer, seeded random token ids of the texts' word
     counts stand in (the ranges then describe random inputs, which is all such a model ever sees).
     """
     if not texts:
         raise HotrodError("calibration needs at least one text")
-    room = model.spec.room(max_new_tokens)
-    rows = [row for row in token_rows(model, texts, room, seed) if row] or [[0]]
     recorder = _Recorder(model.backend)
     model.backend = recorder
     try:
-        for row in rows:
-            ids = torch.tensor([row], dtype=torch.long)
-            if not model.spec.generates:
-                model(ids)
-            else:
-                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                               min_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+        if model.spec.generates:
+            _generate_all(model, texts, max_new_tokens, seed)
+        else:
+            _encode_all(model, texts)
     finally:
         model.backend = recorder.inner
     return {graph: spread(items, per_graph) for graph, items in recorder.feeds.items()}
+
+
+def _generate_all(model: Any, texts: Sequence[str], max_new_tokens: int, seed: int) -> None:
+    rows = [row for row in token_rows(model, texts, model.spec.room(max_new_tokens), seed) if row] or [[0]]
+    for row in rows:
+        ids = torch.tensor([row], dtype=torch.long)
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                       min_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+
+
+def _encode_all(model: Any, texts: Sequence[str]) -> None:
+    """One forward per input as the encoder's task builds it: texts, text pairs, question + context
+    windows (`hotrod.verification.rows.task_rows`), with their token types."""
+    from hotrod.verification.rows import task_rows
+
+    for row in task_rows(model, texts) or [Row([0])]:
+        ids = torch.tensor([row.input_ids], dtype=torch.long)
+        types = None if row.token_type_ids is None else torch.tensor([row.token_type_ids], dtype=torch.long)
+        model(ids, token_type_ids=types)
 
 
 def token_rows(model: Any, texts: Sequence[str], room: int = 0, seed: int = 0) -> list[list[int]]:

@@ -1,0 +1,90 @@
+"""Examples as the rows an encoder head sees: single texts, text pairs, question + context windows.
+
+Verification and int8-static calibration share these, so the ranges a static build is calibrated on come
+from the inputs its task feeds it (a cross-encoder sees query/document pairs with their token types, a
+reader sees a question before a window of context). A model without a tokenizer gets seeded random ids
+of the texts' word counts (`hotrod.optimize.calibration.token_rows`), pairs joined with their types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hotrod.errors import HotrodError
+from hotrod.optimize.calibration import token_rows
+from hotrod.pipelines.base import Row
+
+QA_STRIDE = 32  # context tokens shared by neighbouring windows, as transformers' doc_stride (smaller models)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One question + context window: which row positions are context, and their character spans."""
+
+    row: Row
+    context: tuple[bool, ...]
+    offsets: tuple[tuple[int, int], ...] | None  # None without a tokenizer: answers are token positions
+
+
+def example_rows(model, examples: Sequence) -> list[Row]:
+    """One row per example: its text, or its text and pair, cut to the model's positions."""
+    pairs = [e.pair for e in examples]
+    if any(p is None for p in pairs) and any(p is not None for p in pairs):
+        raise HotrodError("the examples mix single texts and text pairs; verify one kind at a time")
+    texts = [e.text for e in examples]
+    if model.tokenizer is not None:
+        from hotrod.pipelines.base import encode
+
+        return encode(model, texts, None if pairs[0] is None else pairs, truncate=True)
+    if pairs[0] is None:
+        return [Row(ids) for ids in token_rows(model, texts)]
+    return [_joined(model, a, b) for a, b in zip(token_rows(model, texts), token_rows(model, pairs, seed=1))]
+
+
+def answer_windows(model, question: str, context: str) -> list[Window]:
+    """The question with each window of the context that fits the model, as transformers' QA pipeline
+    cuts it (only the context is cut; windows overlap by `QA_STRIDE` tokens)."""
+    if model.tokenizer is None:
+        row = _joined(model, *token_rows(model, [question, context]))
+        first = len(token_rows(model, [question])[0])
+        return [Window(row, tuple(i >= first for i in range(len(row))), None)]
+    limit = min(model.dims.max_positions or 512, 512)
+    try:
+        encoded = model.tokenizer(question, context, truncation="only_second", max_length=limit,
+                                  stride=min(QA_STRIDE, limit // 4), return_overflowing_tokens=True,
+                                  return_offsets_mapping=True)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raise their own types for a question too long
+        raise HotrodError(f"question {question[:40]!r} leaves no room for its context in {limit} positions "
+                          f"({type(exc).__name__})") from None
+    types = encoded.get("token_type_ids") if model.dims.type_vocab_size > 1 else None
+    windows = []
+    for i, ids in enumerate(encoded["input_ids"]):
+        sequence = encoded.sequence_ids(i)
+        windows.append(Window(Row(list(ids), list(types[i]) if types is not None else None),
+                              tuple(s == 1 for s in sequence), tuple(map(tuple, encoded["offset_mapping"][i]))))
+    return windows
+
+
+def _joined(model, first: list[int], second: list[int]) -> Row:
+    """Two random-id rows as one pair, cut to the model's positions (the longer part first)."""
+    limit = min(model.dims.max_positions or 512, 512)
+    while len(first) + len(second) > limit:
+        if len(first) > len(second):
+            first = first[:-1]
+        else:
+            second = second[:-1]
+    types = [0] * len(first) + [1] * len(second) if model.dims.type_vocab_size > 1 else None
+    return Row(first + second, types)
+
+
+def task_rows(model, texts: Sequence[str]) -> list[Row]:
+    """The rows of plain `texts` as the model's task sees them (`examples.from_texts`): calibration's
+    inputs for encoder heads (pairs for cross-encoders, question + context windows for readers)."""
+    from hotrod.verification.examples import ANSWERS, from_texts, measure_of
+
+    kind = measure_of(model.task, model.dims.num_labels, model.spec.generates)
+    examples = from_texts(texts, kind)
+    if kind == ANSWERS:
+        return [w.row for e in examples for w in answer_windows(model, e.text, e.pair)]
+    return [row for row in example_rows(model, examples) if len(row)]
