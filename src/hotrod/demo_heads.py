@@ -133,12 +133,12 @@ def entity_groups(labels: Sequence[str], offsets: Sequence[tuple[int, int]]) -> 
     for index, (label, (start, end)) in enumerate(zip(labels, offsets)):
         if start == end:
             continue
-        head, _, kind = label.partition("-") if "-" in label else ("I", "", label)
-        if groups and groups[-1][0] == kind and head != "B":
+        head, _, entity = label.partition("-") if "-" in label else ("I", "", label)
+        if groups and groups[-1][0] == entity and head != "B":
             groups[-1][2] = index
         else:
-            groups.append([kind, index, index])
-    return [(kind, first, last) for kind, first, last in groups if kind != "O"]
+            groups.append([entity, index, index])
+    return [(entity, first, last) for entity, first, last in groups if entity != "O"]
 
 
 def accuracy(predicted: Sequence[str], targets: Sequence[str]) -> float:

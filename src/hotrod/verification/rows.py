@@ -83,8 +83,8 @@ def task_rows(model, texts: Sequence[str]) -> list[Row]:
     inputs for encoder heads (pairs for cross-encoders, question + context windows for readers)."""
     from hotrod.verification.examples import ANSWERS, from_texts, measure_of
 
-    kind = measure_of(model.task, model.dims.num_labels, model.spec.generates)
-    examples = from_texts(texts, kind)
-    if kind == ANSWERS:
+    measure = measure_of(model.task, model.dims.num_labels, model.spec.generates)
+    examples = from_texts(texts, measure)
+    if measure == ANSWERS:
         return [w.row for e in examples for w in answer_windows(model, e.text, e.pair)]
     return [row for row in example_rows(model, examples) if len(row)]
