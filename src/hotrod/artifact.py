@@ -8,6 +8,7 @@ leaves a half-written artifact. Loading checks every recorded file before any gr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -51,10 +52,10 @@ def is_artifact(path: str | Path) -> bool:
 def staging(out: Path, force: bool) -> Iterator[Path]:
     """A temporary directory beside `out` that replaces `out` whole when the block succeeds.
 
-    A lock beside `out` (`.<name>.lock`, kept: deleting a lock file races with the next taker) makes a
-    second writer of the same `out` fail at once instead of interleaving with the first. The new artifact
+    A lock beside `out` (`.<name>.lock`, for as long as the block runs) makes a second writer of the same
+    `out` fail at once instead of interleaving with the first. The new artifact
     takes the old one's place in one rename, so a reader never finds `out` missing or half-written. A
-    full disk or a permission error is one line, and the staging directory goes either way.
+    full disk or a permission error is one line, and the staging directory and the lock file go either way.
     """
     if out.exists() and not out.is_dir():
         raise HotrodError(f"output path {out} exists and is not a directory")
@@ -76,7 +77,13 @@ def staging(out: Path, force: bool) -> Iterator[Path]:
 
 @contextmanager
 def _writer_lock(out: Path) -> Iterator[None]:
-    lock = filelock.FileLock(out.parent / f".{out.name}.lock", timeout=0)
+    """Hold `.<name>.lock` beside `out`, and remove it before letting go.
+
+    Removing it while held is safe with filelock's Unix lock: a contender that opened the old file finds
+    it unlinked once it gets the lock (no links left) and starts over on a new one.
+    """
+    path = out.parent / f".{out.name}.lock"
+    lock = filelock.FileLock(path, timeout=0)
     try:
         lock.acquire()
     except filelock.Timeout:
@@ -84,6 +91,8 @@ def _writer_lock(out: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
         lock.release()
 
 
