@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hotrod import tasks
+from hotrod import precisions, tasks
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError, check_count
 from hotrod.generation import config as gen_config
@@ -53,6 +53,13 @@ class HotrodModel:
         self.spec = kind_spec(family.kind)
         self.task = self.dims.task
         self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
+
+    @property
+    def invariant_rows(self) -> int:
+        """The fewest rows a graph call needs for each row's result not to depend on how many run beside it
+        (`hotrod.precisions.Precision.invariant_rows`)."""
+        options = (self.manifest or {}).get("options") or {}
+        return precisions.invariant_rows(options.get("precision"))
 
     @property
     def device(self) -> str:

@@ -8,7 +8,7 @@ static engine's list and the benchmark's hardware floor all read this registry.
 
 - fp32: the export as it is.
 - fp16 / bf16: mixed precision, the nodes that overflow kept in fp32 by measurement (`optimize/mixed.py`).
-- int8: dynamic quantization (per-channel weights, activations quantized per call).
+- int8: dynamic quantization (per-channel weights, activations quantized per call and per row).
 - int8-static: QDQ with activation ranges calibrated on recorded feeds.
 - int8-weight / int4 / int4-b128 / int4-b256: weight-only, block-quantized MatMulNBits (blocks of 32, 128 or 256).
 
@@ -49,6 +49,11 @@ class Precision:
     engine: bool = False  # the torch backend's static engine runs in it too
     weights: str = ""
     activations: str = ""
+    @property
+    def invariant_rows(self) -> int:
+        """The fewest rows (tokens) a graph call needs for each row's result to be the same bit for bit at
+        any batch size; a server pads a call below it with a dummy row (`hotrod.serve.runner`)."""
+        return 1
 
     @property
     def converts(self) -> bool:
@@ -154,6 +159,13 @@ class WeightOnly(Precision):
     compute: str = "int8"  # accuracy level 4: int8 math
     activations: str = _PER_BLOCK
 
+    @property
+    def invariant_rows(self) -> int:
+        """onnxruntime's 4-bit MatMulNBits takes another kernel for a single row than for two or more, and
+        the two sum in another order (measured: the row's outputs differ in the last bits at M=1 and agree
+        at every M from 2 to 64, at any row position); its 8-bit kernel has one path."""
+        return 2 if self.bits == 4 else 1
+
     def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
               name: str | None = None) -> tuple[onnx.ModelProto, dict]:
         from hotrod.optimize.quantize import weight_only
@@ -168,7 +180,7 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     Half(name="bf16", weight_bytes=2.0, onnx_type=TensorProto.BFLOAT16, numpy_type=ml_dtypes.bfloat16,
          max_finite=float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), rtol=5e-2, atol=1e-2),
     Int8Dynamic(name="int8", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (dynamic)",
-                activations="uint8 per-tensor, range measured on every call (dynamic)"),
+                activations="uint8 per row, symmetric, range measured on every call (dynamic)"),
     Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
                activations="uint8 per-tensor, static ranges calibrated with {method}"),
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
@@ -183,6 +195,12 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     WeightOnly(name="int4-b256", weight_bytes=0.5 + 4 / 256, bits=4, block_size=256,
                weights="int4 block-256 symmetric (int4-b256, MatMulNBits)"),
 )}
+
+
+def invariant_rows(name: str | None) -> int:
+    """`Precision.invariant_rows` of the precision called `name`; 1 for one hotrod does not build (or None)."""
+    precision = REGISTRY.get(name or "")
+    return precision.invariant_rows if precision else 1
 
 
 def get(name: str) -> Precision:

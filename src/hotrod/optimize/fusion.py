@@ -36,7 +36,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from hotrod.registry import Dims
 
@@ -121,13 +123,14 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
 ATTENTION_OPSET = 23
 
 # Standard ops whose meaning changed between opset 17 and 23 in ways a mere version bump would break:
-# the reductions took their axes as an input from opset 18, GroupNormalization's scale and bias went
-# from per-group to per-channel in 21, GridSample renamed its modes and DFT took its axis as an input in
-# 20. Static int8's QuantizeLinear / DequantizeLinear stay at the opset onnxruntime's QDQ fusions know
-# (see above). A graph holding any of these keeps its opset, and its attention.
-_CHANGED_BY_23 = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
-                  "ReduceMin", "ReduceProd", "ReduceSumSquare", "GroupNormalization", "GridSample", "DFT",
-                  "QuantizeLinear", "DequantizeLinear")
+# GroupNormalization's scale and bias went from per-group to per-channel in 21, GridSample renamed its
+# modes and DFT took its axis as an input in 20. Static int8's QuantizeLinear / DequantizeLinear stay at
+# the opset onnxruntime's QDQ fusions know (see above). A graph holding any of these keeps its opset, and
+# its attention. The reductions took their axes as an input from opset 18: they are rewritten so
+# (`_axes_as_inputs`), as ONNX's version converter does.
+_CHANGED_BY_23 = ("GroupNormalization", "GridSample", "DFT", "QuantizeLinear", "DequantizeLinear")
+_REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+               "ReduceProd", "ReduceSumSquare")
 
 
 def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -152,8 +155,21 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
             if node.op_type == "Split" and node.domain in ("", "ai.onnx") and (len(node.input) < 2 or not node.input[1]) \
                     and not any(a.name == "num_outputs" for a in node.attribute):
                 node.attribute.append(onnx.helper.make_attribute("num_outputs", len(node.output)))
+        _axes_as_inputs(graph)
         opset.version = ATTENTION_OPSET
     return model
+
+
+def _axes_as_inputs(graph: onnx.GraphProto) -> None:
+    """Each reduction's `axes` attribute (opset 17 and before) as its second input (opset 18 on)."""
+    for node in graph.node:
+        axes = next((a for a in node.attribute if a.name == "axes"), None)
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _REDUCTIONS or axes is None:
+            continue
+        name = f"{node.output[0]}_axes"
+        graph.initializer.append(numpy_helper.from_array(np.array(list(axes.ints), dtype=np.int64), name))
+        node.attribute.remove(axes)
+        node.input.append(name)
 
 
 def _bumpable(model: onnx.ModelProto) -> bool:

@@ -1,7 +1,8 @@
 """Weight (and activation) quantization with ONNX Runtime's quantization tools.
 
 - int8: dynamic quantization with per-channel int8 weights for every MatMul with a constant weight,
-  the LM head included; activations are quantized per call, so no calibration is needed.
+  the LM head included; activations are quantized per call and per row (`hotrod.optimize.row_scales`),
+  so no calibration is needed and a row's answer does not depend on the rows beside it.
 - int8-static: QDQ (QuantizeLinear / DequantizeLinear around fp32 ops) with per-channel int8 weights for
   every MatMul and Gemm with a constant weight, the LM head included, and uint8 activations whose ranges
   are calibrated once, on feeds recorded from the fp32 graph (min-max, percentile or entropy). ONNX
@@ -38,6 +39,7 @@ import onnx
 from hotrod.errors import HotrodError
 from hotrod.export.onnx import save_model
 from hotrod.optimize.calibration import graph_feed, spread
+from hotrod.optimize.row_scales import per_row_activations
 from hotrod.options import CALIBRATION_METHODS, check_choice
 
 Feed = dict[str, np.ndarray]
@@ -63,7 +65,7 @@ _ISOLATED = "hotrod_int8_input"
 
 def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with per-channel int8 weights (7-bit range) in every MatMul with a constant weight,
-    activations quantized on every call. The input model may be changed (ONNX's external-data saving moves
+    activations quantized on every call, one scale per row. The input model may be changed (ONNX's external-data saving moves
     the weights of a graph above 2 GB out of it), here and in the others; use the returned one."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -76,7 +78,7 @@ def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
                 op_types_to_quantize=["MatMul"], use_external_data_format=large,
                 extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
             )
-        return prune_initializers(onnx.load(str(dst), load_external_data=True))
+        return prune_initializers(per_row_activations(onnx.load(str(dst), load_external_data=True)))
 
 
 def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "minmax") -> onnx.ModelProto:

@@ -103,16 +103,20 @@ class GenerationRunner:
         return [tokens[r.id] for r in requests]
 
     def _prefill(self, requests: list[Request]) -> list[Outcome]:
-        ids, mask = _padded([r.prompt for r in requests], left=self.model.spec.pads_left)
+        # Below the model's invariant rows, copies of the first prompt fill the batch: they become free
+        # slots, so a lone request runs on the same kernels as one among others (`_compact` keeps them).
+        spare = max(0, self.model.invariant_rows - len(requests))
+        prompts = [r.prompt for r in requests] + [requests[0].prompt] * spare
+        ids, mask = _padded(prompts, left=self.model.spec.pads_left)
         # A cache as wide as the prompts: these rows are copied into the running batch, whose buffers are
         # sized for what every row will need. Sizing the prefill's own for that too doubled the fresh
         # memory the first burst of clients touches (W5: 1.3 GB, 2.4 s of a 9.4 s cell in page faults).
         state = self.model.decoding_state(requests[0].options.settings, capacity=0)
         with torch_threads(self.model.backend.loop_threads):
             _, logits = state.start(ids, mask, 1)
-            tokens = self._pick(logits, requests, first=True)
+            tokens = self._pick(logits[: len(requests)], requests, first=True)
         # Cache copies run with all of torch's threads: the engine is idle meanwhile.
-        left = self._fill_slots(Group(state, list(requests)))
+        left = self._fill_slots(Group(state, [*requests, *[None] * spare]))
         if left.rows:
             self.groups.append(left)
         return tokens
@@ -154,7 +158,7 @@ class GenerationRunner:
             live = [r for r in group.rows if r is not None]
             # Compact when most slots are free: the steps saved cost more than the one copy.
             if 2 * len(group.free()) > len(group.rows):
-                _compact(group, force=True)
+                _compact(group, force=True, least=self.model.invariant_rows)
             if leaving and live:
                 group.state.fit(max(r.options.settings.max_length for r in group.rows if r is not None))
         self.groups = [g for g in self.groups if g.rows]
@@ -171,7 +175,7 @@ class GenerationRunner:
             for slot, row in pairs:
                 group.rows[slot] = new.rows[row]
                 new.rows[row] = None
-            _compact(new)
+            _compact(new, least=self.model.invariant_rows)
             if not new.rows:
                 break
         return new
@@ -190,7 +194,7 @@ class GenerationRunner:
             self.groups[0].state.join([], wanted)  # rows prefilled with their prompts' room only
             return
         for group in self.groups:  # a join copies the cache anyway: leave the free slots behind
-            _compact(group)
+            _compact(group, least=self.model.invariant_rows)
         first, others = self.groups[0], self.groups[1:]
         first.state.join([other.state for other in others], wanted)
         first.rows += [row for other in others for row in other.rows]
@@ -271,9 +275,12 @@ def _wanted(rows: Iterable[Request | None]) -> int:
     return max((row.options.settings.max_length for row in rows if row is not None), default=0)
 
 
-def _compact(group: Group, force: bool = False) -> None:
-    """Drop the free slots of `group` (one copy; seq2seq states also drop encoder columns none use)."""
+def _compact(group: Group, force: bool = False, least: int = 1) -> None:
+    """Drop the free slots of `group` (one copy; seq2seq states also drop encoder columns none use), but
+    keep `least` slots while any row is live (the model's invariant rows)."""
     keep = [i for i, r in enumerate(group.rows) if r is not None]
+    if keep and len(keep) < least:
+        keep = sorted(keep + group.free()[: least - len(keep)])
     if force or len(keep) < len(group.rows):
         group.rows = [group.rows[i] for i in keep]
         if keep:

@@ -1,0 +1,110 @@
+"""Dynamic int8 with one activation scale per row, so that a row's answer never depends on its batch-mates.
+
+ONNX Runtime's dynamic quantizer puts a DynamicQuantizeLinear before each integer MatMul: one scale and
+zero point for the whole input tensor, taken from its minimum and maximum. In a batch, a row's int8
+values then depend on the largest value in any other row, and so do its logits (and at times its greedy
+tokens): a served request's answer would change with the load. Here each DynamicQuantizeLinear becomes
+symmetric quantization per row (per token, along the last axis):
+
+    scale[r] = max(|x[r, :]|) / 127,    q[r, k] = round(x[r, k] / scale[r]) + 128  (uint8)
+
+with the zero point fixed at 128, so the MatMulInteger downstream is unchanged: a scalar zero point, and
+the row scales broadcast where the quantizer multiplied its one scale by the weights' (ONNX Runtime still
+fuses the pair into MatMulIntegerToFloat). uint8 rather than int8 activations: onnxruntime's x86 integer
+kernels multiply u8 by s8, and s8 x s8 ran 3.6x slower here. |q - 128| <= 127 with weights in 7 bits
+keeps the u8 x s8 pair sums within int16 on CPUs without VNNI (`hotrod.optimize.quantize`).
+
+The maximum of |x| is taken as max(ReduceMax(x), -ReduceMin(x)): two reading passes instead of writing
+|x| out and reading it back. From opset 21 the quantization itself is one QuantizeLinear with a block as
+long as the row; older graphs spell it out (divide, round, shift, cast).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+LEVELS = 127.0  # symmetric int8 steps either side of zero
+ZERO_POINT = 128
+_TINY = 1e-30  # an all-zero row gets this scale instead of 0 (no division by zero; its values quantize to 0)
+_BLOCKED_QUANTIZE_OPSET = 21  # QuantizeLinear's block_size
+_REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax / ReduceMin take their axes as an input
+
+
+_SHARED = "hotrod_per_row"  # the names of the graph-wide constants below start with this
+
+
+def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (from ORT's `quantize_dynamic`) with every DynamicQuantizeLinear quantizing per row."""
+    graph = model.graph
+    opset = _opset(model)
+    lengths = _row_lengths(graph)
+    nodes: list[onnx.NodeProto] = []
+    zero_points: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "DynamicQuantizeLinear":
+            nodes.append(node)
+            continue
+        nodes.extend(_row_quantization(node, lengths.get(node.input[0]), opset))
+        zero_points[node.output[2]] = f"{_SHARED}_zero_point"
+    if not zero_points:
+        return model
+    for node in nodes:  # every quantized input has the one zero point
+        node.input[:] = [zero_points.get(name, name) for name in node.input]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(_shared_constants())
+    return model
+
+
+def _shared_constants() -> list[onnx.TensorProto]:
+    values = {"levels": (LEVELS, np.float32), "tiny": (_TINY, np.float32), "shift": (float(ZERO_POINT), np.float32),
+              "zero": (0.0, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
+    return [numpy_helper.from_array(np.array(v, dtype=t), f"{_SHARED}_{k}") for k, (v, t) in values.items()]
+
+
+def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int) -> list[onnx.NodeProto]:
+    """Nodes computing `node`'s quantized input and its scale, per row (the zero point is shared)."""
+    x = node.input[0]
+    quantized, scale = node.output[:2]
+    p, c = f"{x}_row", _SHARED
+    nodes = [_reduce("ReduceMax", x, f"{p}_max", opset), _reduce("ReduceMin", x, f"{p}_min", opset),
+             helper.make_node("Neg", [f"{p}_min"], [f"{p}_neg_min"]),
+             helper.make_node("Max", [f"{p}_max", f"{p}_neg_min", f"{c}_tiny"], [f"{p}_abs_max"]),
+             helper.make_node("Div", [f"{p}_abs_max", f"{c}_levels"], [scale])]
+    if opset >= _BLOCKED_QUANTIZE_OPSET and length:
+        return nodes + [  # one QuantizeLinear whose block is the whole row; its zero point has the scale's shape
+            helper.make_node("Mul", [scale, f"{c}_zero"], [f"{p}_zeros"]),
+            helper.make_node("Add", [f"{p}_zeros", f"{c}_shift"], [f"{p}_shifts"]),
+            helper.make_node("Cast", [f"{p}_shifts"], [f"{p}_zero_points"], to=TensorProto.UINT8),
+            helper.make_node("QuantizeLinear", [x, scale, f"{p}_zero_points"], [quantized], axis=-1,
+                             block_size=length),
+        ]
+    return nodes + [
+        helper.make_node("Div", [x, scale], [f"{p}_steps"]),
+        helper.make_node("Round", [f"{p}_steps"], [f"{p}_rounded"]),
+        helper.make_node("Add", [f"{p}_rounded", f"{c}_shift"], [f"{p}_shifted"]),
+        helper.make_node("Cast", [f"{p}_shifted"], [quantized], to=TensorProto.UINT8),
+    ]
+
+
+def _reduce(op: str, x: str, out: str, opset: int) -> onnx.NodeProto:
+    if opset >= _REDUCE_AXES_INPUT_OPSET:
+        return helper.make_node(op, [x, f"{_SHARED}_axes"], [out], keepdims=1)
+    return helper.make_node(op, [x], [out], axes=[-1], keepdims=1)
+
+
+def _row_lengths(graph: onnx.GraphProto) -> dict[str, int]:
+    """The row length (K) of each dynamically quantized input: the first axis of the weight it multiplies."""
+    weights = {t.name: list(t.dims) for t in graph.initializer}
+    sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "DynamicQuantizeLinear"}
+    lengths: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type == "MatMulInteger" and node.input[0] in sources and len(weights.get(node.input[1], ())) == 2:
+            lengths[sources[node.input[0]]] = weights[node.input[1]][0]
+    return lengths
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))

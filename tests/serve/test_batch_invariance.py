@@ -1,0 +1,102 @@
+"""A request's answer is the same alone and beside any others, at every precision hotrod serves.
+
+The same request is served alone, then among 1, 7 and 31 others of other lengths arriving around it (so it
+shares prompt batches, and steps with rows of other cache lengths, in continuous batching; and dynamic
+batches of encoder rows). Its tokens and log-probabilities, or its embedding, must be equal bit for bit:
+a user who asks for greedy decoding gets the same completion at any load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import hotrod
+from hotrod.serve.engine import ModelEngine, ServeOptions
+from hotrod.serve.protocol import Params
+
+PRECISIONS = ("fp32", "int8", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256")
+NEIGHBOURS = (1, 7, 31)
+OPTIONS = ServeOptions(max_batch_size=32, max_queue_delay_ms=20.0, max_queue=128)
+PARAMS = Params(max_new_tokens=6, logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def artifacts(zoo, tmp_path_factory):
+    made: dict[tuple[str, str], object] = {}
+
+    def build(case: str, precision: str):
+        if (case, precision) not in made:
+            out = tmp_path_factory.mktemp(f"{case}-{precision}")
+            made[case, precision] = hotrod.optimize(zoo.checkpoint(case), out, precision=precision, force=True,
+                                                    progress=False, verify_examples=2)
+        return made[case, precision]
+
+    return build
+
+
+@pytest.fixture
+def engine(artifacts, started):
+    def make(case: str, precision: str) -> ModelEngine:
+        return started(ModelEngine(case, hotrod.load(artifacts(case, precision)), OPTIONS))
+
+    return make
+
+
+def _prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 14, (count,), generator=generator).tolist()
+    return [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+async def _generate(engine: ModelEngine, prompt: list[int]):
+    tokens, logprobs = [], []
+    async for event in engine.submit_generate(prompt, PARAMS).events():
+        assert event.error is None
+        tokens += event.tokens
+        logprobs += [(p.logprob, p.top) for p in event.logprobs or []]
+        if event.finish_reason:
+            return tokens, logprobs
+    raise AssertionError("the ticket ended without a finish reason")
+
+
+async def _among(engine: ModelEngine, target: list[int], others: list[list[int]], submit):
+    """`target`'s answer, submitted in the middle of `others` (half before it, half after, staggered)."""
+    half = len(others) // 2
+    order = [*others[:half], target, *others[half:]]
+
+    async def one(i, prompt):
+        await asyncio.sleep(0.002 * i)
+        return await submit(engine, prompt)
+
+    results = await asyncio.gather(*(one(i, p) for i, p in enumerate(order)))
+    return results[half]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("lm", ["gpt2", "t5"])
+def test_tokens_and_logprobs_do_not_depend_on_batch_mates(engine, lm, precision):
+    served = engine(lm, precision)
+    target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=3)
+    alone = asyncio.run(_generate(served, target))
+    for count in NEIGHBOURS:
+        assert asyncio.run(_among(served, target, others[:count], _generate)) == alone, f"beside {count} others"
+
+
+async def _embed(engine: ModelEngine, row: list[int]) -> torch.Tensor:
+    async for event in engine.submit_embed([row], "mean", True).events():
+        assert event.error is None
+        if event.result is not None:
+            return event.result
+    raise AssertionError("the ticket ended without a result")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_embeddings_do_not_depend_on_batch_mates(engine, precision):
+    served = engine("bert", precision)
+    target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=4)
+    alone = asyncio.run(_embed(served, target))
+    for count in NEIGHBOURS:
+        assert torch.equal(asyncio.run(_among(served, target, others[:count], _embed)), alone), f"beside {count} others"
