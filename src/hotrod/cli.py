@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError
 from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS, PRECISIONS
+from hotrod.tasks import TASKS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--force", action="store_true", help="replace an existing --out directory whole")
     p.add_argument("--no-fusion", dest="fusion", action="store_false", help="skip kernel fusion")
+    p.add_argument("--task", default=None, choices=TASKS,
+                   help="the head to build (default: the one the checkpoint's architectures name)")
     p.add_argument("--calibration", metavar="FILE", help="calibration texts, one per line (default: built-in set)")
     p.add_argument("--calibration-method", default="minmax", choices=CALIBRATION_METHODS)
     p.add_argument("--max-drop", type=float, default=0.01,
@@ -105,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", action="store_true", help="texts are space-separated token ids")
     _runtime_args(p)
     p.set_defaults(handler=_embed)
+
+    _task_commands(sub)
 
     p = sub.add_parser("info", help="describe an artifact")
     p.add_argument("artifact")
@@ -174,7 +179,7 @@ def _optimize(args) -> int:
     options = OptimizeOptions(precision=args.precision, backend=args.backend, device=args.device, fusion=args.fusion,
                               calibration=args.calibration, calibration_method=args.calibration_method,
                               verify_texts=args.verify_texts, verify_examples=args.verify_examples,
-                              max_drop=args.max_drop, force=args.force)
+                              max_drop=args.max_drop, force=args.force, task=args.task)
     out = hotrod.optimize(args.source, args.out, options)
     manifest = json.loads((out / "manifest.json").read_text())
     if manifest.get("auto"):
@@ -289,6 +294,117 @@ def _embed(args) -> int:
     return 0
 
 
+def _task_commands(sub) -> None:
+    """classify, rerank, tag and answer: the encoder heads' task methods (`hotrod.pipelines`)."""
+    p = sub.add_parser("classify", help="labels of texts (or text pairs) from a text-classification model")
+    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--pair", action="append", metavar="TEXT", help="the second text of a pair, once per TEXT")
+    p.add_argument("--top-k", type=_top, default=1, help="labels per input, best first; all: every label")
+    p.add_argument("--function", default=None, choices=("softmax", "sigmoid", "none"),
+                   help="applied to the logits (default: the pipeline's choice for the head)")
+    _task_args(p, _classify)
+
+    p = sub.add_parser("rerank", help="documents by a cross-encoder's relevance to a query, best first")
+    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+    p.add_argument("documents", nargs="+", metavar="DOC")
+    p.add_argument("--query", required=True)
+    p.add_argument("--top-n", type=int, default=None, help="the best N only")
+    _task_args(p, _rerank)
+
+    p = sub.add_parser("tag", help="entities of texts from a token-classification (NER) model")
+    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--aggregation", default="simple", choices=("none", "simple", "first", "average", "max"))
+    _task_args(p, _tag)
+
+    p = sub.add_parser("answer", help="the answer to a question, taken from a context (extractive QA)")
+    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+    p.add_argument("--question", required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--context")
+    source.add_argument("--context-file", metavar="FILE", help="read the context from FILE (UTF-8)")
+    p.add_argument("--top-k", type=int, default=1)
+    p.add_argument("--max-answer-len", type=int, default=15, help="tokens")
+    p.add_argument("--max-seq-len", type=int, default=None, help="tokens a window (default 384, or the model's)")
+    p.add_argument("--doc-stride", type=int, default=None, help="tokens windows share (default 128)")
+    p.add_argument("--impossible", action="store_true", help="allow the answer that the context has none")
+    _task_args(p, _answer)
+
+
+def _task_args(p: argparse.ArgumentParser, handler) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _runtime_args(p)
+    p.set_defaults(handler=handler)
+
+
+def _top(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or all, got {value!r}") from None
+
+
+def _classify(args) -> int:
+    model = _load(args)
+    if args.pair is not None and len(args.pair) != len(args.texts):
+        raise HotrodError(f"--pair was given {len(args.pair)} times for {len(args.texts)} texts; give one per text")
+    inputs = list(zip(args.texts, args.pair)) if args.pair else list(args.texts)
+    results = model.classify(inputs, top_k=args.top_k, function_to_apply=args.function)
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for text, result in zip(args.texts, results):
+        labels = result if isinstance(result, list) else [result]
+        print("  ".join(f"{r['label']} {r['score']:.4f}" for r in labels) + f"\t{text}")
+    return 0
+
+
+def _rerank(args) -> int:
+    ranked = _load(args).rerank(args.query, args.documents, top_n=args.top_n)
+    if args.json:
+        print(json.dumps(ranked))
+        return 0
+    for entry in ranked:
+        print(f"{entry['score']:.4f}\t[{entry['index']}] {args.documents[entry['index']]}")
+    return 0
+
+
+def _tag(args) -> int:
+    results = _load(args).tag(list(args.texts), aggregation_strategy=args.aggregation)
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for text, entities in zip(args.texts, results):
+        print(text)
+        for e in entities:
+            label = e.get("entity_group") or e.get("entity")
+            print(f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}")
+    return 0
+
+
+def _answer(args) -> int:
+    context = args.context if args.context is not None else _read_text(args.context_file)
+    result = _load(args).answer(args.question, context, top_k=args.top_k, max_answer_len=args.max_answer_len,
+                                max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
+                                handle_impossible_answer=args.impossible)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for a in result if isinstance(result, list) else [result]:
+        print(f"{a['score']:.4f}\t{a['start']}-{a['end']}\t{a['answer']}")
+    return 0
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise HotrodError(f"{path} is not UTF-8 text") from None
+
+
 def _info(args) -> int:
     from hotrod.artifact import open_artifact
 
@@ -302,6 +418,10 @@ def _info(args) -> int:
     print(f"source      {source['origin']} (weights sha256 {source['weights_sha256'][:16]}...)")
     print(f"model       {manifest['model_type']} ({manifest['family']} family, {manifest['kind']})")
     print("dims        " + ", ".join(f"{k}={v}" for k, v in manifest["dims"].items() if v))
+    if manifest.get("task"):
+        labels = manifest.get("labels") or {}
+        labels = [labels[k] for k in sorted(labels, key=int)] if isinstance(labels, dict) else labels
+        print(f"task        {manifest['task']}" + (f" (labels: {', '.join(map(str, labels))})" if labels else ""))
     print("options     " + ", ".join(f"{k}={v}" for k, v in manifest["options"].items()))
     print("versions    " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
     for name, graph in manifest["graphs"].items():

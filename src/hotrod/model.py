@@ -209,6 +209,36 @@ class HotrodModel:
         prepared = classify.prepare(self, texts_or_pairs, top_k, function_to_apply, truncate)
         return classify.finish(self, prepared, self.run_rows(prepared.rows))
 
+    def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None,
+               truncate: bool = False) -> list[dict]:
+        """Documents by a cross-encoder's score for (query, document), best first: [{"index", "score"}], the
+        score as sentence-transformers' `CrossEncoder.predict` gives it (`hotrod.pipelines.rerank`)."""
+        from hotrod.pipelines import rerank
+
+        prepared = rerank.prepare(self, query, documents, top_n, truncate)
+        return rerank.finish(self, prepared, self.run_rows(prepared.rows))
+
+    def tag(self, texts: str | Sequence[str], aggregation_strategy: str = "simple",
+            ignore_labels: Sequence[str] = ("O",), truncate: bool = False) -> list:
+        """Entities as transformers' `pipeline("token-classification")` gives them, for aggregation none,
+        simple, first, average or max: a list for one text, a list of lists for several."""
+        from hotrod.pipelines import tag
+
+        prepared = tag.prepare(self, texts, aggregation_strategy, ignore_labels, truncate)
+        return tag.finish(self, prepared, self.run_rows(prepared.rows))
+
+    def answer(self, question, context: str | None = None, top_k: int = 1, doc_stride: int | None = None,
+               max_answer_len: int = 15, max_seq_len: int | None = None, max_question_len: int = 64,
+               handle_impossible_answer: bool = False) -> Any:
+        """The answer span as transformers 4.x's `pipeline("question-answering")` gave it: {"answer",
+        "score", "start", "end"} (a list of the top_k when top_k > 1); a list of (question, context) pairs
+        gives one per pair. Every window of a long context runs in one batch (`hotrod.pipelines.answer`)."""
+        from hotrod.pipelines import answer
+
+        prepared = answer.prepare(self, question, context, top_k, doc_stride, max_answer_len, max_seq_len,
+                                  max_question_len, handle_impossible_answer)
+        return answer.finish(self, prepared, self.run_rows(prepared.rows))
+
     def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
         """The encoder graph's outputs by name; a right-padded batch runs as padding-free sub-batches.
 

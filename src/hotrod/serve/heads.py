@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from hotrod.pipelines import classify
+from hotrod.pipelines import rerank as rerank_pipeline
 from hotrod.serve import rows
 from hotrod.serve.endpoints import ERRORS, usage
 from hotrod.serve.head_schemas import (
@@ -74,8 +75,10 @@ async def rerank_route(body: RerankRequest, request: Request) -> Response:
 
 async def relevance(request: Request, engine: Any, query: str, texts: list[str], function: str | None,
                     truncate: bool, param: str = "documents") -> tuple[list[float], int]:
-    """Each (query, text) pair's score through `function` (None: the head's own, a sigmoid for a
-    cross-encoder), and the tokens they ran: the one-label classification of each pair."""
+    """Each (query, text) pair's score through `function` (None: the cross-encoder's own activation, as
+    `model.rerank` scores), and the tokens they ran: the one-label classification of each pair."""
+    if function is None:
+        function = rerank_pipeline.activation(engine.pipeline_model().config)
     pairs = [[query, text] for text in texts]
     prepared = await rows.prepare(request, engine, classify.prepare, pairs, None, function, truncate, param=param)
     answers = await rows.answer(request, engine, classify, prepared, param)

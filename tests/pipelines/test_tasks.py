@@ -1,0 +1,142 @@
+"""The task methods against what transformers (and sentence-transformers) answer on the same checkpoint.
+
+Token classification against transformers' pipeline; reranking against sentence-transformers'
+CrossEncoder; question answering (whose pipeline transformers 5 removed) against a brute-force search
+over every window's spans of transformers' own logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hotrod
+from tests.zoo import BERT_WORDS, CASES, head_case
+
+TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world this is a tiny model",
+         "a quick dog says hello to the brown fox"]
+CONTEXT = " ".join(BERT_WORDS * 3)
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_case():
+    return head_case(CASES["bert"], "cls", num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+
+
+def _close(ours, theirs):
+    """Entity lists equal, scores within 1e-4."""
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys()
+        for key in a:
+            if key == "score":
+                assert abs(a[key] - float(b[key])) <= 1e-4
+            else:
+                assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_tag_equals_the_token_classification_pipeline(zoo, strategy):
+    model = zoo.model("bert-ner", "onnxruntime")
+    pipe = transformers.pipeline("token-classification", model=zoo.reference("bert-ner"), tokenizer=model.tokenizer,
+                                 aggregation_strategy=strategy)
+    ours = model.tag(TEXTS, aggregation_strategy=strategy)
+    assert len(ours) == len(TEXTS) and any(ours)
+    for text, entities in zip(TEXTS, ours):
+        _close(entities, pipe(text))
+    _close(model.tag(TEXTS[0], aggregation_strategy=strategy), pipe(TEXTS[0]))  # one text: one list
+
+
+def test_rerank_scores_as_cross_encoder_predicts(zoo, cross_encoder_case, tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    from tests.zoo import build_checkpoint
+
+    checkpoint = build_checkpoint(cross_encoder_case, tmp_path / "ce")
+    model = hotrod.load(hotrod.optimize(checkpoint, tmp_path / "art", progress=False, verify_examples=2))
+    expected = CrossEncoder(str(checkpoint), device="cpu").predict([("hello world", t) for t in TEXTS])
+    ranked = model.rerank("hello world", TEXTS)
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    for r in ranked:
+        assert abs(r["score"] - float(expected[r["index"]])) <= 1e-4
+    assert len(model.rerank("hello world", TEXTS, top_n=2)) == 2
+
+
+def _brute_force(zoo, question: str, context: str, max_seq_len: int, stride: int, longest: int) -> dict:
+    """The best span of every window, each start/end pair scored p(start) * p(end) over context tokens."""
+    tokenizer = zoo.model("bert-qa", "onnxruntime").tokenizer
+    encoded = tokenizer(question, context, truncation="only_second", max_length=max_seq_len, stride=stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True)
+    best = None
+    for w in range(len(encoded["input_ids"])):
+        ids = torch.tensor([encoded["input_ids"][w]])
+        types = torch.tensor([encoded["token_type_ids"][w]])
+        with torch.no_grad():
+            out = zoo.reference("bert-qa")(input_ids=ids, token_type_ids=types)
+        inside = [s == 1 for s in encoded.sequence_ids(w)]
+        inside[0] = True  # [CLS] takes part in the softmax
+        start = torch.where(torch.tensor(inside), out.start_logits[0], torch.tensor(-10000.0)).softmax(-1)
+        end = torch.where(torch.tensor(inside), out.end_logits[0], torch.tensor(-10000.0)).softmax(-1)
+        enc = encoded.encodings[w]
+        for s in range(1, len(inside)):
+            for e in range(s, min(len(inside), s + longest)):
+                if inside[s] and inside[e] and (best is None or start[s] * end[e] > best[0]):
+                    first = enc.word_to_chars(enc.token_to_word(s), 1)[0]
+                    last = enc.word_to_chars(enc.token_to_word(e), 1)[1]
+                    best = (float(start[s] * end[e]), first, last)
+    return {"score": best[0], "start": best[1], "end": best[2], "answer": context[best[1]:best[2]]}
+
+
+def test_answer_searches_every_window_as_the_pipeline_did(zoo):
+    model = zoo.model("bert-qa", "onnxruntime")
+    question = "where is the lazy dog"
+    got = model.answer(question, CONTEXT, max_seq_len=24, doc_stride=6, max_answer_len=5)
+    expected = _brute_force(zoo, question, CONTEXT, 24, 6, 5)
+    assert (got["answer"], got["start"], got["end"]) == (expected["answer"], expected["start"], expected["end"])
+    assert abs(got["score"] - expected["score"]) <= 1e-4
+    top = model.answer(question, CONTEXT, top_k=3, max_seq_len=24, doc_stride=6, max_answer_len=5)
+    assert len(top) == 3 and top[0] == got and top[0]["score"] >= top[1]["score"] >= top[2]["score"]
+    both = model.answer([(question, CONTEXT), {"question": "who says hello", "context": TEXTS[2]}])
+    assert len(both) == 2 and both[0]["answer"] in CONTEXT and both[1]["answer"] in TEXTS[2]
+
+
+def test_answer_with_no_answer_allowed_adds_the_null_score(zoo):
+    model = zoo.model("bert-qa", "onnxruntime")
+    answers = model.answer("who", TEXTS[0], top_k=50, handle_impossible_answer=True)
+    assert {"answer": "", "start": 0, "end": 0} in [{k: a[k] for k in ("answer", "start", "end")} for a in answers]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda m: m["ner"].tag(""), "text 0 is empty"),
+    (lambda m: m["ner"].tag([]), "nothing to tag"),
+    (lambda m: m["ner"].tag("hello", aggregation_strategy="longest"), "aggregation_strategy"),
+    (lambda m: m["qa"].answer("", "hello world"), "question is empty"),
+    (lambda m: m["qa"].answer("who", "  "), "context is empty"),
+    (lambda m: m["qa"].answer("the " * 70, "hello world"), "more than max_question_len"),
+    (lambda m: m["qa"].answer("the quick brown fox jumps", "hello world", max_seq_len=8), "leaves no room"),
+    (lambda m: m["qa"].answer("who", "hello", doc_stride=30, max_seq_len=20), "doc_stride"),
+    (lambda m: m["qa"].answer("who", "hello", max_seq_len=4096), "positions"),
+    (lambda m: m["qa"].answer([("who", None)]), "context 0"),
+    (lambda m: m["qa"].answer([]), "no questions"),
+    (lambda m: m["ner"].answer("who", "hello"), "needs a question-answering model"),
+    (lambda m: m["qa"].rerank("q", ["d"]), "needs a text-classification model"),
+    (lambda m: m["cls"].rerank("q", ["d"]), "one output"),
+])
+def test_bad_task_inputs_are_one_line(zoo, call, message):
+    models = {name: zoo.model(f"bert-{name}", "onnxruntime") for name in ("ner", "qa", "cls")}
+    with pytest.raises(hotrod.HotrodError, match=message):
+        call(models)
+
+
+def test_rerank_refuses_empty_queries_and_documents(zoo, cross_encoder_case, tmp_path):
+    from tests.zoo import build_checkpoint
+
+    model = hotrod.load(build_checkpoint(cross_encoder_case, tmp_path / "ce"), backend="torch")
+    for args, message in [(("", ["d"]), "query is empty"), (("q", []), "no documents"),
+                          (("q", ["d", " "]), "document 1 is empty"), (("q", "d"), "list of texts")]:
+        with pytest.raises(hotrod.HotrodError, match=message):
+            model.rerank(*args)
+    with pytest.raises(hotrod.HotrodError, match="top_n"):
+        model.rerank("q", ["d"], top_n=0)
