@@ -7,6 +7,8 @@ task, labels, positions) is checked by the routes.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, RootModel
 
 from hotrod.serve.schemas import _MODEL, Usage, _Request
@@ -108,3 +110,60 @@ class Rank(BaseModel):
 
 class TeiRerankResponse(RootModel[list[Rank]]):
     """The texts by score, best first."""
+
+
+class TagRequest(_Request):
+    """Entities of texts, as transformers' token-classification pipeline finds them."""
+
+    model: str | None = _MODEL
+    input: str | list[str] = Field(description="A text or a list of texts.")
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = Field(
+        "simple", description="none: every token; simple: neighbouring tokens of one entity joined; first, average, "
+                              "max: each word's label from its tokens first")
+    ignore_labels: list[str] = Field(["O"], description="Labels left out of the answer.")
+    truncate: bool = _TRUNCATE
+
+
+class Entity(BaseModel):
+    entity: str | None = None
+    entity_group: str | None = None
+    score: float
+    index: int | None = None
+    word: str
+    start: int
+    end: int
+
+
+class TagResponse(BaseModel):
+    model: str
+    results: list[list[Entity]] = Field(description="Each text's entities, in the text's order")
+    usage: Usage
+
+
+class AnswerRequest(_Request):
+    """The span of a context that answers a question, as transformers 4.x's question-answering pipeline found it."""
+
+    model: str | None = _MODEL
+    question: str
+    context: str
+    top_k: int = Field(1, ge=1, le=100, description="Answers to return, best first.")
+    doc_stride: int | None = Field(None, ge=0, description="Tokens neighbouring windows share (default 128, at most "
+                                                           "half a window).")
+    max_answer_len: int = Field(15, ge=1, le=512, description="Tokens an answer may span.")
+    max_seq_len: int | None = Field(None, ge=8, description="Tokens a window holds (default 384, or the model's).")
+    max_question_len: int = Field(64, ge=1, description="Tokens the question may have.")
+    handle_impossible_answer: bool = Field(False, description="Allow the answer that the context has none.")
+
+
+class Answer(BaseModel):
+    answer: str
+    score: float
+    start: int
+    end: int
+
+
+class AnswerResponse(BaseModel):
+    model: str
+    answers: list[Answer] = Field(description="The best answers, best first (one unless top_k asks for more)")
+    windows: int = Field(description="Windows the context was split into, run as one batch")
+    usage: Usage

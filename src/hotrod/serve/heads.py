@@ -1,4 +1,4 @@
-"""hotrod's task routes over encoder heads: /v1/classify, and /v1/rerank in Cohere's shape (Jina's too),
+"""hotrod's task routes over encoder heads: /v1/classify, /v1/tag, /v1/answer, and /v1/rerank in Cohere's shape (Jina's too),
 which LangChain's and LlamaIndex's Cohere rerankers call.
 
 Each answer is `hotrod.pipelines`' own, so a route answers what the Python API answers; the model's
@@ -13,11 +13,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from hotrod.errors import HotrodError
+from hotrod.pipelines import answer as answer_pipeline
 from hotrod.pipelines import classify
 from hotrod.pipelines import rerank as rerank_pipeline
+from hotrod.pipelines import tag as tag_pipeline
 from hotrod.serve import rows
 from hotrod.serve.endpoints import ERRORS, usage
 from hotrod.serve.head_schemas import (
+    AnswerRequest,
+    AnswerResponse,
     ClassifyRequest,
     ClassifyResponse,
     Document,
@@ -25,9 +30,11 @@ from hotrod.serve.head_schemas import (
     RerankResponse,
     RerankResult,
     RerankUsage,
+    TagRequest,
+    TagResponse,
 )
-from hotrod.serve.http_errors import Recorder
-from hotrod.tasks import CLASSIFY
+from hotrod.serve.http_errors import ApiError, Recorder
+from hotrod.tasks import ANSWER, CLASSIFY, TOKENS
 
 router = APIRouter()
 
@@ -88,3 +95,54 @@ async def relevance(request: Request, engine: Any, query: str, texts: list[str],
 def ranked(scores: list[float]) -> list[int]:
     """Indexes by score, best first; equal scores keep the documents' order."""
     return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+@router.post("/v1/tag", response_model=TagResponse, responses=ERRORS)
+async def tag_route(body: TagRequest, request: Request) -> Response:
+    """Entities of texts, as transformers' token-classification pipeline finds them."""
+    engine, recorder = rows.head_engine(request, "tag", body.model, TOKENS)
+    items = [body.input] if isinstance(body.input, str) else body.input
+    rows.check_count(request, len(items), "input")
+    rows.check_texts(request, engine, [(f"input[{i}]", text) for i, text in enumerate(items)], "input", body.truncate)
+    prepared = await rows.prepare(request, engine, tag_pipeline.prepare, items, body.aggregation_strategy,
+                                  body.ignore_labels, body.truncate, param="input")
+    results = await rows.answer(request, engine, tag_pipeline, prepared, "input")
+    return json_response(TagResponse(model=recorder.model, results=results, usage=usage(rows.tokens(prepared))),
+                         recorder)
+
+
+# A context's characters per token of a window at most: bounds a context before it is tokenized.
+_CHARACTERS_PER_TOKEN = 16
+
+
+@router.post("/v1/answer", response_model=AnswerResponse, responses=ERRORS)
+async def answer_route(body: AnswerRequest, request: Request) -> Response:
+    """The span of the context that answers the question; every window of a long context runs as rows of
+    one submission, batched with other requests'."""
+    engine, recorder = rows.head_engine(request, "answer", body.model, ANSWER)
+    rows.check_texts(request, engine, [("question", body.question)], "question", False)
+    rows.check_texts(request, engine, [("context", body.context)], "context", True)
+    windows = request.app.state.limits.max_batch_inputs
+    if len(body.context) > windows * 384 * _CHARACTERS_PER_TOKEN:
+        raise ApiError(400, f"context: {len(body.context)} characters is more than the {windows} windows this "
+                            "server runs per request (--max-batch-inputs) can hold", "context")
+    prepared = await rows.on_tokenizer(request, engine, _windows, body, param="context")
+    if len(prepared.rows) > windows:
+        raise ApiError(400, f"context: it makes {len(prepared.rows)} windows; this server runs at most {windows} "
+                            "per request (--max-batch-inputs): shorten it or raise doc_stride", "context")
+    found = await rows.answer(request, engine, answer_pipeline, prepared, "context")
+    return json_response(AnswerResponse(model=recorder.model, answers=found if isinstance(found, list) else [found],
+                                        windows=len(prepared.rows), usage=usage(rows.tokens(prepared))), recorder)
+
+
+def _windows(model: Any, body: AnswerRequest) -> Any:
+    """The question's windows (`hotrod.pipelines.answer.prepare`); a refusal names the field it is about."""
+    try:
+        return answer_pipeline.prepare(model, body.question, body.context, body.top_k, body.doc_stride,
+                                       body.max_answer_len, body.max_seq_len, body.max_question_len,
+                                       body.handle_impossible_answer)
+    except HotrodError as exc:
+        message = str(exc)
+        field = next((f for f in ("question", "doc_stride", "max_seq_len") if message.startswith(("the " + f, f))),
+                     "context")
+        raise ApiError(400, f"{field}: {message}", field) from None
