@@ -20,6 +20,7 @@ from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError, check_count
 from hotrod.generation import config as gen_config
 from hotrod.generation.cache import DecodingState, SelfCache, compact_prompts
+from hotrod.generation.lookup import Lookup
 from hotrod.generation.search import generate as run_search
 from hotrod.kinds import spec as kind_spec
 from hotrod.pipelines.base import Row
@@ -38,6 +39,9 @@ class ModelOutput:
 
     def __getitem__(self, key: str) -> torch.Tensor | None:
         return getattr(self, key)
+
+
+MAX_LOOKUP_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 
 
 class HotrodModel:
@@ -75,6 +79,7 @@ class HotrodModel:
         if input_ids is None:  # transformers' first argument is also called `inputs`
             input_ids = kwargs.pop("inputs", None)
         input_ids = self._ids(input_ids)
+        lookup = self._lookup_tokens(kwargs)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
             attention_mask = self._as_long(attention_mask, input_ids.shape)
@@ -85,7 +90,36 @@ class HotrodModel:
         settings = self.settings(input_ids.shape[1], values)
         state = self.decoding_state(settings)
         with torch_threads(self.backend.loop_threads):
+            if lookup:
+                self._check_lookup(input_ids, settings)
+                return Lookup(state, settings, lookup).generate(input_ids, attention_mask)
             return run_search(state, input_ids, attention_mask, settings)
+
+    def _lookup_tokens(self, kwargs: dict) -> int:
+        """`prompt_lookup_num_tokens` (0: off), taken out of transformers' arguments and checked."""
+        if kwargs.get("assistant_model") is not None:
+            raise HotrodError("assistant_model is not supported yet; prompt_lookup_num_tokens drafts from the prompt")
+        kwargs.pop("assistant_model", None)
+        value = kwargs.pop("prompt_lookup_num_tokens", None)
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LOOKUP_TOKENS:
+            raise HotrodError(f"prompt_lookup_num_tokens must be a whole number from 1 to {MAX_LOOKUP_TOKENS}, "
+                              f"got {value!r}")
+        return value
+
+    def _check_lookup(self, input_ids: torch.Tensor, settings: gen_config.Settings) -> None:
+        """Prompt lookup runs greedy decoding of one row of a decoder-only model; the rest is refused."""
+        if not self.spec.continues_prompt:
+            raise HotrodError(f"prompt_lookup_num_tokens runs on decoder-only models so far, not on "
+                              f"{self.config.model_type}")
+        if settings.num_beams > 1 or settings.do_sample:
+            raise HotrodError("prompt_lookup_num_tokens runs with greedy decoding; drop num_beams / do_sample")
+        if input_ids.shape[0] != 1:
+            raise HotrodError(f"prompt_lookup_num_tokens decodes one row at a time; got {input_ids.shape[0]}")
+        if not self.backend.verifies_drafts:
+            raise HotrodError("prompt_lookup_num_tokens needs a backend that verifies drafts in one pass; the static "
+                              "engine steps one token at a time (load with static=False)")
 
     def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
         """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""

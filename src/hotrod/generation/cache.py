@@ -262,10 +262,27 @@ class DecoderState(_OnSelfCache):
         self.kv.advance()
         return logits
 
-    def _run(self, ids, positions, cache_feeds: dict, logits_positions) -> torch.Tensor:
+    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
+        [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
+        rows, k = tokens.shape
+        positions = self.kv.lengths[:, None] + torch.arange(k)
+        total = int(self.kv.lengths.max()) + k
+        self.kv.reserve(total)
+        logits = self._run(tokens, positions, self.kv.feeds(self.kv.lengths + k - 1, total),
+                           torch.arange(k).expand(rows, k), last=False)
+        self.kv.lengths = self.kv.lengths + k
+        return logits
+
+    def rewind(self, lengths: torch.Tensor) -> None:
+        """Each row's cache back to `lengths` positions: what lies past them is overwritten, never read."""
+        self.kv.lengths = torch.minimum(self.kv.lengths, lengths)
+
+    def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
         out = self.backend.run("decoder", feeds, into=self.kv.into())
-        return self.backend.to_torch(out["logits"])[:, -1].float()
+        logits = self.backend.to_torch(out["logits"])
+        return (logits[:, -1] if last else logits).float()
 
     def room_for(self, other: DecoderState) -> bool:
         return bool(self.kv.buffers)  # `place` grows the buffers when a newcomer needs more than they hold

@@ -52,6 +52,9 @@ class Backend(Protocol):
     # A CPU engine with its own thread pool wants 1: the loop's vocab-sized ops gain nothing from threads,
     # and torch's idle workers spinning on the same cores slow the engine down.
     loop_threads: int | None
+    # Whether a decoder step may feed several tokens after the cache (drafts verified in one pass,
+    # `hotrod.generation.lookup`): the static engine's fixed-span attention reads one token a step.
+    verifies_drafts: bool
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run.
