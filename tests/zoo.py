@@ -122,6 +122,10 @@ CASES: dict[str, Case] = {
              _roberta_config),
         Case("xlm_roberta", "xlm-roberta", "xlm-roberta", "encoder", transformers.XLMRobertaModel,
              lambda: _roberta_config(transformers.XLMRobertaConfig)),
+        Case("electra", "electra", "electra", "encoder", transformers.ElectraModel,
+             lambda: transformers.ElectraConfig(**_ENCODER, embedding_size=HIDDEN // 2,
+                                                max_position_embeddings=POSITIONS),
+             tokenizer=save_bert_tokenizer),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]

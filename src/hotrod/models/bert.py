@@ -26,12 +26,14 @@ from hotrod.tasks import ENCODER_TASKS
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, width: int | None = None):
+        """`width`: the embeddings' size where it differs from the hidden size (ELECTRA's embedding_size)."""
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        width = width or config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, width)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
@@ -123,8 +125,12 @@ class BertEncoder(nn.Module):
         self.num_labels = config.num_labels
         self.head = build_head(config, self.heads)
 
+    def embed(self, input_ids, token_type_ids):
+        """The first layer's input [B, S, H]."""
+        return self.embeddings(input_ids, token_type_ids)
+
     def forward(self, input_ids, attention_mask, token_type_ids):
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embed(input_ids, token_type_ids)
         seq = input_ids.shape[1]  # the fused op wants the bias's query axis spelled out, not broadcast
         bias = additive_mask(padding_mask(attention_mask).expand(-1, -1, seq, -1), x.dtype)
         for layer in self.encoder.layer:
@@ -135,7 +141,7 @@ class BertEncoder(nn.Module):
         """The same graph with every layer on the real tokens only (`hotrod.models.packing`): equal to
         `forward` at real positions, zeros at padded ones."""
         packing = Packing.of(attention_mask)
-        tokens = packing.pack(self.embeddings(input_ids, token_type_ids))
+        tokens = packing.pack(self.embed(input_ids, token_type_ids))
         for layer in self.encoder.layer:
             tokens = layer(tokens, packing)
         return self.finish(packing.unpack(tokens), attention_mask)
