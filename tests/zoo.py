@@ -126,6 +126,10 @@ CASES: dict[str, Case] = {
              lambda: transformers.ElectraConfig(**_ENCODER, embedding_size=HIDDEN // 2,
                                                 max_position_embeddings=POSITIONS),
              tokenizer=save_bert_tokenizer),
+        Case("distilbert", "distilbert", "distilbert", "encoder", transformers.DistilBertModel,
+             lambda: transformers.DistilBertConfig(vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS,
+                                                   hidden_dim=2 * HIDDEN, max_position_embeddings=POSITIONS),
+             tokenizer=save_bert_tokenizer),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]
