@@ -48,6 +48,8 @@ BAD_CALLS = {
     "text_instead_of_ids": ("gpt2", lambda m: m.generate("hello world"), None),
     "mask_shape": ("gpt2", lambda m: m.generate(ids(5, 6, 7), attention_mask=ids(1, 1)), "mask shape"),
     "generate_on_encoder": ("bert", lambda m: m.generate(ids(5, 6)), "encoder"),
+    "token_types_without_types": ("distilbert", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(0, 1)),
+                                  "distilbert has no token types"),
     "seq2seq_forward_without_decoder_ids": ("t5", lambda m: m(input_ids=ids(5, 6)), "decoder_input_ids"),
 }
 

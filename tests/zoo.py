@@ -96,6 +96,12 @@ def _t5_config(cls=transformers.T5Config, **overrides):
 _ENCODER = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                 intermediate_size=2 * HIDDEN)
 
+
+def _roberta_config(cls=transformers.RobertaConfig):
+    return cls(**_ENCODER, max_position_embeddings=POSITIONS + 2, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+               type_vocab_size=1)
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in [
@@ -113,8 +119,17 @@ CASES: dict[str, Case] = {
              lambda: transformers.BertConfig(**_ENCODER, max_position_embeddings=POSITIONS),
              tokenizer=save_bert_tokenizer),
         Case("roberta", "roberta", "roberta", "encoder", transformers.RobertaModel,
-             lambda: transformers.RobertaConfig(**_ENCODER, max_position_embeddings=POSITIONS + 2,
-                                                pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)),
+             _roberta_config),
+        Case("xlm_roberta", "xlm-roberta", "xlm-roberta", "encoder", transformers.XLMRobertaModel,
+             lambda: _roberta_config(transformers.XLMRobertaConfig)),
+        Case("electra", "electra", "electra", "encoder", transformers.ElectraModel,
+             lambda: transformers.ElectraConfig(**_ENCODER, embedding_size=HIDDEN // 2,
+                                                max_position_embeddings=POSITIONS),
+             tokenizer=save_bert_tokenizer),
+        Case("distilbert", "distilbert", "distilbert", "encoder", transformers.DistilBertModel,
+             lambda: transformers.DistilBertConfig(vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS,
+                                                   hidden_dim=2 * HIDDEN, max_position_embeddings=POSITIONS),
+             tokenizer=save_bert_tokenizer),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]

@@ -150,6 +150,9 @@ class HotrodModel:
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if not self.spec.generates:
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
+            if not self.dims.type_vocab_size and bool(types.ne(0).any()):
+                raise HotrodError(f"{self.config.model_type} has no token types; token_type_ids other than 0 "
+                                  "would be ignored, leave them out")
             return ModelOutput(**self._encode(input_ids, mask, types))
         if not self.spec.encodes:
             return ModelOutput(logits=self._decoder_logits(input_ids, mask))

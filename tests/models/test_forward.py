@@ -84,3 +84,13 @@ def test_bert_token_type_ids_match_transformers(zoo, backend):
     assert_close_where(ours.last_hidden_state, theirs.last_hidden_state, mask)
     _, without = run_both(zoo, "bert", backend, input_ids=ids, attention_mask=mask)
     assert not torch.allclose(without.last_hidden_state, ours.last_hidden_state), "token_type_ids were ignored"
+
+
+def test_zero_token_types_pass_through_a_family_without_them(zoo, backend):
+    """A BERT-style tokenizer's all-zero token_type_ids change nothing for DistilBERT (other values are
+    refused: tests/test_model.py)."""
+    ids, mask = prompt_batch(CASES["distilbert"], BATCH)
+    model = zoo.model("distilbert", backend)
+    plain = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    typed = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).last_hidden_state
+    assert torch.equal(typed, plain)

@@ -23,6 +23,9 @@ EXPECTED_FUSIONS = {
     "mt5": {"SimplifiedLayerNormalization", "FastGelu"},
     "bert": {"LayerNormalization", "FastGelu"},
     "roberta": {"LayerNormalization", "FastGelu"},
+    "xlm-roberta": {"LayerNormalization", "FastGelu"},
+    "electra": {"LayerNormalization", "FastGelu"},
+    "distilbert": {"LayerNormalization", "FastGelu"},
 }
 SLOWER_ON_CPU = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasGelu"}
 # Logit (or hidden state) cosine to fp32 each precision must keep on the tiny random models.
@@ -52,7 +55,7 @@ def test_fused_op_counts_are_recorded_and_present(zoo, case):
         assert expected & set(counts), f"{name}: expected some of {expected}, got {counts}"
         assert not SLOWER_ON_CPU & ops, f"{name}: a fusion whose CPU kernel is slower than the plain ops"
     layer_norms = sum(graphs[g]["fused_ops"].get("LayerNormalization", 0) for g in graphs)
-    if CASES[case].family in ("gpt2", "bert", "roberta"):
+    if CASES[case].family in ("gpt2", "bert", "roberta", "xlm-roberta", "electra", "distilbert"):
         assert layer_norms >= 2 * 2 + 1  # two per layer and the final (or embedding) one, for the 2-layer models
 
 

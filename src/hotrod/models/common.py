@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from hotrod.errors import HotrodError
+from hotrod.registry import Dims
 
 FUSED_ATTENTION_DOMAIN = "com.microsoft"
 
@@ -303,3 +304,17 @@ def load_weights(module: nn.Module, state_dict: dict[str, torch.Tensor]) -> None
                 f"checkpoint weight {name} has shape {tuple(source.shape)}, config expects {tuple(tensor.shape)}"
             )
     module.load_state_dict({name: state_dict[name].to(tensor.dtype) for name, tensor in own.items()})
+
+
+def standard_dims(config, max_positions: int | None, **extra) -> Dims:
+    """The sizes of a config that answers to transformers' common names (hidden_size, num_hidden_layers,
+    num_attention_heads); `extra`: the family's other sizes (type_vocab_size, ...)."""
+    return Dims(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        max_positions=max_positions,
+        **extra,
+    )

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import Conv1D, attention_in_place, load_weights
+from hotrod.models.common import Conv1D, attention_in_place, load_weights, standard_dims
 from hotrod.registry import Dims, Family, register
 from hotrod.tasks import GENERATE
 
@@ -101,14 +101,7 @@ class GPT2LM(nn.Module):
 
 
 def gpt2_dims(config) -> Dims:
-    return Dims(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        head_dim=config.hidden_size // config.num_attention_heads,
-        max_positions=config.n_positions,
-    )
+    return standard_dims(config, config.n_positions)
 
 
 FAMILY = register(Family(name="gpt2", model_types=("gpt2",), kind="decoder", sizes=gpt2_dims, build=GPT2LM,

@@ -47,6 +47,18 @@ class PooledClassifier(nn.Module):
         return self.classifier(self.pooler(hidden[:, 0]))
 
 
+class PreClassifier(nn.Module):
+    """DistilBERT's: `pre_classifier` and ReLU on the first token, then `classifier`."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, hidden, attention_mask):
+        return self.classifier(torch.relu(self.pre_classifier(hidden[:, 0])))
+
+
 class _OutProjection(nn.Module):
     def __init__(self, config, activation: str):
         super().__init__()

@@ -1,4 +1,7 @@
-"""RoBERTa: BERT's layers with positions counted from `pad_token_id + 1`, skipping padding tokens."""
+"""RoBERTa: BERT's layers with positions counted from `pad_token_id + 1`, skipping padding tokens.
+
+XLM-RoBERTa is the same architecture under its own model_type (a larger vocabulary, the same `roberta.`
+checkpoint prefix), so it is a second family over the same module."""
 
 from __future__ import annotations
 
@@ -37,4 +40,8 @@ def roberta_dims(config) -> Dims:
 FAMILY = register(
     Family(name="roberta", model_types=("roberta",), kind="encoder", sizes=roberta_dims, build=RobertaEncoder,
            onnx_optimizer="bert", tasks=ENCODER_TASKS)
+)
+XLM_ROBERTA = register(
+    Family(name="xlm-roberta", model_types=("xlm-roberta",), kind="encoder", sizes=roberta_dims,
+           build=RobertaEncoder, onnx_optimizer="bert", tasks=ENCODER_TASKS)
 )
