@@ -13,16 +13,18 @@ import torch
 import transformers
 
 import hotrod
-from tests.zoo import BERT_WORDS, CASES, head_case
+from tests.zoo import BERT_WORDS, CASES, ENCODER_CASES, head_case
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world this is a tiny model",
          "a quick dog says hello to the brown fox"]
 CONTEXT = " ".join(BERT_WORDS * 3)
+# The task methods read text: every encoder family whose test case has a tokenizer.
+TEXT_CASES = [name for name in ENCODER_CASES if CASES[name].tokenizer is not None]
 
 
-@pytest.fixture(scope="module")
-def cross_encoder_case():
-    return head_case(CASES["bert"], "cls", num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+@pytest.fixture(scope="module", params=TEXT_CASES)
+def cross_encoder_case(request):
+    return head_case(CASES[request.param], "cls", num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
 
 
 def _close(ours, theirs):
@@ -38,10 +40,11 @@ def _close(ours, theirs):
 
 
 @pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
-def test_tag_equals_the_token_classification_pipeline(zoo, strategy):
-    model = zoo.model("bert-ner", "onnxruntime")
-    pipe = transformers.pipeline("token-classification", model=zoo.reference("bert-ner"), tokenizer=model.tokenizer,
-                                 aggregation_strategy=strategy)
+@pytest.mark.parametrize("family", TEXT_CASES)
+def test_tag_equals_the_token_classification_pipeline(zoo, family, strategy):
+    model = zoo.model(f"{family}-ner", "onnxruntime")
+    pipe = transformers.pipeline("token-classification", model=zoo.reference(f"{family}-ner"),
+                                 tokenizer=model.tokenizer, aggregation_strategy=strategy)
     ours = model.tag(TEXTS, aggregation_strategy=strategy)
     assert len(ours) == len(TEXTS) and any(ours)
     for text, entities in zip(TEXTS, ours):
@@ -64,17 +67,18 @@ def test_rerank_scores_as_cross_encoder_predicts(zoo, cross_encoder_case, tmp_pa
     assert len(model.rerank("hello world", TEXTS, top_n=2)) == 2
 
 
-def _brute_force(zoo, question: str, context: str, max_seq_len: int, stride: int, longest: int) -> dict:
+def _brute_force(zoo, name: str, question: str, context: str, max_seq_len: int, stride: int, longest: int) -> dict:
     """The best span of every window, each start/end pair scored p(start) * p(end) over context tokens."""
-    tokenizer = zoo.model("bert-qa", "onnxruntime").tokenizer
+    tokenizer = zoo.model(name, "onnxruntime").tokenizer
     encoded = tokenizer(question, context, truncation="only_second", max_length=max_seq_len, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)
     best = None
     for w in range(len(encoded["input_ids"])):
-        ids = torch.tensor([encoded["input_ids"][w]])
-        types = torch.tensor([encoded["token_type_ids"][w]])
+        inputs = {"input_ids": torch.tensor([encoded["input_ids"][w]])}
+        if zoo.model(name, "onnxruntime").dims.type_vocab_size:
+            inputs["token_type_ids"] = torch.tensor([encoded["token_type_ids"][w]])
         with torch.no_grad():
-            out = zoo.reference("bert-qa")(input_ids=ids, token_type_ids=types)
+            out = zoo.reference(name)(**inputs)
         inside = [s == 1 for s in encoded.sequence_ids(w)]
         inside[0] = True  # [CLS] takes part in the softmax
         start = torch.where(torch.tensor(inside), out.start_logits[0], torch.tensor(-10000.0)).softmax(-1)
@@ -89,11 +93,12 @@ def _brute_force(zoo, question: str, context: str, max_seq_len: int, stride: int
     return {"score": best[0], "start": best[1], "end": best[2], "answer": context[best[1]:best[2]]}
 
 
-def test_answer_searches_every_window_as_the_pipeline_did(zoo):
-    model = zoo.model("bert-qa", "onnxruntime")
+@pytest.mark.parametrize("family", TEXT_CASES)
+def test_answer_searches_every_window_as_the_pipeline_did(zoo, family):
+    model = zoo.model(f"{family}-qa", "onnxruntime")
     question = "where is the lazy dog"
     got = model.answer(question, CONTEXT, max_seq_len=24, doc_stride=6, max_answer_len=5)
-    expected = _brute_force(zoo, question, CONTEXT, 24, 6, 5)
+    expected = _brute_force(zoo, f"{family}-qa", question, CONTEXT, 24, 6, 5)
     assert (got["answer"], got["start"], got["end"]) == (expected["answer"], expected["start"], expected["end"])
     assert abs(got["score"] - expected["score"]) <= 1e-4
     top = model.answer(question, CONTEXT, top_k=3, max_seq_len=24, doc_stride=6, max_answer_len=5)
@@ -140,3 +145,15 @@ def test_rerank_refuses_empty_queries_and_documents(zoo, cross_encoder_case, tmp
             model.rerank(*args)
     with pytest.raises(hotrod.HotrodError, match="top_n"):
         model.rerank("q", ["d"], top_n=0)
+
+
+@pytest.mark.parametrize("top_k", [1, None])
+@pytest.mark.parametrize("family", TEXT_CASES)
+def test_classify_equals_the_text_classification_pipeline(zoo, family, top_k):
+    model = zoo.model(f"{family}-cls", "onnxruntime")
+    pipe = transformers.pipeline("text-classification", model=zoo.reference(f"{family}-cls"), tokenizer=model.tokenizer)
+    for inputs in (TEXTS, [{"text": TEXTS[1], "text_pair": TEXTS[2]}, {"text": TEXTS[0], "text_pair": TEXTS[1]}]):
+        ours, theirs = model.classify(inputs, top_k=top_k), pipe(inputs, top_k=top_k)
+        for a, b in zip(ours, theirs, strict=True):
+            for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
+                assert x["label"] == y["label"] and abs(x["score"] - y["score"]) <= 1e-4
