@@ -40,18 +40,37 @@ _CORPUS = [
 BERT_WORDS = "the quick brown fox jumps over lazy dog hello world this is a tiny model says to".split()
 
 
-def save_bpe_tokenizer(directory: Path) -> int:
-    """A byte-free BPE tokenizer trained on a few sentences (id 0 is `<|endoftext|>`); returns its size."""
+def _trained_bpe(specials: list[str]):
+    """A byte-free BPE tokenizer (tokenizers') trained on a few sentences; `specials` take the first ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>", "<unk>"], show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False)
     tokenizer.train_from_iterator(_CORPUS * 10, trainer)
+    return tokenizer
+
+
+def save_bpe_tokenizer(directory: Path) -> int:
+    """GPT-2's kind (id 0 is `<|endoftext|>`); returns its size."""
     wrapped = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"
-    )
+        tokenizer_object=_trained_bpe(["<|endoftext|>", "<unk>"]), bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>", unk_token="<unk>")
+    wrapped.save_pretrained(directory)
+    return len(wrapped)
+
+
+def save_roberta_tokenizer(directory: Path) -> int:
+    """RoBERTa's kind: <s> 0, <pad> 1, </s> 2 (the configs' bos, pad and eos), pairs as <s> A </s></s> B </s>."""
+    from tokenizers import processors
+
+    tokenizer = _trained_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=False,
+                                                            add_prefix_space=False)
+    wrapped = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        cls_token="<s>", sep_token="</s>", mask_token="<mask>")
     wrapped.save_pretrained(directory)
     return len(wrapped)
 
@@ -119,9 +138,9 @@ CASES: dict[str, Case] = {
              lambda: transformers.BertConfig(**_ENCODER, max_position_embeddings=POSITIONS),
              tokenizer=save_bert_tokenizer),
         Case("roberta", "roberta", "roberta", "encoder", transformers.RobertaModel,
-             _roberta_config),
+             _roberta_config, tokenizer=save_roberta_tokenizer),
         Case("xlm_roberta", "xlm-roberta", "xlm-roberta", "encoder", transformers.XLMRobertaModel,
-             lambda: _roberta_config(transformers.XLMRobertaConfig)),
+             lambda: _roberta_config(transformers.XLMRobertaConfig), tokenizer=save_roberta_tokenizer),
         Case("electra", "electra", "electra", "encoder", transformers.ElectraModel,
              lambda: transformers.ElectraConfig(**_ENCODER, embedding_size=HIDDEN // 2,
                                                 max_position_embeddings=POSITIONS),

@@ -75,7 +75,7 @@ def _brute_force(zoo, name: str, question: str, context: str, max_seq_len: int, 
     best = None
     for w in range(len(encoded["input_ids"])):
         inputs = {"input_ids": torch.tensor([encoded["input_ids"][w]])}
-        if zoo.model(name, "onnxruntime").dims.type_vocab_size:
+        if zoo.model(name, "onnxruntime").dims.type_vocab_size > 1:
             inputs["token_type_ids"] = torch.tensor([encoded["token_type_ids"][w]])
         with torch.no_grad():
             out = zoo.reference(name)(**inputs)

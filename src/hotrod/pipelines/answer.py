@@ -125,7 +125,8 @@ def _windows(model: Any, question: str, context: str, stride: int, max_seq_len: 
         context_tokens = np.array([s == side for s in encoded.sequence_ids(span)])
         if tokenizer.cls_token_id is not None:  # [CLS] stays: the "no answer" position
             context_tokens |= np.array(ids) == tokenizer.cls_token_id
-        types = encoded["token_type_ids"][span] if model.dims.type_vocab_size else None
+        types = encoded.get("token_type_ids") if model.dims.type_vocab_size > 1 else None  # one type: all 0
+        types = types[span] if types is not None else None
         rows.append(Row(ids, list(types) if types is not None else None))
         windows.append(_Window(encoded.encodings[span], context_tokens))
     if not any(w.context_tokens.any() for w in windows):
