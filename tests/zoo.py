@@ -115,6 +115,11 @@ CASES: dict[str, Case] = {
         Case("roberta", "roberta", "roberta", "encoder", transformers.RobertaModel,
              lambda: transformers.RobertaConfig(**_ENCODER, max_position_embeddings=POSITIONS + 2,
                                                 pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)),
+        Case("modernbert", "modernbert", "modernbert", "encoder", transformers.ModernBertModel,
+             lambda: transformers.ModernBertConfig(  # a local layer (4 tokens each way) between two global ones
+                 **{**_ENCODER, "num_hidden_layers": 3}, global_attn_every_n_layers=2, local_attention=8,
+                 max_position_embeddings=POSITIONS, classifier_pooling="mean", pad_token_id=0, bos_token_id=1,
+                 cls_token_id=1, eos_token_id=2, sep_token_id=2)),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]

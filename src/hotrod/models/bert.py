@@ -156,6 +156,7 @@ class BertEncoder(nn.Module):
 
 
 def bert_dims(config) -> Dims:
+    """The sizes of a config with BERT's field names (a config without token types has none)."""
     return Dims(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
@@ -163,7 +164,7 @@ def bert_dims(config) -> Dims:
         num_heads=config.num_attention_heads,
         head_dim=config.hidden_size // config.num_attention_heads,
         max_positions=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size,
+        type_vocab_size=getattr(config, "type_vocab_size", 0),
     )
 
 
