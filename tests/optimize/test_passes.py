@@ -151,7 +151,7 @@ def quantized(zoo, tmp_path_factory):
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert"])
+@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert", "modernbert"])
 def test_quantized_outputs_stay_within_tolerance(zoo, quantized, case_name, precision):
     artifact = quantized(case_name, precision)
     reference = _outputs(zoo.model(case_name, "onnxruntime"), case_name)
@@ -226,7 +226,7 @@ def test_prune_initializers_drops_only_unused_weights():
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert"])
+@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert", "modernbert"])
 def test_no_weight_escapes_quantization(quantized, case_name, precision):
     """Every MatMul left in fp32 multiplies two activations (attention is inside the fused op)."""
     artifact = quantized(case_name, precision)
