@@ -71,7 +71,7 @@ def test_hotrod_error_is_a_value_error():
 
 # -- embed ------------------------------------------------------------------------------------------
 
-EMBEDDABLE = ["bert", "roberta", "t5"]  # encoders, and the encoder of a seq2seq model
+EMBEDDABLE = ["bert", "roberta", "modernbert", "t5"]  # encoders, and the encoder of a seq2seq model
 
 
 def reference_hidden(zoo, name: str, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
