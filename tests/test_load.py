@@ -151,6 +151,7 @@ def test_pytorch_model_bin_loads_and_matches(zoo, backend, tmp_path, name):
 HEAD_MODELS = {  # checkpoints of other heads over the same base model: (case, class, the base inside it)
     "bert_for_sequence_classification": ("bert", "BertForSequenceClassification", lambda m: m.bert),
     "roberta_for_masked_lm": ("roberta", "RobertaForMaskedLM", lambda m: m.roberta),
+    "modernbert_for_masked_lm": ("modernbert", "ModernBertForMaskedLM", lambda m: m.model),
     "bare_gpt2_model": ("gpt2", "GPT2Model", None),
 }
 

@@ -47,9 +47,15 @@ BAD_CALLS = {
     "ragged_list": ("gpt2", lambda m: m.generate([[5, 6, 7], [8, 9]]), None),
     "text_instead_of_ids": ("gpt2", lambda m: m.generate("hello world"), None),
     "mask_shape": ("gpt2", lambda m: m.generate(ids(5, 6, 7), attention_mask=ids(1, 1)), "mask shape"),
+    "token_type_beyond_the_table": ("bert", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(0, 2)),
+                                    "token_type_ids holds 2, but this model takes token types 0 .. 1"),
+    "token_type_of_a_single_type_model": ("roberta", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(1, 0)),
+                                          "token_type_ids holds 1, but this model takes token type 0 only"),
+    "token_type_without_a_table": ("modernbert", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(0, 1)),
+                                   "token_type_ids holds 1"),
     "generate_on_encoder": ("bert", lambda m: m.generate(ids(5, 6)), "encoder"),
     "token_types_without_types": ("distilbert", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(0, 1)),
-                                  "distilbert has no token types"),
+                                  "token_type_ids holds 1, but this model takes token type 0 only"),
     "seq2seq_forward_without_decoder_ids": ("t5", lambda m: m(input_ids=ids(5, 6)), "decoder_input_ids"),
 }
 
@@ -67,7 +73,7 @@ def test_hotrod_error_is_a_value_error():
 
 # -- embed ------------------------------------------------------------------------------------------
 
-EMBEDDABLE = ["bert", "roberta", "t5"]  # encoders, and the encoder of a seq2seq model
+EMBEDDABLE = ["bert", "roberta", "modernbert", "t5"]  # encoders, and the encoder of a seq2seq model
 
 
 def reference_hidden(zoo, name: str, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -149,6 +149,12 @@ CASES: dict[str, Case] = {
              lambda: transformers.DistilBertConfig(vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS,
                                                    hidden_dim=2 * HIDDEN, max_position_embeddings=POSITIONS),
              tokenizer=save_bert_tokenizer),
+        Case("modernbert", "modernbert", "modernbert", "encoder", transformers.ModernBertModel,
+             lambda: transformers.ModernBertConfig(  # a local layer (4 tokens each way) between two global ones
+                 **{**_ENCODER, "num_hidden_layers": 3}, global_attn_every_n_layers=2, local_attention=8,
+                 max_position_embeddings=POSITIONS, classifier_pooling="mean", pad_token_id=0, bos_token_id=2,
+                 cls_token_id=2, eos_token_id=3, sep_token_id=3),  # the WordPiece tokenizer's ids
+             tokenizer=save_bert_tokenizer),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]

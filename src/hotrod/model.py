@@ -149,10 +149,7 @@ class HotrodModel:
         input_ids = self._ids(input_ids)
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if not self.spec.generates:
-            types = torch.zeros_like(input_ids) if token_type_ids is None else self._as_long(token_type_ids, input_ids.shape)
-            if not self.dims.type_vocab_size and bool(types.ne(0).any()):
-                raise HotrodError(f"{self.config.model_type} has no token types; token_type_ids other than 0 "
-                                  "would be ignored, leave them out")
+            types = torch.zeros_like(input_ids) if token_type_ids is None else self._types(token_type_ids, input_ids.shape)
             return ModelOutput(**self._encode(input_ids, mask, types))
         if not self.spec.encodes:
             return ModelOutput(logits=self._decoder_logits(input_ids, mask))
@@ -373,6 +370,16 @@ class HotrodModel:
         if tuple(tensor.shape) != tuple(shape):
             raise HotrodError(f"mask shape {tuple(tensor.shape)} does not match input_ids {tuple(shape)}")
         return tensor
+
+    def _types(self, token_type_ids, shape) -> torch.Tensor:
+        """Token types within the model's table; a model without one (type_vocab_size 0) takes only zeros."""
+        types = self._as_long(token_type_ids, shape)
+        count = max(self.dims.type_vocab_size, 1)
+        outside = types[(types < 0) | (types >= count)]
+        if outside.numel():
+            takes = f"token types 0 .. {count - 1}" if count > 1 else "token type 0 only"
+            raise HotrodError(f"token_type_ids holds {int(outside[0])}, but this model takes {takes}")
+        return types
 
     def _host(self, value) -> torch.Tensor:
         """A backend output as the caller gets it: a torch tensor on the CPU, like the inputs."""

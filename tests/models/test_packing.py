@@ -1,5 +1,7 @@
 """Encoders without padding: the packed way through BERT and RoBERTa equals the padded way at every real
-position, in fp32 and in the static engine's half precision, and never computes a padded one."""
+position, in fp32 and in the static engine's half precision, and never computes a padded one. A family
+without a packed way (ModernBERT's sliding windows are masks, which the packed attention takes none of)
+runs the padded way even where packing is asked for."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import torch
 import hotrod
 from hotrod.models.common import multi_head_attention
 from hotrod.models.packing import Packing, packed_attention
-from tests.zoo import CASES, prompt_batch
+from hotrod.registry import get_family
+from tests.zoo import CASES, ENCODER_CASES, prompt_batch
 
 LENGTHS = (7, 3, 5, 1)
+PACKED = {name: hasattr(get_family(CASES[name].model_type).build, "packed_graphs") for name in ENCODER_CASES}
 
 
 def test_pack_and_unpack_keep_the_real_tokens_in_row_order():
@@ -39,11 +43,12 @@ def _hidden(model, ids, mask):
 
 
 @pytest.mark.parametrize("precision, atol", [("fp32", 1e-5), ("bf16", None)])
-def test_the_engine_packs_batches_with_padding(zoo, encoder_case, precision, atol):
-    ids, mask = prompt_batch(CASES[encoder_case], LENGTHS)
+@pytest.mark.parametrize("packed_case", [name for name, packed in PACKED.items() if packed])
+def test_the_engine_packs_batches_with_padding(zoo, packed_case, precision, atol):
+    ids, mask = prompt_batch(CASES[packed_case], LENGTHS)
     real = mask.bool()
-    reference = _hidden(zoo.model(encoder_case, "torch"), ids, mask)
-    model = hotrod.load(zoo.checkpoint(encoder_case), backend="torch", static=True, precision=precision)
+    reference = _hidden(zoo.model(packed_case, "torch"), ids, mask)
+    model = hotrod.load(zoo.checkpoint(packed_case), backend="torch", static=True, precision=precision)
     model.backend.packed = model.backend.module.packed_graphs()  # on a GPU by default; here by hand
     eager_before = model.backend.recorded.stats.eager
     got = _hidden(model, ids, mask)
@@ -66,3 +71,17 @@ def test_packing_is_on_where_asked_and_by_default_on_a_gpu_only(zoo, packed, exp
     backend = StaticBackend(model.backend.module, model.backend.contracts,
                             EngineOptions(device="cpu", precision="fp32", packed=packed))
     assert set(backend.packed) == expected
+
+
+@pytest.mark.parametrize("unpacked_case", [name for name, packed in PACKED.items() if not packed])
+def test_a_family_without_a_packed_way_runs_padded_where_packing_is_asked(zoo, unpacked_case):
+    from hotrod.runtime.static import EngineOptions, StaticBackend
+
+    model = hotrod.load(zoo.checkpoint(unpacked_case), backend="torch", static=True, precision="fp32")
+    model.backend = StaticBackend(model.backend.module, model.backend.contracts,
+                                  EngineOptions(device="cpu", precision="fp32", packed=True))
+    assert model.backend.packed == {}
+    ids, mask = prompt_batch(CASES[unpacked_case], LENGTHS)
+    real = mask.bool()
+    reference = _hidden(zoo.model(unpacked_case, "torch"), ids, mask)
+    assert torch.allclose(_hidden(model, ids, mask)[real], reference[real], atol=1e-5)

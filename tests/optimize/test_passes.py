@@ -26,6 +26,7 @@ EXPECTED_FUSIONS = {
     "xlm-roberta": {"LayerNormalization", "FastGelu"},
     "electra": {"LayerNormalization", "FastGelu"},
     "distilbert": {"LayerNormalization", "FastGelu"},
+    "modernbert": {"LayerNormalization", "Gelu", "RotaryEmbedding"},
 }
 SLOWER_ON_CPU = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasGelu"}
 # Logit (or hidden state) cosine to fp32 each precision must keep on the tiny random models.
@@ -93,10 +94,22 @@ def test_attention_is_one_fused_node_per_attention_block(zoo, case):
             query = producers[node.input[0]]
             if node.op_type == "GroupQueryAttention":  # fed the QKV projection itself, packed
                 assert not node.input[1] and not node.input[2] and query.op_type != "Split", query.op_type
-            elif node.op_type == "Attention":  # q, k and v: the parts of one Split of the QKV projection
-                assert query.op_type == "Split" and list(query.output) == list(node.input[:3]), query.op_type
+            elif node.op_type == "Attention":  # q, k and v: the parts of one Split of the QKV projection,
+                parts = [_unrotated(name, producers) for name in node.input[:3]]  # q and k perhaps rotated
+                query = producers[parts[0]]
+                assert query.op_type == "Split" and list(query.output) == parts, query.op_type
             else:
                 assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q
+
+
+def _unrotated(name: str, producers: dict) -> str:
+    node = producers.get(name)
+    return node.input[0] if node is not None and node.op_type == "RotaryEmbedding" else name
+
+
+def test_rotary_embeddings_are_one_node_per_query_and_key(zoo):
+    graphs = json.loads((zoo.artifact("modernbert") / "manifest.json").read_text())["graphs"]
+    assert graphs["encoder"]["fused_ops"]["RotaryEmbedding"] == 2 * CASES["modernbert"].config().num_hidden_layers
 
 
 def test_info_lists_fused_ops(zoo, capsys):
@@ -141,7 +154,7 @@ def quantized(zoo, tmp_path_factory):
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert"])
+@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert", "modernbert"])
 def test_quantized_outputs_stay_within_tolerance(zoo, quantized, case_name, precision):
     artifact = quantized(case_name, precision)
     reference = _outputs(zoo.model(case_name, "onnxruntime"), case_name)
@@ -216,7 +229,7 @@ def test_prune_initializers_drops_only_unused_weights():
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert"])
+@pytest.mark.parametrize("case_name", ["gpt2", "t5_v1_1", "bert", "modernbert"])
 def test_no_weight_escapes_quantization(quantized, case_name, precision):
     """Every MatMul left in fp32 multiplies two activations (attention is inside the fused op)."""
     artifact = quantized(case_name, precision)

@@ -1,3 +1,3 @@
 """Lean family definitions; importing this package registers every family."""
 
-from hotrod.models import bert, distilbert, electra, gpt2, roberta, t5  # noqa: F401
+from hotrod.models import bert, distilbert, electra, gpt2, modernbert, roberta, t5  # noqa: F401

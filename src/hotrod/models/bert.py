@@ -124,7 +124,8 @@ class BertEncoder(EncoderStack):
 
 
 def bert_dims(config) -> Dims:
-    return standard_dims(config, config.max_position_embeddings, type_vocab_size=config.type_vocab_size)
+    """The sizes of a config with BERT's field names (a config without token types has none)."""
+    return standard_dims(config, config.max_position_embeddings, type_vocab_size=getattr(config, "type_vocab_size", 0))
 
 
 FAMILY = register(

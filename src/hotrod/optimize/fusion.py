@@ -21,7 +21,8 @@ of each layer's QKV projection is folded into the op's packed-QKV input: one nod
 decoding step where every node's dispatch counts (GPT-2 at batch 1: 12 of 146 nodes).
 
 For the CPU, once a graph has its precision, an encoder's self-attention (a MultiHeadAttention fed by
-one Split of the QKV projection, with at most an additive bias) becomes ONNX's own Attention (opset 23),
+one Split of the QKV projection, its query and key perhaps turned by rotary embeddings, with at most an
+additive bias) becomes ONNX's own Attention (opset 23),
 whose CPU kernel (onnxruntime 1.23 and later) computes the same numbers faster: bert-base's int8 encoder
 at 128 tokens spent 6.8 ms a forward in MultiHeadAttention and 5.0 in Attention, outputs identical to the
 last bit (onnxruntime 1.32, 2 Zen 4 cores). It comes last because the tools before it read opset 17:
@@ -135,7 +136,8 @@ _REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "Reduc
 
 def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each self-attention MultiHeadAttention whose q, k and v are the equal parts of one Split of the last
-    axis, with no inputs past an additive attention bias and no outputs past its result, becomes ONNX's
+    axis (q and k possibly through a rotary embedding each), with no inputs past an additive attention bias
+    and no outputs past its result, becomes ONNX's
     Attention (opset 23), with the same heads, scale and bias (its float `attn_mask` is added the same way).
     The graph's opset is raised to 23 for it, or nothing changes where that is not a mere bump."""
     graph = model.graph
@@ -195,14 +197,24 @@ def _as_onnx_attention(node: onnx.NodeProto, producer: dict, constants: dict) ->
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     if attrs.get("unidirectional", 0) or set(attrs) - {"num_heads", "scale", "mask_filter_value", "unidirectional"}:
         return None
-    split = producer.get(inputs[0])
-    if split is None or split.op_type != "Split" or list(split.output) != inputs[:3] \
+    parts = [_unrotated(name, producer) for name in inputs[:3]]
+    split = producer.get(parts[0])
+    if split is None or split.op_type != "Split" or list(split.output) != parts \
             or not _equal_last_axis_split(split, constants):
         return None  # cross-attention, or q / k / v of other widths
     extra = {"scale": attrs["scale"]} if attrs.get("scale") else {}  # the contrib op's 0 means 1/sqrt(head size)
     return onnx.helper.make_node(
         "Attention", [*inputs[:3], *([inputs[5]] if inputs[5] else [])], [node.output[0]], name=node.name,
         q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra)
+
+
+def _unrotated(name: str, producer: dict) -> str:
+    """The input of the rotary embedding (`hotrod.models.common.RotaryEmbedding`) that makes `name`, or `name`
+    itself: the op turns a [B, S, H*D] projection in place, shape and all."""
+    node = producer.get(name)
+    if node is not None and node.op_type == "RotaryEmbedding" and node.domain == "com.microsoft":
+        return node.input[0]
+    return name
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
