@@ -343,3 +343,11 @@ def test_serve_refuses_bad_options_before_loading(zoo, capsys, tmp_path):
         busy.listen()
         code, out, err = run(capsys, "serve", artifact, "--port", str(busy.getsockname()[1]))
     assert_one_error_line(code, out, err, 1, "cannot listen on")
+
+
+def test_info_names_what_did_not_fuse(zoo, capsys, tmp_path):
+    assert "  unfused   nothing" in ok(capsys, "info", zoo.artifact("bert"))
+    plain = tmp_path / "plain"
+    ok(capsys, "optimize", zoo.checkpoint("bert"), "--out", plain, "--no-fusion", "--verify-examples", "0")
+    line = next(line for line in ok(capsys, "info", plain).splitlines() if line.startswith("  unfused"))
+    assert "Erf x2 (GELU)" in line  # the exporter writes attention fused; GELU is left to the optimizer

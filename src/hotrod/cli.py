@@ -294,6 +294,16 @@ def _embed(args) -> int:
     return 0
 
 
+def _unfused(path: Path) -> str:
+    """What the graph still runs as separate ops where a fusion did not match (`fusion.UNFUSED_MARKERS`)."""
+    import onnx
+
+    from hotrod.optimize.fusion import UNFUSED_MARKERS, unfused_op_counts
+
+    left = unfused_op_counts(onnx.load(str(path), load_external_data=False))
+    return ", ".join(f"{op} x{n} ({UNFUSED_MARKERS[op]})" for op, n in left.items()) or "nothing"
+
+
 def _task_commands(sub) -> None:
     """classify, rerank, tag and answer: the encoder heads' task methods (`hotrod.pipelines`)."""
     p = sub.add_parser("classify", help="labels of texts (or text pairs) from a text-classification model")
@@ -430,6 +440,7 @@ def _info(args) -> int:
         print(f"graph       {name:<13} {size / 1e6:8.1f} MB  inputs: {ins}{_cache_note(graph)}")
         fused = graph.get("fused_ops") or {}
         print("  fused     " + (", ".join(f"{op} x{n}" for op, n in fused.items()) or "none"))
+        print("  unfused   " + _unfused(Path(args.artifact) / graph["file"]))
     if "weights" in manifest:
         print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
     verification = manifest.get("verification")

@@ -237,6 +237,18 @@ def _equal_last_axis_split(split: onnx.NodeProto, constants: dict) -> bool:
     return sizes is not None and len(set(onnx.numpy_helper.to_array(sizes).tolist())) == 1
 
 
+# Standard ops that are left where a fusion did not match: each is the telltale of a block the fused graph
+# runs as separate kernels (a Tanh is not one: BERT's pooler and RoBERTa's head use it as it is).
+UNFUSED_MARKERS = {"Softmax": "attention", "ReduceMean": "a layer norm", "Erf": "GELU", "Sqrt": "a norm",
+                   "Pow": "a norm or GELU"}
+
+
+def unfused_op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many of each telltale op (`UNFUSED_MARKERS`) the graph still holds."""
+    counts = Counter(node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx"))
+    return {op: counts[op] for op in UNFUSED_MARKERS if counts[op]}
+
+
 def fused_op_counts(model: onnx.ModelProto) -> dict[str, int]:
     counts = Counter(node.op_type for node in model.graph.node)
     return {op: counts[op] for op in FUSED_OPS if counts[op]}
