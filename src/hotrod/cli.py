@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed torch's generator, for reproducible sampling")
+    p.add_argument("--prompt-lookup", type=int, default=None, metavar="N", dest="prompt_lookup_num_tokens",
+                   help="draft up to N tokens a pass from the text so far (greedy, one prompt; the same tokens)")
     p.add_argument("--ids", action="store_true", help="prompts are space-separated token ids; print ids")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of text lines")
     _runtime_args(p)
@@ -244,7 +246,8 @@ def _generate(args) -> int:
         raise HotrodError("empty prompt")
     model = _load(args)
     kwargs = {k: getattr(args, k) for k in ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences",
-                                            "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")}
+                                            "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+                                            "prompt_lookup_num_tokens")}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if args.seed is not None:
         torch.manual_seed(args.seed)

@@ -68,3 +68,14 @@ def test_lookup_is_refused_where_it_does_not_run_yet(zoo):
     with pytest.raises(hotrod.HotrodError, match="one row"):
         zoo.model("gpt2", "onnxruntime").generate(torch.tensor([[3, 4], [5, 6]]), max_new_tokens=4,
                                                   prompt_lookup_num_tokens=2)
+
+
+def test_generate_command_takes_prompt_lookup(zoo, capsys):
+    from tests.test_cli import ok, run
+
+    artifact = zoo.artifact("gpt2")
+    plain = ok(capsys, "generate", artifact, "3 4 5 3 4 5 3", "--ids", "--max-new-tokens", "8")
+    assert ok(capsys, "generate", artifact, "3 4 5 3 4 5 3", "--ids", "--max-new-tokens", "8",
+              "--prompt-lookup", "3") == plain
+    code, _, err = run(capsys, "generate", artifact, "3 4", "--ids", "--prompt-lookup", "0")
+    assert code == 1 and "prompt_lookup_num_tokens must be a whole number from 1 to 64" in err
