@@ -143,13 +143,22 @@ def test_embed_texts_go_through_the_tokenizer(zoo, backend):
     torch.testing.assert_close(model.embed(texts[1]), expected[1:2], atol=1e-4, rtol=0)
 
 
+def _without_tokenizer(model: hotrod.HotrodModel) -> hotrod.HotrodModel:
+    """The same model as one loaded from a checkpoint without tokenizer files."""
+    import copy
+
+    bare = copy.copy(model)
+    bare.tokenizer = None
+    return bare
+
+
 BAD_EMBEDS = {
     "unknown_pooling": ("bert", lambda m: m.embed([[5, 6]], pooling="max"), "pooling"),
     "decoder_model": ("gpt2", lambda m: m.embed([[5, 6]]), "decoder-only"),
     "nothing": ("bert", lambda m: m.embed([]), "nothing to embed"),
     "empty_text": ("bert", lambda m: m.embed(["hello", "  "]), "empty text"),
     "empty_row": ("bert", lambda m: m.embed([[5, 6], []]), "empty prompt"),
-    "text_without_tokenizer": ("roberta", lambda m: m.embed(["hello"]), "no tokenizer"),
+    "text_without_tokenizer": ("roberta", lambda m: _without_tokenizer(m).embed(["hello"]), "no tokenizer"),
     "batch_size_zero": ("bert", lambda m: m.embed([[5, 6]], batch_size=0), "batch_size"),
     "id_above_vocab": ("roberta", lambda m: m.embed([[5, VOCAB]]), "outside the vocabulary"),
     "row_too_long": ("bert", lambda m: m.embed([list(range(5, 5 + POSITIONS + 1))]), "positions"),
