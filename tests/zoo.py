@@ -7,6 +7,7 @@ so transformers itself (loading the same directory) is the reference for every c
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,13 +76,14 @@ def save_roberta_tokenizer(directory: Path) -> int:
     return len(wrapped)
 
 
-def save_bert_tokenizer(directory: Path) -> int:
-    """A WordPiece tokenizer whose vocabulary is exactly VOCAB entries."""
+def save_bert_tokenizer(directory: Path, cls: type = transformers.BertTokenizer) -> int:
+    """A WordPiece tokenizer whose vocabulary is exactly VOCAB entries (`cls`: BERT's, or a family's own
+    over the same vocabulary, such as DistilBERT's, which gives no token_type_ids)."""
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
     words += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + BERT_WORDS
     words = list(dict.fromkeys(words))
     words += [f"[unused{i}]" for i in range(VOCAB - len(words))]
-    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+    tokenizer = cls(vocab={w: i for i, w in enumerate(words)})
     tokenizer.save_pretrained(directory)
     return len(tokenizer)
 
@@ -148,7 +150,7 @@ CASES: dict[str, Case] = {
         Case("distilbert", "distilbert", "distilbert", "encoder", transformers.DistilBertModel,
              lambda: transformers.DistilBertConfig(vocab_size=VOCAB, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS,
                                                    hidden_dim=2 * HIDDEN, max_position_embeddings=POSITIONS),
-             tokenizer=save_bert_tokenizer),
+             tokenizer=functools.partial(save_bert_tokenizer, cls=transformers.DistilBertTokenizer)),
         Case("modernbert", "modernbert", "modernbert", "encoder", transformers.ModernBertModel,
              lambda: transformers.ModernBertConfig(  # a local layer (4 tokens each way) between two global ones
                  **{**_ENCODER, "num_hidden_layers": 3}, global_attn_every_n_layers=2, local_attention=8,

@@ -297,14 +297,21 @@ def _embed(args) -> int:
     return 0
 
 
-def _unfused(path: Path) -> str:
-    """What the graph still runs as separate ops where a fusion did not match (`fusion.UNFUSED_MARKERS`)."""
+def _fusion_lines(manifest: dict, graph: dict, path: Path) -> list[str]:
+    """What the graph still runs as separate ops where a fusion did not match (`fusion.UNFUSED_MARKERS`),
+    and for an encoder the fusions its layers need against those found (`hotrod.optimize.audit`)."""
     import onnx
 
+    from hotrod.optimize.audit import encoder_tallies, tally_line
     from hotrod.optimize.fusion import UNFUSED_MARKERS, unfused_op_counts
 
     left = unfused_op_counts(onnx.load(str(path), load_external_data=False))
-    return ", ".join(f"{op} x{n} ({UNFUSED_MARKERS[op]})" for op, n in left.items()) or "nothing"
+    lines = ["  unfused   " + (", ".join(f"{op} x{n} ({UNFUSED_MARKERS[op]})" for op, n in left.items()) or "nothing")]
+    if manifest["kind"] == "encoder":
+        layers, device = manifest["dims"]["num_layers"], manifest["options"]["device"]
+        tallies = encoder_tallies(graph.get("fused_ops") or {}, left, layers, device)
+        lines.append("  layers    " + tally_line(tallies, layers, device))
+    return lines
 
 
 def _task_commands(sub) -> None:
@@ -443,7 +450,7 @@ def _info(args) -> int:
         print(f"graph       {name:<13} {size / 1e6:8.1f} MB  inputs: {ins}{_cache_note(graph)}")
         fused = graph.get("fused_ops") or {}
         print("  fused     " + (", ".join(f"{op} x{n}" for op, n in fused.items()) or "none"))
-        print("  unfused   " + _unfused(Path(args.artifact) / graph["file"]))
+        print("\n".join(_fusion_lines(manifest, graph, Path(args.artifact) / graph["file"])))
     if "weights" in manifest:
         print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
     verification = manifest.get("verification")
