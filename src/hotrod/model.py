@@ -109,13 +109,14 @@ class HotrodModel:
         return value
 
     def _check_lookup(self, input_ids: torch.Tensor, settings: gen_config.Settings) -> None:
-        """Prompt lookup runs greedy decoding of one row of a decoder-only model; the rest is refused."""
+        """Prompt lookup runs greedy decoding or sampling of one row of a decoder-only model; the rest is
+        refused."""
         if not self.spec.continues_prompt:
             raise HotrodError(f"prompt_lookup_num_tokens runs on decoder-only models so far, not on "
                               f"{self.config.model_type}")
-        if settings.num_beams > 1 or settings.do_sample:
-            raise HotrodError("prompt_lookup_num_tokens runs with greedy decoding; drop num_beams / do_sample")
-        if input_ids.shape[0] != 1:
+        if settings.num_beams > 1:
+            raise HotrodError("prompt_lookup_num_tokens runs with greedy decoding or sampling, not beam search")
+        if input_ids.shape[0] != 1 or settings.num_return_sequences > 1:
             raise HotrodError(f"prompt_lookup_num_tokens decodes one row at a time; got {input_ids.shape[0]}")
         if not self.backend.verifies_drafts:
             raise HotrodError("prompt_lookup_num_tokens needs a backend that verifies drafts in one pass; the static "

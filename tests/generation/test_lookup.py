@@ -52,8 +52,8 @@ def test_drafts_are_accepted_where_the_output_repeats(zoo):
     ({"prompt_lookup_num_tokens": -3}, "from 1 to 64"),
     ({"prompt_lookup_num_tokens": 10_000}, "from 1 to 64"),
     ({"prompt_lookup_num_tokens": True}, "from 1 to 64"),
-    ({"prompt_lookup_num_tokens": 3, "num_beams": 2}, "greedy"),
-    ({"prompt_lookup_num_tokens": 3, "do_sample": True}, "greedy"),
+    ({"prompt_lookup_num_tokens": 3, "num_beams": 2}, "not beam search"),
+    ({"prompt_lookup_num_tokens": 3, "do_sample": True, "num_return_sequences": 2}, "one row"),
     ({"assistant_model": object()}, "assistant_model"),
 ])
 def test_bad_lookup_settings_are_one_line(zoo, kwargs, message):
@@ -79,3 +79,17 @@ def test_generate_command_takes_prompt_lookup(zoo, capsys):
               "--prompt-lookup", "3") == plain
     code, _, err = run(capsys, "generate", artifact, "3 4", "--ids", "--prompt-lookup", "0")
     assert code == 1 and "prompt_lookup_num_tokens must be a whole number from 1 to 64" in err
+
+
+def test_sampling_with_lookup_draws_from_the_models_distribution(zoo):
+    model = zoo.model("gpt2", "onnxruntime")
+    ids = _prompts(model.dims.vocab_size)[0]
+
+    def sampled(seed: int, **kwargs) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=True, prompt_lookup_num_tokens=4,
+                              **kwargs)
+
+    assert torch.equal(sampled(3), sampled(3))  # torch's generator reproduces it
+    greedy = model.generate(ids, max_new_tokens=16, min_new_tokens=16)
+    assert torch.equal(sampled(4, top_k=1), greedy)  # one candidate a step: sampling is greedy decoding

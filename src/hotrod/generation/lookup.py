@@ -4,9 +4,12 @@ Outputs that copy from their inputs (summaries, extraction, code edits, answers 
 repeat n-grams of the prompt. After each token, the last n tokens (n from `MAX_NGRAM` down to 1) are
 looked up earlier in the row; the tokens that followed the latest earlier occurrence are the draft. The
 model reads the new token and the draft in one pass over its in-place cache (`DecoderState.verify`) and
-gives the logits after each; the draft is kept up to its first token that greedy decoding would not have
-chosen, which is replaced by the one it would (so every pass yields at least one token), and the cache
-gives back the rejected positions by the row's length alone (`rewind`). The tokens are greedy decoding's.
+gives the logits after each; the draft is kept up to its first token that decoding would not have chosen,
+which is replaced by the one it chose (so every pass yields at least one token), and the cache gives back
+the rejected positions by the row's length alone (`rewind`). Greedy, the tokens are greedy decoding's.
+Sampling, each position is drawn from the model's processed distribution given the tokens kept before it,
+and the draft is kept while the draws match it, as transformers' prompt lookup does: the output follows
+plain sampling's distribution, from another sequence of draws of torch's generator.
 
 A draft that is rejected outright cost a wider pass for one token; after one, the row drafts again only
 after `backoff` plain steps (doubling up to `MAX_BACKOFF` while drafts keep failing, reset by a hit), so
@@ -35,7 +38,7 @@ def find_draft(tokens: list[int], length: int) -> list[int]:
 
 
 class Lookup:
-    """Prompt lookup greedy decoding of one row (`generate(prompt_lookup_num_tokens=N)`); it counts the
+    """Prompt lookup decoding (greedy or sampled) of one row (`generate(prompt_lookup_num_tokens=N)`); it counts the
     drafted and accepted tokens (`drafted`, `accepted`)."""
 
     def __init__(self, state, settings: Settings, draft_tokens: int):
