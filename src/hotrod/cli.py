@@ -302,12 +302,13 @@ def _fusion_lines(manifest: dict, graph: dict, path: Path) -> list[str]:
     and for an encoder the fusions its layers need against those found (`hotrod.optimize.audit`)."""
     import onnx
 
+    from hotrod.kinds import spec as kind_spec
     from hotrod.optimize.audit import encoder_tallies, tally_line
     from hotrod.optimize.fusion import UNFUSED_MARKERS, unfused_op_counts
 
     left = unfused_op_counts(onnx.load(str(path), load_external_data=False))
     lines = ["  unfused   " + (", ".join(f"{op} x{n} ({UNFUSED_MARKERS[op]})" for op, n in left.items()) or "nothing")]
-    if manifest["kind"] == "encoder":
+    if not kind_spec(manifest["kind"]).generates:  # an encoder: its layers' fusions, found against needed
         layers, device = manifest["dims"]["num_layers"], manifest["options"]["device"]
         tallies = encoder_tallies(graph.get("fused_ops") or {}, left, layers, device)
         lines.append("  layers    " + tally_line(tallies, layers, device))

@@ -125,11 +125,12 @@ ATTENTION_OPSET = 23
 
 # Standard ops whose meaning changed between opset 17 and 23 in ways a mere version bump would break:
 # GroupNormalization's scale and bias went from per-group to per-channel in 21, GridSample renamed its
-# modes and DFT took its axis as an input in 20. Static int8's QuantizeLinear / DequantizeLinear stay at
-# the opset onnxruntime's QDQ fusions know (see above). A graph holding any of these keeps its opset, and
-# its attention. The reductions took their axes as an input from opset 18: they are rewritten so
-# (`_axes_as_inputs`), as ONNX's version converter does.
-_CHANGED_BY_23 = ("GroupNormalization", "GridSample", "DFT", "QuantizeLinear", "DequantizeLinear")
+# modes and DFT took its axis as an input in 20. Static int8's QDQ graphs (a DequantizeLinear in them) stay
+# at the opset onnxruntime's QDQ fusions know (see above); a QuantizeLinear alone (dynamic int8's per-row
+# activations, `hotrod.optimize.row_scales`) means the same at 23. A graph holding any of these keeps its
+# opset, and its attention. The reductions took their axes as an input from opset 18: they are rewritten
+# so (`_axes_as_inputs`), as ONNX's version converter does.
+_CHANGED_BY_23 = ("GroupNormalization", "GridSample", "DFT", "DequantizeLinear")
 _REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
                "ReduceProd", "ReduceSumSquare")
 

@@ -46,7 +46,7 @@ def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type != "DynamicQuantizeLinear":
             nodes.append(node)
             continue
-        nodes.extend(_row_quantization(node, lengths.get(node.input[0]), opset))
+        nodes.extend(_row_quantization(node, lengths.get(node.input[0]), opset, f"{_SHARED}{len(zero_points)}"))
         zero_points[node.output[2]] = f"{_SHARED}_zero_point"
     if not zero_points:
         return model
@@ -55,25 +55,31 @@ def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(_shared_constants())
+    graph.initializer.extend(numpy_helper.from_array(np.array([-1, k], dtype=np.int64), f"{_SHARED}_rows_{k}")
+                             for k in sorted(set(lengths.values())))
     return model
 
 
 def _shared_constants() -> list[onnx.TensorProto]:
     values = {"levels": (LEVELS, np.float32), "tiny": (_TINY, np.float32), "shift": (float(ZERO_POINT), np.float32),
-              "zero": (0.0, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
+              "zero": (0.0, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64),
+              "flat": ([-1], np.int64)}
     return [numpy_helper.from_array(np.array(v, dtype=t), f"{_SHARED}_{k}") for k, (v, t) in values.items()]
 
 
-def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int) -> list[onnx.NodeProto]:
-    """Nodes computing `node`'s quantized input and its scale, per row (the zero point is shared)."""
+def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: str) -> list[onnx.NodeProto]:
+    """Nodes computing `node`'s quantized input and its scale, per row (the zero point is shared); the
+    names of what they add start with `p`."""
     x = node.input[0]
     quantized, scale = node.output[:2]
-    p, c = f"{x}_row", _SHARED
+    c = _SHARED
     nodes = [_reduce("ReduceMax", x, f"{p}_max", opset), _reduce("ReduceMin", x, f"{p}_min", opset),
              helper.make_node("Neg", [f"{p}_min"], [f"{p}_neg_min"]),
              helper.make_node("Max", [f"{p}_max", f"{p}_neg_min", f"{c}_tiny"], [f"{p}_abs_max"]),
              helper.make_node("Div", [f"{p}_abs_max", f"{c}_levels"], [scale])]
-    if opset >= _BLOCKED_QUANTIZE_OPSET and length:
+    if length and opset < _BLOCKED_QUANTIZE_OPSET:
+        return nodes + _per_axis_quantize(x, scale, quantized, p, length)
+    if length:
         return nodes + [  # one QuantizeLinear whose block is the whole row; its zero point has the scale's shape
             helper.make_node("Mul", [scale, f"{c}_zero"], [f"{p}_zeros"]),
             helper.make_node("Add", [f"{p}_zeros", f"{c}_shift"], [f"{p}_shifts"]),
@@ -86,6 +92,22 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int) -> l
         helper.make_node("Round", [f"{p}_steps"], [f"{p}_rounded"]),
         helper.make_node("Add", [f"{p}_rounded", f"{c}_shift"], [f"{p}_shifted"]),
         helper.make_node("Cast", [f"{p}_shifted"], [quantized], to=TensorProto.UINT8),
+    ]
+
+
+def _per_axis_quantize(x: str, scale: str, quantized: str, p: str, length: int) -> list[onnx.NodeProto]:
+    """Before opset 21 (no blocks): one QuantizeLinear along axis 0 of x viewed as [rows, length], with one
+    scale and zero point per row, then x's shape back: one pass over x instead of four elementwise ones."""
+    c = _SHARED
+    return [
+        helper.make_node("Reshape", [x, f"{c}_rows_{length}"], [f"{p}_2d"]),
+        helper.make_node("Reshape", [scale, f"{c}_flat"], [f"{p}_scales"]),
+        helper.make_node("Mul", [f"{p}_scales", f"{c}_zero"], [f"{p}_zeros"]),
+        helper.make_node("Add", [f"{p}_zeros", f"{c}_shift"], [f"{p}_shifts"]),
+        helper.make_node("Cast", [f"{p}_shifts"], [f"{p}_zero_points"], to=TensorProto.UINT8),
+        helper.make_node("QuantizeLinear", [f"{p}_2d", f"{p}_scales", f"{p}_zero_points"], [f"{p}_q2d"], axis=0),
+        helper.make_node("Shape", [x], [f"{p}_shape"]),
+        helper.make_node("Reshape", [f"{p}_q2d", f"{p}_shape"], [quantized]),
     ]
 
 
