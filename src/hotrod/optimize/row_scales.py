@@ -16,7 +16,10 @@ keeps the u8 x s8 pair sums within int16 on CPUs without VNNI (`hotrod.optimize.
 
 The maximum of |x| is taken as max(ReduceMax(x), -ReduceMin(x)): two reading passes instead of writing
 |x| out and reading it back. From opset 21 the quantization itself is one QuantizeLinear with a block as
-long as the row; older graphs spell it out (divide, round, shift, cast).
+long as the row; older graphs spell it out (divide, round, shift, cast). A QuantizeLinear per axis over a
+[rows, K] view of x does it in one pass before opset 21 too, but with four more small ops per input, and
+decoding pays per op: GPT-2 124M's greedy batch-1 decoding took 1.117x the per-call build's time that way,
+1.083x this way (`benchmarks/int8_rows.py`).
 """
 
 from __future__ import annotations
@@ -55,15 +58,12 @@ def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(_shared_constants())
-    graph.initializer.extend(numpy_helper.from_array(np.array([-1, k], dtype=np.int64), f"{_SHARED}_rows_{k}")
-                             for k in sorted(set(lengths.values())))
     return model
 
 
 def _shared_constants() -> list[onnx.TensorProto]:
     values = {"levels": (LEVELS, np.float32), "tiny": (_TINY, np.float32), "shift": (float(ZERO_POINT), np.float32),
-              "zero": (0.0, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64),
-              "flat": ([-1], np.int64)}
+              "zero": (0.0, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
     return [numpy_helper.from_array(np.array(v, dtype=t), f"{_SHARED}_{k}") for k, (v, t) in values.items()]
 
 
@@ -77,9 +77,7 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: s
              helper.make_node("Neg", [f"{p}_min"], [f"{p}_neg_min"]),
              helper.make_node("Max", [f"{p}_max", f"{p}_neg_min", f"{c}_tiny"], [f"{p}_abs_max"]),
              helper.make_node("Div", [f"{p}_abs_max", f"{c}_levels"], [scale])]
-    if length and opset < _BLOCKED_QUANTIZE_OPSET:
-        return nodes + _per_axis_quantize(x, scale, quantized, p, length)
-    if length:
+    if length and opset >= _BLOCKED_QUANTIZE_OPSET:
         return nodes + [  # one QuantizeLinear whose block is the whole row; its zero point has the scale's shape
             helper.make_node("Mul", [scale, f"{c}_zero"], [f"{p}_zeros"]),
             helper.make_node("Add", [f"{p}_zeros", f"{c}_shift"], [f"{p}_shifts"]),
@@ -92,22 +90,6 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: s
         helper.make_node("Round", [f"{p}_steps"], [f"{p}_rounded"]),
         helper.make_node("Add", [f"{p}_rounded", f"{c}_shift"], [f"{p}_shifted"]),
         helper.make_node("Cast", [f"{p}_shifted"], [quantized], to=TensorProto.UINT8),
-    ]
-
-
-def _per_axis_quantize(x: str, scale: str, quantized: str, p: str, length: int) -> list[onnx.NodeProto]:
-    """Before opset 21 (no blocks): one QuantizeLinear along axis 0 of x viewed as [rows, length], with one
-    scale and zero point per row, then x's shape back: one pass over x instead of four elementwise ones."""
-    c = _SHARED
-    return [
-        helper.make_node("Reshape", [x, f"{c}_rows_{length}"], [f"{p}_2d"]),
-        helper.make_node("Reshape", [scale, f"{c}_flat"], [f"{p}_scales"]),
-        helper.make_node("Mul", [f"{p}_scales", f"{c}_zero"], [f"{p}_zeros"]),
-        helper.make_node("Add", [f"{p}_zeros", f"{c}_shift"], [f"{p}_shifts"]),
-        helper.make_node("Cast", [f"{p}_shifts"], [f"{p}_zero_points"], to=TensorProto.UINT8),
-        helper.make_node("QuantizeLinear", [f"{p}_2d", f"{p}_scales", f"{p}_zero_points"], [f"{p}_q2d"], axis=0),
-        helper.make_node("Shape", [x], [f"{p}_shape"]),
-        helper.make_node("Reshape", [f"{p}_q2d", f"{p}_shape"], [quantized]),
     ]
 
 
