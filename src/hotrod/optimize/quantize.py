@@ -1,8 +1,10 @@
 """Weight (and activation) quantization with ONNX Runtime's quantization tools.
 
 - int8: dynamic quantization with per-channel int8 weights for every MatMul with a constant weight,
-  the LM head included; activations are quantized per call and per row (`hotrod.optimize.row_scales`),
-  so no calibration is needed and a row's answer does not depend on the rows beside it.
+  the LM head included; activations are quantized per call (one asymmetric range for the whole call), so
+  no calibration is needed, but a row's answer depends on the rows beside it.
+- int8-rows: int8 with activations quantized per row (`hotrod.optimize.row_scales`): a row's answer does
+  not depend on its batch-mates, at a symmetric range per token (coarser where activations are skewed).
 - int8-static: QDQ (QuantizeLinear / DequantizeLinear around fp32 ops) with per-channel int8 weights for
   every MatMul and Gemm with a constant weight, the LM head included, and uint8 activations whose ranges
   are calibrated once, on feeds recorded from the fp32 graph (min-max, percentile or entropy). ONNX
@@ -63,10 +65,11 @@ REDUCE_RANGE = True
 _ISOLATED = "hotrod_int8_input"
 
 
-def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
+def int8_dynamic(model: onnx.ModelProto, per_row: bool = False) -> onnx.ModelProto:
     """`model` with per-channel int8 weights (7-bit range) in every MatMul with a constant weight,
-    activations quantized on every call, one scale per row. The input model may be changed (ONNX's external-data saving moves
-    the weights of a graph above 2 GB out of it), here and in the others; use the returned one."""
+    activations quantized on every call (one scale per call, or per row with `per_row`). The input model may
+    be changed (ONNX's external-data saving moves the weights of a graph above 2 GB out of it), here and in
+    the others; use the returned one."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -78,7 +81,8 @@ def int8_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
                 op_types_to_quantize=["MatMul"], use_external_data_format=large,
                 extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
             )
-        return prune_initializers(per_row_activations(onnx.load(str(dst), load_external_data=True)))
+        quantized = onnx.load(str(dst), load_external_data=True)
+        return prune_initializers(per_row_activations(quantized) if per_row else quantized)
 
 
 def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "minmax") -> onnx.ModelProto:
