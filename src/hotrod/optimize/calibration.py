@@ -27,16 +27,21 @@ def builtin_texts() -> list[str]:
     return read_texts(BUILTIN)
 
 
-def read_texts(path: str | Path, what: str = "calibration file") -> list[str]:
-    """Non-empty lines of a UTF-8 text file, one example per line."""
+def read_lines(path: str | Path, what: str) -> list[str]:
+    """The lines of a UTF-8 text file; one that cannot be read, or is not UTF-8, is one line naming `what`."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise HotrodError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise HotrodError(f"cannot read {what} {path}: it is not UTF-8 text") from None
-    texts = [line.strip() for line in lines if line.strip()]
+
+
+def read_texts(path: str | Path, what: str = "calibration file") -> list[str]:
+    """Non-empty lines of a UTF-8 text file, one example per line."""
+    path = Path(path)
+    texts = [line.strip() for line in read_lines(path, what) if line.strip()]
     if not texts:
         raise HotrodError(f"{what} {path} has no text (one example per line)")
     return texts

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hotrod import tasks
 from hotrod.errors import HotrodError
-from hotrod.optimize.calibration import builtin_texts
+from hotrod.optimize.calibration import builtin_texts, read_lines
 
 GENERATION, EMBEDDINGS, LABELS, RANKING, ENTITIES, ANSWERS = (
     "generation", "embeddings", "labels", "ranking", "entities", "answers")
@@ -155,11 +155,4 @@ _PARSERS = {GENERATION: _plain, EMBEDDINGS: _plain, LABELS: _labelled, RANKING: 
 
 def _numbered_lines(path: str | Path) -> list[tuple[int, str]]:
     """(line number, line) of every non-blank line of a UTF-8 file."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise HotrodError(f"cannot read examples file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise HotrodError(f"cannot read examples file {path}: it is not UTF-8 text") from None
-    return [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    return [(n, line) for n, line in enumerate(read_lines(path, "examples file"), 1) if line.strip()]
