@@ -274,9 +274,10 @@ class DecoderState(_OnSelfCache):
         self.kv.lengths = self.kv.lengths + k
         return logits
 
-    def rewind(self, lengths: torch.Tensor) -> None:
-        """Each row's cache back to `lengths` positions: what lies past them is overwritten, never read."""
-        self.kv.lengths = torch.minimum(self.kv.lengths, lengths)
+    def rewind(self, positions: int) -> None:
+        """Give back each row's last `positions` cached positions: what lies past the new lengths is
+        overwritten by later steps, never read."""
+        self.kv.lengths = (self.kv.lengths - positions).clamp(min=0)
 
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}

@@ -74,7 +74,6 @@ class Lookup:
 
     def _check(self, tokens: list[int], draft: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Verify `draft` after the last token: the drafted tokens kept, and the logits after the last kept."""
-        start = self.state.kv.lengths.clone()
         every = self.state.verify(torch.tensor([[tokens[-1], *draft]]))
         kept: list[int] = []
         for j, drafted in enumerate(draft):
@@ -83,7 +82,7 @@ class Lookup:
             kept.append(drafted)
         self.drafted += len(draft)
         self.accepted += len(kept)
-        self.state.rewind(start + 1 + len(kept))
+        self.state.rewind(len(draft) - len(kept))
         self._pace(len(kept))
         return every[:, len(kept)], kept
 
