@@ -25,10 +25,13 @@ test-ray: $(STAMP)
 	$(BIN)/python -m pytest tests/serve/test_ray.py
 
 # The bench's native peers. llama.cpp (llama-cpp-python, compiled for this CPU: a few minutes) goes into
-# hotrod's environment; optimum-intel pins an older transformers, so OpenVINO gets an environment of its own,
-# with the same CPU build of torch (and without torchvision, whose wheel is built for another torch).
+# hotrod's environment; optimum-intel and infinity-emb pin an older transformers, so OpenVINO and Infinity
+# each get an environment of their own, with the same CPU build of torch (and without torchvision, whose
+# wheel is built for another torch).
 OV_VENV  := .venv-openvino
 OV_STAMP := $(OV_VENV)/.hotrod-installed
+INF_VENV  := .venv-infinity
+INF_STAMP := $(INF_VENV)/.hotrod-installed
 PEERS_STAMP := $(VENV)/.hotrod-peers
 
 $(PEERS_STAMP): $(STAMP)
@@ -42,12 +45,21 @@ $(OV_STAMP):
 	$(OV_VENV)/bin/pip uninstall -q -y torchvision
 	touch $(OV_STAMP)
 
-peers: $(PEERS_STAMP) $(OV_STAMP)
-	@echo "peers ready: hotrod bench --peers llamacpp,openvino with HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python"
+$(INF_STAMP):
+	$(PYTHON) -m venv $(INF_VENV)
+	$(INF_VENV)/bin/pip install -q torch==2.13.0 || $(INF_VENV)/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(INF_VENV)/bin/pip install -q "infinity-emb[torch]>=0.0.70,<0.1" "torch==2.13.0"
+	$(INF_VENV)/bin/pip uninstall -q -y torchvision
+	touch $(INF_STAMP)
+
+PEER_PYTHONS := HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python HOTROD_INFINITY_PYTHON=$(CURDIR)/$(INF_VENV)/bin/python
+
+peers: $(PEERS_STAMP) $(OV_STAMP) $(INF_STAMP)
+	@echo "peers ready: hotrod bench --peers llamacpp,openvino,infinity with $(PEER_PYTHONS)"
 
 test-peers: peers
-	HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python $(BIN)/python -m pytest tests/bench/test_llamacpp.py \
-		tests/bench/test_openvino_peer.py tests/bench/test_remote.py
+	$(PEER_PYTHONS) $(BIN)/python -m pytest tests/bench/test_llamacpp.py \
+		tests/bench/test_openvino_peer.py tests/bench/test_remote.py tests/bench/test_head_workloads.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core.py
@@ -56,4 +68,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(OV_VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(OV_VENV) $(INF_VENV) build dist src/*.egg-info .pytest_cache

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hotrod import timing
-from hotrod.bench import harness, workloads
+from hotrod.bench import harness, infinity_peer, workloads
 from hotrod.bench.runners import best_spans, span_f1
 from hotrod.cli import main
 
@@ -74,6 +74,14 @@ def test_w7_reranks_with_hotrod_and_cross_encoder(tiny_workloads, tmp_path):
     assert systems["hotrod fp32"]["sequences_per_s"] > 0
     if "infinity" in result["skipped"]:
         assert "\n" not in result["skipped"]["infinity"]
+
+
+@pytest.mark.skipif(infinity_peer.problem("cpu") is not None, reason="Infinity's environment is not here (make peers)")
+def test_w7_times_infinity_in_its_own_environment(tiny_workloads, tmp_path):
+    [result] = _bench(tmp_path, "W7", "infinity")
+    infinity = result["systems"]["infinity"]
+    assert infinity["agreement"] == 1.0 and infinity["sequences_per_s"] > 0
+    assert infinity["version"]
 
 
 def test_rerankers_skip_other_workloads_with_a_reason(tiny_workloads, tmp_path):

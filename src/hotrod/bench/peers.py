@@ -7,8 +7,9 @@
   Q4_0 and Q4_K_M (`hotrod.bench.llamacpp`).
 - openvino: optimum-intel's export with NNCF's int8 / int4 weight compression, and its full int8
   quantization for encoders, run in an environment of its own (`hotrod.bench.openvino_peer`).
-- crossencoder: sentence-transformers' `CrossEncoder` on PyTorch, and infinity: Infinity's engine
-  (`infinity-emb`), for reranking (W7) only (`hotrod.bench.rerank`).
+- crossencoder: sentence-transformers' `CrossEncoder` on PyTorch (`hotrod.bench.rerank`), and infinity:
+  Infinity's engine (`infinity-emb`) in an environment of its own (`hotrod.bench.infinity_peer`), for
+  reranking (W7) only.
 - optimum: optimum-onnx pins an older transformers than hotrod's, so it cannot share this environment;
   it is reported as skipped, with that reason.
 
@@ -32,13 +33,12 @@ from hotrod.errors import HotrodError
 
 PEERS = ("torch", "optimum", "ctranslate2", "llamacpp", "openvino", "crossencoder", "infinity")
 _PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2", "llamacpp": "llama_cpp",
-                 "crossencoder": "sentence_transformers", "infinity": "infinity_emb"}
+                 "crossencoder": "sentence_transformers"}
 RERANKERS = ("crossencoder", "infinity")  # peers that time reranking (W7) only
 HEADLESS = ("ctranslate2", "llamacpp", "openvino")  # peers whose bench systems run the bare model only
 _INSTALL = {
     "ctranslate2": "pip install 'hotrod[bench]'",
     "crossencoder": "pip install 'hotrod[bench]'",
-    "infinity": "pip install 'hotrod[peers]'",
     "llamacpp": "pip install 'hotrod[peers]', which builds llama.cpp for this CPU",
     "optimum": "optimum-onnx pins an older transformers, so it needs a virtual environment of its own",
 }
@@ -63,6 +63,12 @@ def missing_peers(peers: Sequence[str], device: str = "cpu") -> dict[str, str]:
             problem = openvino_peer.problem(device)
             if problem:
                 skipped[peer] = problem
+        elif peer == "infinity":
+            from hotrod.bench import infinity_peer
+
+            problem = infinity_peer.problem(device)
+            if problem:
+                skipped[peer] = problem
         elif peer == "llamacpp" and device != "cpu":
             skipped[peer] = "llama.cpp is timed on the CPU only (this llama-cpp-python is built for it)"
         elif peer == "ctranslate2" and device == "cuda":
@@ -83,8 +89,11 @@ def builders(peer: str, case: Case, ids: torch.Tensor, mask: torch.Tensor, devic
 
         if not case.query:
             return {peer: rerank.rerank_only(peer)}
-        build = rerank.cross_encoder_system if peer == "crossencoder" else rerank.infinity_system
-        return {peer: lambda: build(case, ids, mask, device, threads)}
+        if peer == "infinity":
+            from hotrod.bench import infinity_peer
+
+            return {peer: lambda: infinity_peer.system(case, ids, mask, threads)}
+        return {peer: lambda: rerank.cross_encoder_system(case, ids, mask, device, threads)}
     if peer in HEADLESS and case.task:
         return {peer: _refuse(f"the bench's {peer} peer runs the bare model, not a {case.task} head")}
     if peer == "torch":

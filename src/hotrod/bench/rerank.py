@@ -5,14 +5,13 @@ Infinity) take text. The W7 checkpoint therefore carries a BERT tokenizer over a
 (from `FIRST_WORD`) is the word "w<i>", so the ids a case draws become text that tokenizes back to exactly
 those ids, and every system scores the same pairs.
 
-hotrod's server has no rerank route on this branch: hotrod is timed on `HotrodModel.run_rows` over the pairs'
-rows (the work the route would batch), the peers on their own rerank calls over the same pairs' text.
+hotrod is timed on `HotrodModel.run_rows` over the pairs' rows (the work `/v1/rerank` batches), the peers on
+their own rerank calls over the same pairs' text.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,9 +26,10 @@ FIRST_WORD = 5
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def save_tokenizer(path: Path, vocab_size: int) -> None:
-    """A BERT word-piece tokenizer whose vocabulary is the specials, then "w5".."w<vocab_size-1>"; built with
-    `tokenizers` and saved as PreTrainedTokenizerFast, which every transformers release loads alike."""
+def save_tokenizer(path: Path, vocab_size: int, max_length: int) -> None:
+    """A BERT word-piece tokenizer whose vocabulary is the specials, then "w5".."w<vocab_size-1>", for a model
+    of `max_length` positions (the length a peer pads or truncates to); built with
+    `tokenizers` and saved as PreTrainedTokenizerFast, which transformers 4 and 5 load alike."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -40,8 +40,13 @@ def save_tokenizer(path: Path, vocab_size: int) -> None:
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", CLS), ("[SEP]", SEP)])
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
+                            sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_length,
                             model_input_names=["input_ids", "token_type_ids", "attention_mask"]).save_pretrained(path)
+    # transformers 5 names its own backend class in the config, which transformers 4 (the peers' environments)
+    # does not know; the fast class's old name loads under both.
+    config = path / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"},
+                                 indent=2))
 
 
 def texts(ids: torch.Tensor, mask: torch.Tensor, query: int) -> tuple[str, list[str]]:
@@ -72,47 +77,6 @@ def cross_encoder_system(case: Case, ids: torch.Tensor, mask: torch.Tensor, devi
         return torch.as_tensor(model.predict(pairs, convert_to_numpy=True, show_progress_bar=False)).float()[:, None]
 
     return System(call, None, "fp32", dir_size(Path(case.source)))
-
-
-def infinity_system(case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str, threads: int) -> System:
-    """Infinity's engine (`infinity-emb`, torch engine) reranking the documents, driven on its own event loop."""
-    from infinity_emb import AsyncEmbeddingEngine, EngineArgs
-
-    query, documents = texts(ids, mask, case.query)
-    engine = AsyncEmbeddingEngine.from_args(EngineArgs(model_name_or_path=case.source, engine="torch",
-                                                       device=device, bettertransformer=False))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def run(coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
-
-    run(engine.astart())
-
-    async def rerank() -> list[float]:
-        scores, _ = await engine.rerank(query=query, docs=documents, raw_scores=True)
-        return scores
-
-    def call() -> torch.Tensor:
-        return _in_order(run(rerank()))[:, None]
-
-    def close() -> None:
-        run(engine.astop())
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-
-    return System(call, None, "fp32", dir_size(Path(case.source)), close=close)
-
-
-def _in_order(scores: list) -> torch.Tensor:
-    """Infinity's scores in the documents' order: plain floats in order, or results that name their index."""
-    if all(isinstance(s, int | float) for s in scores):
-        return torch.tensor([float(s) for s in scores])
-    ordered = torch.empty(len(scores))
-    for result in scores:
-        ordered[int(result.index)] = float(result.relevance_score)
-    return ordered
 
 
 def rank_agreement(ours: torch.Tensor, theirs: torch.Tensor) -> float:

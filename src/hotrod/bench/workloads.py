@@ -111,5 +111,5 @@ def checkpoint(workload: Workload, root: Path | None = None) -> Path:
         if workload.query:  # the reranking peers take text: a tokenizer over the bench's word vocabulary
             from hotrod.bench.rerank import save_tokenizer
 
-            save_tokenizer(path, model.config.vocab_size)
+            save_tokenizer(path, model.config.vocab_size, model.config.max_position_embeddings)
     return path
