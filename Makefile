@@ -28,6 +28,7 @@ test-ray: $(STAMP)
 # hotrod's environment; optimum-intel and infinity-emb pin an older transformers, so OpenVINO and Infinity
 # each get an environment of their own, with the same CPU build of torch (and without torchvision, whose
 # wheel is built for another torch).
+COMMA := ,
 OV_VENV  := .venv-openvino
 OV_STAMP := $(OV_VENV)/.hotrod-installed
 INF_VENV  := .venv-infinity
@@ -38,19 +39,20 @@ $(PEERS_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e ".[peers]"
 	touch $(PEERS_STAMP)
 
+# $(call peer_venv,DIR,REQUIREMENTS): an environment with the CPU build of torch and a peer's packages.
+define peer_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q torch==2.13.0 || $(1)/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(1)/bin/pip install -q $(2) "torch==2.13.0"
+	$(1)/bin/pip uninstall -q -y torchvision
+	touch $(1)/.hotrod-installed
+endef
+
 $(OV_STAMP):
-	$(PYTHON) -m venv $(OV_VENV)
-	$(OV_VENV)/bin/pip install -q torch==2.13.0 || $(OV_VENV)/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(OV_VENV)/bin/pip install -q "optimum-intel[openvino]>=2.2,<3" "torch==2.13.0"
-	$(OV_VENV)/bin/pip uninstall -q -y torchvision
-	touch $(OV_STAMP)
+	$(call peer_venv,$(OV_VENV),"optimum-intel[openvino]>=2.2$(COMMA)<3")
 
 $(INF_STAMP):
-	$(PYTHON) -m venv $(INF_VENV)
-	$(INF_VENV)/bin/pip install -q torch==2.13.0 || $(INF_VENV)/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(INF_VENV)/bin/pip install -q "infinity-emb[torch]>=0.0.70,<0.1" "torch==2.13.0"
-	$(INF_VENV)/bin/pip uninstall -q -y torchvision
-	touch $(INF_STAMP)
+	$(call peer_venv,$(INF_VENV),"infinity-emb[torch]>=0.0.70$(COMMA)<0.1")
 
 PEER_PYTHONS := HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python HOTROD_INFINITY_PYTHON=$(CURDIR)/$(INF_VENV)/bin/python
 

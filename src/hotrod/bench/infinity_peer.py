@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hotrod.bench.case import Case
-from hotrod.bench.remote import Worker, has_module
+from hotrod.bench.remote import Worker, environment_problem
 from hotrod.bench.runners import System, dir_size
 from hotrod.load import cache_dir
 
@@ -35,15 +35,8 @@ def problem(device: str) -> str | None:
     """Why Infinity cannot be timed here, or None."""
     if device != "cpu":
         return "Infinity is timed on the CPU only in this bench (its environment has the CPU build of torch)"
-    found = python()
-    if found is None:
-        return (f"not installed: infinity-emb pins transformers 4, so it needs an environment of its own; "
-                f"`make peers` builds one, then set {ENVIRONMENT} to its Python")
-    if not Path(found).is_file():
-        return f"{ENVIRONMENT}={found} is not a file"
-    if not has_module(found, "infinity_emb"):
-        return f"{ENVIRONMENT}={found} cannot import infinity_emb (pip install 'infinity-emb[torch]' there)"
-    return None
+    return environment_problem(ENVIRONMENT, python(), "infinity_emb", "infinity-emb pins transformers 4",
+                               "pip install 'infinity-emb[torch]'")
 
 
 def system(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) -> System:

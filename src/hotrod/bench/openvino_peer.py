@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from hotrod.bench.case import Case
-from hotrod.bench.remote import Worker, has_module
+from hotrod.bench.remote import Worker, environment_problem
 from hotrod.bench.runners import System
 from hotrod.load import cache_dir, source_fingerprint
 
@@ -45,15 +45,8 @@ def problem(device: str) -> str | None:
     """Why OpenVINO cannot be timed here, or None."""
     if device != "cpu":
         return "OpenVINO is timed on the CPU only (its GPU plugin runs on Intel GPUs)"
-    found = python()
-    if found is None:
-        return (f"not installed: optimum-intel pins an older transformers, so it needs an environment of its "
-                f"own; `make peers` builds one, then set {ENVIRONMENT} to its Python")
-    if not Path(found).is_file():
-        return f"{ENVIRONMENT}={found} is not a file"
-    if not has_module(found, "optimum.intel"):
-        return f"{ENVIRONMENT}={found} cannot import optimum.intel (pip install 'optimum-intel[openvino]' there)"
-    return None
+    return environment_problem(ENVIRONMENT, python(), "optimum.intel", "optimum-intel pins an older transformers",
+                               "pip install 'optimum-intel[openvino]'")
 
 
 def builders(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) -> dict[str, Callable[[], System]]:

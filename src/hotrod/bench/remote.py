@@ -9,6 +9,7 @@ tensor, or for encoders the hidden states (a few MB, about a millisecond), small
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 from pathlib import Path
@@ -71,3 +72,16 @@ def has_module(python: str, module: str) -> bool:
         return subprocess.run([python, "-I", "-c", code], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def environment_problem(variable: str, found: str | None, module: str, why: str, install: str) -> str | None:
+    """Why a peer's own environment cannot run it, or None: `found` is the Python named in `variable` (or
+    this one), `why` says why the peer needs an environment of its own, `install` what to install there."""
+    if found is None:
+        return (f"not installed: {why}, so it needs an environment of its own; `make peers` builds one, "
+                f"then set {variable} to its Python")
+    if not os.path.isfile(found):
+        return f"{variable}={found} is not a file"
+    if not has_module(found, module):
+        return f"{variable}={found} cannot import {module} ({install} there)"
+    return None
