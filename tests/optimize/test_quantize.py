@@ -246,6 +246,25 @@ def test_a_bias_that_is_not_a_constant_vector_stays_an_add():
     assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "Add"]
 
 
+@pytest.mark.parametrize("opset", [17, 23])
+def test_per_row_int8_adds_the_bias_unscaled(opset):
+    """onnxruntime's MatMulIntegerToFloat multiplies a bias it fused by a non-scalar activation scale; per-row
+    int8 keeps its bias out of the fusion, so rows of any size come out as their float product plus the bias."""
+    from hotrod.optimize.quantize import int8_dynamic
+
+    model = _matmul_add_graph(True)
+    model.opset_import[0].version = opset
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 64)).astype(np.float32) * np.array([[0.01], [30.0]], dtype=np.float32)
+    w = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    b = onnx.numpy_helper.to_array(model.graph.initializer[1])
+    quantized = int8_dynamic(model, per_row=True)
+    got, want = _run(quantized, {"x": x}), x @ w + b
+    for row in range(2):  # int8 error on the product only, relative to each row's own size
+        error = np.abs(got[row] - want[row]).max() / np.abs(x[row] @ w).max()
+        assert error < 0.05, (row, error)
+
+
 def _worst_case_matmul(rows: int = 4, depth: int = 64, width: int = 16) -> tuple[onnx.ModelProto, np.ndarray]:
     """x @ W with positive activations and weights, each column's largest weight beside its others: the
     u8 x s8 pair sums an integer kernel forms are as large as they get. Returns the graph and a feed."""
