@@ -20,16 +20,16 @@ MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), 
     "fp32": ("fp32", "fp32"),
     "fp16": ("fp16", "fp16"),
     "bf16": ("bf16", "bf16"),
-    "int8": ("int8 per-channel, 7-bit range (dynamic)", "uint8 per-tensor, range measured on every call (dynamic)"),
-    "int8-rows": ("int8 per-channel, 7-bit range (int8-rows, dynamic)",
-                  "uint8 per row, symmetric, range measured on every call (dynamic)"),
+    "int8": ("int8 per-channel, 7-bit range (dynamic)", "uint8 per row, symmetric, range measured on every call (dynamic)"),
+    "int8-call": ("int8 per-channel, 7-bit range (int8-call, dynamic)",
+                  "uint8 per-tensor, range measured on every call (dynamic)"),
     "int8-static": ("int8 per-channel, 7-bit range (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with entropy"),
     "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", PER_BLOCK),
     "int4": ("int4 block-32 symmetric (MatMulNBits)", PER_BLOCK),
     "int4-b128": ("int4 block-128 symmetric (int4-b128, MatMulNBits)", PER_BLOCK),
     "int4-b256": ("int4 block-256 symmetric (int4-b256, MatMulNBits)", PER_BLOCK),
 }
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-rows": 1.0, "int8-static": 1.0,
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-call": 1.0, "int8-static": 1.0,
                 "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32, "int4-b128": 0.5 + 4 / 128,
                 "int4-b256": 0.5 + 4 / 256}
 
@@ -51,7 +51,7 @@ def test_what_the_pipeline_and_the_floor_read():
     assert precisions.names(lambda p: p.candidate) == ("fp32", "fp16", "bf16", "int8", "int8-static", "int4",
                                                                    "int4-b128", "int4-b256")
     assert {name: precisions.get(name).weight_bytes for name in PRECISIONS} == WEIGHT_BYTES
-    assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-rows", "int8-static", "int8-weight", "int4",
+    assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-call", "int8-static", "int8-weight", "int4",
                                                                     "int4-b128", "int4-b256")
     assert precisions.names(lambda p: p.compute == "half") == ("fp16", "bf16")
 
@@ -61,7 +61,7 @@ def test_only_half_asks_onnxruntime_for_kernels():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: precisions.get("fp8"), "unknown precision 'fp8'; choose from fp32, fp16, bf16, int8, int8-rows, int8-static"),
+    (lambda: precisions.get("fp8"), "unknown precision 'fp8'; choose from fp32, fp16, bf16, int8, int8-call, int8-static"),
     (lambda: precisions.half("int8"), "unknown half precision 'int8'; choose from fp16, bf16"),
 ])
 def test_an_unknown_name_lists_the_known_ones(call, message):

@@ -17,7 +17,7 @@ import hotrod
 from hotrod.serve.engine import ModelEngine, ServeOptions
 from hotrod.serve.protocol import Params
 
-PRECISIONS = ("fp32", "int8-rows", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256")
+PRECISIONS = ("fp32", "int8", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256")
 NEIGHBOURS = (1, 7, 31)
 OPTIONS = ServeOptions(max_batch_size=32, max_queue_delay_ms=20.0, max_queue=128)
 PARAMS = Params(max_new_tokens=6, logprobs=2)

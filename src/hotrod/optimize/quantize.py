@@ -1,10 +1,10 @@
 """Weight (and activation) quantization with ONNX Runtime's quantization tools.
 
 - int8: dynamic quantization with per-channel int8 weights for every MatMul with a constant weight,
-  the LM head included; activations are quantized per call (one asymmetric range for the whole call), so
-  no calibration is needed, but a row's answer depends on the rows beside it.
-- int8-rows: int8 with activations quantized per row (`hotrod.optimize.row_scales`): a row's answer does
-  not depend on its batch-mates, at a symmetric range per token (coarser where activations are skewed).
+  the LM head included; activations are quantized per row on every call (`hotrod.optimize.row_scales`),
+  so no calibration is needed and a row's answer does not depend on its batch-mates.
+- int8-call: the same weights with onnxruntime's own activation quantization, one asymmetric range for
+  the whole call: a row's answer depends on the rows beside it.
 - int8-static: QDQ (QuantizeLinear / DequantizeLinear around fp32 ops) with per-channel int8 weights for
   every MatMul and Gemm with a constant weight, the LM head included, and uint8 activations whose ranges
   are calibrated once, on feeds recorded from the fp32 graph (min-max, percentile or entropy). ONNX

@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 LEVELS = 127.0  # symmetric int8 steps either side of zero
 ZERO_POINT = 128
+_HUGE = 1e30  # a quantization step no scale reaches: scale / _HUGE rounds to 0
 _TINY = 1e-30  # an all-zero row gets this scale instead of 0 (no division by zero; its values quantize to 0)
 _BLOCKED_QUANTIZE_OPSET = 21  # QuantizeLinear's block_size
 _REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax / ReduceMin take their axes as an input
@@ -109,7 +110,7 @@ def _single_path(consumers: dict[str, list[onnx.NodeProto]], name: str, ops: tup
 
 def _shared_constants() -> list[onnx.TensorProto]:
     values = {"levels": (LEVELS, np.float32), "tiny": (_TINY, np.float32), "shift": (float(ZERO_POINT), np.float32),
-              "zero": (0.0, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
+              "huge": (_HUGE, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
     return [numpy_helper.from_array(np.array(v, dtype=t), f"{_SHARED}_{k}") for k, (v, t) in values.items()]
 
 
@@ -124,10 +125,9 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: s
              helper.make_node("Max", [f"{p}_max", f"{p}_neg_min", f"{c}_tiny"], [f"{p}_abs_max"]),
              helper.make_node("Div", [f"{p}_abs_max", f"{c}_levels"], [scale])]
     if length and opset >= _BLOCKED_QUANTIZE_OPSET:
-        return nodes + [  # one QuantizeLinear whose block is the whole row; its zero point has the scale's shape
-            helper.make_node("Mul", [scale, f"{c}_zero"], [f"{p}_zeros"]),
-            helper.make_node("Add", [f"{p}_zeros", f"{c}_shift"], [f"{p}_shifts"]),
-            helper.make_node("Cast", [f"{p}_shifts"], [f"{p}_zero_points"], to=TensorProto.UINT8),
+        return nodes + [  # one QuantizeLinear whose block is the whole row; its zero point has the scale's shape:
+            # the scale quantized with a step so large that every value lands on the zero point, in one op
+            helper.make_node("QuantizeLinear", [scale, f"{c}_huge", f"{c}_zero_point"], [f"{p}_zero_points"]),
             helper.make_node("QuantizeLinear", [x, scale, f"{p}_zero_points"], [quantized], axis=-1,
                              block_size=length),
         ]
