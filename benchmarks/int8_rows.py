@@ -1,5 +1,5 @@
-"""What int8's per-row activation scales cost: the same seeded models built with onnxruntime's own dynamic
-quantization (one scale per call, batch-dependent) and with hotrod's per-row scales (`hotrod.optimize.
+"""What int8's per-row activation scales cost: the same seeded models built at int8-call (onnxruntime's own
+dynamic quantization, one scale per call, batch-dependent) and at int8 (per-row scales, `hotrod.optimize.
 row_scales`), timed interleaved in one run.
 
     python benchmarks/int8_rows.py [--out DIR] [--json FILE]
@@ -11,7 +11,6 @@ greedy tokens at batch 1 and 8. Prints each case's median seconds and the per-ro
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import tempfile
@@ -28,22 +27,16 @@ VARIANTS = ("per-call", "per-row")
 
 
 def build(directory: Path, name: str, model: transformers.PreTrainedModel) -> dict[str, hotrod.HotrodModel]:
-    """`model` saved, then optimized at int8 twice: per-call scales (the quantizer's) and per-row ones."""
-    quantize = importlib.import_module("hotrod.optimize.quantize")
+    """`model` saved, then optimized at int8-call (the quantizer's per-call scales) and int8 (per-row ones)."""
     checkpoint = directory / name
     if not checkpoint.exists():
         model.eval().save_pretrained(checkpoint)
-    per_row = quantize.per_row_activations
     built = {}
-    try:
-        for variant, rewrite in zip(VARIANTS, (lambda graph: graph, per_row)):
-            out = directory / f"{name}-{variant}"
-            if not out.exists():
-                quantize.per_row_activations = rewrite
-                hotrod.optimize(checkpoint, out, precision="int8", progress=False, verify_examples=4)
-            built[variant] = hotrod.load(out)
-    finally:
-        quantize.per_row_activations = per_row
+    for variant, precision in zip(VARIANTS, ("int8-call", "int8")):
+        out = directory / f"{name}-{variant}"
+        if not out.exists():
+            hotrod.optimize(checkpoint, out, precision=precision, progress=False, verify_examples=4)
+        built[variant] = hotrod.load(out)
     return built
 
 
