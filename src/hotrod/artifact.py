@@ -29,8 +29,8 @@ from hotrod.load import file_sha256
 from hotrod.version import __version__
 
 MANIFEST = "manifest.json"
-FORMAT = 4  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches;
-#            4: encoders end in their task's head
+FORMAT = 5  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches;
+#            4: encoders end in their task's head; 5: the seq2seq step takes several tokens (a draft to verify)
 
 
 @dataclass(frozen=True)

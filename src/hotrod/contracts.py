@@ -101,7 +101,8 @@ def decoder_io(dims: Dims) -> dict[str, GraphIO]:
 def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
     """Three graphs: the encoder; the first decoder step over a start token, which also returns every
     layer's cross K/V and the step's self K/V; and the step, one token per row over self-attention cache
-    buffers it updates in place (`present.*` bound to `past_key_values.*`), each row at its own length."""
+    buffers it updates in place (`present.*` bound to `past_key_values.*`), each row at its own length.
+    The step takes one token per row when decoding, or a token and a draft to verify in one pass."""
     layers = dims.num_decoder_layers
     hidden = TensorSpec("encoder_hidden_states", FLOAT32, ("batch", "encoder_sequence", dims.hidden_size))
     enc_mask = _ids("encoder_attention_mask", "encoder_sequence")
@@ -115,9 +116,9 @@ def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
     )
     step = GraphIO(
         "decoder",
-        (TensorSpec("decoder_input_ids", INT64, ("batch", 1)), *_lengths(), enc_mask,
-         *_kv("past_key_values", dims, layers, "cache_capacity"), *cross),
-        (TensorSpec("logits", FLOAT32, ("batch", 1, dims.vocab_size)), *_kv("present", dims, layers, "cache_capacity")),
+        (_ids("decoder_input_ids"), *_lengths(), enc_mask, *_kv("past_key_values", dims, layers, "cache_capacity"),
+         *cross),
+        (logits, *_kv("present", dims, layers, "cache_capacity")),
     )
     return {"encoder": encoder, "decoder_init": init, "decoder": step}
 

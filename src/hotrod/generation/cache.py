@@ -104,11 +104,11 @@ class SelfCache:
         """The graph's cache outputs, bound to the same buffers as its inputs."""
         return dict(zip(self.present, self.buffers))
 
-    def step_feeds(self) -> dict[str, Any]:
-        """Cache inputs for one new token per row (growing the buffers first if a row needs it)."""
-        total = int(self.lengths.max()) + 1
+    def step_feeds(self, tokens: int = 1) -> dict[str, Any]:
+        """Cache inputs for `tokens` new tokens per row (growing the buffers first if a row needs it)."""
+        total = int(self.lengths.max()) + tokens
         self.reserve(total)
-        return self.feeds(self.lengths, total)
+        return self.feeds(self.lengths + tokens - 1, total)
 
     def advance(self) -> None:
         self.lengths = torch.where(self.idle, 0, self.lengths + 1)
@@ -233,6 +233,11 @@ class _OnSelfCache:
     def fit(self, positions: int) -> None:
         self.kv.fit(positions)
 
+    def rewind(self, positions: int | torch.Tensor) -> None:
+        """Give back each row's last `positions` cached positions (a count, or one per row): what lies past
+        the new lengths is overwritten by later steps, never read."""
+        self.kv.lengths = (self.kv.lengths - positions).clamp(min=0)
+
 
 class DecoderState(_OnSelfCache):
     """Decoder-only: one graph, prefill then one token per row, over the in-place self cache."""
@@ -267,17 +272,9 @@ class DecoderState(_OnSelfCache):
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         rows, k = tokens.shape
         positions = self.kv.lengths[:, None] + torch.arange(k)
-        total = int(self.kv.lengths.max()) + k
-        self.kv.reserve(total)
-        logits = self._run(tokens, positions, self.kv.feeds(self.kv.lengths + k - 1, total),
-                           torch.arange(k).expand(rows, k), last=False)
+        logits = self._run(tokens, positions, self.kv.step_feeds(k), torch.arange(k).expand(rows, k), last=False)
         self.kv.lengths = self.kv.lengths + k
         return logits
-
-    def rewind(self, positions: int) -> None:
-        """Give back each row's last `positions` cached positions: what lies past the new lengths is
-        overwritten by later steps, never read."""
-        self.kv.lengths = (self.kv.lengths - positions).clamp(min=0)
 
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
@@ -343,11 +340,23 @@ class Seq2SeqState(_OnSelfCache):
         return sequences, self.backend.to_torch(out["logits"])[:, -1].float()
 
     def step(self, tokens):
-        feeds = {"decoder_input_ids": tokens[:, None], "encoder_attention_mask": self.mask, **self.kv.step_feeds()}
+        logits = self._run(tokens[:, None])
+        self.kv.advance()
+        return logits[:, -1]
+
+    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
+        [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
+        logits = self._run(tokens)
+        self.kv.lengths = self.kv.lengths + tokens.shape[1]
+        return logits
+
+    def _run(self, tokens: torch.Tensor) -> torch.Tensor:
+        feeds = {"decoder_input_ids": tokens, "encoder_attention_mask": self.mask,
+                 **self.kv.step_feeds(tokens.shape[1])}
         feeds.update(zip(self.cross_names, self.cross))
         out = self.backend.run("decoder", feeds, into=self.kv.into())
-        self.kv.advance()
-        return self.backend.to_torch(out["logits"])[:, -1].float()
+        return self.backend.to_torch(out["logits"]).float()
 
     def room_for(self, other: Seq2SeqState) -> bool:
         return bool(self.kv.buffers) and other.mask.shape[1] <= self.mask.shape[1]

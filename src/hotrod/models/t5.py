@@ -88,11 +88,13 @@ class T5Attention(nn.Module):
         bucket = relative_bucket(k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
 
-    def step_position_bias(self, seqlens_k, total_len) -> torch.Tensor:
-        """[B, H, 1, total]: each row's one new query sits at its own position, seqlens_k[b]."""
-        relative = key_positions(total_len, seqlens_k.device)[None, :] - seqlens_k.long()[:, None]
+    def step_position_bias(self, seqlens_k, total_len, query_len) -> torch.Tensor:
+        """[B, H, Sq, total]: each row's Sq new queries end at its own position seqlens_k[b] (one token when
+        decoding; a token and its draft when verifying), as the in-place attention places them."""
+        queries = seqlens_k.long()[:, None] - (query_len - 1) + torch.arange(query_len, device=seqlens_k.device)
+        relative = key_positions(total_len, seqlens_k.device)[None, None, :] - queries[:, :, None]
         bucket = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(bucket).permute(0, 2, 1).unsqueeze(2)
+        return self.relative_attention_bias(bucket).permute(0, 3, 1, 2)
 
     def project_kv(self, states):
         return split_heads(self.k(states), self.num_heads), split_heads(self.v(states), self.num_heads)
@@ -235,13 +237,15 @@ class T5Model(nn.Module):
         return self._logits(x), present
 
     def decode_step(self, input_ids, encoder_mask, past, cross, seqlens_k, total_len):
-        """One token per row over the in-place self-attention cache (`past`: each layer's (k, v) buffers).
+        """New tokens per row over the in-place self-attention cache (`past`: each layer's (k, v) buffers).
 
         Rows keep their own lengths, so rows that joined a running batch at different steps need no
-        padding: row b's new token is at position seqlens_k[b], its relative position bias computed there.
+        padding: row b's last new token is at position seqlens_k[b], its relative position bias computed
+        there (and the tokens before it, when a draft is verified, just before).
         """
         x = self.shared(input_ids)
-        bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len)
+        bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len,
+                                                                              input_ids.shape[1])
         cross_bias = _cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
         present = []
         for i, block in enumerate(self.decoder.block):
