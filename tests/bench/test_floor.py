@@ -27,7 +27,7 @@ def test_real_measurements_are_positive_rates():
     assert floor._bandwidth(megabytes=16) > 0.1  # GB/s
     assert floor._matmul_rate(size=256) > 0.1  # GFLOP/s
     int8 = floor._int8_rate(size=256)
-    assert int8 is None or int8 > 0.1
+    assert int8 > floor._matmul_rate(size=256) / 10  # onnxruntime's kernel, not a reference loop (~50x slower)
 
 
 def test_matmul_params_count_matrices_not_embeddings():
