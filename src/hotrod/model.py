@@ -109,11 +109,7 @@ class HotrodModel:
         return value
 
     def _check_lookup(self, input_ids: torch.Tensor, settings: gen_config.Settings) -> None:
-        """Prompt lookup runs greedy decoding or sampling of one row of a decoder-only model; the rest is
-        refused."""
-        if not self.spec.continues_prompt:
-            raise HotrodError(f"prompt_lookup_num_tokens runs on decoder-only models so far, not on "
-                              f"{self.config.model_type}")
+        """Prompt lookup runs greedy decoding or sampling of one row; the rest is refused."""
         if settings.num_beams > 1:
             raise HotrodError("prompt_lookup_num_tokens runs with greedy decoding or sampling, not beam search")
         if input_ids.shape[0] != 1 or settings.num_return_sequences > 1:

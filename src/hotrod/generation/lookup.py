@@ -45,10 +45,16 @@ class Lookup:
         self.state, self.s, self.n = state, settings, draft_tokens
         self.drafted = self.accepted = 0
         self.backoff, self.wait = 1, 0
+        self.source: list[int] = []  # looked up before the row's own tokens
+        self.skip = 0  # leading tokens of the row left out of the lookup (a decoder's start token)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
         tokens = sequences[0].tolist()
+        # An encoder-decoder's output copies from its input, which its decoder never holds: drafts are
+        # looked up in the input, then in what was decoded after the start token.
+        if not self.state.sequences_include_prompt:
+            self.source, self.skip = input_ids[0][attention_mask[0].bool()].tolist(), 1
         eos = set(self.s.eos_token_ids or [])
         while True:
             token = int(pick(logits, torch.tensor([tokens]), self.s)[0])
@@ -70,7 +76,7 @@ class Lookup:
             self.wait -= 1
             return []
         room = self.s.max_length - len(tokens) - 1  # the pass also yields the token after the draft
-        return find_draft(tokens, min(self.n, room)) if room > 0 else []
+        return find_draft(self.source + tokens[self.skip:], min(self.n, room)) if room > 0 else []
 
     def _check(self, tokens: list[int], draft: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Verify `draft` after the last token: the drafted tokens kept, and the logits after the last kept."""
