@@ -196,7 +196,30 @@ def head_case(base: Case, head: str, **config_changes) -> Case:
 HEAD_CASES: dict[str, Case] = {
     case.name: case for case in (head_case(CASES[name], head) for name in ENCODER_CASES for head in TASK_HEADS)
 }
-ALL_CASES: dict[str, Case] = {**CASES, **HEAD_CASES}
+
+
+# -- assistants: a smaller model over each generating case's vocabulary, named `<case>-assistant` -----
+
+
+def assistant_case(base: Case, **config_changes) -> Case:
+    """`base` with fewer, narrower layers and the same vocabulary and tokenizer: a model that drafts for it."""
+    import dataclasses
+
+    def config():
+        made = base.config()
+        for key, value in config_changes.items():
+            setattr(made, key, value)
+        return made
+
+    return dataclasses.replace(base, name=f"{base.name}-assistant", config=config)
+
+
+ASSISTANT_CASES: dict[str, Case] = {case.name: case for case in [
+    assistant_case(CASES["gpt2"], n_layer=1, n_embd=HIDDEN // 2, n_head=HEADS // 2),
+    assistant_case(CASES["t5"], num_layers=1, num_decoder_layers=1, d_model=HIDDEN // 2, d_kv=HIDDEN // HEADS,
+                   num_heads=HEADS // 2, d_ff=HIDDEN),
+]}
+ALL_CASES: dict[str, Case] = {**CASES, **HEAD_CASES, **ASSISTANT_CASES}
 
 
 def build_checkpoint(case: Case, directory: Path, seed: int = 0, **save_kwargs) -> Path:

@@ -8,6 +8,7 @@ or a backend.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from hotrod import precisions, tasks
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError, check_count
 from hotrod.generation import config as gen_config
+from hotrod.generation.assist import DEFAULT_DRAFT_TOKENS, Assist
 from hotrod.generation.cache import DecodingState, SelfCache, compact_prompts
+from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 from hotrod.generation.lookup import Lookup
 from hotrod.generation.search import generate as run_search
 from hotrod.kinds import spec as kind_spec
@@ -39,9 +42,6 @@ class ModelOutput:
 
     def __getitem__(self, key: str) -> torch.Tensor | None:
         return getattr(self, key)
-
-
-MAX_LOOKUP_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 
 
 class HotrodModel:
@@ -79,7 +79,7 @@ class HotrodModel:
         if input_ids is None:  # transformers' first argument is also called `inputs`
             input_ids = kwargs.pop("inputs", None)
         input_ids = self._ids(input_ids)
-        lookup = self._lookup_tokens(kwargs)
+        lookup, assistant, assistant_tokens = self._draft_arguments(kwargs)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
             attention_mask = self._as_long(attention_mask, input_ids.shape)
@@ -91,32 +91,62 @@ class HotrodModel:
         state = self.decoding_state(settings)
         with torch_threads(self.backend.loop_threads):
             if lookup:
-                self._check_lookup(input_ids, settings)
+                self._check_drafting("prompt_lookup_num_tokens", input_ids, settings)
                 return Lookup(state, settings, lookup).generate(input_ids, attention_mask)
+            if assistant is not None:
+                self._check_drafting("assistant_model", input_ids, settings, assistant)
+                # The assistant's rows begin as the model's do (an encoder-decoder's with the same start token).
+                settings = dataclasses.replace(settings, decoder_start_token_id=self._start_token(settings))
+                drafter = Assist(state, settings, assistant.decoding_state(settings), assistant_tokens)
+                return drafter.generate(input_ids, attention_mask)
             return run_search(state, input_ids, attention_mask, settings)
 
-    def _lookup_tokens(self, kwargs: dict) -> int:
-        """`prompt_lookup_num_tokens` (0: off), taken out of transformers' arguments and checked."""
-        if kwargs.get("assistant_model") is not None:
-            raise HotrodError("assistant_model is not supported yet; prompt_lookup_num_tokens drafts from the prompt")
-        kwargs.pop("assistant_model", None)
-        value = kwargs.pop("prompt_lookup_num_tokens", None)
-        if value is None:
-            return 0
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LOOKUP_TOKENS:
-            raise HotrodError(f"prompt_lookup_num_tokens must be a whole number from 1 to {MAX_LOOKUP_TOKENS}, "
-                              f"got {value!r}")
-        return value
+    def _draft_arguments(self, kwargs: dict) -> tuple[int, HotrodModel | None, int]:
+        """`prompt_lookup_num_tokens` (0: off), `assistant_model` and `num_assistant_tokens`, taken out of
+        transformers' arguments and checked."""
+        lookup = kwargs.pop("prompt_lookup_num_tokens", None)
+        assistant = kwargs.pop("assistant_model", None)
+        assistant_tokens = kwargs.pop("num_assistant_tokens", None)
+        if assistant is not None and lookup is not None:
+            raise HotrodError("pass assistant_model or prompt_lookup_num_tokens, not both: each drafts the tokens")
+        if assistant is None and assistant_tokens is not None:
+            raise HotrodError("num_assistant_tokens is the assistant's draft length; pass assistant_model too")
+        if assistant is not None:
+            self._check_assistant(assistant)
+        return (0 if lookup is None else _draft_count("prompt_lookup_num_tokens", lookup), assistant,
+                DEFAULT_DRAFT_TOKENS if assistant_tokens is None else _draft_count("num_assistant_tokens",
+                                                                                   assistant_tokens))
 
-    def _check_lookup(self, input_ids: torch.Tensor, settings: gen_config.Settings) -> None:
-        """Prompt lookup runs greedy decoding or sampling of one row; the rest is refused."""
+    def _check_assistant(self, assistant: Any) -> None:
+        """An assistant drafts this model's tokens: a hotrod model of its kind, over the same vocabulary."""
+        if not isinstance(assistant, HotrodModel):
+            raise HotrodError(f"assistant_model must be a model loaded with hotrod.load, got {type(assistant).__name__}")
+        if assistant.spec != self.spec:
+            raise HotrodError(f"assistant_model is a model of kind {assistant.spec.name}; this model, of kind "
+                              f"{self.spec.name}, takes drafts from a model of its own kind")
+        if assistant.dims.vocab_size != self.dims.vocab_size:
+            raise HotrodError(f"assistant_model has {assistant.dims.vocab_size} tokens in its vocabulary, this model "
+                              f"{self.dims.vocab_size}: its drafts would not be this model's tokens")
+        if self.tokenizer is not None and assistant.tokenizer is not None \
+                and assistant.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise HotrodError("assistant_model's tokenizer differs from this model's: its drafts would not be this "
+                              "model's tokens")
+
+    def _check_drafting(self, name: str, input_ids: torch.Tensor, settings: gen_config.Settings,
+                        assistant: HotrodModel | None = None) -> None:
+        """Drafting (argument `name`) runs greedy decoding or sampling of one row; the rest is refused."""
         if settings.num_beams > 1:
-            raise HotrodError("prompt_lookup_num_tokens runs with greedy decoding or sampling, not beam search")
+            raise HotrodError(f"{name} runs with greedy decoding or sampling, not beam search")
         if input_ids.shape[0] != 1 or settings.num_return_sequences > 1:
-            raise HotrodError(f"prompt_lookup_num_tokens decodes one row at a time; got {input_ids.shape[0]}")
-        if not self.backend.verifies_drafts:
-            raise HotrodError("prompt_lookup_num_tokens needs a backend that verifies drafts in one pass; the static "
-                              "engine steps one token at a time (load with static=False)")
+            raise HotrodError(f"{name} decodes one row at a time; got {input_ids.shape[0]}")
+        for whose, model in (("this model's", self), ("the assistant's", assistant)):
+            if model is not None and not model.backend.verifies_drafts:
+                raise HotrodError(f"{name} needs backends that verify drafts in one pass; {whose} static engine "
+                                  "steps one token at a time (load with static=False)")
+        positions = assistant.dims.max_positions if assistant is not None else None
+        if positions is not None and settings.max_length > positions:
+            raise HotrodError(f"assistant_model has {positions} positions, fewer than the {settings.max_length} "
+                              "this generation needs")
 
     def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
         """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""
@@ -126,10 +156,13 @@ class HotrodModel:
     def decoding_state(self, settings: gen_config.Settings, capacity: int | None = None) -> DecodingState:
         """A fresh decoding state for this model (the server keeps one per running batch), whose cache
         starts with `capacity` positions per row (default: the settings' whole `max_length`)."""
+        capacity = settings.max_length if capacity is None else capacity
+        return self.spec.new_state(self.backend, self.dims, self._start_token(settings), capacity)
+
+    def _start_token(self, settings: gen_config.Settings) -> int | None:
+        """An encoder-decoder's first decoder token: the settings', else the model's config's."""
         start = settings.decoder_start_token_id
-        if start is None:
-            start = getattr(self.config, "decoder_start_token_id", None)
-        return self.spec.new_state(self.backend, self.dims, start, settings.max_length if capacity is None else capacity)
+        return getattr(self.config, "decoder_start_token_id", None) if start is None else start
 
     # -- forward --------------------------------------------------------------------------------
 
@@ -385,6 +418,13 @@ class HotrodModel:
     def _pad_id(self) -> int:
         pad = getattr(self.config, "pad_token_id", None)
         return int(pad) if pad is not None else 0
+
+
+def _draft_count(name: str, value: Any) -> int:
+    """A number of tokens to draft a pass, from 1 to MAX_DRAFT_TOKENS (each is a position of the verifying pass)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
+        raise HotrodError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, got {value!r}")
+    return value
 
 
 def _infer_mask(input_ids: torch.Tensor, values: dict) -> torch.Tensor:
