@@ -140,6 +140,25 @@ def test_generate_from_a_checkpoint_or_on_torch(zoo, capsys, source):
     assert printed.split() == [str(t) for t in expected[0].tolist()]
 
 
+
+def test_generate_takes_an_assistant(zoo, capsys):
+    artifact, assistant = zoo.artifact("gpt2"), zoo.artifact("gpt2-assistant")
+    argv = ("generate", artifact, "3 4 5 3 4 5 3", "--ids", "--max-new-tokens", 8, "--min-new-tokens", 8)
+    plain = ok(capsys, *argv)
+    assert ok(capsys, *argv, "--assistant", assistant) == plain
+    assert ok(capsys, *argv, "--assistant", assistant, "--assistant-tokens", 2) == plain
+    text = ("generate", artifact, "hello world", "--max-new-tokens", 6)
+    assert ok(capsys, *text, "--assistant", assistant) == ok(capsys, *text)
+    sampled = (*argv, "--assistant", assistant, "--do-sample", "--seed", 3)
+    assert ok(capsys, *sampled) == ok(capsys, *sampled)
+
+
+def test_the_assistant_loads_with_the_models_runtime_options(zoo, capsys):
+    argv = ("generate", zoo.checkpoint("t5"), "5 6 7 8", "--ids", "--max-new-tokens", 6, "--backend", "torch",
+            "--threads", 1)
+    assert ok(capsys, *argv, "--assistant", zoo.checkpoint("t5-assistant")) == ok(capsys, *argv)
+
+
 # -- embed ----------------------------------------------------------------------------------------
 
 
@@ -271,6 +290,21 @@ MISTAKES = {
                                                 "--engine-precision", "bf16"], 1, "runs on --device cuda"),
     "bad_engine_precision": (lambda z, t: ["generate", z.checkpoint("t5"), "5", "--backend", "torch",
                                            "--engine-precision", "int3"], 2, "invalid choice"),
+    "assistant_of_another_kind": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--assistant",
+                                                z.artifact("t5")], 1, "assistant_model is a model of kind seq2seq"),
+    "assistant_missing": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--assistant",
+                                        t / "nowhere"], 1, "no such model directory"),
+    "assistant_with_beams": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--num-beams", "2",
+                                           "--assistant", z.artifact("gpt2-assistant")], 1, "not beam search"),
+    "assistant_with_two_prompts": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "7 8", "--ids",
+                                                 "--assistant", z.artifact("gpt2-assistant")], 1, "one row at a time"),
+    "assistant_and_prompt_lookup": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--prompt-lookup",
+                                                  "2", "--assistant", z.artifact("gpt2-assistant")], 1, "not both"),
+    "assistant_tokens_zero": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--assistant-tokens", "0",
+                                            "--assistant", z.artifact("gpt2-assistant")], 1,
+                              "num_assistant_tokens must be a whole number from 1 to 64"),
+    "assistant_tokens_alone": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--assistant-tokens",
+                                             "3"], 1, "pass assistant_model too"),
 }
 
 

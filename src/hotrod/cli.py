@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed torch's generator, for reproducible sampling")
     p.add_argument("--prompt-lookup", type=int, default=None, metavar="N", dest="prompt_lookup_num_tokens",
                    help="draft up to N tokens a pass from the text so far (greedy, one prompt; the same tokens)")
+    p.add_argument("--assistant", metavar="MODEL", default=None,
+                   help="draft with this smaller model of the same kind and vocabulary, loaded as the model is "
+                        "(one prompt; greedy: the same tokens)")
+    p.add_argument("--assistant-tokens", type=int, default=None, metavar="N", dest="num_assistant_tokens",
+                   help="the assistant's first draft length (default 5; then longer after a draft kept whole, "
+                        "shorter after one that is not)")
     p.add_argument("--ids", action="store_true", help="prompts are space-separated token ids; print ids")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of text lines")
     _runtime_args(p)
@@ -167,10 +173,11 @@ def _runtime_args(p: argparse.ArgumentParser) -> None:
                    help="weights of the torch backend's static engine (on a GPU; default fp32)")
 
 
-def _load(args):
+def _load(args, source: str | None = None):
+    """The command's model (or `source`, with the same runtime options)."""
     import hotrod
 
-    return hotrod.load(args.model, backend=args.backend, device=args.device, threads=args.threads,
+    return hotrod.load(source or args.model, backend=args.backend, device=args.device, threads=args.threads,
                        precision=args.engine_precision)
 
 
@@ -247,8 +254,10 @@ def _generate(args) -> int:
     model = _load(args)
     kwargs = {k: getattr(args, k) for k in ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences",
                                             "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                                            "prompt_lookup_num_tokens")}
+                                            "prompt_lookup_num_tokens", "num_assistant_tokens")}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if args.assistant is not None:
+        kwargs["assistant_model"] = _load(args, args.assistant)
     if args.seed is not None:
         torch.manual_seed(args.seed)
     if args.ids:
