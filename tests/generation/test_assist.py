@@ -206,3 +206,11 @@ def test_an_assistant_drafts_for_a_padded_row(zoo):
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12)
     assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12,
                                       assistant_model=assistant), plain)
+
+
+def test_a_tokenizer_changed_after_a_call_is_compared_again(zoo):
+    model, assistant = zoo.model("gpt2", "onnxruntime"), hotrod.load(zoo.artifact("gpt2-assistant"))
+    model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, assistant_model=assistant)
+    assistant.tokenizer.add_tokens(["zebra-quartz"])
+    with pytest.raises(hotrod.HotrodError, match="tokenizer differs"):
+        model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, assistant_model=assistant)
