@@ -34,9 +34,10 @@ from hotrod.generation.sampling import process
 DEFAULT_DRAFT_TOKENS = 5  # transformers' assisted generation's first draft length under its heuristic schedule
 
 
-def distribution(logits: torch.Tensor, tokens: list[int], s: Settings) -> torch.Tensor:
-    """The probabilities [vocab] sampling draws the token after `tokens` from: processed scores, softmaxed."""
-    return torch.softmax(process(logits, torch.tensor([tokens]), s, None), dim=-1)[0]
+def distribution(logits: torch.Tensor, tokens: list[int], s: Settings, skip: torch.Tensor | None) -> torch.Tensor:
+    """The probabilities [vocab] sampling draws the token after `tokens` from: processed scores (the first
+    `skip` tokens, padding, left out of the repetition penalty), softmaxed."""
+    return torch.softmax(process(logits, torch.tensor([tokens]), s, skip), dim=-1)[0]
 
 
 def draw(weights: torch.Tensor) -> int:
@@ -85,7 +86,7 @@ class Assist(Drafting):
     def _draw(self, logits: torch.Tensor, tokens: list[int]) -> int:
         if not self.s.do_sample:
             return self.choose(logits, tokens)
-        q = distribution(logits, tokens, self.s)
+        q = distribution(logits, tokens, self.s, self.padding)
         self.q.append(q)
         return draw(q)
 
@@ -94,14 +95,14 @@ class Assist(Drafting):
             return super().accept(every, tokens, draft)
         kept: list[int] = []
         for j, drafted in enumerate(draft):
-            p = distribution(every[:, j], tokens + kept, self.s)
+            p = distribution(every[:, j], tokens + kept, self.s, self.padding)
             q = self.q[j].to(p.device)
             if float(torch.rand(())) * float(q[drafted]) < float(p[drafted]):  # kept with probability min(1, p/q)
                 kept.append(drafted)
                 continue
             residual = (p - q).clamp(min=0)
             return kept, draw(residual if float(residual.sum()) > 0 else p)
-        return kept, draw(distribution(every[:, len(draft)], tokens + kept, self.s))
+        return kept, draw(distribution(every[:, len(draft)], tokens + kept, self.s, self.padding))
 
     def verified(self, drafted: int, kept: int) -> None:
         self.n = min(self.n + 2, MAX_DRAFT_TOKENS) if kept == drafted else max(1, self.n - 1)

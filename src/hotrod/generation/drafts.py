@@ -14,7 +14,7 @@ import torch
 
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
-from hotrod.generation.search import pick
+from hotrod.generation.search import pick, prompt_padding
 
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 
@@ -26,10 +26,12 @@ class Drafting:
     def __init__(self, state: DecodingState, settings: Settings):
         self.state, self.s = state, settings
         self.drafted = self.accepted = 0
+        self.padding: torch.Tensor | None = None  # the row's leading padding, which the repetition penalty ignores
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
         tokens = sequences[0].tolist()
+        self.padding = prompt_padding(self.state, attention_mask, 1)
         self.begin(input_ids, attention_mask, tokens)
         eos = set(self.s.eos_token_ids or [])
         new = [self.choose(logits, tokens)]
@@ -57,7 +59,7 @@ class Drafting:
 
     def choose(self, logits: torch.Tensor, tokens: list[int]) -> int:
         """The token decoding without drafts would take after `tokens`: the processed argmax, or a draw."""
-        return int(pick(logits, torch.tensor([tokens]), self.s)[0])
+        return int(pick(logits, torch.tensor([tokens]), self.s, self.padding)[0])
 
     def accept(self, every: torch.Tensor, tokens: list[int], draft: list[int]) -> tuple[list[int], int]:
         """The draft up to its first token that decoding would not have chosen, and the token chosen there

@@ -22,7 +22,7 @@ def generate(state: DecodingState, input_ids: torch.Tensor, attention_mask: torc
     return sample_or_greedy(state, input_ids, attention_mask, s)
 
 
-def _skip(state: DecodingState, attention_mask: torch.Tensor, expand: int) -> torch.Tensor | None:
+def prompt_padding(state: DecodingState, attention_mask: torch.Tensor, expand: int) -> torch.Tensor | None:
     """Leading padding per row, which the repetition penalty ignores when rows start with the prompt."""
     if not state.sequences_include_prompt:
         return None
@@ -47,7 +47,7 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
 def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
     expand = s.num_return_sequences if s.do_sample else 1
     sequences, logits = state.start(input_ids, attention_mask, expand)
-    skip = _skip(state, attention_mask, expand)
+    skip = prompt_padding(state, attention_mask, expand)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
     eos = torch.tensor(s.eos_token_ids or [-1])
     while True:
@@ -65,7 +65,7 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
     beams, batch = s.num_beams, input_ids.shape[0]
     flat, logits = state.start(input_ids, attention_mask, beams)
     prompt_len = flat.shape[1]
-    skip = _skip(state, attention_mask, beams)
+    skip = prompt_padding(state, attention_mask, beams)
     min_keep = max(2, len(s.eos_token_ids) + 1)  # sampled beams must keep a non-EOS continuation
     keep = max(2, 1 + len(s.eos_token_ids)) * beams
     top_beams = torch.arange(keep) < beams
