@@ -31,7 +31,7 @@ from hotrod.generation.config import Settings
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS, Drafting
 from hotrod.generation.sampling import process
 
-DEFAULT_DRAFT_TOKENS = 5  # transformers' assisted generation's first draft length under its heuristic schedule
+DEFAULT_DRAFT_TOKENS = 5  # transformers' first draft length under its heuristic schedule (its default now: 20, constant)
 
 
 def distribution(logits: torch.Tensor, tokens: list[int], s: Settings, skip: torch.Tensor | None) -> torch.Tensor:

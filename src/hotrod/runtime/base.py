@@ -53,7 +53,7 @@ class Backend(Protocol):
     # and torch's idle workers spinning on the same cores slow the engine down.
     loop_threads: int | None
     # Whether a decoder step may feed several tokens after the cache (drafts verified in one pass,
-    # `hotrod.generation.lookup`): the static engine's fixed-span attention reads one token a step.
+    # `hotrod.generation.drafts`): the static engine's fixed-span attention reads one token a step.
     verifies_drafts: bool
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
