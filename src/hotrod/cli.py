@@ -350,6 +350,8 @@ def _task_commands(sub) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="tokens a window (default 384, or the model's)")
     p.add_argument("--doc-stride", type=int, default=None, help="tokens windows share (default 128)")
     p.add_argument("--impossible", action="store_true", help="allow the answer that the context has none")
+    p.add_argument("--no-align-to-words", dest="align_to_words", action="store_false",
+                   help="answer the tokens' own characters, not their whole words")
     _task_args(p, _answer)
 
 
@@ -410,7 +412,7 @@ def _answer(args) -> int:
     context = args.context if args.context is not None else _read_text(args.context_file)
     result = _load(args).answer(args.question, context, top_k=args.top_k, max_answer_len=args.max_answer_len,
                                 max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
-                                handle_impossible_answer=args.impossible)
+                                handle_impossible_answer=args.impossible, align_to_words=args.align_to_words)
     if args.json:
         print(json.dumps(result))
         return 0

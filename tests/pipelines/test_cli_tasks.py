@@ -28,6 +28,9 @@ def test_tag_and_answer_print_what_the_api_answers(zoo, capsys, tmp_path):
     assert json.loads(ok(capsys, "answer", reader, "--question", "where is the dog", "--context-file", context,
                          "--json")) == expected
     assert expected["answer"] in ok(capsys, "answer", reader, "--question", "where is the dog", "--context", CONTEXT)
+    tokens = zoo.model("bert-qa", "onnxruntime").answer("where is the dog", CONTEXT, top_k=3, align_to_words=False)
+    assert json.loads(ok(capsys, "answer", reader, "--question", "where is the dog", "--context", CONTEXT,
+                         "--top-k", "3", "--no-align-to-words", "--json")) == tokens
 
 
 @pytest.mark.parametrize(("argv", "match"), [

@@ -140,7 +140,7 @@ def _windows(model: Any, body: AnswerRequest) -> Any:
     try:
         return answer_pipeline.prepare(model, body.question, body.context, body.top_k, body.doc_stride,
                                        body.max_answer_len, body.max_seq_len, body.max_question_len,
-                                       body.handle_impossible_answer)
+                                       body.handle_impossible_answer, body.align_to_words)
     except HotrodError as exc:
         message = str(exc)
         field = next((f for f in ("question", "doc_stride", "max_seq_len") if message.startswith(("the " + f, f))),
