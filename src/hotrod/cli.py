@@ -404,7 +404,10 @@ def _tag(args) -> int:
         print(text)
         for e in entities:
             label = e.get("entity_group") or e.get("entity")
-            print(f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}")
+            if e["start"] is None:  # a slow tokenizer: no characters, the tokens' own text
+                print(f"  {label:<10} {e['score']:.4f}  -  {e['word']}")
+            else:
+                print(f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}")
     return 0
 
 

@@ -254,7 +254,7 @@ class HotrodModel:
         return rerank.finish(self, prepared, self.run_rows(prepared.rows))
 
     def tag(self, texts: str | Sequence[str], aggregation_strategy: str = "simple",
-            ignore_labels: Sequence[str] = ("O",), truncate: bool = False) -> list:
+            ignore_labels: Sequence[str] | str | None = ("O",), truncate: bool = False) -> list:
         """Entities as transformers' `pipeline("token-classification")` gives them, for aggregation none,
         simple, first, average or max: a list for one text, a list of lists for several."""
         from hotrod.pipelines import tag

@@ -130,8 +130,8 @@ class Entity(BaseModel):
     score: float
     index: int | None = None
     word: str
-    start: int
-    end: int
+    start: int | None = None  # None from a slow tokenizer, which has no character offsets
+    end: int | None = None
 
 
 class TagResponse(BaseModel):
