@@ -324,20 +324,20 @@ def _task_commands(sub) -> None:
     p.add_argument("--top-k", type=_top, default=1, help="labels per input, best first; all: every label")
     p.add_argument("--function", default=None, choices=("softmax", "sigmoid", "none"),
                    help="applied to the logits (default: the pipeline's choice for the head)")
-    _task_args(p, _classify)
+    _task_args(p, _classify, truncate=True)
 
     p = sub.add_parser("rerank", help="documents by a cross-encoder's relevance to a query, best first")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
     p.add_argument("documents", nargs="+", metavar="DOC")
     p.add_argument("--query", required=True)
     p.add_argument("--top-n", type=int, default=None, help="the best N only")
-    _task_args(p, _rerank)
+    _task_args(p, _rerank, truncate=True)
 
     p = sub.add_parser("tag", help="entities of texts from a token-classification (NER) model")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.add_argument("--aggregation", default="simple", choices=("none", "simple", "first", "average", "max"))
-    _task_args(p, _tag)
+    _task_args(p, _tag, truncate=True)
 
     p = sub.add_parser("answer", help="the answer to a question, taken from a context (extractive QA)")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
@@ -355,7 +355,9 @@ def _task_commands(sub) -> None:
     _task_args(p, _answer)
 
 
-def _task_args(p: argparse.ArgumentParser, handler) -> None:
+def _task_args(p: argparse.ArgumentParser, handler, truncate: bool = False) -> None:
+    if truncate:
+        p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's positions")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _runtime_args(p)
     p.set_defaults(handler=handler)
@@ -375,7 +377,7 @@ def _classify(args) -> int:
     if args.pair is not None and len(args.pair) != len(args.texts):
         raise HotrodError(f"--pair was given {len(args.pair)} times for {len(args.texts)} texts; give one per text")
     inputs = list(zip(args.texts, args.pair)) if args.pair else list(args.texts)
-    results = model.classify(inputs, top_k=args.top_k, function_to_apply=args.function)
+    results = model.classify(inputs, top_k=args.top_k, function_to_apply=args.function, truncate=args.truncate)
     if args.json:
         print(json.dumps(results))
         return 0
@@ -386,7 +388,7 @@ def _classify(args) -> int:
 
 
 def _rerank(args) -> int:
-    ranked = _load(args).rerank(args.query, args.documents, top_n=args.top_n)
+    ranked = _load(args).rerank(args.query, args.documents, top_n=args.top_n, truncate=args.truncate)
     if args.json:
         print(json.dumps(ranked))
         return 0
@@ -396,7 +398,7 @@ def _rerank(args) -> int:
 
 
 def _tag(args) -> int:
-    results = _load(args).tag(list(args.texts), aggregation_strategy=args.aggregation)
+    results = _load(args).tag(list(args.texts), aggregation_strategy=args.aggregation, truncate=args.truncate)
     if args.json:
         print(json.dumps(results))
         return 0
