@@ -58,6 +58,9 @@ class Pick:
     logprobs: TokenLogprobs | None = None
 
 
+# Positions one verifying pass feeds at most, over all its rows: its logits are as many vocab-sized rows
+# (GPT-2, 32 rows of 16: 100 MB), and a large batch's pass is already compute bound on a CPU.
+PASS_POSITIONS = 512
 NO_VERIFY = "its backend cannot verify drafts in one pass (the static engine steps one token at a time)"
 Outcome = list[Pick] | BaseException  # a row's next tokens (one, or more when a draft was kept), or why it has none
 
@@ -190,7 +193,7 @@ class GenerationRunner:
             return []
         if not self.model.backend.verifies_batches and len(group.rows) > 1:
             return []
-        return drafts_of(group.rows, group.state.headroom - 1)
+        return drafts_of(group.rows, min(group.state.headroom, PASS_POSITIONS // len(group.rows)) - 1)
 
     def _speculate(self, group: Group, rows: list[Request], live: list[int], drafts: list[list[int]]) -> list[Outcome]:
         """One verifying pass of `group`: the tokens of its `rows` (in slots `live`). Every slot is fed
