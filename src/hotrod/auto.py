@@ -25,7 +25,7 @@ from hotrod.precisions import REGISTRY
 from hotrod.tasks import ENCODER_TASKS, FEATURES
 from hotrod.timing import interleaved, median
 from hotrod.verification.examples import ANSWERS
-from hotrod.verification.rows import answer_windows, example_rows
+from hotrod.verification.rows import answer_rows, example_rows
 from hotrod.verify import Example, Remembered, compare, measure
 
 TIMING_RUNS = 3
@@ -93,8 +93,7 @@ def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
     forward over the rows of all examples as its task builds them."""
     texts = [e.text for e in examples]
     if model.task in ENCODER_TASKS and model.task != FEATURES:
-        rows = example_rows(model, examples) if measure(model) != ANSWERS else \
-            [w.row for e in examples for w in answer_windows(model, e.text, e.pair)]
+        rows = example_rows(model, examples) if measure(model) != ANSWERS else answer_rows(model, examples)
         return lambda m: m.run_rows(rows)
     if not model.spec.generates:
         rows = [row for row in token_rows(model, texts) if row]

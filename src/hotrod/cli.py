@@ -333,20 +333,20 @@ def _task_commands(sub) -> None:
     p.add_argument("--top-k", type=_top, default=1, help="labels per input, best first; all: every label")
     p.add_argument("--function", default=None, choices=("softmax", "sigmoid", "none"),
                    help="applied to the logits (default: the pipeline's choice for the head)")
-    _task_args(p, _classify)
+    _task_args(p, _classify, truncate=True)
 
     p = sub.add_parser("rerank", help="documents by a cross-encoder's relevance to a query, best first")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
     p.add_argument("documents", nargs="+", metavar="DOC")
     p.add_argument("--query", required=True)
     p.add_argument("--top-n", type=int, default=None, help="the best N only")
-    _task_args(p, _rerank)
+    _task_args(p, _rerank, truncate=True)
 
     p = sub.add_parser("tag", help="entities of texts from a token-classification (NER) model")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.add_argument("--aggregation", default="simple", choices=("none", "simple", "first", "average", "max"))
-    _task_args(p, _tag)
+    _task_args(p, _tag, truncate=True)
 
     p = sub.add_parser("answer", help="the answer to a question, taken from a context (extractive QA)")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
@@ -359,10 +359,14 @@ def _task_commands(sub) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="tokens a window (default 384, or the model's)")
     p.add_argument("--doc-stride", type=int, default=None, help="tokens windows share (default 128)")
     p.add_argument("--impossible", action="store_true", help="allow the answer that the context has none")
+    p.add_argument("--no-align-to-words", dest="align_to_words", action="store_false",
+                   help="answer the tokens' own characters, not their whole words")
     _task_args(p, _answer)
 
 
-def _task_args(p: argparse.ArgumentParser, handler) -> None:
+def _task_args(p: argparse.ArgumentParser, handler, truncate: bool = False) -> None:
+    if truncate:
+        p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's positions")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _runtime_args(p)
     p.set_defaults(handler=handler)
@@ -382,7 +386,7 @@ def _classify(args) -> int:
     if args.pair is not None and len(args.pair) != len(args.texts):
         raise HotrodError(f"--pair was given {len(args.pair)} times for {len(args.texts)} texts; give one per text")
     inputs = list(zip(args.texts, args.pair)) if args.pair else list(args.texts)
-    results = model.classify(inputs, top_k=args.top_k, function_to_apply=args.function)
+    results = model.classify(inputs, top_k=args.top_k, function_to_apply=args.function, truncate=args.truncate)
     if args.json:
         print(json.dumps(results))
         return 0
@@ -393,7 +397,7 @@ def _classify(args) -> int:
 
 
 def _rerank(args) -> int:
-    ranked = _load(args).rerank(args.query, args.documents, top_n=args.top_n)
+    ranked = _load(args).rerank(args.query, args.documents, top_n=args.top_n, truncate=args.truncate)
     if args.json:
         print(json.dumps(ranked))
         return 0
@@ -403,7 +407,7 @@ def _rerank(args) -> int:
 
 
 def _tag(args) -> int:
-    results = _load(args).tag(list(args.texts), aggregation_strategy=args.aggregation)
+    results = _load(args).tag(list(args.texts), aggregation_strategy=args.aggregation, truncate=args.truncate)
     if args.json:
         print(json.dumps(results))
         return 0
@@ -411,7 +415,10 @@ def _tag(args) -> int:
         print(text)
         for e in entities:
             label = e.get("entity_group") or e.get("entity")
-            print(f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}")
+            if e["start"] is None:  # a slow tokenizer: no characters, the tokens' own text
+                print(f"  {label:<10} {e['score']:.4f}  -  {e['word']}")
+            else:
+                print(f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}")
     return 0
 
 
@@ -419,7 +426,7 @@ def _answer(args) -> int:
     context = args.context if args.context is not None else _read_text(args.context_file)
     result = _load(args).answer(args.question, context, top_k=args.top_k, max_answer_len=args.max_answer_len,
                                 max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
-                                handle_impossible_answer=args.impossible)
+                                handle_impossible_answer=args.impossible, align_to_words=args.align_to_words)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -126,19 +126,13 @@ def tag_hotrod(model, texts: Sequence[str]) -> list[str]:
 
 
 def entity_groups(labels: Sequence[str], offsets: Sequence[tuple[int, int]]) -> list[tuple[str, int, int]]:
-    """(type, first token, last token) of each entity: a token continues the open group when it has the
-    group's type and is not a B- tag; O groups are dropped (transformers' `group_entities`, whose words are
-    the group's tokens as text). Special tokens (empty offsets) are skipped."""
-    groups: list[list] = []
-    for index, (label, (start, end)) in enumerate(zip(labels, offsets)):
-        if start == end:
-            continue
-        head, _, entity = label.partition("-") if "-" in label else ("I", "", label)
-        if groups and groups[-1][0] == entity and head != "B":
-            groups[-1][2] = index
-        else:
-            groups.append([entity, index, index])
-    return [(entity, first, last) for entity, first, last in groups if entity != "O"]
+    """(type, first token, last token) of each entity, grouped as `HotrodModel.tag` groups them
+    (`pipelines.tag.groups`); special tokens (empty offsets) are skipped and O groups dropped."""
+    from hotrod.pipelines.tag import groups, split_tag
+
+    kept = [i for i, (start, end) in enumerate(offsets) if start != end]
+    found = [(split_tag(labels[kept[g[0]]])[1], kept[g[0]], kept[g[-1]]) for g in groups([labels[i] for i in kept])]
+    return [group for group in found if group[0] != "O"]
 
 
 def accuracy(predicted: Sequence[str], targets: Sequence[str]) -> float:

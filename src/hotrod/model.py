@@ -295,7 +295,7 @@ class HotrodModel:
         return rerank.finish(self, prepared, self.run_rows(prepared.rows))
 
     def tag(self, texts: str | Sequence[str], aggregation_strategy: str = "simple",
-            ignore_labels: Sequence[str] = ("O",), truncate: bool = False) -> list:
+            ignore_labels: Sequence[str] | str | None = ("O",), truncate: bool = False) -> list:
         """Entities as transformers' `pipeline("token-classification")` gives them, for aggregation none,
         simple, first, average or max: a list for one text, a list of lists for several."""
         from hotrod.pipelines import tag
@@ -305,14 +305,15 @@ class HotrodModel:
 
     def answer(self, question, context: str | None = None, top_k: int = 1, doc_stride: int | None = None,
                max_answer_len: int = 15, max_seq_len: int | None = None, max_question_len: int = 64,
-               handle_impossible_answer: bool = False) -> Any:
+               handle_impossible_answer: bool = False, align_to_words: bool = True) -> Any:
         """The answer span as transformers 4.x's `pipeline("question-answering")` gave it: {"answer",
-        "score", "start", "end"} (a list of the top_k when top_k > 1); a list of (question, context) pairs
-        gives one per pair. Every window of a long context runs in one batch (`hotrod.pipelines.answer`)."""
+        "score", "start", "end"} (a list of the top_k when top_k > 1, unless only one was found); several
+        questions (a list, with one context or a list of them, or a list of (question, context) pairs) give
+        one per question. Every window of a long context runs in one batch (`hotrod.pipelines.answer`)."""
         from hotrod.pipelines import answer
 
         prepared = answer.prepare(self, question, context, top_k, doc_stride, max_answer_len, max_seq_len,
-                                  max_question_len, handle_impossible_answer)
+                                  max_question_len, handle_impossible_answer, align_to_words)
         return answer.finish(self, prepared, self.run_rows(prepared.rows))
 
     def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hotrod import kinds
 from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket, TokenLogprobs
 
 FAIL_TOKEN = 66  # a prompt holding this id fails its batch ("B" encodes to it)
@@ -70,10 +71,12 @@ class FakeEngine:
     tickets: list[Ticket] = field(default_factory=list)
     stopped_with: list[bool] = field(default_factory=list)
     died: str | None = None  # set: the worker has died
+    verifies_drafts: bool = True  # as a decoder on onnxruntime or torch: requests may speculate
 
     def __post_init__(self) -> None:
         self.info = ModelInfo(name=self.name, kind=self.kind, vocab_size=self.vocab_size,
-                              max_positions=self.max_positions, created=1_700_000_000, path=f"/models/{self.name}")
+                              max_positions=self.max_positions, created=1_700_000_000, path=f"/models/{self.name}",
+                              verifies_drafts=self.verifies_drafts and kinds.spec(self.kind).generates)
         self._jobs: list[_Job] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -76,8 +76,10 @@ def _execute(scheduler, runner, plan) -> None:
     runner.release(plan.release)
     for rows, tokens in ((plan.step, runner.step(plan.step) if plan.step else []),
                          (plan.admit, runner.admit(plan.admit) if plan.admit else [])):
-        for row, pick in zip(rows, tokens):
-            scheduler.record(row, pick.token)
+        for row, picks in zip(rows, tokens):
+            for pick in picks:
+                if scheduler.record(row, pick.token):
+                    break
     for group in runner.groups:  # sized once for what its rows will need: no step grows the cache
         wanted = max(r.options.settings.max_length for r in group.rows if r is not None)
         assert group.state.kv.capacity >= wanted
@@ -117,4 +119,4 @@ def test_a_row_whose_choice_fails_fails_alone(zoo):
         request.options = runner.options(request.prompt, request.params)
     rows[0].options.generator = "not a generator"  # its draw raises inside torch.multinomial
     outcomes = runner.admit(rows)
-    assert isinstance(outcomes[0], BaseException) and all(isinstance(p.token, int) for p in outcomes[1:])
+    assert isinstance(outcomes[0], BaseException) and all(isinstance(p.token, int) for o in outcomes[1:] for p in o)

@@ -44,6 +44,10 @@ def test_answer_runs_every_window_and_answers_as_the_python_api(serve, reader): 
     assert [(a["answer"], a["start"], a["end"]) for a in body["answers"]] == \
         [(a["answer"], a["start"], a["end"]) for a in expected]
     assert body["windows"] > 1 and body["answers"][0]["score"] == pytest.approx(expected[0]["score"], rel=1e-5)
+    tokens = client.post("/v1/answer", json={**request, "align_to_words": False}).json()["answers"]
+    assert [a["answer"] for a in tokens] == \
+        [a["answer"] for a in reader.answer("where is the dog", CONTEXT, top_k=2, max_seq_len=24, doc_stride=6,
+                                            align_to_words=False)]
 
 
 @pytest.mark.parametrize(("route", "payload", "param", "words"), [

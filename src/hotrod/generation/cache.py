@@ -62,6 +62,16 @@ class DecodingState(Protocol):
     def fit(self, positions: int) -> None:
         """The rows left need at most `positions` each: give back memory held for rows that have gone."""
 
+    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each [rows, k, vocab]."""
+
+    def rewind(self, positions: int | torch.Tensor) -> None:
+        """Give back each row's last `positions` cached positions (a count, or one per row)."""
+
+    @property
+    def headroom(self) -> int:
+        """Positions the longest row may still take before the buffers must grow."""
+
 
 ROUND_POSITIONS = 64  # a grown cache's positions per row are a multiple of this (see `SelfCache._rounded`)
 
@@ -232,6 +242,12 @@ class _OnSelfCache:
 
     def fit(self, positions: int) -> None:
         self.kv.fit(positions)
+
+    @property
+    def headroom(self) -> int:
+        """Positions the longest row may still take before the buffers must grow (a copy of every row):
+        the server verifies drafts only as wide as this, since a pass feeds every row as many tokens."""
+        return self.kv.capacity - self.kv.length
 
     def rewind(self, positions: int | torch.Tensor) -> None:
         """Give back each row's last `positions` cached positions (a count, or one per row): what lies past

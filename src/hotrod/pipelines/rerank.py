@@ -1,31 +1,36 @@
 """Reranking with a cross-encoder: each (query, document) pair's score as sentence-transformers'
-`CrossEncoder.predict` gives it, and the documents best first.
+`CrossEncoder.predict` gives it, and the documents best first as `CrossEncoder.rank` orders them.
 
-The score is the one-output head's logit through the cross-encoder's activation: the one its config names
-(`sentence_transformers.activation_fn`, written by sentence-transformers when it saves a model), else a
-sigmoid, CrossEncoder's default for one output.
+The score is the one-output head's logit through the activation CrossEncoder applies by default: the torch
+module the config names (`sentence_transformers.activation_fn`, written by sentence-transformers when it
+saves a model, or the older `sbert_ce_default_activation_function`), else a sigmoid. As CrossEncoder does
+without `trust_remote_code`, a path outside torch falls back to the sigmoid. The server's rerank routes
+rank through here too, so they answer what `model.rerank` answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, check_choice
 from hotrod.pipelines import classify
-from hotrod.pipelines.base import Prepared, check_text, require_task
+from hotrod.pipelines.base import Prepared, check_text, encode, require_task, require_tokenizer
 from hotrod.tasks import CLASSIFY
 
-# sentence-transformers' activation classes (by the last part of their dotted name) -> classify's functions
-_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "none"}
+Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
 def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None = None,
-            truncate: bool = False) -> Prepared:
-    """One row per (query, document) pair."""
+            truncate: bool = False, function: str | None = None) -> Prepared:
+    """One row per (query, document) pair. `function` replaces the cross-encoder's own activation with one
+    of classify's (softmax, sigmoid, none), for callers that promise another score (TEI's raw scores)."""
     require_task(model, CLASSIFY, "rerank")
+    require_tokenizer(model, "rerank")
     if model.dims.num_labels != 1:
         raise HotrodError(f"rerank() needs a cross-encoder (a head with one output); this one has "
                           f"{model.dims.num_labels} labels: use classify()")
@@ -36,33 +41,46 @@ def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None 
         raise HotrodError("no documents to rerank")
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise HotrodError(f"top_n must be a whole number >= 1 or None, got {top_n!r}")
-    pairs = [(query, check_text(doc, f"document {i}")) for i, doc in enumerate(documents)]
-    prepared = classify.prepare(model, pairs, None, activation(model.config), truncate)
-    prepared.options["top_n"] = top_n
-    return prepared
+    texts = [check_text(doc, f"document {i}") for i, doc in enumerate(documents)]
+    if function is None:
+        activation = activation_of(model.config)
+    else:
+        name = check_choice("function_to_apply", str(function).lower(), classify.FUNCTIONS)
+        activation = functools.partial(classify.apply, function=name)
+    rows = encode(model, [query] * len(texts), texts, truncate=truncate, what="document")
+    return Prepared(rows, options={"top_n": top_n, "activation": activation})
 
 
 def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> list[dict]:
     """[{"index", "score"}] best first (equal scores keep the documents' order), the first top_n."""
-    scores = scores_of(prepared, outputs)
+    activation = prepared.options["activation"]
+    scores = [float(activation(out["logits"].float().reshape(1, -1)).reshape(-1)[0]) for out in outputs]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: prepared.options["top_n"]]
     return [{"index": i, "score": scores[i]} for i in order]
 
 
-def scores_of(prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> list[float]:
-    """Each pair's score, in the documents' order."""
-    function = prepared.options["function"]
-    return [float(classify.apply(out["logits"].float(), function)[0]) for out in outputs]
+def activation_of(config: Any) -> Activation:
+    """The activation CrossEncoder applies by default to this config's logits."""
+    settings = getattr(config, "sentence_transformers", None)
+    if isinstance(settings, dict) and "activation_fn" in settings:
+        path = settings["activation_fn"]
+    else:
+        path = getattr(config, "sbert_ce_default_activation_function", None)
+    if isinstance(path, str) and path.startswith("torch."):
+        return _torch_module(path)
+    return torch.nn.Sigmoid()
 
 
-def activation(config: Any) -> str:
-    """The function CrossEncoder applies to this model's logit (classify's name for it)."""
-    settings = getattr(config, "sentence_transformers", None) or {}
-    named = settings.get("activation_fn") if isinstance(settings, dict) else None
-    if not named:
-        return "sigmoid"
-    short = str(named).rsplit(".", 1)[-1]
-    if short not in _ACTIVATIONS:
-        raise HotrodError(f"the cross-encoder's activation {named} is not one hotrod applies "
-                          f"({', '.join(_ACTIVATIONS)})")
-    return _ACTIVATIONS[short]
+def _torch_module(path: str) -> torch.nn.Module:
+    """The torch module at a dotted path, built without arguments as CrossEncoder builds it."""
+    module, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        found = None
+    if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+        raise HotrodError(f"the cross-encoder's activation {path!r} in its config is not a torch module")
+    try:
+        return found()
+    except TypeError:
+        raise HotrodError(f"the cross-encoder's activation {path!r} cannot be built without arguments") from None

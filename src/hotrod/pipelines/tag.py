@@ -2,14 +2,16 @@
 
 Each token's scores are the softmax of its logits. With aggregation "none" every token not labelled with
 an ignored label is an entity of its own; "simple" joins neighbouring tokens of one entity type (a B- tag
-starts a new one); "first", "average" and "max" first settle each word's label from its tokens (its first
-token's, their mean scores', its most confident token's), then join words the same way. Words and their
-character offsets come from the tokenizer's offsets.
+starts a new one: `groups`); "first", "average" and "max" first settle each word's label from its tokens
+(its first token's, their mean scores', its most confident token's), then join words the same way. Words
+and their character offsets come from a fast tokenizer's offsets: for word-piece tokenizers a token whose
+text is not its characters (`##ing`) continues a word, for others a token not after a space. A slow
+tokenizer has no offsets: its entities have no start and end, and the word strategies are refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,24 +23,30 @@ from hotrod.pipelines.base import Prepared, Row, check_text, require_task, requi
 from hotrod.tasks import TOKENS
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
-_WORD_STRATEGIES = ("first", "average", "max")
+_WORD_STRATEGIES = ("first", "average", "max")  # need words, so a tokenizer that maps tokens to characters
 
 
 @dataclass
 class _Text:
     text: str
-    offsets: list[tuple[int, int]]
+    offsets: list[tuple[int, int]] | None  # None from a slow tokenizer: entities without start and end
     special: list[int]
 
 
 def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str = "simple",
-            ignore_labels: Sequence[str] = ("O",), truncate: bool = False) -> Prepared:
+            ignore_labels: Sequence[str] | str | None = ("O",), truncate: bool = False) -> Prepared:
+    """Rows of one text or a list of texts; a text past the model's positions is refused unless `truncate`."""
     require_task(model, TOKENS, "tag")
     tokenizer = require_tokenizer(model, "tag")
     strategy = check_choice("aggregation_strategy", str(aggregation_strategy).lower(), STRATEGIES)
-    if not getattr(tokenizer, "is_fast", False):
-        raise HotrodError("tag() needs a fast tokenizer: words and character offsets come from its offsets")
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    if strategy in _WORD_STRATEGIES and not fast:
+        raise HotrodError(f'aggregation_strategy "{strategy}" needs words, and this slow tokenizer cannot handle '
+                          'subwords; use "simple" or a fast tokenizer')
+    ignored = _labels(ignore_labels)
     single = isinstance(texts, str)
+    if not single and not isinstance(texts, Sequence):
+        raise HotrodError(f"texts must be a text or a list of texts, got {type(texts).__name__}")
     items = [texts] if single else list(texts)
     if not items:
         raise HotrodError("nothing to tag")
@@ -47,16 +55,16 @@ def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str = 
     for i, text in enumerate(items):
         check_text(text, f"text {i}")
         kwargs = {"truncation": True, "max_length": limit} if truncate and limit else {}
-        encoded = tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True, **kwargs)
+        encoded = tokenizer(text, return_offsets_mapping=fast, return_special_tokens_mask=True, **kwargs)
         ids = list(encoded["input_ids"])
         if limit and len(ids) > limit:
             raise HotrodError(f"text {i} has {len(ids)} tokens, more than the model's {limit} positions; "
                               "shorten it or ask for truncation")
         types = encoded.get("token_type_ids") if model.dims.type_vocab_size else None
         rows.append(Row(ids, list(types) if types is not None else None))
-        states.append(_Text(text, [tuple(o) for o in encoded["offset_mapping"]], list(encoded["special_tokens_mask"])))
-    return Prepared(rows, state=(single, states),
-                    options={"strategy": strategy, "ignore": tuple(ignore_labels)})
+        offsets = [tuple(o) for o in encoded["offset_mapping"]] if fast else None
+        states.append(_Text(text, offsets, list(encoded["special_tokens_mask"])))
+    return Prepared(rows, state=(single, states), options={"strategy": strategy, "ignore": ignored})
 
 
 def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> list:
@@ -87,17 +95,21 @@ def _tokens(model: Any, row: Row, text: _Text, scores: np.ndarray) -> list[dict]
     tokenizer = model.tokenizer
     wordpiece = getattr(getattr(getattr(tokenizer, "_tokenizer", None), "model", None), "continuing_subword_prefix", None)
     tokens = []
-    for index, (token_id, (start, end)) in enumerate(zip(row.input_ids, text.offsets)):
+    for index, token_id in enumerate(row.input_ids):
         if text.special[index]:
             continue
         word = tokenizer.convert_ids_to_tokens(int(token_id))
-        span = text.text[start:end]
-        if wordpiece:
-            continuing = len(word) != len(span)
-        else:  # no subword marker: a token not after a space continues the word before it
-            continuing = start > 0 and " " not in text.text[start - 1: start + 1]
-        if int(token_id) == tokenizer.unk_token_id:
-            word, continuing = span, False
+        start = end = None
+        continuing = False
+        if text.offsets is not None:
+            start, end = text.offsets[index]
+            span = text.text[start:end]
+            if wordpiece:
+                continuing = len(word) != len(span)
+            else:  # no subword marker: a token not after a space continues the word before it
+                continuing = start > 0 and " " not in text.text[start - 1: start + 1]
+            if int(token_id) == tokenizer.unk_token_id:
+                word, continuing = span, False
         tokens.append({"word": word, "scores": scores[index], "start": start, "end": end, "index": index,
                        "continuing": continuing})
     return tokens
@@ -133,22 +145,47 @@ def _word(model: Any, tokens: list[dict], strategy: str) -> dict:
             "start": tokens[0]["start"], "end": tokens[-1]["end"]}
 
 
-def _tag(label: str) -> tuple[str, str]:
-    """(B or I, entity type) of a label; a label without a B-/I- prefix continues."""
+def split_tag(label: str) -> tuple[str, str]:
+    """(B or I, entity type) of a label; a label without a B-/I- prefix continues ("I") itself."""
     if label.startswith(("B-", "I-")):
         return label[0], label[2:]
     return "I", label
 
 
-def _groups(model: Any, entities: list[dict]) -> list[dict]:
-    groups: list[list[dict]] = []
-    for entity in entities:
-        head, entity_type = _tag(entity["entity"])
-        if groups and head != "B" and _tag(groups[-1][-1]["entity"])[1] == entity_type:
-            groups[-1].append(entity)
+def group_name(label: str) -> str:
+    """The entity_group of a group whose first label is `label`: what follows its first "-"."""
+    return label.split("-", 1)[-1]
+
+
+def groups(labels: Sequence[str]) -> list[list[int]]:
+    """Indexes of the labels that make each entity, as "simple" groups them: a label joins the group before
+    it when it has the type of the group's last label and is not a B-. Verification groups the source's
+    and the candidate's tags through this too, so its entities are the ones `tag` answers."""
+    found: list[list[int]] = []
+    for index, label in enumerate(labels):
+        head, entity_type = split_tag(label)
+        if found and head != "B" and split_tag(labels[found[-1][-1]])[1] == entity_type:
+            found[-1].append(index)
         else:
-            groups.append([entity])
-    return [{"entity_group": group[0]["entity"].split("-", 1)[-1],
+            found.append([index])
+    return found
+
+
+def _groups(model: Any, entities: list[dict]) -> list[dict]:
+    members = [[entities[i] for i in group] for group in groups([e["entity"] for e in entities])]
+    return [{"entity_group": group_name(group[0]["entity"]),
              "score": float(np.nanmean([e["score"] for e in group])),
              "word": model.tokenizer.convert_tokens_to_string([e["word"] for e in group]),
-             "start": group[0]["start"], "end": group[-1]["end"]} for group in groups]
+             "start": group[0]["start"], "end": group[-1]["end"]} for group in members]
+
+
+def _labels(ignore_labels: Any) -> tuple[str, ...]:
+    """The labels left out: the pipeline's ["O"] for None, one label, or a list of them."""
+    if ignore_labels is None:
+        return ("O",)
+    if isinstance(ignore_labels, str):
+        return (ignore_labels,)
+    labels = tuple(ignore_labels) if isinstance(ignore_labels, Iterable) else None
+    if labels is None or not all(isinstance(label, str) for label in labels):
+        raise HotrodError(f"ignore_labels must be a list of label names, got {ignore_labels!r}")
+    return labels

@@ -55,6 +55,9 @@ class Backend(Protocol):
     # Whether a decoder step may feed several tokens after the cache (drafts verified in one pass,
     # `hotrod.generation.drafts`): the static engine's fixed-span attention reads one token a step.
     verifies_drafts: bool
+    # Whether such a pass may hold several rows (the server verifies its whole batch in one): onnxruntime's
+    # GroupQueryAttention takes several new tokens after a cache only at batch size 1.
+    verifies_batches: bool
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run.

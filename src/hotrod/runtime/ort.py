@@ -58,6 +58,7 @@ class OrtBackend:
         self.torch_device = torch.device(self.device, 0) if self.device != "cpu" else torch.device("cpu")
         self.loop_threads = 1 if self.device == "cpu" else None
         self.verifies_drafts = True
+        self.verifies_batches = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 ..."
         providers = providers_for(options.device)
         self._profiles = Path(tempfile.mkdtemp(prefix="hotrod-profile-")) if options.profile else None
         # Runs of each graph, counted while profiling: the profiler's trace holds one model_run event each.

@@ -70,7 +70,7 @@ class StaticBackend:
         self.torch_device = torch.device(options.device)
         self.device = self.torch_device.type
         self.loop_threads = None
-        self.verifies_drafts = False
+        self.verifies_drafts = self.verifies_batches = False
         self.dtype = options.dtype
         self.module = prepare(module, options).to(self.torch_device)
         freeze_projections(self.module)

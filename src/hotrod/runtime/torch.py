@@ -15,7 +15,7 @@ class TorchBackend:
     def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: RuntimeOptions):
         self.device = options.device
         self.loop_threads = None  # torch runs the model itself: its threads are the engine's
-        self.verifies_drafts = True
+        self.verifies_drafts = self.verifies_batches = True
         if options.device == "cpu" and options.threads:  # torch's thread count is process-wide: only when asked
             torch.set_num_threads(cpu_threads(options.threads))
         self.module = module.eval().to(options.device)

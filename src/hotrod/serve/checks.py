@@ -20,6 +20,7 @@ from hotrod.kinds import spec
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
 from hotrod.serve.protocol import Engine
+from hotrod.serve.schemas import Speculate
 
 DEFAULT_NEW_TOKENS = 32
 Item = str | list[int]
@@ -113,3 +114,17 @@ async def embed_rows(request: Request, engine: Engine, items: Sequence[Item], pa
     if len(items) > limit:
         raise ApiError(400, f"{param}: {len(items)} inputs; this server takes at most {limit} per request", param)
     return await token_rows(request, engine, items, param, [f"{param}[{i}]" for i in range(len(items))])
+
+
+def prompt_lookup(engine: Engine, speculate: Speculate | None, num_beams: int, param: str = "speculate") -> int | None:
+    """A request's own prompt-lookup draft length (None: the server's default applies), refused where
+    speculation cannot run: with beams, or on a model whose backend cannot verify drafts."""
+    if speculate is None:
+        return None
+    if speculate.prompt_lookup and num_beams > 1:
+        raise ApiError(400, f"{param}: prompt lookup runs with greedy decoding or sampling, not with "
+                            f"num_beams={num_beams}", param)
+    if speculate.prompt_lookup and not engine.info.verifies_drafts:
+        raise ApiError(400, f"{param}: model '{engine.info.name}' cannot speculate: its backend cannot verify "
+                            f"drafts in one pass", param)
+    return speculate.prompt_lookup

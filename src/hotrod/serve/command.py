@@ -38,6 +38,9 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
     p.add_argument("--kv-cache-mb", type=float, default=1024.0, help="KV-cache budget of a running batch")
     p.add_argument("--batching", default="continuous", choices=POLICIES,
                    help="generation: continuous (iteration-level), request (request-level) or none")
+    p.add_argument("--speculate", default=None, metavar="prompt-lookup:N",
+                   help="speculative decoding for generation requests that do not say (their `speculate` field): "
+                        "draft up to N tokens (0 to 64) a step from each request's own text, verified in one pass")
     p.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` on every /v1 and /v2 route but the health probes "
                         f"(default: ${API_KEY_ENV})")
@@ -68,7 +71,7 @@ def run_serve(args) -> int:
     from hotrod.serve.metrics import Metrics
 
     options = ServeOptions(args.max_batch_size, args.max_queue_delay_ms, args.max_queue, args.kv_cache_mb,
-                           args.batching)
+                           args.batching, speculation(args.speculate))
     limits = ServeLimits(args.max_new_tokens_limit, args.request_timeout, args.max_input_tokens,
                          args.max_batch_inputs, args.max_request_bytes, args.max_connections, args.shutdown_timeout)
     access = Access(args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
@@ -87,6 +90,25 @@ def run_serve(args) -> int:
     except StartupFailed as exc:
         raise HotrodError(str(exc)) from None
     return 0
+
+
+SPECULATORS = ("prompt-lookup",)
+
+
+def speculation(value: str | None) -> int:
+    """The tokens `--speculate prompt-lookup:N` drafts a step (0 without the option); a bad value is one line."""
+    if value is None:
+        return 0
+    method, _, count = value.partition(":")
+    if method not in SPECULATORS:
+        raise HotrodError(f"--speculate: unknown method {method!r}; choose from {', '.join(SPECULATORS)} "
+                          f"(as prompt-lookup:N)")
+    from hotrod.model import MAX_LOOKUP_TOKENS
+
+    if not count.strip().isdigit() or int(count) > MAX_LOOKUP_TOKENS:
+        raise HotrodError(f"--speculate: {method} takes a token count from 0 to {MAX_LOOKUP_TOKENS}, as "
+                          f"{method}:4; got {value!r}")
+    return int(count)
 
 
 def _run_on_ray(args, options, limits, access, runtime) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from hotrod.serve.checks import new_tokens, token_ids
+from hotrod.serve.checks import new_tokens, prompt_lookup, token_ids
 from hotrod.serve.choices import Choice, Logprobs
 from hotrod.serve.endpoints import GENERATORS, STREAMED, json_response, sampling, usage
 from hotrod.serve.http_errors import (
@@ -44,7 +44,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, "echo: not supported together with logprobs (the prompt is not scored)", "echo")
     prompt = await token_ids(request, engine, body.prompt, "prompt")
     new = new_tokens(request, engine, prompt, body.max_tokens, "prompt", "max_tokens")
-    readers = _submit_all(request, engine, prompt, body, new)
+    lookup = prompt_lookup(engine, body.speculate, num_beams=1)
+    readers = _submit_all(request, engine, prompt, body, new, lookup)
     echo = (body.prompt if isinstance(body.prompt, str) else engine.decode(prompt)) if body.echo else ""
     choices = [Choice(engine.decode, stops, body.logprobs, len(echo)) for _ in readers]
     pieces = [_pieces(reader, choice) for reader, choice in zip(readers, choices)]
@@ -74,10 +75,10 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 
 def _submit_all(request: Request, engine: Engine, prompt: list[int], body: CompletionRequest,
-                new: int) -> list[TicketReader]:
+                new: int, lookup: int | None) -> list[TicketReader]:
     """One ticket per choice (choice i of a seeded request samples with seed + i)."""
     params = [Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
-                     seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs,
+                     seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs, prompt_lookup=lookup,
                      **sampling(body.temperature, True)) for i in range(body.n)]
     return submit_all(request, [functools.partial(engine.submit_generate, prompt, p) for p in params])
 

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from hotrod import kinds
-from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, token_ids
+from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, prompt_lookup, token_ids
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
 from hotrod.serve.protocol import Engine, Params
 from hotrod.serve.schemas import (
@@ -56,10 +56,12 @@ def sampling(temperature: float | None, do_sample: bool) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature}
 
 
-def generation_params(body: Sampling, new: int) -> Params:
-    """The engine's parameters of a checked request that generates `new` tokens."""
+def generation_params(body: Sampling, new: int, engine: Engine, where: str = "speculate") -> Params:
+    """The engine's parameters of a checked request that generates `new` tokens (`where` names its
+    speculate field in a refusal)."""
     return Params(max_new_tokens=new, top_k=body.top_k, top_p=body.top_p, num_beams=body.num_beams,
                   repetition_penalty=body.repetition_penalty, seed=body.seed,
+                  prompt_lookup=prompt_lookup(engine, body.speculate, body.num_beams, where),
                   **sampling(body.temperature, body.do_sample))
 
 
@@ -70,7 +72,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     where = exactly_one(body.text, body.token_ids, "text", "token_ids")
     prompt = await token_ids(request, engine, body.text if body.text is not None else body.token_ids or [], where)
     new = new_tokens(request, engine, prompt, body.max_new_tokens, where, "max_new_tokens")
-    reader = submit(request, functools.partial(engine.submit_generate, prompt, generation_params(body, new)))
+    reader = submit(request, functools.partial(engine.submit_generate, prompt, generation_params(body, new, engine)))
     name = recorder.model
     if body.stream:
         def chunk(text: str, ids: list[int], finish: str | None, usage: dict | None) -> dict[str, Any]:

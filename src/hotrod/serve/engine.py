@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotrod.errors import HotrodError, check_number, first_line
-from hotrod.model import HotrodModel
+from hotrod.model import MAX_LOOKUP_TOKENS, HotrodModel
 from hotrod.pipelines.base import Row
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import ROWS, EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
+from hotrod.serve.runner import NO_VERIFY, ROWS, EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
 from hotrod.tasks import FEATURES
 
@@ -35,13 +35,16 @@ log = logging.getLogger("hotrod.serve")
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How each model is scheduled. `kv_cache_mb` bounds the running batch's cache (padded positions)."""
+    """How each model is scheduled. `kv_cache_mb` bounds the running batch's cache (padded positions);
+    `prompt_lookup` is the tokens a generation request drafts a step when it does not say (0: none;
+    `hotrod.serve.speculation`)."""
 
     max_batch_size: int = 32
     max_queue_delay_ms: float = 5.0
     max_queue: int = 256
     kv_cache_mb: float = 1024.0
     batching: str = "continuous"  # continuous | request | none (generation)
+    prompt_lookup: int = 0
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue"):
@@ -49,6 +52,10 @@ class ServeOptions:
                 raise HotrodError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_number("max_queue_delay_ms", self.max_queue_delay_ms, 0, 60_000)
         check_number("kv_cache_mb", self.kv_cache_mb, 0, 2**30)
+        if isinstance(self.prompt_lookup, bool) or not isinstance(self.prompt_lookup, int) \
+                or not 0 <= self.prompt_lookup <= MAX_LOOKUP_TOKENS:
+            raise HotrodError(f"prompt_lookup must be a whole number from 0 to {MAX_LOOKUP_TOKENS}, "
+                              f"got {self.prompt_lookup!r}")
         if self.batching not in POLICIES:
             raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")
 
@@ -60,8 +67,9 @@ class ModelEngine:
         self.options = options
         self.metrics = metrics or Metrics()
         dims = model.dims
+        verifies = model.spec.generates and model.backend.verifies_drafts
         self.info = ModelInfo(name, model.kind, model.config.vocab_size, dims.max_positions, int(time.time()), path,
-                              model.task, tuple(model.labels[i] for i in sorted(model.labels)))
+                              model.task, tuple(model.labels[i] for i in sorted(model.labels)), verifies)
         self._cond = threading.Condition()
         self._accepting = True
         self._ready = False
@@ -73,7 +81,10 @@ class ModelEngine:
             self.scheduler = DynamicBatcher(options.max_batch_size, options.max_queue_delay_ms / 1000,
                                             options.max_queue)
         else:
-            self.runner = GenerationRunner(model)
+            if options.prompt_lookup and not verifies:
+                raise HotrodError(f"model {name!r} cannot speculate (prompt lookup of {options.prompt_lookup} "
+                                  f"tokens): {NO_VERIFY}; serve it without --speculate")
+            self.runner = GenerationRunner(model, options.prompt_lookup)
             budget = int(options.kv_cache_mb * 2**20 // position_bytes(model))
             self.scheduler = ContinuousScheduler(options.max_batch_size, budget, options.max_queue,
                                                  self.runner.eos_ids, options.batching)
@@ -218,23 +229,33 @@ class ModelEngine:
             self._fail(requests, exc)
             return
         self.metrics.batch(self.info.name, self.info.kind, len(requests))
+        drafted, accepted = self.runner.speculated()  # type: ignore[union-attr]
+        if drafted:
+            self.metrics.drafts(self.info.name, drafted, accepted)
         for request, outcome in zip(requests, outcomes):
             if isinstance(outcome, BaseException):
                 self._fail([request], outcome)
             else:
                 self._record(request, outcome)
 
-    def _record(self, request: Request, pick: Pick) -> None:
-        before = len(request.tokens)
+    def _record(self, request: Request, picks: list[Pick]) -> None:
+        """Hand a row's new tokens to the scheduler in order, up to the request's end (the rest of a kept
+        draft is dropped), and to its ticket one event per token, as a plain step sends them."""
+        finished, taken = False, []
         with self._cond:
-            finished = self.scheduler.record(request, pick.token)
-        fresh = request.tokens[before:]
-        self.metrics.tokens(self.info.name, len(fresh))
-        logprobs = [pick.logprobs] if fresh and pick.logprobs is not None else None  # an EOS is not sent
-        if finished:
-            request.ticket.push(Event(tokens=fresh, logprobs=logprobs, finish_reason=request.finish_reason))
-        elif fresh:
-            request.ticket.push(Event(tokens=fresh, logprobs=logprobs))
+            for pick in picks:
+                before = len(request.tokens)
+                finished = self.scheduler.record(request, pick.token)
+                taken.append((request.tokens[before:], pick.logprobs))  # an EOS is not sent
+                if finished:
+                    break
+        self.metrics.tokens(self.info.name, sum(len(fresh) for fresh, _ in taken))
+        for n, (fresh, logprobs) in enumerate(taken):
+            sent = [logprobs] if fresh and logprobs is not None else None
+            if finished and n == len(taken) - 1:
+                request.ticket.push(Event(tokens=fresh, logprobs=sent, finish_reason=request.finish_reason))
+            elif fresh:
+                request.ticket.push(Event(tokens=fresh, logprobs=sent))
 
     def _fail(self, requests: list[Request], exc: BaseException) -> None:
         """Fail `requests`: the log gets the detail, each ticket an error the app turns into a 500."""

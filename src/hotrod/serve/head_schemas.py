@@ -130,8 +130,8 @@ class Entity(BaseModel):
     score: float
     index: int | None = None
     word: str
-    start: int
-    end: int
+    start: int | None = None  # None from a slow tokenizer, which has no character offsets
+    end: int | None = None
 
 
 class TagResponse(BaseModel):
@@ -148,11 +148,12 @@ class AnswerRequest(_Request):
     context: str
     top_k: int = Field(1, ge=1, le=100, description="Answers to return, best first.")
     doc_stride: int | None = Field(None, ge=0, description="Tokens neighbouring windows share (default 128, at most "
-                                                           "half a window).")
+                                                           "half a window, less beside a long question).")
     max_answer_len: int = Field(15, ge=1, le=512, description="Tokens an answer may span.")
     max_seq_len: int | None = Field(None, ge=8, description="Tokens a window holds (default 384, or the model's).")
     max_question_len: int = Field(64, ge=1, description="Tokens the question may have.")
     handle_impossible_answer: bool = Field(False, description="Allow the answer that the context has none.")
+    align_to_words: bool = Field(True, description="Widen answers to whole words (false: the tokens' characters).")
 
 
 class Answer(BaseModel):

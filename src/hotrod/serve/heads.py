@@ -72,29 +72,21 @@ async def rerank_route(body: RerankRequest, request: Request) -> Response:
     rows.check_texts(request, engine, [("query", body.query)], "query", body.truncate)
     rows.check_texts(request, engine, [(f"documents[{i}]", text) for i, text in enumerate(texts)], "documents",
                      body.truncate)
-    scores, tokens = await relevance(request, engine, body.query, texts, None, body.truncate)
-    order = ranked(scores)[: body.top_n]
-    results = [RerankResult(index=i, relevance_score=scores[i],
-                            document=Document(text=texts[i]) if body.return_documents else None) for i in order]
+    ranking, tokens = await relevance(request, engine, body.query, texts, None, body.truncate, top_n=body.top_n)
+    results = [RerankResult(index=r["index"], relevance_score=r["score"],
+                            document=Document(text=texts[r["index"]]) if body.return_documents else None)
+               for r in ranking]
     return json_response(RerankResponse(id=str(uuid.uuid4()), model=recorder.model, results=results,
                                         usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens)), recorder)
 
 
 async def relevance(request: Request, engine: Any, query: str, texts: list[str], function: str | None,
-                    truncate: bool, param: str = "documents") -> tuple[list[float], int]:
-    """Each (query, text) pair's score through `function` (None: the cross-encoder's own activation, as
-    `model.rerank` scores), and the tokens they ran: the one-label classification of each pair."""
-    if function is None:
-        function = rerank_pipeline.activation(engine.pipeline_model().config)
-    pairs = [[query, text] for text in texts]
-    prepared = await rows.prepare(request, engine, classify.prepare, pairs, None, function, truncate, param=param)
-    answers = await rows.answer(request, engine, classify, prepared, param)
-    return [labels[0]["score"] for labels in answers], rows.tokens(prepared)
-
-
-def ranked(scores: list[float]) -> list[int]:
-    """Indexes by score, best first; equal scores keep the documents' order."""
-    return sorted(range(len(scores)), key=lambda i: -scores[i])
+                    truncate: bool, param: str = "documents", top_n: int | None = None) -> tuple[list[dict], int]:
+    """`model.rerank`'s ranking of the texts ([{"index", "score"}], best first, the first `top_n`), each
+    score through `function` (None: the cross-encoder's own activation), and the tokens they ran."""
+    prepared = await rows.prepare(request, engine, rerank_pipeline.prepare, query, texts, top_n, truncate, function,
+                                  param=param)
+    return await rows.answer(request, engine, rerank_pipeline, prepared, param), rows.tokens(prepared)
 
 
 @router.post("/v1/tag", response_model=TagResponse, responses=ERRORS)
@@ -140,7 +132,7 @@ def _windows(model: Any, body: AnswerRequest) -> Any:
     try:
         return answer_pipeline.prepare(model, body.question, body.context, body.top_k, body.doc_stride,
                                        body.max_answer_len, body.max_seq_len, body.max_question_len,
-                                       body.handle_impossible_answer)
+                                       body.handle_impossible_answer, body.align_to_words)
     except HotrodError as exc:
         message = str(exc)
         field = next((f for f in ("question", "doc_stride", "max_seq_len") if message.startswith(("the " + f, f))),

@@ -7,7 +7,8 @@ Each served model is one v2 model with one version, "1". Its tensors (also in it
   another request), and answer `text_output` (BYTES [n]), `output_ids` (INT64 [n, T]: the generated
   tokens, rows shorter than the longest padded with -1, which is no token), `output_lengths` (INT64 [n])
   and `finish_reason` (BYTES [n]: "length" or "stop"). Request parameters are /v1/generate's sampling
-  fields (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, repetition_penalty, seed),
+  fields (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, repetition_penalty, seed, and
+  speculate, an object: {"prompt_lookup": N}),
   checked the same way; each row is its own engine request, so rows batch with everyone else's.
 - encoder models take `text` or `input_ids` alike and answer `embeddings` (FP32 [n, hidden]);
   parameters pooling ("mean" or "cls") and normalize, as /v1/embed.
@@ -193,8 +194,9 @@ def _options(parameters: dict[str, Any], model: type[BaseModel]) -> tuple[BaseMo
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
+        unknown = error["type"] == "extra_forbidden"
         reason = (f"not a parameter of this model (it takes {', '.join(model.model_fields) or 'none'})"
-                  if error["type"] == "extra_forbidden" else error["msg"])
+                  if unknown and len(error["loc"]) == 1 else "unknown field" if unknown else error["msg"])
         raise bad(f"parameters.{where}: {reason}") from None
 
 
@@ -263,7 +265,8 @@ async def _generate(request: Request, engine: Engine, prompts: list[list[int]], 
     """Each row as its own engine request, all at once; their answers in order."""
     news = [new_tokens(request, engine, prompt, options.max_new_tokens, f"{name}[{i}]", "max_new_tokens")
             for i, prompt in enumerate(prompts)]
-    calls = [functools.partial(engine.submit_generate, prompt, generation_params(options, new))
+    calls = [functools.partial(engine.submit_generate, prompt, generation_params(options, new, engine,
+                                                                                 "parameters.speculate"))
              for prompt, new in zip(prompts, news)]
     results = await collect_all(submit_all(request, calls))
     tokens = [row for row, _ in results]

@@ -35,6 +35,10 @@ SPECS = {
     "latency": Spec("histogram", "hotrod_request_latency_seconds", "Time from arrival to the last byte",
                     ("model", "endpoint"), _LATENCY_BUCKETS),
     "generated": Spec("counter", "hotrod_generated_tokens", "Tokens generated", ("model",)),
+    "drafted": Spec("counter", "hotrod_draft_tokens", "Tokens drafted by speculative decoding (prompt lookup)",
+                    ("model",)),
+    "accepted": Spec("counter", "hotrod_accepted_draft_tokens", "Drafted tokens the model verified and kept",
+                     ("model",)),
     "requests": Spec("counter", "hotrod_requests", "Requests by outcome", ("model", "endpoint", "outcome")),
 }
 
@@ -65,6 +69,11 @@ class Metrics:
 
     def tokens(self, model: str, count: int) -> None:
         self.record("generated", (model,), count)
+
+    def drafts(self, model: str, drafted: int, accepted: int) -> None:
+        """Tokens speculative decoding drafted in one step, and those the model kept."""
+        self.record("drafted", (model,), drafted)
+        self.record("accepted", (model,), accepted)
 
     def request(self, model: str, endpoint: str, outcome: str, seconds: float | None = None) -> None:
         """`outcome`: ok, cancelled, timeout, rejected (429), invalid (4xx), failed (500), unavailable (503)."""

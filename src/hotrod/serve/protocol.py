@@ -29,6 +29,7 @@ class Params:
     num_beams: int = 1
     seed: int | None = None
     logprobs: int | None = None  # with each token, its log-probability and this many most likely alternatives
+    prompt_lookup: int | None = None  # tokens drafted a step by prompt lookup (0: none); None: the server's default
 
     def generate_kwargs(self) -> dict[str, Any]:
         """The same request as keyword arguments of `HotrodModel.generate`."""
@@ -132,6 +133,7 @@ class ModelInfo:
     path: str
     task: str | None = None  # an encoder's head (`hotrod.tasks`): which /v1 task routes it answers
     labels: tuple[str, ...] = ()  # a labelled head's label of each output index
+    verifies_drafts: bool = False  # checks several drafted tokens a row in one pass: speculative decoding runs
 
 
 class Engine(Protocol):

@@ -14,6 +14,14 @@ where requests differ in settings, so a request gets the tokens it would get alo
 The batch needs no padding: every row keeps its own length in cache buffers the graph updates in place
 (`hotrod.generation.cache.SelfCache`), so rows that arrived at different steps share one call.
 
+A request that speculates (`hotrod.serve.speculation`) drafts tokens from its own text. When any row of
+the batch has a draft, the step is one verifying pass instead: every row is fed its last token and its
+draft (padded to the longest), each row keeps its draft up to the first token it would not have chosen,
+plus that choice, and the cache gives back the rest by each row's length alone. Greedy rows get the
+tokens plain decoding gives them, several a step where the text repeats itself; a step where no row
+drafts is the plain step, unchanged. onnxruntime's attention verifies drafts of a lone row only: there,
+a request speculates while it runs alone (which is when a step leaves the most bandwidth unused).
+
 Why slots: copying the whole batch's cache for every arrival and departure would cost as much as the
 steps themselves. A finished row leaves a free slot (released: it runs on at length 0, unread, until
 reused); a newcomer takes a free slot in place, copying only its own cache. The batch is compacted (one
@@ -29,6 +37,7 @@ from typing import Any
 import torch
 
 from hotrod.batching import plan
+from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
 from hotrod.generation import search
 from hotrod.generation.cache import DecodingState
@@ -38,6 +47,7 @@ from hotrod.generation.search import pick
 from hotrod.model import HotrodModel, torch_threads
 from hotrod.serve.protocol import Params, TokenLogprobs
 from hotrod.serve.scheduler import Request
+from hotrod.serve.speculation import Drafter, agreed, drafts_of
 
 
 @dataclass(frozen=True)
@@ -48,14 +58,19 @@ class Pick:
     logprobs: TokenLogprobs | None = None
 
 
-Outcome = Pick | BaseException  # a row's next token, or why it has none
+# Positions one verifying pass feeds at most, over all its rows: its logits are as many vocab-sized rows
+# (GPT-2, 32 rows of 16: 100 MB), and a large batch's pass is already compute bound on a CPU.
+PASS_POSITIONS = 512
+NO_VERIFY = "its backend cannot verify drafts in one pass (the static engine steps one token at a time)"
+Outcome = list[Pick] | BaseException  # a row's next tokens (one, or more when a draft was kept), or why it has none
 
 
 class RowOptions:
     """What one request needs at each step: its settings and, when sampling, its own random stream."""
 
-    def __init__(self, settings: Settings, seed: int | None):
+    def __init__(self, settings: Settings, seed: int | None, prompt_lookup: int = 0):
         self.settings = settings
+        self.drafter = Drafter(prompt_lookup) if prompt_lookup else None
         self.generator = None
         if settings.do_sample:
             self.generator = torch.Generator()
@@ -75,8 +90,12 @@ class Group:
 
 
 class GenerationRunner:
-    def __init__(self, model: HotrodModel):
+    """`prompt_lookup`: the tokens a request drafts a step when its params do not say (0: none)."""
+
+    def __init__(self, model: HotrodModel, prompt_lookup: int = 0):
         self.model = model
+        self.prompt_lookup = prompt_lookup
+        self.drafted = self.accepted = 0  # drafted tokens and those kept, since `speculated()` last read them
         self.groups: list[Group] = []  # at most one once a join is done: rows of any length share a state
         # The model's own settings, resolved as generate() resolves them: its EOS ids and start token.
         defaults = model.settings(1, {**gen_config.merge(model.generation_config, None, {}), "max_new_tokens": 1})
@@ -86,7 +105,22 @@ class GenerationRunner:
     def options(self, prompt: list[int], params: Params) -> RowOptions:
         """Resolve a request's settings as `generate()` would; raises HotrodError for a bad combination."""
         values = gen_config.merge(self.model.generation_config, None, params.generate_kwargs())
-        return RowOptions(self.model.settings(len(prompt), values), params.seed)
+        return RowOptions(self.model.settings(len(prompt), values), params.seed, self._lookup(params))
+
+    def _lookup(self, params: Params) -> int:
+        """The tokens a request drafts a step: its own choice, else the server's (which beams ignore)."""
+        if params.prompt_lookup is None:
+            return self.prompt_lookup if params.num_beams == 1 else 0
+        if params.prompt_lookup and params.num_beams > 1:
+            raise HotrodError("speculate: prompt lookup runs with greedy decoding or sampling, not beam search")
+        if params.prompt_lookup and not self.model.backend.verifies_drafts:
+            raise HotrodError(f"speculate: this model cannot speculate: {NO_VERIFY}")
+        return params.prompt_lookup
+
+    def speculated(self) -> tuple[int, int]:
+        """Tokens drafted, and those of them kept, since the last call (the engine's metrics read them)."""
+        counts, self.drafted, self.accepted = (self.drafted, self.accepted), 0, 0
+        return counts
 
     @torch.inference_mode()
     def admit(self, requests: list[Request]) -> list[Outcome]:
@@ -138,14 +172,83 @@ class GenerationRunner:
         outcomes: dict[int, Outcome] = {}
         with torch_threads(self.model.backend.loop_threads):
             for group in self.groups:
-                last = torch.tensor([r.tokens[-1] if r is not None else 0 for r in group.rows])
-                logits = group.state.step(last)
                 live = [i for i, r in enumerate(group.rows) if r is not None]
-                rows = [group.rows[i] for i in live]
-                if len(live) < len(group.rows):  # a full batch is read in place: [32, 50257] is 6 MB a copy
-                    logits = logits[live]
-                outcomes.update(zip((r.id for r in rows), self._pick(logits, rows)))  # type: ignore[union-attr]
+                rows: list[Request] = [group.rows[i] for i in live]  # type: ignore[misc]
+                drafts = self._drafts(group)
+                if any(drafts):
+                    found = self._speculate(group, rows, live, drafts)
+                else:
+                    last = torch.tensor([r.tokens[-1] if r is not None else 0 for r in group.rows])
+                    logits = group.state.step(last)
+                    if len(live) < len(group.rows):  # a full batch is read in place: [32, 50257] is 6 MB a copy
+                        logits = logits[live]
+                    found = self._pick(logits, rows)
+                outcomes.update(zip((r.id for r in rows), found))
         return [outcomes[r.id] for r in requests]
+
+    def _drafts(self, group: Group) -> list[list[int]]:
+        """Each slot's draft this step; none where no row speculates, or where the backend cannot verify
+        them (onnxruntime's attention verifies a lone row only)."""
+        if not any(r is not None and r.options.drafter is not None for r in group.rows):
+            return []
+        if not self.model.backend.verifies_batches and len(group.rows) > 1:
+            return []
+        return drafts_of(group.rows, min(group.state.headroom, PASS_POSITIONS // len(group.rows)) - 1)
+
+    def _speculate(self, group: Group, rows: list[Request], live: list[int], drafts: list[list[int]]) -> list[Outcome]:
+        """One verifying pass of `group`: the tokens of its `rows` (in slots `live`). Every slot is fed
+        its last token and its draft, padded to the longest; then each row's cache keeps its last token
+        and the drafted tokens it kept, and a free slot ends at the length it had."""
+        width = 1 + max(map(len, drafts))
+        fed = torch.zeros(len(group.rows), width, dtype=torch.long)
+        for i, row in zip(live, rows):
+            fed[i, : 1 + len(drafts[i])] = torch.tensor([row.tokens[-1], *drafts[i]])
+        logits = group.state.verify(fed)
+        if len(live) < len(group.rows):
+            logits = logits[live]
+        found = self._accept(logits, rows, [drafts[i] for i in live])
+        back = torch.full((len(group.rows),), width)
+        for i, row, outcome in zip(live, rows, found):
+            back[i] -= len(outcome) if isinstance(outcome, list) else 1
+            if drafts[i] and isinstance(outcome, list):
+                row.options.drafter.judged(len(outcome) - 1)
+                self.drafted += len(drafts[i])
+                self.accepted += len(outcome) - 1
+        group.state.rewind(back)
+        return found
+
+    def _accept(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]],
+                first: bool = False) -> list[Outcome]:
+        """Each row's tokens from the logits after its last token and each drafted one [rows, k, vocab]:
+        plain greedy rows by one argmax over every position, the others drawn position by position. A
+        row whose choice raises gets the exception, the others their tokens."""
+        plain = [i for i, r in enumerate(requests) if r.options.plain]
+        tokens: list[list[int] | BaseException] = [[] for _ in requests]
+        if plain:
+            chosen = logits if len(plain) == len(requests) else logits[plain]
+            for i, row in zip(plain, argmax(chosen).tolist()):
+                tokens[i] = agreed(drafts[i], row)
+        for i, r in enumerate(requests):
+            if not r.options.plain:
+                tokens[i] = self._drawn(logits[i], r, drafts[i], first)
+        return [t if isinstance(t, BaseException)
+                else [Pick(token, _logprobs(logits[i, j], token, r.params.logprobs)) for j, token in enumerate(t)]
+                for i, (r, t) in enumerate(zip(requests, tokens))]
+
+    def _drawn(self, logits: torch.Tensor, request: Request, draft: list[int],
+               first: bool) -> list[int] | BaseException:
+        """A row's tokens chosen one position at a time, each given those before it, while they match
+        its draft. A sampled choice that differs from the draft is the row's next token as it stands: it
+        was drawn from the distribution plain sampling would draw from there, with one draw per token."""
+        history, tokens = self._history(request, first), []
+        for j in range(len(draft) + 1):
+            token = self._pick_one(logits[j : j + 1], request, history + tokens)
+            if isinstance(token, BaseException):
+                return token
+            tokens.append(token)
+            if j == len(draft) or token != draft[j]:
+                break
+        return tokens
 
     @torch.inference_mode()
     def release(self, requests: list[Request]) -> None:
@@ -156,8 +259,11 @@ class GenerationRunner:
             group.state.release(leaving)
             group.rows = [None if i in leaving else r for i, r in enumerate(group.rows)]
             live = [r for r in group.rows if r is not None]
-            # Compact when most slots are free: the steps saved cost more than the one copy.
-            if 2 * len(group.free()) > len(group.rows):
+            # Compact when most slots are free: the steps saved cost more than the one copy. A lone row
+            # that speculates is compacted too where only a lone row's drafts can be verified.
+            lone = (len(live) == 1 and live[0].options.drafter is not None and self.model.invariant_rows == 1
+                    and not self.model.backend.verifies_batches)
+            if 2 * len(group.free()) > len(group.rows) or (lone and group.free()):
                 _compact(group, force=True, least=self.model.invariant_rows)
             if leaving and live:
                 group.state.fit(max(r.options.settings.max_length for r in group.rows if r is not None))
@@ -215,22 +321,12 @@ class GenerationRunner:
         return self.model.spec.generated(out[0], len(request.prompt)).tolist()
 
     def _pick(self, logits: torch.Tensor, requests: list[Request], first: bool = False) -> list[Outcome]:
-        """Each row's next token; a row whose choice raises gets the exception, the others their token."""
-        plain = [i for i, r in enumerate(requests) if r.options.plain]
-        tokens: list[int | BaseException] = [0] * len(requests)
-        if plain:
-            chosen = logits if len(plain) == len(requests) else logits[plain]
-            for i, token in zip(plain, argmax(chosen).tolist()):
-                tokens[i] = token
-        for i, r in enumerate(requests):
-            if not r.options.plain:
-                tokens[i] = self._pick_one(logits[i : i + 1], r, first)
-        return [t if isinstance(t, BaseException) else Pick(t, _logprobs(logits[i], t, r.params.logprobs))
-                for i, (r, t) in enumerate(zip(requests, tokens))]
+        """Each row's next token from its logits [rows, vocab]: a verifying pass with no draft."""
+        return self._accept(logits[:, None], requests, [[] for _ in requests], first)
 
-    def _pick_one(self, logits: torch.Tensor, request: Request, first: bool) -> int | BaseException:
+    def _pick_one(self, logits: torch.Tensor, request: Request, history: list[int]) -> int | BaseException:
         try:
-            sequence = torch.tensor([self._history(request, first)])
+            sequence = torch.tensor([history])
             return int(pick(logits, sequence, request.options.settings, None, request.options.generator)[0])
         except Exception as exc:  # noqa: BLE001  (this row's failure is its own: the batch goes on)
             return exc

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hotrod.model import MAX_LOOKUP_TOKENS
+
 MAX_CHOICES = 16
 MAX_LOGPROBS = 5  # as OpenAI's legacy completions
 MAX_STOPS = 4
@@ -21,6 +23,18 @@ _SEED = Field(None, ge=0, le=2**63 - 1, description="Seed of the sampler, for re
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Speculate(_Request):
+    """Speculative decoding: drafts the model verifies in one pass, several tokens a step where they hold.
+    Greedy requests get the same tokens as without it."""
+
+    prompt_lookup: int = Field(ge=0, le=MAX_LOOKUP_TOKENS,
+                               description="Tokens drafted a step from the request's own text (prompt lookup); "
+                                           "0: none, whatever the server's default.")
+
+
+_SPECULATE = Field(None, description="Speculative decoding for this request (default: the server's --speculate).")
 
 
 class Sampling(_Request):
@@ -34,6 +48,7 @@ class Sampling(_Request):
     repetition_penalty: float = Field(1.0, gt=0)
     num_beams: int = Field(1, ge=1, le=8)
     seed: int | None = _SEED
+    speculate: Speculate | None = _SPECULATE
 
 
 class GenerateRequest(Sampling):
@@ -80,6 +95,7 @@ class CompletionRequest(_Request):
                                  description="Log-probability of each token, and of this many most likely ones.")
     echo: bool = Field(False, description="Put the prompt before the completion's text.")
     seed: int | None = _SEED
+    speculate: Speculate | None = _SPECULATE
     user: str | None = None
 
 

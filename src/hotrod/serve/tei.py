@@ -24,7 +24,7 @@ from hotrod.serve.head_schemas import (
     TeiRerankRequest,
     TeiRerankResponse,
 )
-from hotrod.serve.heads import json_response, ranked, relevance
+from hotrod.serve.heads import json_response, relevance
 from hotrod.serve.http_errors import ApiError, resolve
 from hotrod.serve.protocol import Engine
 from hotrod.tasks import CLASSIFY
@@ -109,7 +109,8 @@ async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     rows.check_texts(request, engine, [("query", body.query)], "query", body.truncate)
     rows.check_texts(request, engine, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
                      body.truncate)
-    scores, _ = await relevance(request, engine, body.query, body.texts, tei_function(engine, body.raw_scores),
-                                body.truncate, "texts")
-    ranks = [Rank(index=i, text=body.texts[i] if body.return_text else None, score=scores[i]) for i in ranked(scores)]
+    ranking, _ = await relevance(request, engine, body.query, body.texts, tei_function(engine, body.raw_scores),
+                                 body.truncate, "texts")
+    ranks = [Rank(index=r["index"], text=body.texts[r["index"]] if body.return_text else None, score=r["score"])
+             for r in ranking]
     return json_response(TeiRerankResponse(ranks), recorder)

@@ -13,18 +13,16 @@ from dataclasses import dataclass
 
 from hotrod.errors import HotrodError
 from hotrod.optimize.calibration import token_rows
+from hotrod.pipelines import answer
 from hotrod.pipelines.base import Row
-
-QA_STRIDE = 32  # context tokens shared by neighbouring windows, as transformers' doc_stride (smaller models)
 
 
 @dataclass(frozen=True)
 class Window:
-    """One question + context window: which row positions are context, and their character spans."""
+    """A question + context row of seeded ids (a model without a tokenizer): which positions are context."""
 
     row: Row
     context: tuple[bool, ...]
-    offsets: tuple[tuple[int, int], ...] | None  # None without a tokenizer: answers are token positions
 
 
 def example_rows(model, examples: Sequence) -> list[Row]:
@@ -42,28 +40,21 @@ def example_rows(model, examples: Sequence) -> list[Row]:
     return [_joined(model, a, b) for a, b in zip(token_rows(model, texts), token_rows(model, pairs, seed=1))]
 
 
-def answer_windows(model, question: str, context: str) -> list[Window]:
-    """The question with each window of the context that fits the model, as transformers' QA pipeline
-    cuts it (only the context is cut; windows overlap by `QA_STRIDE` tokens)."""
+def answer_rows(model, examples: Sequence) -> list[Row]:
+    """The rows question + context examples run as: the windows `HotrodModel.answer` reads
+    (`hotrod.pipelines.answer`, transformers' QA pipeline), or one row of seeded ids each without a tokenizer."""
+    if not examples:
+        return []
     if model.tokenizer is None:
-        row = _joined(model, *token_rows(model, [question, context]))
-        first = len(token_rows(model, [question])[0])
-        return [Window(row, tuple(i >= first for i in range(len(row))), None)]
-    limit = min(model.dims.max_positions or 512, 512)
-    try:
-        encoded = model.tokenizer(question, context, truncation="only_second", max_length=limit,
-                                  stride=min(QA_STRIDE, limit // 4), return_overflowing_tokens=True,
-                                  return_offsets_mapping=True)
-    except Exception as exc:  # noqa: BLE001 - tokenizers raise their own types for a question too long
-        raise HotrodError(f"question {question[:40]!r} leaves no room for its context in {limit} positions "
-                          f"({type(exc).__name__})") from None
-    types = encoded.get("token_type_ids") if model.dims.type_vocab_size > 1 else None
-    windows = []
-    for i, ids in enumerate(encoded["input_ids"]):
-        sequence = encoded.sequence_ids(i)
-        windows.append(Window(Row(list(ids), list(types[i]) if types is not None else None),
-                              tuple(s == 1 for s in sequence), tuple(map(tuple, encoded["offset_mapping"][i]))))
-    return windows
+        return [id_window(model, e.text, e.pair).row for e in examples]
+    return answer.prepare(model, [e.text for e in examples], [e.pair for e in examples]).rows
+
+
+def id_window(model, question: str, context: str) -> Window:
+    """The question's and the context's seeded ids as one row, cut to the model's positions."""
+    row = _joined(model, *token_rows(model, [question, context]))
+    first = len(token_rows(model, [question])[0])
+    return Window(row, tuple(i >= first for i in range(len(row))))
 
 
 def _joined(model, first: list[int], second: list[int]) -> Row:
@@ -86,5 +77,5 @@ def task_rows(model, texts: Sequence[str]) -> list[Row]:
     measure = measure_of(model.task, model.dims.num_labels, model.spec.generates)
     examples = from_texts(texts, measure)
     if measure == ANSWERS:
-        return [w.row for e in examples for w in answer_windows(model, e.text, e.pair)]
+        return answer_rows(model, examples)
     return [row for row in example_rows(model, examples) if len(row)]

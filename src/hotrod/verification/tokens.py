@@ -1,9 +1,9 @@
 """token-classification heads: entity F1 against the source's entities, and per-token label agreement.
 
-Entities are grouped as transformers' pipeline does with `aggregation_strategy="simple"`: special tokens
-and "O" are dropped; a token joins the entity before it when it carries the same tag and is not a "B-";
-an entity is its (label, start, end) in tokens, which on both sides come from the same tokenization,
-so a token span names the same characters the pipeline's `start`/`end` would.
+Entities are grouped as `HotrodModel.tag` (transformers' pipeline) groups them with
+`aggregation_strategy="simple"` (`hotrod.pipelines.tag.groups`): special tokens and "O" are dropped; an
+entity is its (label, start, end) in tokens, which on both sides come from the same tokenization, so a
+token span names the same characters the pipeline's `start`/`end` would.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hotrod.pipelines.tag import group_name, groups
 from hotrod.verification import metrics
 from hotrod.verification.examples import Example
 from hotrod.verification.rows import example_rows
@@ -36,16 +37,10 @@ def compare_entities(candidate: Any, reference: Any, examples: Sequence[Example]
 
 def entities(tags: Sequence[tuple[int, str]]) -> list[Entity]:
     """(label, start, end) of each entity in a row's (position, label) tags, grouped as "simple" does."""
-    found: list[list] = []
-    open_tag = None  # the tag of the entity the last token belongs to; an "O" closes it
-    for position, label in tags:
-        bi, tag = _split(label)
-        if tag is not None and bi != "B" and tag == open_tag:
-            found[-1][2] = position + 1
-        elif tag is not None:
-            found.append([tag, position, position + 1])
-        open_tag = tag
-    return [tuple(entity) for entity in found]
+    labels = [label for _, label in tags]
+    found = [(group_name(labels[members[0]]), tags[members[0]][0], tags[members[-1]][0] + 1)
+             for members in groups(labels)]
+    return [entity for entity in found if entity[0] != "O"]
 
 
 def _tags(model: Any, logits: torch.Tensor, kept: list[int]) -> list[tuple[int, str]]:
@@ -60,12 +55,3 @@ def _ordinary(model: Any, ids: list[int]) -> list[int]:
         return list(range(len(ids)))
     special = model.tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return [i for i, s in enumerate(special) if not s]
-
-
-def _split(label: str) -> tuple[str, str | None]:
-    """("B" or "I", entity type), or (_, None) for "O"; a label without a prefix is an "I" of itself."""
-    if label == "O":
-        return "O", None
-    if label.startswith(("B-", "I-")):
-        return label[0], label[2:]
-    return "I", label
