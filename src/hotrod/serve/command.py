@@ -103,10 +103,10 @@ def speculation(value: str | None) -> int:
     if method not in SPECULATORS:
         raise HotrodError(f"--speculate: unknown method {method!r}; choose from {', '.join(SPECULATORS)} "
                           f"(as prompt-lookup:N)")
-    from hotrod.model import MAX_LOOKUP_TOKENS
+    from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 
-    if not count.strip().isdigit() or int(count) > MAX_LOOKUP_TOKENS:
-        raise HotrodError(f"--speculate: {method} takes a token count from 0 to {MAX_LOOKUP_TOKENS}, as "
+    if not count.strip().isdigit() or int(count) > MAX_DRAFT_TOKENS:
+        raise HotrodError(f"--speculate: {method} takes a token count from 0 to {MAX_DRAFT_TOKENS}, as "
                           f"{method}:4; got {value!r}")
     return int(count)
 

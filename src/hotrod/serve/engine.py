@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotrod.errors import HotrodError, check_number, first_line
-from hotrod.model import MAX_LOOKUP_TOKENS, HotrodModel
+from hotrod.generation.drafts import MAX_DRAFT_TOKENS
+from hotrod.model import HotrodModel
 from hotrod.pipelines.base import Row
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.metrics import Metrics
@@ -53,8 +54,8 @@ class ServeOptions:
         check_number("max_queue_delay_ms", self.max_queue_delay_ms, 0, 60_000)
         check_number("kv_cache_mb", self.kv_cache_mb, 0, 2**30)
         if isinstance(self.prompt_lookup, bool) or not isinstance(self.prompt_lookup, int) \
-                or not 0 <= self.prompt_lookup <= MAX_LOOKUP_TOKENS:
-            raise HotrodError(f"prompt_lookup must be a whole number from 0 to {MAX_LOOKUP_TOKENS}, "
+                or not 0 <= self.prompt_lookup <= MAX_DRAFT_TOKENS:
+            raise HotrodError(f"prompt_lookup must be a whole number from 0 to {MAX_DRAFT_TOKENS}, "
                               f"got {self.prompt_lookup!r}")
         if self.batching not in POLICIES:
             raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hotrod.model import MAX_LOOKUP_TOKENS
+from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 
 MAX_CHOICES = 16
 MAX_LOGPROBS = 5  # as OpenAI's legacy completions
@@ -29,7 +29,7 @@ class Speculate(_Request):
     """Speculative decoding: drafts the model verifies in one pass, several tokens a step where they hold.
     Greedy requests get the same tokens as without it."""
 
-    prompt_lookup: int = Field(ge=0, le=MAX_LOOKUP_TOKENS,
+    prompt_lookup: int = Field(ge=0, le=MAX_DRAFT_TOKENS,
                                description="Tokens drafted a step from the request's own text (prompt lookup); "
                                            "0: none, whatever the server's default.")
 
