@@ -16,14 +16,13 @@ import torch
 from fastapi.testclient import TestClient
 
 from hotrod.errors import HotrodError
-from hotrod.generation.lookup import find_draft
+from hotrod.generation.lookup import Drafter, find_draft
 from hotrod.serve.app import create_app
 from hotrod.serve.engine import ModelEngine, ServeOptions
 from hotrod.serve.limits import ServeLimits
 from hotrod.serve.protocol import Params
 from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import ContinuousScheduler, Request
-from hotrod.serve.speculation import Drafter
 from tests.serve.fake import FakeEngine
 from tests.serve.test_runner import _execute
 from tests.test_cli import assert_one_error_line, run

@@ -33,13 +33,60 @@ def find_draft(tokens: list[int], length: int) -> list[int]:
     return []
 
 
+Gram = tuple[int, ...]
+
+
+class Drafter:
+    """One row's prompt lookup: at most `tokens` drafted a step, paused after a draft rejected outright
+    (`backoff` plain steps, doubling up to `MAX_BACKOFF` while drafts keep failing). Drafts come from an
+    index of the row's n-grams, brought up to date with the tokens that arrived since the last step, so a
+    step costs the same at token 10 as at token 2,000; `find_draft` (the definition) would scan the whole
+    row every step. Both give the same drafts (tests/serve/test_speculate.py). The generating loop and the
+    server's running batch both draft with it."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+        self.backoff, self.wait = 1, 0
+        self._latest: list[dict[Gram, int]] = [{} for _ in range(MAX_NGRAM)]  # n-gram -> its latest start
+        self._indexed = 1  # n-grams ending before this position are in `_latest`
+
+    def draft(self, row: list[int], room: int) -> list[int]:
+        """Up to `room` tokens that followed the latest earlier occurrence of the end of `row` (the
+        request's whole text so far, which only grows); none while paused."""
+        if self.wait:
+            self.wait -= 1
+            return []
+        if room <= 0:
+            return []
+        self._index(row)
+        for n in range(min(MAX_NGRAM, len(row) - 1), 0, -1):
+            start = self._latest[n - 1].get(tuple(row[-n:]))
+            if start is not None:
+                return row[start + n : start + n + min(self.tokens, room)]
+        return []
+
+    def judged(self, kept: int) -> None:
+        """A draft was verified and `kept` of its tokens accepted: none pauses drafting."""
+        if kept:
+            self.backoff = 1
+        else:
+            self.wait, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
+
+    def _index(self, row: list[int]) -> None:
+        """Index the n-grams that end before the row's last token (the one ending there is the tail looked
+        up, which must have occurred earlier); a later start overwrites an earlier one."""
+        for end in range(self._indexed, len(row)):
+            for n in range(1, min(MAX_NGRAM, end) + 1):
+                self._latest[n - 1][tuple(row[end - n : end])] = end - n
+        self._indexed = max(self._indexed, len(row))
+
+
 class Lookup(Drafting):
     """Prompt lookup decoding (greedy or sampled) of one row (`generate(prompt_lookup_num_tokens=N)`)."""
 
     def __init__(self, state: DecodingState, settings: Settings, draft_tokens: int):
         super().__init__(state, settings)
-        self.n = draft_tokens
-        self.backoff, self.wait = 1, 0
+        self.drafter = Drafter(draft_tokens)
         self.source: list[int] = []  # looked up before the row's own tokens
         self.skip = 0  # leading tokens of the row left out of the lookup (a decoder's start token)
 
@@ -50,13 +97,7 @@ class Lookup(Drafting):
             self.source, self.skip = input_ids[0][attention_mask[0].bool()].tolist(), 1
 
     def draft(self, tokens: list[int], room: int) -> list[int]:
-        if self.wait:
-            self.wait -= 1
-            return []
-        return find_draft(self.source + tokens[self.skip:], min(self.n, room))
+        return self.drafter.draft(self.source + tokens[self.skip:], room)
 
     def verified(self, drafted: int, kept: int) -> None:
-        if kept:
-            self.backoff = 1
-        else:
-            self.wait, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
+        self.drafter.judged(kept)

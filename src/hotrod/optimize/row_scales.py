@@ -25,7 +25,8 @@ The maximum of |x| is taken as max(ReduceMax(x), -ReduceMin(x)): two reading pas
 long as the row; older graphs spell it out (divide, round, shift, cast). A QuantizeLinear per axis over a
 [rows, K] view of x does it in one pass before opset 21 too, but with four more small ops per input, and
 decoding pays per op: GPT-2 124M's greedy batch-1 decoding took 1.117x the per-call build's time that way,
-1.083x this way (`benchmarks/int8_rows.py`).
+1.083x this way, in one run of `benchmarks/int8_rows.py` (a later run, with the bias outside the fused
+kernel: 1.13x).
 """
 
 from __future__ import annotations

@@ -42,12 +42,13 @@ from hotrod.generation import config as gen_config
 from hotrod.generation import search
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
+from hotrod.generation.lookup import Drafter
 from hotrod.generation.sampling import argmax
 from hotrod.generation.search import pick
 from hotrod.model import HotrodModel, torch_threads
 from hotrod.serve.protocol import Params, TokenLogprobs
 from hotrod.serve.scheduler import Request
-from hotrod.serve.speculation import Drafter, agreed, drafts_of
+from hotrod.serve.speculation import agreed, drafts_of
 
 
 @dataclass(frozen=True)

@@ -8,59 +8,13 @@ the first token decoding would not have chosen (`GenerationRunner.step`). A draf
 pauses the request's drafting for a while, doubling while drafts keep failing, so that text which never
 repeats decodes at plain decoding's pace.
 
-The state is the request's own (`RowOptions.drafter`), never the scheduler's. Drafts come from an index
-of the request's n-grams, brought up to date with the tokens that arrived since the last step, so a step
-costs the same at token 10 as at token 2,000; `find_draft` would scan every row's whole text at every
-step. Both give the same drafts (tests/serve/test_speculate.py).
+The state is the request's own (`RowOptions.drafter`, the `Drafter` that `generate()` drafts with too),
+never the scheduler's.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from hotrod.generation.lookup import MAX_BACKOFF, MAX_NGRAM
-
-Gram = tuple[int, ...]
-
-
-class Drafter:
-    """One request's prompt lookup: at most `tokens` drafted a step, with `generate()`'s backoff."""
-
-    def __init__(self, tokens: int):
-        self.tokens = tokens
-        self.backoff, self.wait = 1, 0
-        self._latest: list[dict[Gram, int]] = [{} for _ in range(MAX_NGRAM)]  # n-gram -> its latest start
-        self._indexed = 1  # n-grams ending before this position are in `_latest`
-
-    def draft(self, row: list[int], room: int) -> list[int]:
-        """Up to `room` tokens that followed the latest earlier occurrence of the end of `row` (the
-        request's whole text so far, which only grows); none while paused."""
-        if self.wait:
-            self.wait -= 1
-            return []
-        if room <= 0:
-            return []
-        self._index(row)
-        for n in range(min(MAX_NGRAM, len(row) - 1), 0, -1):
-            start = self._latest[n - 1].get(tuple(row[-n:]))
-            if start is not None:
-                return row[start + n : start + n + min(self.tokens, room)]
-        return []
-
-    def judged(self, kept: int) -> None:
-        """A draft was verified and `kept` of its tokens accepted: none pauses drafting."""
-        if kept:
-            self.backoff = 1
-        else:
-            self.wait, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
-
-    def _index(self, row: list[int]) -> None:
-        """Index the n-grams that end before the row's last token (the one ending there is the tail looked
-        up, which must have occurred earlier); a later start overwrites an earlier one."""
-        for end in range(self._indexed, len(row)):
-            for n in range(1, min(MAX_NGRAM, end) + 1):
-                self._latest[n - 1][tuple(row[end - n : end])] = end - n
-        self._indexed = max(self._indexed, len(row))
 
 
 def agreed(draft: list[int], chosen: list[int]) -> list[int]:
