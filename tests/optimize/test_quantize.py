@@ -265,6 +265,37 @@ def test_per_row_int8_adds_the_bias_unscaled(opset):
         assert error < 0.05, (row, error)
 
 
+def test_per_row_int8_quantizes_each_input_in_one_op_at_opset_21():
+    """An opset-17 graph is raised to 21 for per-row int8, whose QuantizeLinear takes a whole row as its block:
+    the quantization is one op, not a divide, round, shift and cast."""
+    from hotrod.optimize.quantize import int8_dynamic
+
+    quantized = int8_dynamic(_matmul_add_graph(True), per_row=True)
+    ops = [n.op_type for n in quantized.graph.node]
+    assert quantized.opset_import[0].version == 21
+    assert ops.count("QuantizeLinear") == 2 and "Round" not in ops and "DynamicQuantizeLinear" not in ops
+
+
+def test_per_row_int8_hands_a_bias_to_the_fast_gelu_after_it():
+    """A biased product feeding a FastGelu gives the GELU its bias (one pass), with the same outputs."""
+    from onnx import helper
+
+    from hotrod.optimize.quantize import int8_dynamic
+
+    model = _matmul_add_graph(True)
+    model.graph.node[-1].output[0] = "biased"
+    model.graph.node.append(helper.make_node("FastGelu", ["biased"], ["y"], domain="com.microsoft"))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    quantized = int8_dynamic(model, per_row=True)
+    gelu = next(n for n in quantized.graph.node if n.op_type == "FastGelu")
+    assert list(gelu.input)[1] == "b" and not any(n.op_type in ("Add", "Sub") for n in quantized.graph.node)
+    w, b = (onnx.numpy_helper.to_array(t) for t in model.graph.initializer[:2])
+    product = x @ w + b
+    want = 0.5 * product * (1 + np.tanh(0.7978845608 * (product + 0.044715 * product**3)))
+    assert np.abs(_run(quantized, {"x": x}) - want).max() < 0.05 * np.abs(want).max()
+
+
 def _worst_case_matmul(rows: int = 4, depth: int = 64, width: int = 16) -> tuple[onnx.ModelProto, np.ndarray]:
     """x @ W with positive activations and weights, each column's largest weight beside its others: the
     u8 x s8 pair sums an integer kernel forms are as large as they get. Returns the graph and a feed."""

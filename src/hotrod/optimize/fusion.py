@@ -153,14 +153,26 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
         if attention is not None:
             graph.node[index].CopyFrom(attention)
             converted += 1
-    if converted and opset.version < ATTENTION_OPSET:
-        for node in graph.node:  # from opset 18 a Split given no sizes must say how many parts it makes
-            if node.op_type == "Split" and node.domain in ("", "ai.onnx") and (len(node.input) < 2 or not node.input[1]) \
-                    and not any(a.name == "num_outputs" for a in node.attribute):
-                node.attribute.append(onnx.helper.make_attribute("num_outputs", len(node.output)))
-        _axes_as_inputs(graph)
-        opset.version = ATTENTION_OPSET
+    if converted:
+        raise_opset(model, ATTENTION_OPSET)
     return model
+
+
+def raise_opset(model: onnx.ModelProto, version: int) -> bool:
+    """Raise `model`'s standard opset to `version` (at most 23) where that changes the meaning of none of its
+    ops, rewriting what only changed its spelling; returns whether the graph is now at `version` or above."""
+    opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset.version >= version:
+        return opset is not None
+    if version > ATTENTION_OPSET or not _bumpable(model):
+        return False
+    for node in model.graph.node:  # from opset 18 a Split given no sizes must say how many parts it makes
+        if node.op_type == "Split" and node.domain in ("", "ai.onnx") and (len(node.input) < 2 or not node.input[1]) \
+                and not any(a.name == "num_outputs" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("num_outputs", len(node.output)))
+    _axes_as_inputs(model.graph)
+    opset.version = version
+    return True
 
 
 def _axes_as_inputs(graph: onnx.GraphProto) -> None:
