@@ -32,14 +32,15 @@ def overflowing_modules(module: nn.Module, run: Callable[[], object], limit: flo
     `run` calls `module` (in fp32) on sample inputs. Raises HotrodError when even the whole model's
     edges overflow (then no fp16 model can hold it: use bf16).
     """
-    edges: dict[str, float] = {}  # each module's largest input or output value
-    handles = [m.register_forward_hook(_recorder(name, edges)) for name, m in module.named_modules()]
+    peaks: dict[str, torch.Tensor] = {}  # each module's largest input or output value, kept on its device
+    handles = [m.register_forward_hook(_recorder(name, peaks)) for name, m in module.named_modules()]
     try:
         with torch.inference_mode():
             run()
     finally:
         for handle in handles:
             handle.remove()
+    edges = {name: float(peak) for name, peak in peaks.items()}  # read back once, not once a module a call
     keep: set[str] = set()
     for name in (n for n, peak in edges.items() if peak > limit):
         island = _fitting_ancestor(name, edges, limit)
@@ -50,11 +51,15 @@ def overflowing_modules(module: nn.Module, run: Callable[[], object], limit: flo
     return sorted(k for k in keep if not any(k.startswith(other + ".") for other in keep))
 
 
-def _recorder(name: str, edges: dict[str, float]):
+def _recorder(name: str, peaks: dict[str, torch.Tensor]):
     def hook(module, inputs, output):
-        seen = [t for t in (*inputs, *_tensors(output)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        peak = max((float(t.abs().max()) for t in seen if t.numel()), default=0.0)
-        edges[name] = max(edges.get(name, 0.0), peak)
+        seen = [t for t in (*inputs, *_tensors(output))
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+        if not seen:
+            peaks.setdefault(name, torch.zeros(()))
+            return
+        peak = torch.stack([t.detach().abs().amax().float() for t in seen]).amax()
+        peaks[name] = torch.maximum(peaks[name].to(peak.device), peak) if name in peaks else peak
 
     return hook
 
