@@ -147,19 +147,28 @@ class Int8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def quantize_linears(module: nn.Module, dtype: torch.dtype, skip: Iterable[str] = ()) -> list[str]:
-    """Replace every nn.Linear (outside `skip` prefixes) by an Int8Linear; returns the names replaced."""
+def quantize_linears(module: nn.Module, dtype: torch.dtype, skip: Iterable[str] = (),
+                     make: Callable[[nn.Linear, torch.dtype], nn.Module | None] | None = None) -> list[str]:
+    """Replace every linear layer (an nn.Linear, or a layer that gives one by `as_linear`, such as GPT-2's
+    Conv1D) outside `skip` prefixes by `make(linear, dtype)` (an Int8Linear when not given; a layer `make`
+    returns None for stays as it is); returns the names replaced."""
     from hotrod.models.common import FusedProjection
 
+    make = make or Int8Linear.quantize
     skipped = tuple(skip)
     swapped: dict[int, nn.Module] = {}
     for name, child in list(module.named_modules()):
-        if isinstance(child, nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skipped):
+        if any(name == s or name.startswith(s + ".") for s in skipped):
+            continue
+        linear = child if isinstance(child, nn.Linear) else child.as_linear() if hasattr(child, "as_linear") else None
+        layer = None if linear is None else make(linear, dtype)
+        if layer is not None:
             parent_name, _, attr = name.rpartition(".")
-            swapped[id(child)] = Int8Linear.quantize(child, dtype)
-            setattr(module.get_submodule(parent_name) if parent_name else module, attr, swapped[id(child)])
+            swapped[id(child)] = layer
+            setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)
     for child in module.modules():  # fused projections hold their layers: point them at the new ones
         for value in vars(child).values():
             if isinstance(value, FusedProjection):
                 value.layers = tuple(swapped.get(id(layer), layer) for layer in value.layers)
-    return sorted(name for name, child in module.named_modules() if isinstance(child, Int8Linear))
+    made = {id(layer) for layer in swapped.values()}
+    return sorted(name for name, child in module.named_modules() if id(child) in made)
