@@ -287,7 +287,8 @@ def test_replacing_an_artifact_never_leaves_a_moment_without_one(zoo, tmp_path, 
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("precision", "fp8", "unknown precision 'fp8'"),
+    ("precision", "fp4", "unknown precision 'fp4'"),
+    ("precision", "fp8", "fp8 is the torch engine's precision"),
     ("precision", "bf16", "bf16 on cpu"),
     ("calibration_method", "kl", "unknown calibration method 'kl'"),
     ("device", "tpu", "unknown device 'tpu'"),

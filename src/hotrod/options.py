@@ -12,7 +12,7 @@ from hotrod.export.onnx import OPSET
 from hotrod.tasks import TASKS
 
 # Both lists are the registry's (`hotrod.precisions`); named here for the CLI and the scripts.
-PRECISIONS = precisions.names()
+PRECISIONS = precisions.names(lambda p: p.onnx)  # onnxruntime's graphs
 ENGINE_PRECISIONS = precisions.names(lambda p: p.engine)  # the torch backend's static engine (`runtime.static`)
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 AUTO = "auto"  # build every candidate precision, keep the fastest within the accuracy budget
@@ -70,6 +70,9 @@ class OptimizeOptions:
         if check_choice("backend", self.backend, BACKENDS) != "onnxruntime":
             raise HotrodError("optimize writes ONNX graphs for the onnxruntime backend; "
                               "run a checkpoint in PyTorch with hotrod.load(source, backend='torch')")
+        if not self.auto and not precisions.get(self.precision).onnx:
+            raise HotrodError(f"{self.precision} is the torch engine's precision (onnxruntime has no such graphs); "
+                              "run a checkpoint on it with hotrod.load(source, backend='torch', precision=...)")
         # "auto" judges its candidates by verification, so it needs at least one example.
         check_number("verify_examples" + (" with precision 'auto'" if self.auto else ""), self.verify_examples,
                      1 if self.auto else 0)
