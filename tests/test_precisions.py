@@ -105,7 +105,9 @@ def test_keyword_arguments_become_the_options_object():
     assert OptimizeOptions.of(base) is base
     assert OptimizeOptions.of(base, max_drop=0.5) == dataclasses.replace(base, max_drop=0.5)
     assert base.export().to_dict() == {"precision": "int8", "device": "cpu", "opset": base.export().opset,
-                                       "fusion": True, "calibration_method": "minmax"}
+                                       "fusion": True, "calibration_method": "minmax", "backend": "onnxruntime"}
+    assert OptimizeOptions(precision="fp16", backend="torch").export().to_dict() == {
+        "backend": "torch", "precision": "fp16", "device": "cpu"}
     assert OptimizeOptions(precision="auto").export().precision == "fp32"
     with pytest.raises(TypeError):
         OptimizeOptions.of(None, precison="int8")
@@ -118,7 +120,7 @@ def test_keyword_arguments_become_the_options_object():
     ({"precision": "fp8"}, "fp8 is the torch engine's precision"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"calibration_method": "kl"}, "unknown calibration method 'kl'"),
-    ({"backend": "torch"}, "optimize writes ONNX graphs"),
+    ({"backend": "torch", "precision": "int8-static"}, "int8-static is onnxruntime's"),
     ({"backend": "tensorflow"}, "unknown backend"),
     ({"verify_examples": -1}, "verify_examples must be >= 0"),
     ({"verify_examples": 2.5}, "verify_examples must be a whole number"),

@@ -7,9 +7,11 @@ import pytest
 import torch
 from torch import nn
 
+from hotrod import engine
 from hotrod.runtime import fp8
 from hotrod.runtime.cast import quantize_linears
 from hotrod.runtime.fp8 import E4M3, E4M3_MAX, Fp8Linear, dequantize, quantize, reference_linear
+from hotrod.runtime.static import EngineOptions, prepare
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a GPU does")
 
@@ -61,6 +63,26 @@ def test_a_cast_of_the_model_keeps_the_fp8_formats():
     layer = Fp8Linear.quantize(nn.Linear(32, 16), torch.float32)
     layer.to(torch.bfloat16)
     assert (layer.weight.dtype, layer.scales.dtype, layer.bias.dtype) == (E4M3, torch.float32, torch.bfloat16)
+
+
+def test_fp8_weights_survive_the_engine_artifacts_file(tmp_path):
+    from hotrod.registry import get_family
+    from tests.zoo import CASES
+
+    config = CASES["gpt2"].config()
+    config.n_embd, config.n_head = 64, 4  # widths the kernel takes
+    family = get_family("gpt2")
+    options = EngineOptions(device="cpu", precision="fp8")
+    torch.manual_seed(0)
+    module = family.build(config)
+    for parameter in module.parameters():  # GPT-2's Conv1D starts uninitialised
+        nn.init.normal_(parameter, std=0.05)
+    module = prepare(module, options)
+    assert isinstance(module.transformer.h[0].mlp.c_fc, Fp8Linear)
+    engine.write_weights(module, tmp_path / engine.WEIGHTS)
+    read = engine.read_weights(tmp_path / engine.WEIGHTS, family, config, options)
+    for (name, stored), (_, back) in zip(module.state_dict().items(), read.state_dict().items(), strict=True):
+        assert back.dtype == stored.dtype and torch.equal(back.float(), stored.float()), name
 
 
 @pytest.mark.skipif(not _cpu_kernel(), reason="this torch has no CPU _scaled_mm with row-wise scales")

@@ -68,7 +68,10 @@ class EngineOptions:
 class StaticBackend:
     """A `hotrod.runtime.base.Backend` over the lean module (see the module doc)."""
 
-    def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: EngineOptions):
+    def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: EngineOptions,
+                 prepared: bool = False):
+        """`module` in fp32, or already in the options' precision when `prepared` (read from an engine
+        artifact, `hotrod.engine`)."""
         self.contracts, self.options = contracts, options
         self.torch_device = torch.device(options.device)
         self.device = self.torch_device.type
@@ -78,7 +81,7 @@ class StaticBackend:
         self.loop_threads = None
         self.verifies_drafts = self.verifies_batches = False
         self.dtype = options.dtype
-        self.module = prepare(module, options).to(self.torch_device)
+        self.module = (module if prepared else prepare(module, options)).to(self.torch_device)
         freeze_projections(self.module)
         graphs = self.module.graphs()
         if options.compile:
