@@ -49,7 +49,7 @@ def test_manifest_describes_the_model(zoo, case):
     assert Path(data["source"]["path"]) == zoo.checkpoint(case).resolve()
     assert data["source"]["from_hub"] is False
     assert data["options"] == {"precision": "fp32", "device": "cpu", "opset": 17, "fusion": True,
-                               "calibration_method": "minmax"}
+                               "calibration_method": "minmax", "backend": "onnxruntime"}
     assert data["dims"]["vocab_size"] == 100 and data["dims"]["hidden_size"] == 32
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                 "onnxruntime": onnxruntime.__version__}
@@ -287,11 +287,11 @@ def test_replacing_an_artifact_never_leaves_a_moment_without_one(zoo, tmp_path, 
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("precision", "fp8", "unknown precision 'fp8'"),
+    ("precision", "fp4", "unknown precision 'fp4'"),
+    ("precision", "fp8", "fp8 is the torch engine's precision"),
     ("precision", "bf16", "bf16 on cpu"),
     ("calibration_method", "kl", "unknown calibration method 'kl'"),
     ("device", "tpu", "unknown device 'tpu'"),
-    ("backend", "torch", "optimize writes ONNX graphs"),
     ("backend", "tensorflow", "unknown backend"),
 ])
 def test_bad_optimize_options(zoo, tmp_path, option, value, message):

@@ -34,9 +34,31 @@ WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-call":
                 "int4-b256": 0.5 + 4 / 256}
 
 
+ENGINE_WEIGHTS = {  # precision -> the torch engine artifact's (linear weights, other weights and activations)
+    "fp32": ("fp32", "fp32"),
+    "fp16": ("fp16", "fp16"),
+    "bf16": ("bf16", "bf16"),
+    "int8-weight": ("int8 per output channel, symmetric, bf16 scales", "bf16"),
+    "fp8": ("fp8 e4m3 per output channel, fp32 scales (torch._scaled_mm)", "bf16"),
+}
+
+
 def test_one_list_in_the_order_the_cli_shows():
-    assert PRECISIONS == precisions.names() == tuple(MANIFEST_WEIGHTS)
-    assert set(ENGINE_PRECISIONS) == {"fp32", "bf16", "fp16", "int8-weight"}
+    assert PRECISIONS == precisions.names(lambda p: p.onnx) == tuple(MANIFEST_WEIGHTS)
+    assert ENGINE_PRECISIONS == tuple(ENGINE_WEIGHTS)
+    assert precisions.names() == (*MANIFEST_WEIGHTS, "fp8")  # fp8 is the torch engine's only
+
+
+def test_each_engine_precision_describes_its_artifacts_weights():
+    for name, (linear, other) in ENGINE_WEIGHTS.items():
+        assert precisions.get(name).describe_engine() == {"linear_weights": linear, "other_weights": other,
+                                                           "activations": other}
+
+
+def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
+    assert precisions.get("int4").engine_refusal("cuda").startswith("int4 is onnxruntime's (quantized graphs)")
+    assert precisions.get("fp8").engine_refusal("cpu").startswith("fp8 runs through torch._scaled_mm")
+    assert all(precisions.get(name).engine_refusal("cpu") is None for name in ENGINE_PRECISIONS if name != "fp8")
 
 
 def test_each_precision_describes_itself_as_manifests_always_have():
@@ -61,7 +83,7 @@ def test_only_half_asks_onnxruntime_for_kernels():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: precisions.get("fp8"), "unknown precision 'fp8'; choose from fp32, fp16, bf16, int8, int8-call, int8-static"),
+    (lambda: precisions.get("fp4"), "unknown precision 'fp4'; choose from fp32, fp16, bf16, int8, int8-call, int8-static"),
     (lambda: precisions.half("int8"), "unknown half precision 'int8'; choose from fp16, bf16"),
 ])
 def test_an_unknown_name_lists_the_known_ones(call, message):
@@ -83,7 +105,9 @@ def test_keyword_arguments_become_the_options_object():
     assert OptimizeOptions.of(base) is base
     assert OptimizeOptions.of(base, max_drop=0.5) == dataclasses.replace(base, max_drop=0.5)
     assert base.export().to_dict() == {"precision": "int8", "device": "cpu", "opset": base.export().opset,
-                                       "fusion": True, "calibration_method": "minmax"}
+                                       "fusion": True, "calibration_method": "minmax", "backend": "onnxruntime"}
+    assert OptimizeOptions(precision="fp16", backend="torch").export().to_dict() == {
+        "backend": "torch", "precision": "fp16", "device": "cpu"}
     assert OptimizeOptions(precision="auto").export().precision == "fp32"
     with pytest.raises(TypeError):
         OptimizeOptions.of(None, precison="int8")
@@ -92,10 +116,11 @@ def test_keyword_arguments_become_the_options_object():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"precision": "fp8"}, "unknown precision 'fp8'"),
+    ({"precision": "fp4"}, "unknown precision 'fp4'"),
+    ({"precision": "fp8"}, "fp8 is the torch engine's precision"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"calibration_method": "kl"}, "unknown calibration method 'kl'"),
-    ({"backend": "torch"}, "optimize writes ONNX graphs"),
+    ({"backend": "torch", "precision": "int8-static"}, "int8-static is onnxruntime's"),
     ({"backend": "tensorflow"}, "unknown backend"),
     ({"verify_examples": -1}, "verify_examples must be >= 0"),
     ({"verify_examples": 2.5}, "verify_examples must be a whole number"),

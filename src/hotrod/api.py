@@ -9,12 +9,13 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from hotrod import artifact as art
-from hotrod import build, precisions, tasks
+from hotrod import build, engine, precisions, tasks
 from hotrod.build import build_module
 from hotrod.errors import HotrodError
 from hotrod.kinds import spec as kind_spec
@@ -32,7 +33,6 @@ from hotrod.model import HotrodModel
 from hotrod.optimize.calibration import Feeds, builtin_texts, capture_feeds, read_texts
 from hotrod.optimize.portable import IN_PLACE_OP
 from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS, ExportOptions, OptimizeOptions, check_choice
-from hotrod.precisions import Precision
 from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.verification import examples as task_examples
@@ -50,6 +50,10 @@ def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | Non
     and the manifest, written once at the end, holds the figures. With "auto", every candidate is built,
     verified and timed, and the fastest whose score drops at most `max_drop` below the source's is kept;
     the manifest's "auto" section holds the whole table.
+
+    With `backend="torch"` the artifact holds the static engine's weights instead of graphs
+    (`hotrod.engine`): cast once to `precision` (fp16 keeping the modules it cannot hold in fp32, measured
+    on the calibration texts), verified and, with "auto", chosen the same way.
     """
     options = OptimizeOptions.of(options, **changes)
     _check_machine(options)
@@ -60,25 +64,34 @@ def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | Non
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, options.force) as tmp:
-        lowering = _Lowering(src, options, tmp, texts)
         reference = _torch_model(src, RuntimeOptions(backend="torch"), load_tokenizer(src.path)) if examples else None
-        if options.auto:
-            export, entries, extra = _auto(lowering, reference, examples)
+        if options.backend == "torch":
+            builder = engine.EngineBuild(src, options, tmp, texts, lambda: reference or _torch_model(
+                src, RuntimeOptions(backend="torch"), load_tokenizer(src.path)))
         else:
-            export, entries, extra = options.export(), lowering.apply(precisions.get(options.precision), tmp), {}
+            builder = _Lowering(src, options, tmp, texts)
+        if options.auto:
+            export, entries, extra = _auto(builder, reference, examples)
+        else:
+            export, entries, extra = options.export(), builder.apply(options.precision, tmp), {}
         figures = extra.pop("figures", None)
-        extra["verification"] = _verification(src, options, tmp, entries, reference, examples, figures)
-        art.write_manifest(tmp, build.manifest(lowering.described, export, entries, lowering.files, **extra))
+        extra["verification"] = _verification(src, builder, tmp, entries, reference, examples, figures)
+        art.write_manifest(tmp, builder.manifest(export, entries, **extra))
     return out
 
 
 def _check_machine(options: OptimizeOptions) -> None:
     """What the options cannot check alone: this machine's kernels and devices."""
     chosen = None if options.auto else precisions.get(options.precision)
-    if chosen is not None and options.device == "cpu" and not chosen.has_kernels("cpu"):
+    torch_backend = options.backend == "torch"
+    refusal = chosen.engine_refusal(options.device) if chosen is not None and torch_backend else None
+    if refusal:
+        raise HotrodError(f"cannot build {chosen.name} for {options.device}: {refusal}")
+    if chosen is not None and not torch_backend and options.device == "cpu" and not chosen.has_kernels("cpu"):
         raise HotrodError(f"onnxruntime's CPU provider has no {chosen.name} kernels, so {chosen.name} "
                           "on cpu would only be slower; build it with --device cuda, or choose int8/int4 for CPU")
-    if options.auto and options.device != "cpu" and not _has_device(options.device):
+    available = engine.has_device if torch_backend else _has_device
+    if options.auto and options.device != "cpu" and not available(options.device):
         raise HotrodError(f"--precision auto times every candidate on the device, and {options.device} "
                           "is not available here")
 
@@ -94,7 +107,7 @@ def _has_device(device: str) -> bool:
     return True
 
 
-class _Lowering:
+class _Lowering(build.Builder):
     """The fp32 export of `src` in `base` (made here), lowered to a precision in some directory; the feeds
     precisions need are recorded once."""
 
@@ -110,42 +123,51 @@ class _Lowering:
             self._feeds = capture_feeds(_ort_model(self.base, self.entries, "cpu"), self.texts)
         return self._feeds
 
-    def apply(self, precision: Precision, directory: Path) -> dict:
+    def apply(self, precision: str, directory: Path) -> dict:
         """Lower the graphs in `directory` (a copy of the fp32 export, or the export itself)."""
-        feeds = self.feeds() if precision.needs_feeds else None
-        entries = build.lower(directory, self.entries, precision, feeds, self.options.calibration_method,
+        chosen = precisions.get(precision)
+        feeds = self.feeds() if chosen.needs_feeds else None
+        entries = build.lower(directory, self.entries, chosen, feeds, self.options.calibration_method,
                               self.options.progress)
         if self.options.fusion and self.options.device == "cpu":
-            entries = build.finish_for_cpu(directory, entries, precision)
+            entries = build.finish_for_cpu(directory, entries, chosen)
         return entries
 
-    def copy(self, precision: str, directory: Path) -> tuple[Path, dict]:
-        """The export copied to `directory` and lowered to `precision` there; returns it and its entries."""
-        build.copy_graphs(self.base, directory)
-        return directory, self.apply(precisions.get(precision), directory)
+    def model(self, directory: Path, entries: dict, device: str) -> HotrodModel:
+        return _ort_model(directory, entries, device)
+
+    def has_device(self, device: str) -> bool:
+        return _has_device(device)
+
+    def keep(self, directory: Path, entries: dict) -> None:
+        """The graphs in `directory` replace the export's."""
+        for name in {e["file"] for e in self.entries.values()} | {p.name for p in self.base.glob("*.onnx.data")}:
+            (self.base / name).unlink(missing_ok=True)
+        for file in directory.iterdir():
+            if file.name.endswith(build.GRAPH_SUFFIXES):
+                shutil.move(str(file), self.base / file.name)
+
+    def manifest(self, export: ExportOptions, entries: dict, **extra) -> dict:
+        return build.manifest(self.described, export, entries, self.files, **extra)
 
 
-def _auto(lowering: _Lowering, reference, examples) -> tuple[ExportOptions, dict, dict]:
-    """Choose the precision, move the winner's graphs into the staging directory, and describe the choice."""
+def _auto(builder: build.Builder, reference, examples) -> tuple[ExportOptions, dict, dict]:
+    """Choose the precision, keep the winner's files in the staging directory, and describe the choice."""
     from hotrod import auto
 
-    options = lowering.options
-    workdir = Path(tempfile.mkdtemp(prefix=".auto.", dir=lowering.base))
+    options = builder.options
+    workdir = Path(tempfile.mkdtemp(prefix=".auto.", dir=builder.base))
     built: dict[str, tuple[Path, dict]] = {}
 
     def build_one(precision: str, directory: Path) -> str:
-        built[precision] = lowering.copy(precision, directory)
+        built[precision] = builder.copy(precision, directory)
         return precision
 
     try:
-        winner, table = auto.choose(build_one, lambda p: _ort_model(*built[p], options.device), reference, examples,
-                                    auto.candidates(options.device), options.max_drop, workdir, options.progress)
+        winner, table = auto.choose(build_one, lambda p: builder.model(*built[p], options.device), reference, examples,
+                                    builder.candidates(), options.max_drop, workdir, options.progress)
         chosen, entries = built[winner.precision]
-        for name in {e["file"] for e in lowering.entries.values()} | {p.name for p in lowering.base.glob("*.onnx.data")}:
-            (lowering.base / name).unlink(missing_ok=True)
-        for file in chosen.iterdir():
-            if file.name.endswith(build.GRAPH_SUFFIXES):
-                shutil.move(str(file), lowering.base / file.name)
+        builder.keep(chosen, entries)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     section = {"max_drop": options.max_drop, "chosen": winner.precision,
@@ -153,16 +175,20 @@ def _auto(lowering: _Lowering, reference, examples) -> tuple[ExportOptions, dict
     return options.export(winner.precision), entries, {"auto": section, "figures": winner.figures}
 
 
-def _verification(src: Source, options: OptimizeOptions, directory: Path, entries: dict, reference,
+def _verification(src: Source, builder: build.Builder, directory: Path, entries: dict, reference,
                   examples: list[Example], figures: dict | None) -> dict | None:
-    """The manifest's verification section: the built graphs against the source (`figures` when "auto"
-    has measured them already), on the device they were built for where this machine has it."""
+    """The manifest's verification section: what was built against the source (`figures` when "auto"
+    has measured them already), on the device it was built for where this machine has it, else on the
+    CPU (and the section says so)."""
     if not examples:
         return None
-    device = options.device
-    runs_on = device if device == "cpu" or _has_device(device) else "cpu"
-    figures = figures or compare(_ort_model(directory, entries, runs_on), reference, examples)
-    return {"against": src.origin, "examples_from": _origin(options.verify_texts), "device": runs_on, **figures}
+    device = builder.options.device
+    runs_on = device if device == "cpu" or builder.has_device(device) else "cpu"
+    figures = figures or compare(builder.model(directory, entries, runs_on), reference, examples)
+    section = {"against": src.origin, "examples_from": _origin(builder.options.verify_texts), "device": runs_on}
+    if runs_on != device:
+        section["note"] = f"built for {device}, which this machine lacks: verified on the CPU"
+    return {**section, **figures}
 
 
 def _calibration_texts(calibration) -> list[str]:
@@ -206,7 +232,7 @@ def _origin(texts) -> str:
 
 def load(
     path_or_source: str | Path,
-    backend: str = "onnxruntime",
+    backend: str | None = None,
     device: str | None = None,
     threads: int = 0,
     precision: str | None = None,
@@ -217,21 +243,29 @@ def load(
     """A drop-in model from an artifact, or from a checkpoint (exported on first use for onnxruntime).
 
     A checkpoint runs the head its `architectures` names, or `task` (`hotrod.tasks`); an artifact runs the
-    task it was built for.
+    task it was built for. `backend` is the artifact's when None (onnxruntime for a checkpoint).
     On the torch backend a GPU runs the static engine (`hotrod.runtime.static`), in `precision` (fp32,
-    bf16, fp16, int8-weight; fp32 when not given); `static=True` runs it on a CPU too. `profile` has
-    onnxruntime time every node (`hotrod.bench.ops.op_times` reads it; runs are slower meanwhile).
+    bf16, fp16, int8-weight, fp8; fp32 when not given); `static=True` runs it on a CPU too. A torch engine
+    artifact (`hotrod optimize --backend torch`) runs it from its stored weights, in the precision and
+    with the fp32 islands it was built with, on the device it was built for unless `device` says
+    otherwise. `profile` has onnxruntime time every node (`hotrod.bench.ops.op_times` reads it; runs are
+    slower meanwhile).
     """
-    check_choice("backend", backend, BACKENDS)
+    if backend is not None:
+        check_choice("backend", backend, BACKENDS)
     if device is not None:
         check_choice("device", device, DEVICES)
-    options = _runtime_options(backend, device or "cpu", threads, precision, static, profile)
     if art.is_artifact(path_or_source):
         artifact = art.open_artifact(path_or_source)
         if task is not None and task != artifact.manifest.get("task"):
             raise HotrodError(f"{path_or_source} was built for {artifact.manifest.get('task')}, not {task}; "
                               f"build it with hotrod optimize --task {task}")
-        return _load_artifact(artifact, backend, device, threads, profile)
+        if engine.is_engine(artifact.manifest):
+            return engine.load_artifact(artifact, backend, device, threads, precision, static, profile)
+    backend = backend or "onnxruntime"
+    options = _runtime_options(backend, device or "cpu", threads, precision, static, profile)
+    if art.is_artifact(path_or_source):
+        return _load_artifact(artifact, backend, device, threads, profile, options)
     src = open_source(path_or_source, task)
     if backend == "torch":
         return _torch_model(src, options, load_tokenizer(src.path))
@@ -283,7 +317,12 @@ def verify(
     if not art.is_artifact(path):
         raise HotrodError(f"{path} is not a hotrod artifact (no manifest.json); verify checks an artifact")
     artifact = art.open_artifact(path)
-    model = _load_artifact(artifact, "onnxruntime", None, threads)
+    if engine.is_engine(artifact.manifest):  # on the device it was built for where this machine has it
+        built_for = artifact.manifest["options"].get("device", "cpu")
+        device = built_for if engine.has_device(built_for) else "cpu"
+        model = engine.load_artifact(artifact, None, device, threads, None, None, False)
+    else:
+        model = _load_artifact(artifact, "onnxruntime", None, threads)
     chosen = _examples(texts, *_measure_model(model))[:examples]
     src = _artifact_source(artifact) if against is None else open_source(against, artifact.manifest.get("task"))
     if src.family.dims(src.config) != model.dims:
@@ -299,10 +338,12 @@ def _measure_model(model: HotrodModel) -> tuple[str, list[str]]:
 
 
 def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int,
-                   profile: bool = False) -> HotrodModel:
+                   profile: bool = False, options: RuntimeOptions | None = None) -> HotrodModel:
+    """An onnxruntime artifact's graphs; on the torch backend, the checkpoint it was made from, run as
+    `options` say (eager, or the static engine in its precision)."""
     device = device or artifact.manifest["options"].get("device", "cpu")
     if backend == "torch":
-        options = RuntimeOptions(backend=backend, device=device, threads=threads)
+        options = replace(options or RuntimeOptions(backend=backend), device=device, threads=threads)
         return _torch_model(_artifact_source(artifact), options, load_tokenizer(artifact.path))
     _check_built_for(artifact, device)
     return _ort_model(artifact.path, artifact.manifest["graphs"], device, threads, artifact.manifest, profile)
@@ -340,14 +381,20 @@ def _torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel
         raise HotrodError("device 'cuda' asked for, but this torch has no CUDA device")
     dims = src.family.dims(src.config)
     contracts = kind_spec(src.family.kind).contracts(dims)
+    generation = load_generation_config(src.path, src.config)
     if options.uses_static_engine:
         from hotrod.runtime.static import EngineOptions, StaticBackend
 
-        engine = EngineOptions(device=options.device, precision=options.precision)
-        backend = StaticBackend(build_module(src), contracts, engine)
+        module, islands = build_module(src), ()
+        if options.precision == engine.ISLANDS:  # measured on the fp32 model, on the device, as a build does
+            fp32 = TorchBackend(module, contracts, replace(options, static=False, precision="fp32"))
+            islands = tuple(engine.measure_islands(HotrodModel(src.family, src.config, fp32, generation, tokenizer),
+                                                   builtin_texts()))
+        options = EngineOptions(device=options.device, precision=options.precision, keep_fp32=islands)
+        backend = StaticBackend(module, contracts, options)
     else:
         backend = TorchBackend(build_module(src), contracts, options)
-    return HotrodModel(src.family, src.config, backend, load_generation_config(src.path, src.config), tokenizer)
+    return HotrodModel(src.family, src.config, backend, generation, tokenizer)
 
 
 def _artifact_source(artifact: art.Artifact) -> Source:

@@ -1,8 +1,9 @@
 """`--precision auto`: build every candidate precision, verify and time each, keep the fastest that passes.
 
-The fp32 export is built once; each candidate is that export lowered to one precision in its own
-directory, verified against the source (`hotrod.verify`) and timed on this machine, interleaved with the
-others so drift hits all alike. A candidate passes when its score drops by at most `max_drop` below the
+For onnxruntime the fp32 export is built once and each candidate is that export lowered to one precision
+in its own directory; for the torch engine a candidate is the engine's weights in one precision
+(`hotrod.engine`). Each is verified against the source (`hotrod.verify`) and timed on this machine,
+interleaved with the others so drift hits all alike. A candidate passes when its score drops by at most `max_drop` below the
 source's own (task exact match when a language model's examples carry targets, else agreement with the
 source on the task's measure: generations, embeddings, labels, rankings, entities or answers). The
 fastest passing candidate wins; if none passes, fp32 is kept and the closest candidate is named.
@@ -48,9 +49,12 @@ class Candidate:
         return {k: v for k, v in asdict(self).items() if k != "figures"}
 
 
-def candidates(device: str) -> list[str]:
-    """The registry's candidates (`hotrod.precisions`) whose kernels this device's onnxruntime has: fp32,
-    half precision where it runs it, then the int8 and int4 variants."""
+def candidates(device: str, backend: str = "onnxruntime") -> list[str]:
+    """The registry's candidates (`hotrod.precisions`) whose kernels `device` has here: for onnxruntime
+    fp32, half precision where it runs it, then the int8 and int4 variants; for the torch engine each of
+    its precisions torch runs there (fp8 on GPUs with fp8 tensor cores only)."""
+    if backend == "torch":
+        return [name for name, p in REGISTRY.items() if p.engine and p.engine_refusal(device) is None]
     return [name for name, p in REGISTRY.items() if p.candidate and p.has_kernels(device)]
 
 

@@ -23,7 +23,7 @@ from hotrod.load import Source, load_generation_config, load_state_dict, load_to
 from hotrod.optimize import cpu_attention_graph, fuse_graph, lower_graph, note_fp32_ops, portable_graph
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts, kernel_runs
-from hotrod.options import ExportOptions
+from hotrod.options import ExportOptions, OptimizeOptions
 from hotrod.precisions import Precision
 from hotrod.tasks import TASK_KEY, labels
 
@@ -145,15 +145,54 @@ def describe_source(src: Source) -> dict:
 
 
 def manifest(described: dict, options: ExportOptions, entries: dict[str, dict], files: dict, **extra) -> dict:
-    """Everything the artifact records about itself; `extra` adds sections (verification, auto, ...)."""
+    """Everything the artifact records about itself; `extra` adds sections (verification, auto, engine, ...)."""
+    precision = precisions.get(options.precision)
     return {
         **described,
         "options": options.to_dict(),
-        "weights": precisions.get(options.precision).describe(options.calibration_method),
+        "weights": precision.describe_engine() if options.backend == "torch" else precision.describe(options.calibration_method),
         "graphs": entries,
         "files": files,
         **extra,
     }
+
+
+class Builder:
+    """What `hotrod.api.optimize` drives to build an artifact in `base` (its staging directory), with or
+    without `--precision auto`: onnxruntime's graphs (`api._Lowering`) or the torch engine's weights
+    (`hotrod.engine.EngineBuild`). Each writes a precision into a directory and returns its manifest
+    entries (`apply`), gives a model over them (`model`: verification, auto's timing), keeps a
+    candidate's files as the artifact's (`keep`) and writes its manifest (`manifest`)."""
+
+    options: OptimizeOptions
+    base: Path
+
+    def apply(self, precision: str, directory: Path) -> dict:
+        raise NotImplementedError
+
+    def model(self, directory: Path, entries: dict, device: str):
+        raise NotImplementedError
+
+    def has_device(self, device: str) -> bool:
+        """Whether this machine runs what is built on `device` (else it is verified on the CPU)."""
+        raise NotImplementedError
+
+    def keep(self, directory: Path, entries: dict) -> None:
+        raise NotImplementedError
+
+    def manifest(self, options: ExportOptions, entries: dict, **extra) -> dict:
+        raise NotImplementedError
+
+    def copy(self, precision: str, directory: Path) -> tuple[Path, dict]:
+        """The base's files copied to `directory` and `precision` applied there (a candidate of auto)."""
+        copy_graphs(self.base, directory)
+        return directory, self.apply(precision, directory)
+
+    def candidates(self) -> list[str]:
+        """`--precision auto`'s candidates for the device and backend built for."""
+        from hotrod import auto
+
+        return auto.candidates(self.options.device, self.options.backend)
 
 
 def code_fingerprint() -> str:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod.errors import HotrodError
-from hotrod.options import AUTO, BACKENDS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS, PRECISIONS
+from hotrod.options import AUTO, BACKENDS, BUILT_PRECISIONS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS
 from hotrod.tasks import TASKS
 
 
@@ -53,10 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="export and optimize a checkpoint into an artifact directory")
     p.add_argument("source", help="local Hugging Face checkpoint directory or hub id")
     p.add_argument("--out", required=True, help="artifact directory to write")
-    p.add_argument("--precision", default="fp32", choices=(*PRECISIONS, AUTO),
-                   help="auto: build every candidate, keep the fastest within --max-drop")
-    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
-    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--precision", default="fp32", choices=(*BUILT_PRECISIONS, AUTO),
+                   help="auto: build every candidate, keep the fastest within --max-drop; with --backend torch: "
+                        f"{', '.join(ENGINE_PRECISIONS)} or auto")
+    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS,
+                   help="onnxruntime: ONNX graphs; torch: the static engine's weights (fp16 with measured fp32 islands)")
+    p.add_argument("--device", default="cpu", choices=DEVICES, help="the device it is built for and loads on")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory whole")
     p.add_argument("--no-fusion", dest="fusion", action="store_false", help="skip kernel fusion")
     p.add_argument("--task", default=None, choices=TASKS,
@@ -166,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _runtime_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="default: the artifact's (onnxruntime for a checkpoint)")
     p.add_argument("--device", default=None, choices=DEVICES)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
     p.add_argument("--engine-precision", default=None, choices=ENGINE_PRECISIONS,
@@ -468,6 +471,8 @@ def _info(args) -> int:
         fused = graph.get("fused_ops") or {}
         print("  fused     " + (", ".join(f"{op} x{n}" for op, n in fused.items()) or "none"))
         print("\n".join(_fusion_lines(manifest, graph, Path(args.artifact) / graph["file"])))
+    if manifest.get("engine"):
+        print("\n".join(_engine_lines(manifest["engine"], Path(args.artifact))))
     if "weights" in manifest:
         print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
     verification = manifest.get("verification")
@@ -480,6 +485,15 @@ def _info(args) -> int:
               f"drops at most {section['max_drop']} below the source's")
         print(format_table(manifest["auto"]["candidates"]))
     return 0
+
+
+def _engine_lines(section: dict, path: Path) -> list[str]:
+    """A torch engine artifact's weights and fp16's fp32 islands."""
+    size = (path / section["weights"]).stat().st_size
+    islands = section.get("islands") or []
+    return [f"engine      torch static engine, {section['precision']} weights: {section['weights']} "
+            f"{size / 1e6:8.1f} MB",
+            "islands     " + (", ".join(islands) + " (kept in fp32)" if islands else "none")]
 
 
 def _cache_note(graph: dict) -> str:

@@ -14,6 +14,12 @@ static engine's list and the benchmark's hardware floor all read this registry.
   depends on its batch-mates.
 - int8-static: QDQ with activation ranges calibrated on recorded feeds.
 - int8-weight / int4 / int4-b128 / int4-b256: weight-only, block-quantized MatMulNBits (blocks of 32, 128 or 256).
+- fp8: the torch engine's only (no ONNX graphs): e4m3 weights with per-channel scales through
+  torch._scaled_mm, on GPUs with fp8 tensor cores (`runtime/fp8.py`).
+
+The torch backend's static engine (`runtime/static.py`) runs the precisions marked `engine`; for it a
+precision says what its artifact's weights are (`describe_engine`) and whether torch here has its kernels
+on a device (`engine_refusal`).
 
 The graph passes are imported when a graph is lowered, so this module stays cheap for the options, the
 CLI and the static engine.
@@ -48,10 +54,14 @@ class Precision:
     weight_bytes: float  # bytes read per weight; block formats carry one fp32 scale per block
     compute: str = "fp32"  # the matrix arithmetic: fp32, half or int8 (the benchmark's floor picks its rate)
     needs_feeds: bool = False  # lowering reads feeds recorded from the fp32 graph
-    candidate: bool = True  # tried by `--precision auto`
+    candidate: bool = True  # tried by onnxruntime's `--precision auto`
+    onnx: bool = True  # lowers ONNX graphs (`hotrod optimize` for onnxruntime)
     engine: bool = False  # the torch backend's static engine runs in it too
     weights: str = ""
     activations: str = ""
+    engine_weights: str = ""  # the engine's linear weights, for its artifact's manifest (the name when empty)
+    engine_dtype: str = ""  # the engine's activations and other weights (the name when empty)
+
     @property
     def invariant_rows(self) -> int:
         """The fewest rows (tokens) a graph call needs for each row's result to be the same bit for bit at
@@ -82,6 +92,18 @@ class Precision:
         weights = self.weights or self.name
         activations = (self.activations or self.name).format(method=method)
         return {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
+
+    def describe_engine(self) -> dict[str, str]:
+        """The manifest's "weights" of a torch engine artifact (fp16's fp32 islands are listed beside them)."""
+        dtype = self.engine_dtype or self.name
+        return {"linear_weights": self.engine_weights or self.name, "other_weights": dtype, "activations": dtype}
+
+    def engine_refusal(self, device: str) -> str | None:
+        """Why torch here cannot run this precision on the static engine on `device`, or None when it can."""
+        if not self.engine:
+            return (f"{self.name} is onnxruntime's (quantized graphs); the torch engine runs "
+                    f"{', '.join(names(lambda p: p.engine))}")
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +200,32 @@ class WeightOnly(Precision):
         return weight_only(model, self.bits, self.block_size), {}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Fp8(Precision):
+    """e4m3 weights with one fp32 scale per output channel, multiplied by torch._scaled_mm with activations
+    quantized per row as they come (`hotrod.runtime.fp8`): the torch engine's only, on GPUs with fp8
+    tensor cores. onnxruntime gets no such graphs."""
+
+    compute: str = "fp8"
+    candidate: bool = False
+    onnx: bool = False
+    engine: bool = True
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        from hotrod.errors import HotrodError
+
+        raise HotrodError("fp8 is the torch engine's precision; build it with --backend torch")
+
+    def has_kernels(self, device: str) -> bool:
+        return False
+
+    def engine_refusal(self, device: str) -> str | None:
+        from hotrod.runtime.fp8 import refusal
+
+        return refusal(device)
+
+
 REGISTRY: dict[str, Precision] = {p.name: p for p in (
     Full(name="fp32", weight_bytes=4.0, engine=True),
     Half(name="fp16", weight_bytes=2.0, onnx_type=TensorProto.FLOAT16, numpy_type=np.float16,
@@ -198,7 +246,8 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
                activations="uint8 per-tensor, static ranges calibrated with {method}"),
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
     WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,
-               weights="int8 block-32 symmetric (int8-weight, MatMulNBits)"),
+               weights="int8 block-32 symmetric (int8-weight, MatMulNBits)",
+               engine_weights="int8 per output channel, symmetric, bf16 scales", engine_dtype="bf16"),
     WeightOnly(name="int4", weight_bytes=0.5 + 4 / 32, bits=4, weights="int4 block-32 symmetric (MatMulNBits)"),
     # Fewer, larger blocks: fewer scales to read and apply per weight (MatMulNBits' int8 kernel spends per
     # block), for a coarser fit. GPT-2's batch-1 decoding (W1), interleaved: int4 0.416 s, int4-b128 0.325 s;
@@ -207,6 +256,8 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
                weights="int4 block-128 symmetric (int4-b128, MatMulNBits)"),
     WeightOnly(name="int4-b256", weight_bytes=0.5 + 4 / 256, bits=4, block_size=256,
                weights="int4 block-256 symmetric (int4-b256, MatMulNBits)"),
+    Fp8(name="fp8", weight_bytes=1.0, engine_weights="fp8 e4m3 per output channel, fp32 scales (torch._scaled_mm)",
+        engine_dtype="bf16"),
 )}
 
 

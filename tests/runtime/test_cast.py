@@ -95,3 +95,16 @@ def test_quantize_linears_skips_what_it_is_told_and_rewires_fused_projections():
     assert all(isinstance(layer, Int8Linear) for layer in attn.qk.layers)
     for got, want in zip(attn.qk(x), before):
         torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
+
+def test_gpt2s_transposed_layers_are_quantized_as_linears():
+    from hotrod.models.common import Conv1D
+
+    torch.manual_seed(0)
+    layer = Conv1D(16, 24)  # weight [in, out]
+    nn.init.normal_(layer.weight, std=0.1)
+    net, x = nn.Sequential(layer), torch.randn(2, 3, 16)
+    expected = layer(x).detach()
+    assert quantize_linears(net, torch.float32) == ["0"]
+    assert isinstance(net[0], Int8Linear) and net[0].weight.shape == (24, 16)
+    torch.testing.assert_close(net(x), expected, rtol=0.05, atol=0.05)

@@ -325,6 +325,14 @@ class Conv1D(nn.Module):
         # MatMul + Add on the 3-D input: no reshape chain in the graph, and every weight is a MatMul's.
         return torch.matmul(x, self.weight) + self.bias
 
+    def as_linear(self) -> nn.Linear:
+        """The same layer as an nn.Linear (weight [out, in]), for what rewrites linear layers (the static
+        engine's weight quantization, `hotrod.runtime.cast.quantize_linears`)."""
+        linear = nn.Linear(*self.weight.shape, device=self.weight.device, dtype=self.weight.dtype)
+        linear.weight.data = self.weight.detach().t().contiguous()
+        linear.bias.data = self.bias.detach()
+        return linear
+
 
 def strip_prefix(state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Drop the first head-model prefix (`transformer.`, `bert.`, ...) that the checkpoint uses."""

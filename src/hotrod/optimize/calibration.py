@@ -83,13 +83,19 @@ def capture_feeds(model: Any, texts: Sequence[str], max_new_tokens: int = 8, per
     recorder = _Recorder(model.backend)
     model.backend = recorder
     try:
-        if model.spec.generates:
-            _generate_all(model, texts, max_new_tokens, seed)
-        else:
-            _encode_all(model, texts)
+        run_texts(model, texts, max_new_tokens, seed)
     finally:
         model.backend = recorder.inner
     return {graph: spread(items, per_graph) for graph, items in recorder.feeds.items()}
+
+
+def run_texts(model: Any, texts: Sequence[str], max_new_tokens: int = 8, seed: int = 0) -> None:
+    """Run `model` on `texts` as calibration does (see `capture_feeds`), for what watches it run: the
+    torch engine's fp16 overflow search hooks the modules themselves (`hotrod.runtime.cast`)."""
+    if model.spec.generates:
+        _generate_all(model, texts, max_new_tokens, seed)
+    else:
+        _encode_all(model, texts)
 
 
 def _generate_all(model: Any, texts: Sequence[str], max_new_tokens: int, seed: int) -> None:

@@ -32,14 +32,15 @@ def overflowing_modules(module: nn.Module, run: Callable[[], object], limit: flo
     `run` calls `module` (in fp32) on sample inputs. Raises HotrodError when even the whole model's
     edges overflow (then no fp16 model can hold it: use bf16).
     """
-    edges: dict[str, float] = {}  # each module's largest input or output value
-    handles = [m.register_forward_hook(_recorder(name, edges)) for name, m in module.named_modules()]
+    peaks: dict[str, torch.Tensor] = {}  # each module's largest input or output value, kept on its device
+    handles = [m.register_forward_hook(_recorder(name, peaks)) for name, m in module.named_modules()]
     try:
         with torch.inference_mode():
             run()
     finally:
         for handle in handles:
             handle.remove()
+    edges = {name: float(peak) for name, peak in peaks.items()}  # read back once, not once a module a call
     keep: set[str] = set()
     for name in (n for n, peak in edges.items() if peak > limit):
         island = _fitting_ancestor(name, edges, limit)
@@ -50,11 +51,15 @@ def overflowing_modules(module: nn.Module, run: Callable[[], object], limit: flo
     return sorted(k for k in keep if not any(k.startswith(other + ".") for other in keep))
 
 
-def _recorder(name: str, edges: dict[str, float]):
+def _recorder(name: str, peaks: dict[str, torch.Tensor]):
     def hook(module, inputs, output):
-        seen = [t for t in (*inputs, *_tensors(output)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        peak = max((float(t.abs().max()) for t in seen if t.numel()), default=0.0)
-        edges[name] = max(edges.get(name, 0.0), peak)
+        seen = [t for t in (*inputs, *_tensors(output))
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+        if not seen:
+            peaks.setdefault(name, torch.zeros(()))
+            return
+        peak = torch.stack([t.detach().abs().amax().float() for t in seen]).amax()
+        peaks[name] = torch.maximum(peaks[name].to(peak.device), peak) if name in peaks else peak
 
     return hook
 
@@ -142,19 +147,28 @@ class Int8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def quantize_linears(module: nn.Module, dtype: torch.dtype, skip: Iterable[str] = ()) -> list[str]:
-    """Replace every nn.Linear (outside `skip` prefixes) by an Int8Linear; returns the names replaced."""
+def quantize_linears(module: nn.Module, dtype: torch.dtype, skip: Iterable[str] = (),
+                     make: Callable[[nn.Linear, torch.dtype], nn.Module | None] | None = None) -> list[str]:
+    """Replace every linear layer (an nn.Linear, or a layer that gives one by `as_linear`, such as GPT-2's
+    Conv1D) outside `skip` prefixes by `make(linear, dtype)` (an Int8Linear when not given; a layer `make`
+    returns None for stays as it is); returns the names replaced."""
     from hotrod.models.common import FusedProjection
 
+    make = make or Int8Linear.quantize
     skipped = tuple(skip)
     swapped: dict[int, nn.Module] = {}
     for name, child in list(module.named_modules()):
-        if isinstance(child, nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skipped):
+        if any(name == s or name.startswith(s + ".") for s in skipped):
+            continue
+        linear = child if isinstance(child, nn.Linear) else child.as_linear() if hasattr(child, "as_linear") else None
+        layer = None if linear is None else make(linear, dtype)
+        if layer is not None:
             parent_name, _, attr = name.rpartition(".")
-            swapped[id(child)] = Int8Linear.quantize(child, dtype)
-            setattr(module.get_submodule(parent_name) if parent_name else module, attr, swapped[id(child)])
+            swapped[id(child)] = layer
+            setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)
     for child in module.modules():  # fused projections hold their layers: point them at the new ones
         for value in vars(child).values():
             if isinstance(value, FusedProjection):
                 value.layers = tuple(swapped.get(id(layer), layer) for layer in value.layers)
-    return sorted(name for name, child in module.named_modules() if isinstance(child, Int8Linear))
+    made = {id(layer) for layer in swapped.values()}
+    return sorted(name for name, child in module.named_modules() if id(child) in made)

@@ -25,16 +25,19 @@ from typing import Any
 
 import torch
 
+from hotrod import precisions
 from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError
 from hotrod.models.common import FusedProjection
 from hotrod.options import ENGINE_PRECISIONS
 from hotrod.runtime.base import contract_of
-from hotrod.runtime.cast import DTYPES, cast_module, quantize_linears
+from hotrod.runtime.cast import DTYPES, Int8Linear, cast_module, quantize_linears
+from hotrod.runtime.fp8 import Fp8Linear
 from hotrod.runtime.graphs import Graphs
 from hotrod.runtime.pool import CachePool, batch_bucket
 
 SPAN = "total_sequence_length"
+QUANTIZED = {"int8-weight": Int8Linear.quantize, "fp8": Fp8Linear.quantize}  # precision -> the linears' layer
 
 
 @dataclass(frozen=True)
@@ -58,21 +61,27 @@ class EngineOptions:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype (int8-weight computes in bf16)."""
-        return DTYPES.get(self.precision, torch.bfloat16)
+        """The activations' dtype (int8-weight and fp8 compute in bf16)."""
+        return DTYPES[precisions.get(self.precision).engine_dtype or self.precision]
 
 
 class StaticBackend:
     """A `hotrod.runtime.base.Backend` over the lean module (see the module doc)."""
 
-    def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: EngineOptions):
+    def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: EngineOptions,
+                 prepared: bool = False):
+        """`module` in fp32, or already in the options' precision when `prepared` (read from an engine
+        artifact, `hotrod.engine`)."""
         self.contracts, self.options = contracts, options
         self.torch_device = torch.device(options.device)
         self.device = self.torch_device.type
+        refusal = precisions.get(options.precision).engine_refusal(self.device)
+        if refusal:
+            raise HotrodError(refusal)
         self.loop_threads = None
         self.verifies_drafts = self.verifies_batches = False
         self.dtype = options.dtype
-        self.module = prepare(module, options).to(self.torch_device)
+        self.module = (module if prepared else prepare(module, options)).to(self.torch_device)
         freeze_projections(self.module)
         graphs = self.module.graphs()
         if options.compile:
@@ -188,10 +197,11 @@ def _has_padding(feeds: Mapping[str, Any]) -> bool:
 
 
 def prepare(module: torch.nn.Module, options: EngineOptions) -> torch.nn.Module:
-    """`module` in the engine's precision: cast, fp32 islands kept, linears quantized for int8-weight."""
+    """`module` in the engine's precision: cast, fp32 islands kept, linears quantized for int8-weight and
+    fp8 (their scales measured on the fp32 weights, before the cast)."""
     module = module.eval()
-    if options.precision == "int8-weight":  # scales measured on the fp32 weights
-        quantize_linears(module, options.dtype)
+    if options.precision in QUANTIZED:
+        quantize_linears(module, options.dtype, make=QUANTIZED[options.precision])
     return cast_module(module, options.dtype, options.keep_fp32)
 
 

@@ -78,7 +78,7 @@ def run_serve(args) -> int:
                     tuple(args.cors_origin), args.docs)
     if not 0 <= args.port < 65536:
         raise HotrodError(f"--port must be in 0..65535, got {args.port}")
-    runtime = RuntimeOptions(args.backend, args.device or "cpu", args.threads,
+    runtime = RuntimeOptions(args.backend or "onnxruntime", args.device or "cpu", args.threads,
                              precision=args.engine_precision or "fp32")
     if args.ray is not None:  # Ray's proxies listen, on every node: there is no one socket to try here
         return _run_on_ray(args, options, limits, access, runtime)
