@@ -226,3 +226,18 @@ def test_a_failed_build_leaves_nothing(sources, tmp_path, monkeypatch):
         hotrod.optimize(sources["gpt2"], tmp_path / "out", backend="torch", precision="bf16", verify_examples=0,
                         progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_the_server_runs_an_engine_artifact_as_built_unless_told_otherwise(built):
+    """`hotrod serve` with no --backend or --engine-precision loads an engine artifact as it was built; a
+    choice the user made is passed on (and refused where it does not fit)."""
+    from hotrod.runtime.base import RuntimeOptions
+    from hotrod.serve.engine import ServeOptions, load_engines
+    from hotrod.serve.metrics import Metrics
+
+    path = str(built("gpt2", "bf16"))
+    engines = load_engines([path], ServeOptions(), RuntimeOptions(), Metrics(), told=())
+    backend = next(iter(engines.values())).model.backend
+    assert type(backend).__name__ == "StaticBackend" and backend.options.precision == "bf16"
+    with pytest.raises(hotrod.HotrodError, match="onnxruntime"):
+        load_engines([path], ServeOptions(), RuntimeOptions(), Metrics(), told=("backend",))

@@ -84,7 +84,9 @@ def run_serve(args) -> int:
         return _run_on_ray(args, options, limits, access, runtime)
     _check_listen(args.host, args.port)
     metrics = Metrics()
-    engines = load_engines(args.models, options, runtime, metrics)
+    told = tuple(key for key, value in (("backend", args.backend), ("device", args.device),
+                                        ("precision", args.engine_precision)) if value is not None)
+    engines = load_engines(args.models, options, runtime, metrics, told)
     try:
         serve(engines, limits, args.host, args.port, metrics, access=access)
     except StartupFailed as exc:

@@ -325,15 +325,22 @@ def served_names(dirs: list[str] | tuple[str, ...]) -> list[str]:
     return names
 
 
-def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions,
-                 metrics: Metrics) -> dict[str, ModelEngine]:
-    """One engine per artifact directory, named after the directory; names must be unique."""
+RUNTIME_CHOICES = ("backend", "device", "precision")
+
+
+def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions, metrics: Metrics,
+                 told: tuple[str, ...] = RUNTIME_CHOICES) -> dict[str, ModelEngine]:
+    """One engine per artifact directory, named after the directory; names must be unique. `told` names the
+    fields of `runtime` the user chose; the others are left to each artifact (an engine artifact runs on
+    the torch backend, in the precision and on the device it was built for)."""
     import hotrod
 
     engines: dict[str, ModelEngine] = {}
     for name, directory in zip(served_names(dirs), dirs):
-        model = hotrod.load(directory, backend=runtime.backend, device=runtime.device, threads=runtime.threads,
-                            precision=runtime.precision if runtime.backend == "torch" else None)
+        precision = runtime.precision if runtime.backend == "torch" or "precision" in told else None
+        chosen = {"backend": runtime.backend, "device": runtime.device, "precision": precision}
+        model = hotrod.load(directory, threads=runtime.threads,
+                            **{key: value if key in told else None for key, value in chosen.items()})
         engines[name] = ModelEngine(name, model, options, metrics, str(directory))
     return engines
 
