@@ -234,7 +234,7 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
          max_finite=float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), rtol=5e-2, atol=1e-2),
     # Activations per row (one symmetric scale per token): batch-invariant, and on real weights at least as
     # close to fp32 as one scale per call (the demo's MiniLM tagger: entity F1 0.946 against 0.938), at
-    # 1.10-1.13x int8-call's time (benchmarks/results/int8-rows-cpu.json).
+    # 1.01-1.08x int8-call's CPU time (benchmarks/results/int8-rows-cpu.json).
     Int8Dynamic(name="int8", weight_bytes=1.0, per_row=True, weights="int8 per-channel, 7-bit range (dynamic)",
                 activations="uint8 per row, symmetric, range measured on every call (dynamic)"),
     # onnxruntime's own dynamic quantization, one activation range per call: a row's answer depends on its

@@ -276,6 +276,22 @@ def test_per_row_int8_quantizes_each_input_in_one_op_at_opset_21():
     assert ops.count("QuantizeLinear") == 2 and "Round" not in ops and "DynamicQuantizeLinear" not in ops
 
 
+@pytest.mark.parametrize("opset", [17, 23])
+def test_per_row_int8_gives_an_all_zero_row_exactly_its_bias(opset):
+    """A row of zeros has the scale 0 (no guard op): its product is exactly zero whatever its 0/0 quantized
+    to, and the other rows are untouched."""
+    from hotrod.optimize.quantize import int8_dynamic
+
+    model = _matmul_add_graph(True)
+    model.opset_import[0].version = opset
+    x = np.random.default_rng(4).standard_normal((2, 64)).astype(np.float32)
+    x[0] = 0.0
+    got = _run(int8_dynamic(model, per_row=True), {"x": x})
+    w, b = (onnx.numpy_helper.to_array(t) for t in model.graph.initializer[:2])
+    assert np.array_equal(got[0], b) and np.isfinite(got).all()
+    assert np.abs(got[1] - (x[1] @ w + b)).max() < 0.05 * np.abs(x[1] @ w).max()
+
+
 def test_per_row_int8_hands_a_bias_to_the_fast_gelu_after_it():
     """A biased product feeding a FastGelu gives the GELU its bias (one pass), with the same outputs."""
     from onnx import helper

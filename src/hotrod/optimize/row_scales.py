@@ -22,15 +22,20 @@ tagger fell from entity F1 0.94 to 0.31 against fp32 that way). The bias is ther
 
 The maximum of |x| is ReduceMax(Abs(x)): at a decoding step, where a row is a few KB, the op count is what
 costs, and this is two ops where max(ReduceMax(x), -ReduceMin(x)) is four (GPT-2 124M's batch-1 decoding:
-1.046x the per-call build's CPU time that way, 1.037x this way, in one run). From opset 21 the quantization itself is one QuantizeLinear with a block as
-long as the row, so the graph is raised to opset 21 where that changes no other op's meaning
-(`hotrod.optimize.fusion.raise_opset`: hotrod's decoders are exported at 17); a graph that cannot be raised
-spells it out (divide, round, shift, cast: four ops where decoding pays for each). Where the product feeds
-a FastGelu (GPT-2's MLP), the bias goes into the FastGelu's own bias input instead of a Sub. A QuantizeLinear per axis over a
-[rows, K] view of x does it in one pass before opset 21 too, but with four more small ops per input, and
-decoding pays per op: GPT-2 124M's greedy batch-1 decoding took 1.117x the per-call build's time that way,
-1.083x this way, in one run of `benchmarks/int8_rows.py` (a later run, with the bias outside the fused
-kernel: 1.13x).
+1.046x the per-call build's CPU time that way, 1.037x this way, in one run). An all-zero row gets the
+scale 0 and no guard: whatever integers its 0/0 quantizes to, the product is multiplied by that scale, so
+the row's output is exactly zero (plus the bias), as in float.
+
+From opset 21 the quantization is one QuantizeLinear whose block is the whole row, so the graph is raised
+to opset 21 where that changes no other op's meaning (`hotrod.optimize.fusion.raise_opset`; hotrod exports
+at 17); a graph that cannot be raised spells it out (divide, round, shift, cast). Where the product feeds a
+FastGelu (GPT-2's MLP), the bias goes into the FastGelu's bias input instead of a Sub. With these, against
+the per-call build in one run of `benchmarks/int8_rows.py --threads 1 --clock cpu`: GPT-2 124M greedy
+decoding 1.008x at batch 1 and 1.047x at batch 8, bert-base at 128 tokens 1.036x at batch 1 and 1.084x
+at batch 8 (before them, by the wall clock at two threads: 1.10-1.13x). What is left is passes over memory
+at many rows: the range and
+quantize passes over each input, onnxruntime's separate pass scaling a product by per-row scales, and the
+bias's pass where no GELU takes it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,6 @@ from hotrod.optimize.fusion import raise_opset
 LEVELS = 127.0  # symmetric int8 steps either side of zero
 ZERO_POINT = 128
 _HUGE = 1e30  # a quantization step no scale reaches: scale / _HUGE rounds to 0
-_TINY = 1e-30  # an all-zero row gets this scale instead of 0 (no division by zero; its values quantize to 0)
 _BLOCKED_QUANTIZE_OPSET = 21  # QuantizeLinear's block_size
 _REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax / ReduceMin take their axes as an input
 
@@ -138,7 +142,7 @@ def _single_path(consumers: dict[str, list[onnx.NodeProto]], name: str, ops: tup
 
 
 def _shared_constants() -> list[onnx.TensorProto]:
-    values = {"levels": (LEVELS, np.float32), "tiny": (_TINY, np.float32), "shift": (float(ZERO_POINT), np.float32),
+    values = {"levels": (LEVELS, np.float32), "shift": (float(ZERO_POINT), np.float32),
               "huge": (_HUGE, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
     return [numpy_helper.from_array(np.array(v, dtype=t), f"{_SHARED}_{k}") for k, (v, t) in values.items()]
 
@@ -150,8 +154,7 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: s
     quantized, scale = node.output[:2]
     c = _SHARED
     nodes = [helper.make_node("Abs", [x], [f"{p}_abs"]), _reduce("ReduceMax", f"{p}_abs", f"{p}_max", opset),
-             helper.make_node("Max", [f"{p}_max", f"{c}_tiny"], [f"{p}_abs_max"]),
-             helper.make_node("Div", [f"{p}_abs_max", f"{c}_levels"], [scale])]
+             helper.make_node("Div", [f"{p}_max", f"{c}_levels"], [scale])]
     if length and opset >= _BLOCKED_QUANTIZE_OPSET:
         return nodes + [  # one QuantizeLinear whose block is the whole row; its zero point has the scale's shape:
             # the scale quantized with a step so large that every value lands on the zero point, in one op
