@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hotrod import timing
-from hotrod.bench import harness, infinity_peer, workloads
+from hotrod.bench import harness, infinity_peer, openvino_peer, workloads
 from hotrod.bench.runners import best_spans, span_f1
 from hotrod.cli import main
 
@@ -44,16 +44,16 @@ def tiny_workloads(monkeypatch, tmp_path, no_floor_measurement):
     monkeypatch.setattr(harness, "WORKLOADS", {**workloads.WORKLOADS, **tiny})
 
 
-def _bench(tmp_path, workload: str, peers: str) -> list[dict]:
+def _bench(tmp_path, workload: str, peers: str, precisions: str = "fp32,int8") -> list[dict]:
     out = tmp_path / "bench"
-    argv = ["bench", "--workload", workload, "--precision", "fp32,int8", "--peers", peers, "--runs", "1",
+    argv = ["bench", "--workload", workload, "--precision", precisions, "--peers", peers, "--runs", "1",
             "--threads", "1", "--out", str(out)]
     assert main(argv) == 0
     return json.loads((out / "results.json").read_text())["results"]
 
 
 def test_w6_answers_questions_at_each_batch(tiny_workloads, tmp_path):
-    results = _bench(tmp_path, "W6", "ctranslate2,openvino")
+    results = _bench(tmp_path, "W6", "ctranslate2")
     assert [r["case"]["name"] for r in results] == ["W6-b1", "W6-b3"]
     for result in results:
         assert result["case"]["task"] == "question-answering" and len(result["case"]["lengths"]) in (1, 3)
@@ -63,6 +63,24 @@ def test_w6_answers_questions_at_each_batch(tiny_workloads, tmp_path):
         for reason in result["skipped"].values():
             assert reason and "\n" not in reason
         assert "not a question-answering head" in result["skipped"]["ctranslate2"]
+
+
+_OPENVINO = openvino_peer.problem("cpu")
+
+
+@pytest.mark.skipif(_OPENVINO is not None, reason=f"OpenVINO's environment is not here: {_OPENVINO}")
+@pytest.mark.parametrize("workload", ["W6", "W7"])
+def test_openvino_runs_the_heads_as_pytorch(tiny_workloads, tmp_path, workload):
+    """OpenVINO runs W6 as optimum-intel's question-answering model, through the same span search, and W7's
+    pairs (with their token types) as its sequence classifier: at fp32 its answers are PyTorch's (answer F1,
+    rank agreement), at every batch, and its int8 paths answer too."""
+    results = _bench(tmp_path, workload, "openvino", precisions="fp32")
+    for result in results:
+        systems = result["systems"]
+        assert {"openvino fp32", "openvino int8", "openvino int8-full"} <= set(systems), result["skipped"]
+        assert systems["openvino fp32"]["agreement"] == 1.0
+        assert all(0.0 <= systems[name]["agreement"] <= 1.0 for name in ("openvino int8", "openvino int8-full"))
+        assert systems["openvino fp32"]["version"] and systems["openvino fp32"]["sequences_per_s"] > 0
 
 
 def test_w7_reranks_with_hotrod_and_cross_encoder(tiny_workloads, tmp_path):

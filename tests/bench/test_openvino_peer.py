@@ -17,7 +17,7 @@ from hotrod.bench import openvino_peer, peers
 from hotrod.bench.case import Case
 from hotrod.bench.remote import RemoteError
 from hotrod.bench.runners import AUTO_CLASSES, pytorch_runner
-from tests.zoo import CASES
+from tests.zoo import CASES, HEAD_CASES, TASK_HEADS
 
 OPENVINO_PYTHON = os.environ.get(openvino_peer.ENVIRONMENT)
 needs_openvino = pytest.mark.skipif(not OPENVINO_PYTHON, reason=f"{openvino_peer.ENVIRONMENT} is not set "
@@ -80,6 +80,31 @@ def test_full_int8_encoder_stays_close_to_fp32(zoo):
         theirs = model(input_ids=ids, attention_mask=mask).last_hidden_state
     keep = mask.bool()
     assert torch.nn.functional.cosine_similarity(ours[keep], theirs[keep], dim=-1).mean() > 0.95
+
+
+@needs_openvino
+@pytest.mark.parametrize("head, query", [("qa", 0), ("cls", 2), ("ner", 0)])
+def test_fp32_heads_answer_as_transformers(zoo, head, query):
+    """Each head runs as optimum-intel's class for its task and answers through the harness's own code: the
+    span search gives PyTorch's spans, classifiers (here on text pairs, with their token types, as W7's
+    rows are) and taggers give its logits."""
+    name = f"bert-{head}"
+    task = TASK_HEADS[head][0]
+    case = Case(name, str(zoo.checkpoint(name)), "encoder", (9, 7), task=task, query=query)
+    model = HEAD_CASES[name].hf_class.from_pretrained(case.source).eval()
+    ids, mask = case.inputs(model.config.vocab_size)
+    system = _system(case, ids, mask, "fp32")
+    try:
+        ours = system.call()
+    finally:
+        system.close()
+    theirs = pytorch_runner(model, case.kind, ids, mask, task=task, types=case.token_types(mask))()
+    if task == "question-answering":
+        assert torch.equal(ours, theirs)
+    else:
+        # The tiny classifier's logits are about 0.01 and its token types move them by 6e-5: a tolerance
+        # that would not notice them dropped would prove nothing (fp32 lands within 1e-8).
+        assert ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=1e-4, atol=1e-6)
 
 
 @needs_openvino

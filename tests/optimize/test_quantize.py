@@ -17,6 +17,7 @@ import pytest
 from hotrod import precisions
 from hotrod.errors import HotrodError
 from hotrod.export import onnx as exporter
+from hotrod.optimize import quantize
 from hotrod.optimize.calibration import builtin_texts, capture_feeds
 from hotrod.optimize.quantize import MAX_CALIBRATION_FEEDS
 from hotrod.options import CALIBRATION_METHODS
@@ -169,6 +170,57 @@ def test_calibration_leaves_no_files_behind(zoo, feeds, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     lower(graphs(zoo.artifact("bert"))["encoder"], "int8-static", calibration["encoder"], "entropy")
     assert list(tmp_path.iterdir()) == []
+
+
+def _batched(rows: list[dict]) -> dict:
+    """Single-row feeds as one batch, each padded on the right with zeros (a masked pad) to the longest."""
+    width = max(row["input_ids"].shape[1] for row in rows)
+    return {name: np.concatenate([np.pad(row[name], ((0, 0), (0, width - row[name].shape[1]))) for row in rows])
+            for name in rows[0]}
+
+
+def _activation_ranges(model: onnx.ModelProto) -> dict[str, tuple]:
+    """Each quantized activation's scale and zero point: what its calibrated range became."""
+    values = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
+    return {node.input[0]: (values[node.input[1]], values[node.input[2]])
+            for node in model.graph.node if node.op_type == "QuantizeLinear"}
+
+
+@pytest.mark.parametrize("method", CALIBRATION_METHODS)
+def test_a_batched_feed_is_calibrated_row_by_row(zoo, feeds, monkeypatch, method):
+    """The calibrator runs one row of a batch at a time, so its memory is one row's whatever the batch; min-max
+    ranges over the rows are the batch's: one feed of three padded rows calibrates as it did whole. (The
+    histogram methods grow their histograms feed by feed, so theirs move a little.)"""
+    calibration, _ = feeds("bert")
+    batch = _batched(calibration["encoder"][:3])
+    seen = []
+
+    class Reader(quantize._FeedReader):
+        def get_next(self):
+            feed = super().get_next()
+            seen.extend([] if feed is None else [feed["input_ids"].shape])
+            return feed
+
+    monkeypatch.setattr(quantize, "_FeedReader", Reader)
+    by_rows = lower(graphs(zoo.artifact("bert"))["encoder"], "int8-static", [batch], method)
+    assert seen == [(1, batch["input_ids"].shape[1])] * 3
+    if method == "minmax":
+        monkeypatch.setattr(quantize, "calibration_rows", lambda path, feeds: list(feeds))  # the batch whole
+        whole = lower(graphs(zoo.artifact("bert"))["encoder"], "int8-static", [batch], method)
+        assert seen[3:] == [batch["input_ids"].shape]
+        assert _activation_ranges(by_rows) and _activation_ranges(by_rows) == _activation_ranges(whole)
+
+
+def test_a_decoding_step_splits_along_its_batch_axis(zoo, feeds):
+    """Every input the graph names a batch axis for is split along it; the rest (the step's total length) go
+    with each row as they are."""
+    calibration, _ = feeds("gpt2")
+    step = next(feed for feed in calibration["decoder"] if feed["past_key_values.0.key"].shape[2] > 0)
+    doubled = {name: value if value.ndim == 0 else np.concatenate([value, value]) for name, value in step.items()}
+    rows = quantize.calibration_rows(zoo.artifact("gpt2") / "decoder.onnx", [doubled])
+    assert len(rows) == 2
+    for row in rows:
+        assert row.keys() == step.keys() and all(np.array_equal(row[name], step[name]) for name in step)
 
 
 @pytest.mark.parametrize("missing", [None, []])

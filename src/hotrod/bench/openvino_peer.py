@@ -5,8 +5,12 @@ optimum-intel pins an older transformers than hotrod's, so it runs in a Python e
 uses its own where optimum-intel imports beside hotrod, and drives `workers/openvino_worker.py` there.
 
 Systems: weight-only int8 and int4 (NNCF's weight compression, what optimum-intel offers for language
-models), and for encoders also NNCF's full int8 quantization (weights and activations), calibrated on
-rows shaped like the case's. Each is converted once and kept under hotrod's cache.
+models); for encoders, the fp32 export as optimum-intel gives it, weight-only int8, and NNCF's full int8
+quantization (weights and activations), calibrated on rows shaped like the case's. An encoder with a head
+(question answering, classification and reranking, token classification) is exported with it, by
+optimum-intel's class for the task, and the harness turns its logits into what PyTorch's user gets
+(`runners.head_answer`: the same span search, the same scores), inside the timed call as for PyTorch.
+Each is converted once and kept under hotrod's cache.
 """
 
 from __future__ import annotations
@@ -22,15 +26,15 @@ import torch
 
 from hotrod.bench.case import Case
 from hotrod.bench.remote import Worker, environment_problem
-from hotrod.bench.runners import System
+from hotrod.bench.runners import System, head_answer
 from hotrod.load import cache_dir, source_fingerprint
 
 ENVIRONMENT = "HOTROD_OPENVINO_PYTHON"
-# Each format, and the hotrod precision whose hardware floor it is held to (fp32 is the reference the
-# tests compare answers with; the bench times the compressed formats: weights for language models, and
-# full int8 for encoders, whose matrix work is compute bound).
+# Each format, and the hotrod precision whose hardware floor it is held to. The bench times, for language
+# models, the compressed weights (fp32 is the reference the tests compare tokens with); for encoders, whose
+# matrix work is compute bound, fp32 (what an export gives without options) and both int8 paths.
 FORMATS = {"fp32": "fp32", "int8": "int8-weight", "int4": "int4", "int8-full": "int8-static"}
-_TIMED = {True: ("int8", "int4"), False: ("int8", "int8-full")}  # by whether the kind generates
+_TIMED = {True: ("int8", "int4"), False: ("fp32", "int8", "int8-full")}  # by whether the kind generates
 
 
 def python() -> str | None:
@@ -56,26 +60,31 @@ def builders(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) ->
 
 def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, name: str) -> Callable[[], System]:
     def build() -> System:
-        target = converted_path(case.source, case.kind, name)
+        target = converted_path(case.source, case.kind, name, case.task)
         worker = Worker(python(), "openvino_worker.py", target.with_name(target.name + ".log"))
+        types = case.token_types(mask)
         try:
             # The worker runs without hotrod: what it must know of the kind travels with the call.
             info = worker.build(kind=case.kind, generates=case.spec.generates, pads_left=case.spec.pads_left,
                                 source=case.source, precision=name, target=str(target), threads=threads,
-                                ids=ids.cpu().numpy(), mask=mask.cpu().numpy(), new_tokens=case.new_tokens)
+                                ids=ids.cpu().numpy(), mask=mask.cpu().numpy(), new_tokens=case.new_tokens,
+                                task=case.task, types=None if types is None else types.cpu().numpy())
         except BaseException:
             worker.close()
             raise
-        first = (lambda: worker.call(first=True)) if case.spec.generates else None
-        return System(worker.call, first, FORMATS[name], info["size_bytes"],
+        if case.spec.generates:
+            call, first = worker.call, (lambda: worker.call(first=True))
+        else:
+            call, first = (lambda: head_answer(worker.outputs(), case.task, mask)), None
+        return System(call, first, FORMATS[name], info["size_bytes"],
                       figures={"format": name, "version": info["version"]}, close=worker.close)
 
     return build
 
 
-def converted_path(source: str, kind: str, name: str) -> Path:
-    """Where the checkpoint converted to `name` is kept (the worker builds it there once)."""
-    tag = f"{source_fingerprint(Path(source))}|{kind}|{name}"
+def converted_path(source: str, kind: str, name: str, task: str | None = None) -> Path:
+    """Where the checkpoint converted to `name`, with its `task` head, is kept (the worker builds it there once)."""
+    tag = f"{source_fingerprint(Path(source))}|{kind}|{name}" + (f"|{task}" if task else "")
     digest = hashlib.sha256(tag.encode()).hexdigest()[:16]
     return cache_dir() / "bench" / "openvino" / f"{Path(source).name}-{name}-{digest}"
 

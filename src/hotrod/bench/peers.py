@@ -5,8 +5,9 @@
 - ctranslate2: the same checkpoint converted by CTranslate2 at fp32 and int8 (`hotrod.bench.ct2`).
 - llamacpp: llama.cpp (through llama-cpp-python) on GGUF files written from the same weights, at Q8_0,
   Q4_0 and Q4_K_M (`hotrod.bench.llamacpp`).
-- openvino: optimum-intel's export with NNCF's int8 / int4 weight compression, and its full int8
-  quantization for encoders, run in an environment of its own (`hotrod.bench.openvino_peer`).
+- openvino: optimum-intel's export with NNCF's int8 / int4 weight compression, and for encoders (bare or
+  with a head) fp32 and NNCF's full int8 quantization too, run in an environment of its own
+  (`hotrod.bench.openvino_peer`).
 - crossencoder: sentence-transformers' `CrossEncoder` on PyTorch (`hotrod.bench.rerank`), and infinity:
   Infinity's engine (`infinity-emb`) in an environment of its own (`hotrod.bench.infinity_peer`), for
   reranking (W7) only.
@@ -35,7 +36,7 @@ PEERS = ("torch", "optimum", "ctranslate2", "llamacpp", "openvino", "crossencode
 _PEER_MODULES = {"optimum": "optimum.onnxruntime", "ctranslate2": "ctranslate2", "llamacpp": "llama_cpp",
                  "crossencoder": "sentence_transformers"}
 RERANKERS = ("crossencoder", "infinity")  # peers that time reranking (W7) only
-HEADLESS = ("ctranslate2", "llamacpp", "openvino")  # peers whose bench systems run the bare model only
+HEADLESS = ("ctranslate2", "llamacpp")  # peers whose bench systems run the bare model only
 _INSTALL = {
     "ctranslate2": "pip install 'hotrod[bench]'",
     "crossencoder": "pip install 'hotrod[bench]'",

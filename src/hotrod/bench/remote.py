@@ -4,7 +4,8 @@ Some peers pin other versions of libraries hotrod needs (optimum-intel pins an o
 they cannot be imported in hotrod's process. Such a peer is a worker script under
 `hotrod/bench/workers/`, started with the other environment's Python; the harness times each `call`
 from its own side, so a remote system's time includes one round trip over the pipe: a pickled token
-tensor, or for encoders the hidden states (a few MB, about a millisecond), small against the calls timed.
+tensor, or for encoders the hidden states (a few MB, about a millisecond) or a head's logits, small against
+the calls timed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import pickle
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -51,7 +53,13 @@ class Worker:
         return self.request("build", args=args)
 
     def call(self, first: bool = False) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(self.request("call", first=first)["value"]))
+        return _tensor(self.request("call", first=first)["value"])
+
+    def outputs(self) -> SimpleNamespace:
+        """A call whose reply is a model's named outputs (a head's logits), as transformers' output gives
+        them: one tensor attribute per name."""
+        value = self.request("call", first=False)["value"]
+        return SimpleNamespace(**{name: _tensor(array) for name, array in value.items()})
 
     def close(self) -> None:
         if self._process.poll() is None:
@@ -63,6 +71,10 @@ class Worker:
                 self._process.kill()
                 self._process.wait()
         self._log.close()
+
+
+def _tensor(value) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(value))
 
 
 def has_module(python: str, module: str) -> bool:

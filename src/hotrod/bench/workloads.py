@@ -36,8 +36,8 @@ def _bert_base():
 
 def _bert_large_squad():
     """W6: BERT-large's shape with a span head, as the SQuAD checkpoints are. PyTorch eager is the baseline
-    and ONNX Runtime peers would be hotrod's own graphs; OpenVINO is not timed here: the bench's OpenVINO
-    peer exports the bare encoder (OVModelForFeatureExtraction) only, so it is skipped with that reason."""
+    and ONNX Runtime peers would be hotrod's own graphs; OpenVINO runs it as optimum-intel's
+    OVModelForQuestionAnswering, with the same span search on its logits."""
     from transformers import BertConfig, BertForQuestionAnswering
 
     return BertForQuestionAnswering(BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,

@@ -108,7 +108,7 @@ def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "mi
         src, dst = Path(scratch) / "in.onnx", Path(scratch) / "out.onnx"
         large = save_model(model, src) is not None  # the tools read files; big weights go to .data
         nodes = _isolate_int8_inputs(src)
-        reader = _FeedReader(spread(_graph_feeds(src, feeds), MAX_CALIBRATION_FEEDS[method]))
+        reader = _FeedReader(calibration_rows(src, spread(feeds, MAX_CALIBRATION_FEEDS[method])))
         with _quiet():
             quantize_static(
                 str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
@@ -124,8 +124,9 @@ def int8_static(model: onnx.ModelProto, feeds: Sequence[Feed], method: str = "mi
                 calibrate_method=getattr(CalibrationMethod, _ORT_METHODS[method]),
                 extra_options={
                     "OpTypesToExcludeOutputQuantization": list(_WEIGHT_OPS),
-                    # One feed per calibration pass: histograms then hold one feed's tensors at a time, and
-                    # feeds of different sequence lengths never have to be stacked into one array.
+                    # One row per calibration pass (`calibration_rows`): ranges are merged after each, so
+                    # histograms hold one row's tensors at a time, and rows of different sequence lengths
+                    # never have to be stacked into one array.
                     "CalibStridedMinMax": 1,
                 },
             )
@@ -254,9 +255,34 @@ def _drop_isolation(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _graph_feeds(path: Path, feeds: Sequence[Feed]) -> list[Feed]:
-    inputs = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
-    return [graph_feed(inputs, feed) for feed in feeds]
+def calibration_rows(path: Path, feeds: Sequence[Feed]) -> list[Feed]:
+    """The feeds restricted to the inputs of the graph at `path`, each batched feed split into its rows.
+
+    ONNX Runtime's calibrator runs a copy of the graph with a ReduceMin and a ReduceMax beside every tensor
+    it calibrates (for percentile and entropy, the tensor itself as an output), and that run keeps far more
+    of a feed's activations alive than the graph alone does: BERT-large's, calibrated on one batch of
+    8 x 384 tokens, added 4.8 GB to the build's peak (0.2 GB a layer); row by row, 1.2 GB. Each row keeps
+    its padding, so it sees what it saw in its batch and min-max ranges over the rows are the batch's. The
+    batch axis is the one the graph's inputs name "batch" (`hotrod.contracts`); an input without one (a
+    decoding step's total length) goes with every row as it is.
+    """
+    inputs = onnx.load(str(path), load_external_data=False).graph.input
+    axes = {i.name: _batch_axis(i) for i in inputs}
+    rows = []
+    for feed in feeds:
+        feed = graph_feed(list(axes), feed)
+        sizes = {feed[name].shape[axis] for name, axis in axes.items() if axis is not None}
+        if len(sizes) != 1 or (count := sizes.pop()) <= 1:
+            rows.append(feed)
+            continue
+        rows += [{name: value if axes[name] is None else np.take(value, [row], axis=axes[name])
+                  for name, value in feed.items()} for row in range(count)]
+    return rows
+
+
+def _batch_axis(value: onnx.ValueInfoProto) -> int | None:
+    dims = value.type.tensor_type.shape.dim
+    return next((axis for axis, dim in enumerate(dims) if dim.dim_param == "batch"), None)
 
 
 class _FeedReader:

@@ -5,7 +5,10 @@ harness starts this file with the other environment's Python (`hotrod.bench.remo
 over its stdin and stdout, one pickled request and one pickled reply at a time. It imports nothing from
 hotrod, which that environment does not have.
 
-It answers the requests of `loop.py`: `build` converts once into `target`, then loads and compiles.
+It answers the requests of `loop.py`: `build` converts once into `target`, then loads and compiles. An
+encoder is exported with its head (`HEADS`: optimum-intel's class for the task) and answers with the
+model's named outputs (a head's logits, or the hidden states), on which the harness runs the same span
+search or ranking as on PyTorch's; a language model answers with its tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from pathlib import Path
 # quantization (int8 weights and activations, calibrated on the case's own inputs) for encoders;
 # "fp32" is the export as it is.
 WEIGHT_BITS = {"int8": 8, "int4": 4}
+# An encoder's head, as the harness names it (transformers' pipeline task), and optimum-intel's class for it.
+HEADS = {"question-answering": "OVModelForQuestionAnswering",
+         "text-classification": "OVModelForSequenceClassification",
+         "token-classification": "OVModelForTokenClassification"}
 CALIBRATION_BATCHES = 8
 STAMP = "openvino-version.txt"  # the OpenVINO that converted the model
 
@@ -33,18 +40,21 @@ class Peer:
     """One converted model on OpenVINO's CPU plugin, answering for one case's inputs."""
 
     def __init__(self, kind: str, generates: bool, pads_left: bool, source: str, precision: str, target: str,
-                 threads: int, ids, mask, new_tokens: int):
+                 threads: int, ids, mask, new_tokens: int, task: str | None = None, types=None):
+        """`task`: an encoder's head (None: the bare encoder); `types`: the rows' token types (text pairs),
+        else zeros where the model takes them, as transformers fills them in."""
         import torch
 
-        self.kind, self.new_tokens = kind, new_tokens
+        self.kind, self.task, self.new_tokens = kind, task, new_tokens
         self.generates, self.pads_left = generates, pads_left  # hotrod's kind spec, sent by the parent
         self.target = Path(target)
         self.ids, self.mask = torch.from_numpy(ids), torch.from_numpy(mask)
+        self.types = torch.zeros_like(self.ids) if types is None else torch.from_numpy(types)
         stamp = self.target / STAMP
         if not stamp.is_file() or stamp.read_text() != _version():  # converted by another OpenVINO: again
             self._convert(source, precision)
         config = {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
-        self.model = _model_class(kind).from_pretrained(self.target, ov_config=config, compile=True)
+        self.model = _model_class(kind, task).from_pretrained(self.target, ov_config=config, compile=True)
 
     def info(self) -> dict:
         return {"version": _version(), "size_bytes": _size(self.target)}
@@ -54,10 +64,8 @@ class Peer:
 
         with torch.inference_mode():
             if not self.generates:
-                feeds = {"input_ids": self.ids, "attention_mask": self.mask}
-                if "token_type_ids" in self.model.input_names:
-                    feeds["token_type_ids"] = torch.zeros_like(self.ids)
-                return self.model(**feeds).last_hidden_state.numpy()
+                outputs = self.model(**self._feeds(self.ids, self.mask, self.types, self.model.input_names))
+                return {name: value.numpy() for name, value in outputs.items()}
             count = 1 if first else self.new_tokens
             kwargs = {"max_new_tokens": count, "min_new_tokens": count, "do_sample": False, "num_beams": 1}
             if self.pads_left and self.model.generation_config.pad_token_id is None:
@@ -73,8 +81,8 @@ class Peer:
         full = precision == "int8-full"
         bits = WEIGHT_BITS.get(precision)  # fp32: the export as it is
         quantization = OVWeightQuantizationConfig(bits=bits) if bits else None
-        model = _model_class(self.kind).from_pretrained(source, export=True, compile=False,
-                                                        quantization_config=quantization)
+        model = _model_class(self.kind, self.task).from_pretrained(source, export=True, compile=False,
+                                                                   quantization_config=quantization)
         if full:
             model.model = self._quantized(model.model)
         model.save_pretrained(partial)
@@ -91,20 +99,29 @@ class Peer:
             raise ValueError("full int8 quantization is timed for encoders only")
         names = {port.get_any_name() for port in graph.inputs}
         rng = np.random.default_rng(0)
-        feeds = []
-        for _ in range(CALIBRATION_BATCHES):
-            ids = rng.integers(2, 1000, size=self.ids.shape) * self.mask.numpy()
-            feed = {"input_ids": ids, "attention_mask": self.mask.numpy()}
-            if "token_type_ids" in names:
-                feed["token_type_ids"] = np.zeros_like(ids)
-            feeds.append(feed)
+        mask, types = self.mask.numpy(), self.types.numpy()
+        feeds = [self._feeds(rng.integers(2, 1000, size=self.ids.shape) * mask, mask, types, names)
+                 for _ in range(CALIBRATION_BATCHES)]
         return nncf.quantize(graph, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                              subset_size=len(feeds))
 
+    @staticmethod
+    def _feeds(ids, mask, types, names) -> dict:
+        """An encoder's inputs: the ids and mask, and the token types where the model (`names`) takes them."""
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in names:
+            feeds["token_type_ids"] = types
+        return feeds
 
-def _model_class(kind: str):
+
+def _model_class(kind: str, task: str | None = None):
     import optimum.intel as intel
 
+    if task is not None:
+        if kind != "encoder" or task not in HEADS:
+            raise ValueError(f"the OpenVINO peer runs {', '.join(HEADS)} heads of encoders, not a {task} head "
+                             f"of a {kind}")
+        return getattr(intel, HEADS[task])
     return {"encoder": intel.OVModelForFeatureExtraction, "decoder": intel.OVModelForCausalLM,
             "seq2seq": intel.OVModelForSeq2SeqLM}[kind]
 
