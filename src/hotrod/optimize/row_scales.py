@@ -33,9 +33,8 @@ FastGelu (GPT-2's MLP), the bias goes into the FastGelu's bias input instead of 
 the per-call build in one run of `benchmarks/int8_rows.py --threads 1 --clock cpu`: GPT-2 124M greedy
 decoding 1.008x at batch 1 and 1.047x at batch 8, bert-base at 128 tokens 1.036x at batch 1 and 1.084x
 at batch 8 (before them, by the wall clock at two threads: 1.10-1.13x). What is left is passes over memory
-at many rows: the range and
-quantize passes over each input, onnxruntime's separate pass scaling a product by per-row scales, and the
-bias's pass where no GELU takes it.
+at many rows: the range and quantize passes over each input, onnxruntime's separate pass scaling a
+product by per-row scales, and the bias's pass where no GELU takes it.
 """
 
 from __future__ import annotations
