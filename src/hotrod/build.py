@@ -53,7 +53,7 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
     externals = {name: export_graph(graphs[name], io, dims.vocab_size, directory / f"{name}.onnx")
                  for name, io in progress_bar(contracts.items(), progress, "export", len(contracts))}
     del module, graphs  # what follows reads the graphs from their files: the torch weights go first
-    release_graphs()
+    release_graphs(directory)
     entries = {}
     for name, io in progress_bar(contracts.items(), progress, "fuse", len(contracts)):
         path = directory / f"{name}.onnx"
@@ -73,16 +73,24 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
             "outputs": [t.to_dict() for t in io.outputs],
             **report,
         }
-        release_graphs()
+        release_graphs(directory)
     return entries
 
 
-def release_graphs() -> None:
+# Graphs (bytes in the directory) past which a step's garbage is collected at once (`release_graphs`).
+COLLECT_ABOVE = 256 * 2**20
+
+
+def release_graphs(directory: Path) -> None:
     """Free the graphs a step has let go of. onnx-ir's graphs and ONNX Runtime's optimizer hold their
     ModelProtos in reference cycles, which only Python's cyclic collector frees, and it seldom runs when
     the garbage is a few large objects: 8 layers of BERT-large left 1 GB of it after the export, under
-    int8-static's calibration and its three more copies of the graph."""
-    gc.collect()
+    int8-static's calibration and its three more copies of the graph. A full collection takes about 0.7 s
+    in a process that holds torch and transformers, twice a small model's whole build, so it runs only
+    where the graphs in `directory` are large enough for their garbage to matter."""
+    size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file() and f.name.endswith(GRAPH_SUFFIXES))
+    if size >= COLLECT_ABOVE:
+        gc.collect()
 
 
 def lower(directory: Path, entries: dict[str, dict], precision: Precision, feeds: Feeds | None, method: str,
@@ -95,7 +103,7 @@ def lower(directory: Path, entries: dict[str, dict], precision: Precision, feeds
         path = directory / entry["file"]
         external, report = lower_graph(path, precision, (feeds or {}).get(name), method)
         lowered[name] = {**entry, **_files(directory, path, external), **report}
-        release_graphs()
+        release_graphs(directory)
     return lowered
 
 
