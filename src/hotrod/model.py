@@ -62,8 +62,8 @@ class HotrodModel:
 
     @property
     def invariant_rows(self) -> int:
-        """The fewest rows a graph call needs for each row's result not to depend on how many run beside it
-        (`hotrod.precisions.Precision.invariant_rows`)."""
+        """What a graph call's rows must be a multiple of for each row's result not to depend on how many run
+        beside it (`hotrod.precisions.Precision.invariant_rows`)."""
         options = (self.manifest or {}).get("options") or {}
         return precisions.invariant_rows(options.get("precision"))
 

@@ -64,8 +64,9 @@ class Precision:
 
     @property
     def invariant_rows(self) -> int:
-        """The fewest rows (tokens) a graph call needs for each row's result to be the same bit for bit at
-        any batch size; a server pads a call below it with a dummy row (`hotrod.serve.runner`)."""
+        """What a graph call's rows (tokens) must be a multiple of for each row's result to be the same bit
+        for bit at any batch size; a server pads its batches and prompt widths to it with dummy rows and
+        columns (`hotrod.serve.runner`)."""
         return 1
 
     @property
@@ -188,9 +189,11 @@ class WeightOnly(Precision):
 
     @property
     def invariant_rows(self) -> int:
-        """onnxruntime's 4-bit MatMulNBits takes another kernel for a single row than for two or more, and
-        the two sum in another order (measured: the row's outputs differ in the last bits at M=1 and agree
-        at every M from 2 to 64, at any row position); its 8-bit kernel has one path."""
+        """onnxruntime's 4-bit MatMulNBits takes rows in pairs on some CPUs (AVX-512 VNNI, blocks of 64
+        and more: an odd call's last row goes alone, through a kernel that sums in another order) and on
+        others takes a single row apart (AVX2: M=1 differs in the last bits, every M from 2 to 64 agrees at
+        any row position). Calls of an even number of rows, each row an even number of tokens wide, are
+        invariant on both; its 8-bit kernel has one path."""
         return 2 if self.bits == 4 else 1
 
     def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",

@@ -13,6 +13,7 @@ slots and `keep` drops rows. Each copies cache rows once per arrival or departur
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import torch
@@ -99,6 +100,17 @@ class SelfCache:
         self.lengths = torch.zeros(0, dtype=torch.long)
         self.idle = torch.zeros(0, dtype=torch.bool)
 
+    @property
+    def idle(self) -> torch.Tensor:
+        return self._idle
+
+    @idle.setter
+    def idle(self, value: torch.Tensor) -> None:
+        """Rows that hold no request; whether there are any is kept as a Python bool, since a decoding step
+        asks it and a tensor's answer costs several microseconds of a step budget of 200."""
+        self._idle = value
+        self.some_idle = bool(value.any())
+
     def allocate(self, rows: int, capacity: int) -> None:
         self.capacity = max(self.capacity, capacity)
         self.buffers = [self._new(rows, self.capacity) for _ in self.past]
@@ -106,7 +118,7 @@ class SelfCache:
 
     def feeds(self, seqlens_k: torch.Tensor, total: int) -> dict[str, Any]:
         """The graph's cache inputs: `seqlens_k` is each row's length after this call, minus one."""
-        feeds = {"seqlens_k": seqlens_k.int(), "total_sequence_length": torch.tensor(total, dtype=torch.int32)}
+        feeds = {"seqlens_k": seqlens_k.to(torch.int32), "total_sequence_length": _int32(total)}
         feeds.update(zip(self.past, self.buffers))
         return feeds
 
@@ -116,12 +128,12 @@ class SelfCache:
 
     def step_feeds(self, tokens: int = 1) -> dict[str, Any]:
         """Cache inputs for `tokens` new tokens per row (growing the buffers first if a row needs it)."""
-        total = int(self.lengths.max()) + tokens
+        total = max(self.lengths.tolist()) + tokens
         self.reserve(total)
-        return self.feeds(self.lengths + tokens - 1, total)
+        return self.feeds(self.lengths if tokens == 1 else self.lengths + (tokens - 1), total)
 
     def advance(self) -> None:
-        self.lengths = torch.where(self.idle, 0, self.lengths + 1)
+        self.lengths = torch.where(self.idle, 0, self.lengths + 1) if self.some_idle else self.lengths + 1
 
     @property
     def length(self) -> int:
@@ -167,9 +179,11 @@ class SelfCache:
                 mine[slot, :, :used] = new[row, :, :used]
         for slot, row in pairs:
             self.lengths[slot], self.idle[slot] = other.lengths[row], False
+        self.idle = self.idle
 
     def release(self, rows: list[int]) -> None:
         self.lengths[rows], self.idle[rows] = 0, True
+        self.idle = self.idle
 
     def join(self, others: list[SelfCache], positions: int = 0) -> None:
         """Append the rows of `others`, in order, in one new buffer per layer: joining several states at
@@ -205,27 +219,50 @@ class SelfCache:
         return target
 
 
+@functools.lru_cache(maxsize=4096)
+def _int32(value: int) -> torch.Tensor:
+    """A 0-d int32 tensor of `value`, made once: a decoding step feeds its length as one, and making a tensor
+    costs a few microseconds of a step budget of 200. Never written to (backends copy or read feeds)."""
+    return torch.tensor(value, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _zeros(rows: int) -> torch.Tensor:
+    """[rows, 1] int64 zeros, made once per row count (as `_int32`): each row's logits position in a step."""
+    return torch.zeros((rows, 1), dtype=torch.long)
+
+
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
 
 
-def compact_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compact_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's real tokens moved to the front, in order: (ids, their original columns, lengths).
 
-    The result is right-padded to the longest row. Dropping the masked tokens computes exactly what
-    masking them does; a row's generation positions count its real tokens (as transformers' do).
+    The result is right-padded to the longest row, rounded up to a `multiple` of columns (see
+    `SelfCache.width_multiple`). Dropping the masked tokens computes exactly what masking them does; a
+    row's generation positions count its real tokens (as transformers' do).
     """
     lengths = attention_mask.ne(0).sum(dim=1)
     if not bool((lengths > 0).all()):
         raise HotrodError("a prompt row has no tokens (its attention_mask is all zeros)")
     order = torch.sort(attention_mask.eq(0).int(), dim=1, stable=True).indices[:, : int(lengths.max())]
-    return input_ids.gather(1, order), order, lengths
+    ids = input_ids.gather(1, order)
+    extra = -ids.shape[1] % multiple
+    if extra:  # columns past every row's length: written to the cache past its length, never read
+        ids = torch.nn.functional.pad(ids, (0, extra))
+        order = torch.nn.functional.pad(order, (0, extra), value=input_ids.shape[1] - 1)
+    return ids, order, lengths
 
 
 class _OnSelfCache:
     """What both kinds' states do by handing it to their `SelfCache` (`self.kv`)."""
 
     kv: SelfCache
+    # Prompt widths are rounded up to a multiple of this (a server sets it to its model's invariant rows:
+    # a kernel that takes rows in pairs then pairs each token with one of its own row, wherever it lies).
+    width_multiple: int = 1
 
     def reorder(self, index: torch.Tensor) -> None:
         self.kv.reorder(index)
@@ -265,7 +302,7 @@ class DecoderState(_OnSelfCache):
         self.kv = SelfCache(backend, dims, dims.num_layers, capacity)
 
     def start(self, input_ids, attention_mask, expand):
-        ids, _, lengths = compact_prompts(input_ids, attention_mask)
+        ids, _, lengths = compact_prompts(input_ids, attention_mask, self.width_multiple)
         rows, width = ids.shape
         self.kv.allocate(rows, width)
         positions = torch.arange(width).expand(rows, width)
@@ -279,7 +316,7 @@ class DecoderState(_OnSelfCache):
 
     def step(self, tokens):
         positions = self.kv.lengths[:, None]
-        logits = self._run(tokens[:, None], positions, self.kv.step_feeds(), torch.zeros_like(positions))
+        logits = self._run(tokens[:, None], positions, self.kv.step_feeds(), _zeros(len(positions)))
         self.kv.advance()
         return logits
 

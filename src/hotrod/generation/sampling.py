@@ -34,7 +34,7 @@ def argmax(scores: torch.Tensor) -> torch.Tensor:
     """
     if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64):
         return torch.argmax(scores, dim=-1)
-    return torch.from_numpy(np.asarray(scores.detach().numpy().argmax(axis=-1)))  # a 0-d array for one row
+    return torch.from_numpy(np.asarray(scores.numpy(force=scores.requires_grad).argmax(axis=-1)))  # 0-d for one row
 
 
 def suppress(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:

@@ -49,16 +49,45 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     sequences, logits = state.start(input_ids, attention_mask, expand)
     skip = prompt_padding(state, attention_mask, expand)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
-    eos = torch.tensor(s.eos_token_ids or [-1])
+    some_finished = False  # a Python bool: asking the tensor at every step costs more than the step's other work
+    eos = frozenset(s.eos_token_ids or ())
+    out = _Tokens(sequences, s.max_length)
     while True:
-        tokens = pick(logits, sequences, s, skip)
-        if s.eos_token_ids:
+        tokens = pick(logits, out.view(), s, skip)
+        if some_finished:
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, s.pad_token_id))
-        sequences = torch.cat([sequences, tokens[:, None]], dim=1)
-        unfinished &= ~torch.isin(tokens, eos)
-        if not unfinished.any() or sequences.shape[1] >= s.max_length:
-            return sequences
+        out.append(tokens)
+        chosen = tokens.tolist()
+        if not eos.isdisjoint(chosen):
+            unfinished &= ~torch.tensor([token in eos for token in chosen])
+            some_finished = True
+            if not unfinished.any():
+                return out.view().clone()
+        if out.length >= s.max_length:
+            return out.view().clone()
         logits = state.step(tokens)
+
+
+class _Tokens:
+    """The sequences decoded so far, in a buffer that grows by doubling: concatenating a column at every
+    step copies every row's tokens each time."""
+
+    def __init__(self, sequences: torch.Tensor, limit: int):
+        self.length = sequences.shape[1]
+        self.limit = max(limit, self.length + 1)
+        self.buffer = sequences.new_empty((sequences.shape[0], min(self.limit, max(2 * self.length, 64))))
+        self.buffer[:, : self.length] = sequences
+
+    def append(self, tokens: torch.Tensor) -> None:
+        if self.length == self.buffer.shape[1]:
+            grown = self.buffer.new_empty((self.buffer.shape[0], min(self.limit, 2 * self.length)))
+            grown[:, : self.length] = self.buffer
+            self.buffer = grown
+        self.buffer[:, self.length] = tokens
+        self.length += 1
+
+    def view(self) -> torch.Tensor:
+        return self.buffer[:, : self.length]
 
 
 def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:

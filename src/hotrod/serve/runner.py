@@ -138,15 +138,18 @@ class GenerationRunner:
         return [tokens[r.id] for r in requests]
 
     def _prefill(self, requests: list[Request]) -> list[Outcome]:
-        # Below the model's invariant rows, copies of the first prompt fill the batch: they become free
-        # slots, so a lone request runs on the same kernels as one among others (`_compact` keeps them).
-        spare = max(0, self.model.invariant_rows - len(requests))
+        # Up to a multiple of the model's invariant rows, copies of the first prompt fill the batch: they
+        # become free slots, so every request runs on the same kernels alone or among others (`_compact`
+        # keeps the multiple); prompts are as many columns wide as a multiple of it too.
+        multiple = self.model.invariant_rows
+        spare = -len(requests) % multiple
         prompts = [r.prompt for r in requests] + [requests[0].prompt] * spare
-        ids, mask = _padded(prompts, left=self.model.spec.pads_left)
+        ids, mask = _padded(prompts, left=self.model.spec.pads_left, multiple=multiple)
         # A cache as wide as the prompts: these rows are copied into the running batch, whose buffers are
         # sized for what every row will need. Sizing the prefill's own for that too doubled the fresh
         # memory the first burst of clients touches (W5: 1.3 GB, 2.4 s of a 9.4 s cell in page faults).
         state = self.model.decoding_state(requests[0].options.settings, capacity=0)
+        state.width_multiple = multiple
         with torch_threads(self.model.backend.loop_threads):
             _, logits = state.start(ids, mask, 1)
             tokens = self._pick(logits[: len(requests)], requests, first=True)
@@ -374,10 +377,11 @@ def _wanted(rows: Iterable[Request | None]) -> int:
 
 def _compact(group: Group, force: bool = False, least: int = 1) -> None:
     """Drop the free slots of `group` (one copy; seq2seq states also drop encoder columns none use), but
-    keep `least` slots while any row is live (the model's invariant rows)."""
+    keep a multiple of `least` slots while any row is live (the model's invariant rows). A group starts
+    with such a multiple and this keeps it, so there are always free slots enough."""
     keep = [i for i, r in enumerate(group.rows) if r is not None]
-    if keep and len(keep) < least:
-        keep = sorted(keep + group.free()[: least - len(keep)])
+    if keep and len(keep) % least:
+        keep = sorted(keep + group.free()[: -len(keep) % least])
     if force or len(keep) < len(group.rows):
         group.rows = [group.rows[i] for i in keep]
         if keep:
@@ -394,8 +398,9 @@ def _cache_layers(model: HotrodModel) -> int:
     return model.spec.cache_layers(model.dims)
 
 
-def _padded(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
+    width += -width % multiple
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
