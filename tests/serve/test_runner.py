@@ -120,3 +120,42 @@ def test_a_row_whose_choice_fails_fails_alone(zoo):
     rows[0].options.generator = "not a generator"  # its draw raises inside torch.multinomial
     outcomes = runner.admit(rows)
     assert isinstance(outcomes[0], BaseException) and all(isinstance(p.token, int) for o in outcomes[1:] for p in o)
+
+
+class _Keeping:
+    """A decoding state that records which rows `keep` kept."""
+
+    kept: list[int] | None = None
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.kept = index.tolist()
+
+
+@pytest.mark.parametrize(("rows", "least", "kept"), [
+    ([1, None, None, None], 2, [0, 1]),  # a lone row keeps a free slot beside it
+    ([1, 1, 1, None, None, None], 2, [0, 1, 2, 3]),  # three live rows keep one free slot: four
+    ([1, 1, None, None], 2, [0, 1]),
+    ([None, 1, None, 1, 1, None], 1, [1, 3, 4]),
+])
+def test_compacting_keeps_a_multiple_of_the_invariant_rows(rows, least, kept):
+    from hotrod.serve.runner import Group, _compact
+
+    group = Group(_Keeping(), [object() if r else None for r in rows])
+    _compact(group, least=least)
+    assert group.state.kept == kept and len(group.rows) == len(kept)
+
+
+def test_prompts_are_padded_to_a_multiple_of_columns():
+    from hotrod.serve.runner import _padded
+
+    ids, mask = _padded([[5, 6, 7], [8]], left=False, multiple=2)
+    assert ids.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]] and mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
+    ids, mask = _padded([[5, 6, 7], [8]], left=True, multiple=1)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+
+
+def test_compacted_prompts_are_a_multiple_of_columns_wide():
+    ids, columns, lengths = cache.compact_prompts(torch.tensor([[0, 5, 6], [7, 8, 9]]),
+                                                  torch.tensor([[0, 1, 1], [1, 1, 1]]), multiple=2)
+    assert ids.tolist() == [[5, 6, 0, 0], [7, 8, 9, 0]] and lengths.tolist() == [2, 3]
+    assert columns[:, :3].tolist() == [[1, 2, 0], [0, 1, 2]]

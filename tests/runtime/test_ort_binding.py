@@ -1,0 +1,56 @@
+"""onnxruntime's binding: small host inputs copied into staging buffers bound once, read afresh each run."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from hotrod.contracts import GraphIO, TensorSpec
+from hotrod.runtime.base import RuntimeOptions
+from hotrod.runtime.ort import OrtBackend
+
+
+def _backend(tmp_path) -> OrtBackend:
+    """y = x + 1 over int64 rows of any shape."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "one"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor("one", TensorProto.INT64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "g.onnx")
+    io = GraphIO("g", (TensorSpec("x", "int64", ("b", "s")),), (TensorSpec("y", "int64", ("b", "s")),))
+    return OrtBackend({"g": tmp_path / "g.onnx"}, {"g": io}, RuntimeOptions(threads=1))
+
+
+def _run(backend: OrtBackend, x: torch.Tensor) -> np.ndarray:
+    return backend.to_torch(backend.run("g", {"x": x})["y"]).numpy().copy()
+
+
+def test_small_inputs_are_read_afresh_at_every_run_whatever_object_holds_them(tmp_path):
+    backend = _backend(tmp_path)
+    x = torch.tensor([[1, 2]])
+    assert _run(backend, x).tolist() == [[2, 3]]
+    x[0, 0] = 10  # the same tensor, changed in place
+    assert _run(backend, x).tolist() == [[11, 3]]
+    assert _run(backend, torch.tensor([[5, 6]])).tolist() == [[6, 7]]  # a new tensor of the same shape
+    assert _run(backend, torch.tensor([[1, 2, 3]])).tolist() == [[2, 3, 4]]  # another shape
+    big = torch.arange(4096).reshape(2, 2048)  # past the staging size: bound where it lies
+    assert (_run(backend, big) == big.numpy() + 1).all()
+    assert _run(backend, torch.tensor([[7]])).tolist() == [[8]]
+
+
+def test_outputs_returned_earlier_are_not_overwritten_by_later_runs(tmp_path):
+    backend = _backend(tmp_path)
+    first = backend.to_torch(backend.run("g", {"x": torch.tensor([[1, 2]])})["y"])
+    backend.run("g", {"x": torch.tensor([[8, 9]])})
+    assert first.tolist() == [[2, 3]]
+
+
+def test_a_missing_input_is_named(tmp_path):
+    with pytest.raises(KeyError, match="x"):
+        _backend(tmp_path).run("g", {})
