@@ -6,6 +6,8 @@ the decoding loop can drive any family without knowing it. Symbolic axes name th
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 from hotrod.registry import Dims, Kind
@@ -32,11 +34,12 @@ class GraphIO:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
-    @property
+    # Cached: every graph run reads them (a frozen dataclass still takes cached_property's own writes).
+    @functools.cached_property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
 
-    @property
+    @functools.cached_property
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
 

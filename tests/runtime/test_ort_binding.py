@@ -14,21 +14,22 @@ from hotrod.runtime.ort import OrtBackend
 
 
 def _backend(tmp_path) -> OrtBackend:
-    """y = x + 1 over int64 rows of any shape."""
+    """y = x + step over int64 rows of any shape (`step` a scalar, fed first)."""
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "one"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor("one", TensorProto.INT64, [], [1])])
+        [helper.make_node("Add", ["x", "step"], ["y"])], "g",
+        [helper.make_tensor_value_info("step", TensorProto.INT64, []),
+         helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "g.onnx")
-    io = GraphIO("g", (TensorSpec("x", "int64", ("b", "s")),), (TensorSpec("y", "int64", ("b", "s")),))
+    io = GraphIO("g", (TensorSpec("step", "int64", ()), TensorSpec("x", "int64", ("b", "s"))),
+                 (TensorSpec("y", "int64", ("b", "s")),))
     return OrtBackend({"g": tmp_path / "g.onnx"}, {"g": io}, RuntimeOptions(threads=1))
 
 
-def _run(backend: OrtBackend, x: torch.Tensor) -> np.ndarray:
-    return backend.to_torch(backend.run("g", {"x": x})["y"]).numpy().copy()
+def _run(backend: OrtBackend, x: torch.Tensor, step: int = 1) -> np.ndarray:
+    return backend.to_torch(backend.run("g", {"step": torch.tensor(step), "x": x})["y"]).numpy().copy()
 
 
 def test_small_inputs_are_read_afresh_at_every_run_whatever_object_holds_them(tmp_path):
@@ -46,11 +47,18 @@ def test_small_inputs_are_read_afresh_at_every_run_whatever_object_holds_them(tm
 
 def test_outputs_returned_earlier_are_not_overwritten_by_later_runs(tmp_path):
     backend = _backend(tmp_path)
-    first = backend.to_torch(backend.run("g", {"x": torch.tensor([[1, 2]])})["y"])
-    backend.run("g", {"x": torch.tensor([[8, 9]])})
+    first = backend.to_torch(backend.run("g", {"step": torch.tensor(1), "x": torch.tensor([[1, 2]])})["y"])
+    backend.run("g", {"step": torch.tensor(1), "x": torch.tensor([[8, 9]])})
     assert first.tolist() == [[2, 3]]
 
 
 def test_a_missing_input_is_named(tmp_path):
-    with pytest.raises(KeyError, match="x"):
+    with pytest.raises(KeyError, match="step.*x"):
         _backend(tmp_path).run("g", {})
+
+
+def test_staging_buffers_of_many_shapes_never_free_one_bound_for_this_run(tmp_path):
+    backend = _backend(tmp_path)
+    for width in range(1, 3 * backend._binding("g").STAGED_BUFFERS):  # `step` was staged first, long ago
+        x = torch.arange(width)[None, :]
+        assert _run(backend, x, step=width).tolist() == [list(range(width, 2 * width))]

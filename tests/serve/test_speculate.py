@@ -101,6 +101,15 @@ def test_a_rejected_draft_pauses_drafting_longer_each_time():
     assert drafter.draft(row, 10) == [3, 1, 2] and drafter.backoff == 1  # a kept token resets it
 
 
+def test_a_rejected_draft_of_a_token_or_two_does_not_pause_drafting():
+    drafter, row = Drafter(4), [1, 2, 3, 1, 2]
+    assert drafter.draft(row, 10) == [3, 1, 2]
+    drafter.judged(0, 2)
+    assert drafter.draft(row, 10) == [3, 1, 2] and drafter.backoff == 1
+    drafter.judged(0, 3)
+    assert drafter.draft(row, 10) == []
+
+
 # -- the runner --------------------------------------------------------------------------------------------
 
 class _Ticket:

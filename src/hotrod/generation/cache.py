@@ -316,7 +316,7 @@ class DecoderState(_OnSelfCache):
 
     def step(self, tokens):
         positions = self.kv.lengths[:, None]
-        logits = self._run(tokens[:, None], positions, self.kv.step_feeds(), _zeros(len(positions)))
+        logits = self._run(tokens[:, None], positions, self.kv.step_feeds(), _zeros(positions.shape[0]))
         self.kv.advance()
         return logits
 

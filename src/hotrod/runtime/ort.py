@@ -125,7 +125,7 @@ class OrtBackend:
         for name in into if binding.ordered else io.output_names:
             if name in into:  # the same memory as an input: onnxruntime's kernels update it in place
                 if not binding.holds(name, into[name]):
-                    binding.tensor(binding.io.bind_output, name, into[name])
+                    binding.tensor(name, into[name], output=True)
             else:
                 binding.allocated(name)
         for name in allocated:
@@ -177,7 +177,7 @@ class OrtBackend:
                 and value.numel():
             value = value.contiguous()
             alive.append(value)
-            binding.tensor(binding.io.bind_input, name, value)
+            binding.tensor(name, value)
             return
         handle = self._handle(value)
         alive.append(handle)
@@ -230,11 +230,12 @@ class _Binding:
     """
 
     STAGED_ELEMENTS = 1024  # host inputs at most this large are copied into staging buffers
+    STAGED_BUFFERS = 64  # staging buffers kept, one per input name, shape and type
 
     def __init__(self, session: ort.InferenceSession, device: str):
         self.io = session.io_binding()
         self.bound: dict[str, tuple] = {}
-        self.staged: dict[str, torch.Tensor] = {}
+        self.staged: dict[tuple, torch.Tensor] = {}
         self.plans: dict[tuple, tuple[list[str], list[int]]] = {}
         self.ordered = False  # whether every output has been bound once, in the graph's order
         self.stages = device == "cpu"  # elsewhere host inputs are copied to the device in any case
@@ -244,9 +245,12 @@ class _Binding:
             c_device = make(device, 0)._get_c_device()
             self.run = functools.partial(native.run_with_iobinding, inner, None)
             self._bind_allocated = lambda name: inner.bind_output(name, c_device)
+            self._bind_pointer = {False: inner.bind_input, True: inner.bind_output}
+            self._device = (device, c_device)
         else:  # an onnxruntime without them: its public wrapper does the same, more slowly
             self.run = functools.partial(session.run_with_iobinding, self.io)
             self._bind_allocated = functools.partial(self.io.bind_output, device_type=device)
+            self._bind_pointer = None
 
     def holds(self, name: str, value: Any) -> bool:
         """Whether `name` is bound to `value` itself, where it lay when it was bound."""
@@ -260,17 +264,22 @@ class _Binding:
         if not (self.stages and isinstance(value, torch.Tensor) and value.device.type == "cpu"
                 and 0 < value.numel() <= self.STAGED_ELEMENTS and value.dtype in _NUMPY_TYPES):
             return False
-        buffer = self.staged.get(name)
-        if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype \
-                and self.holds(name, buffer):
-            buffer.copy_(value)
-            return True
-        with torch.inference_mode(False):  # a buffer made in inference mode could not be copied into outside it
-            buffer = torch.empty(value.shape, dtype=value.dtype)
+        key = (name, value.shape, value.dtype)
+        buffer = self.staged.get(key)
+        if buffer is None:
+            if len(self.staged) >= self.STAGED_BUFFERS:  # drafts of many widths: forget those not bound now
+                self._forget_staged()
+            with torch.inference_mode(False):  # a buffer made in inference mode could not be copied into outside it
+                buffer = self.staged[key] = torch.empty(value.shape, dtype=value.dtype)
         buffer.copy_(value)
-        self.staged[name] = buffer
-        self.tensor(self.io.bind_input, name, buffer)
+        if not self.holds(name, buffer):
+            self.tensor(name, buffer)
         return True
+
+    def _forget_staged(self) -> None:
+        """Drop the staging buffers no name is bound to (those bound may be this very run's feeds)."""
+        bound = {id(entry[0]()) for entry in self.bound.values() if entry is not _ALLOCATED}
+        self.staged = {key: buffer for key, buffer in self.staged.items() if id(buffer) in bound}
 
     def plan(self, io: GraphIO, into: Mapping[str, Any]) -> tuple[list[str], list[int]]:
         """The outputs onnxruntime allocates when `into` holds the rest: their names and their places."""
@@ -292,11 +301,16 @@ class _Binding:
         for name in names:
             self._bind_allocated(name)
 
-    def tensor(self, bind: Any, name: str, tensor: torch.Tensor) -> None:
-        """Bind a contiguous torch tensor by pointer (`bind` is the binding's bind_input or bind_output)."""
+    def tensor(self, name: str, tensor: torch.Tensor, output: bool = False) -> None:
+        """Bind a contiguous torch tensor by pointer, as input `name` or as that output."""
         device = "cpu" if tensor.device.type == "cpu" else tensor.device.type
-        bind(name, device, tensor.device.index or 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
-        self.bound[name] = (weakref.ref(tensor), tensor.data_ptr())
+        dtype, shape, pointer = _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr()
+        if self._bind_pointer is not None and device == self._device[0]:
+            self._bind_pointer[output](name, self._device[1], dtype, shape, pointer)
+        else:
+            bind = self.io.bind_output if output else self.io.bind_input
+            bind(name, device, tensor.device.index or 0, dtype, shape, pointer)
+        self.bound[name] = (weakref.ref(tensor), pointer)
 
     def outputs(self, names: list[str], into: Mapping[str, Any], indices: list[int]) -> dict[str, Any]:
         """The run's outputs: `into`'s own handles, and OrtValues for the rest (at `indices`). onnxruntime's
@@ -306,8 +320,16 @@ class _Binding:
         if indices:
             values = self.io._iobinding.get_outputs()  # the native list behind IOBinding.get_outputs()
             for index in indices:
-                outputs[names[index]] = ort.OrtValue(values[index])
+                outputs[names[index]] = self.wrap(values[index])
         return outputs
+
+    def wrap(self, value: Any) -> Any:
+        """An output as the caller gets it: on the CPU a torch tensor on its memory through DLPack, which
+        holds the output for as long as the tensor lives (about 1 us, where an OrtValue lent to numpy and
+        then to torch costs 5); elsewhere, or in an onnxruntime without DLPack, the OrtValue."""
+        if self.stages and hasattr(value, "to_dlpack"):
+            return torch.from_dlpack(value.to_dlpack())
+        return ort.OrtValue(value)
 
 
 def _check_placement(sessions: dict[str, ort.InferenceSession], device: str) -> None:
