@@ -1,6 +1,7 @@
 """Prompt lookup decoding on an input-grounded workload with real weights: the generating demo models
-(`hotrod.demo_models`: GPT-2 turning number words into digits, T5 rewriting dates), whose outputs copy
-from their inputs, greedy at batch 1 over their held-out examples, with and without drafting.
+(`hotrod.demo_models`: GPT-2 writing a sentence's numbers in digits, which copies the rest of the sentence;
+GPT-2 turning number words into digits and T5 rewriting dates, which copy little), greedy at batch 1 over
+their held-out examples, with and without drafting.
 
     python benchmarks/assisted.py [--draft N] [--examples K] [--precision P] [--json FILE]
 
@@ -26,7 +27,7 @@ from hotrod.generation import config as gen_config
 from hotrod.generation.lookup import Lookup
 from hotrod.model import torch_threads
 
-MODELS = ("gpt2-numbers", "t5-dates")
+MODELS = ("gpt2-itn", "gpt2-numbers", "t5-dates")
 
 
 def build(name: str, directory: Path, precision: str) -> hotrod.HotrodModel:
@@ -84,13 +85,14 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=64, help="held-out examples per model")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per example and variant")
     parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated demo models")
     parser.add_argument("--out", type=Path, default=None, help="where to keep the built models")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args()
     directory = args.out or Path(tempfile.mkdtemp(prefix="assisted-"))
     results = []
-    for name in MODELS:
+    for name in args.models.split(","):
         model = build(name, directory, args.precision)
         examples = [text for text, _ in demo_model(name).examples()[: args.examples]]
         result = measure(name, model, examples, args.draft, args.runs, args.new_tokens)

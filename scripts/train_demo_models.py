@@ -1,12 +1,15 @@
 """Train the small demo models that ship in `src/hotrod/demo_models/`.
 
-Accuracy can only be judged on trained weights, and the demo must work offline, so hotrod ships two tiny
+Accuracy can only be judged on trained weights, and the demo must work offline, so hotrod ships three tiny
 models trained on synthetic tasks whose answers can be checked exactly:
 
   t5-dates      T5ForConditionalGeneration: dates written many ways -> ISO 8601
                 ("the fifth of march twenty twenty-one" -> "2021-03-05")
   gpt2-numbers  GPT2LMHeadModel: English number words -> digits
                 ("three hundred and forty-two thousand seven =" -> "342007")
+  gpt2-itn      GPT2LMHeadModel: a sentence with spelled-out numbers -> the same sentence in digits
+                ("she paid forty dollars for the maps so they went home =" -> "she paid 40 dollars ...");
+                its answers are mostly copied from the prompt, the workload of prompt lookup decoding
 
 For each model the script generates the data from a seed, trains a tokenizer on the task's text, trains
 the model on CPU, measures exact match with greedy `generate` (fp32) on a held-out set whose values never
@@ -34,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import itn_sentences
 import torch
 from train_demo_heads import HEAD_RECIPES, build_head
 
@@ -224,6 +228,19 @@ NUMBERS = Task(
     render=lambda n, rng: (number_prompt(n, rng), str(n)),
 )
 
+ITN = Task(
+    name="gpt2-itn",
+    description="Inverse text normalization: a sentence of three clauses whose numbers (0 to 9,999, mostly "
+                "below 100) are spelled out, followed by ' =', continued with the same sentence, its numbers "
+                "in digits, and end-of-text. Most of each answer is copied from the prompt.",
+    prompt_format="'<sentence> =' -> ' <sentence, numbers in digits><|endoftext|>', e.g. 'the shop sold forty-two "
+                  "apples at the market and then she went home yesterday =' -> 'the shop sold 42 apples at the "
+                  "market and then she went home yesterday'",
+    sample_value=itn_sentences.random_sentence,
+    sample_heldout_value=itn_sentences.random_sentence,
+    render=lambda value, rng: itn_sentences.render(value, number_words, rng),
+)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Tokenizers
@@ -259,7 +276,7 @@ def train_t5_tokenizer(texts: list[str]):
                                    model_max_length=64)
 
 
-def train_gpt2_tokenizer(texts: list[str]):
+def train_gpt2_tokenizer(texts: list[str], positions: int = 64):
     """A byte-level BPE in GPT-2's conventions: <|endoftext|>=0 as bos, eos and pad; one token per digit."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -276,7 +293,7 @@ def train_gpt2_tokenizer(texts: list[str]):
     # Prompts of a batch are left-padded with <|endoftext|>, as decoder-only generation expects.
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                    unk_token="<|endoftext|>", pad_token="<|endoftext|>", padding_side="left",
-                                   model_max_length=64)
+                                   model_max_length=positions)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -293,10 +310,10 @@ def build_t5(vocab_size: int):
     return T5ForConditionalGeneration(config)
 
 
-def build_gpt2(vocab_size: int):
+def build_gpt2(vocab_size: int, positions: int = 64):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=vocab_size, n_positions=64, n_embd=128, n_layer=4, n_head=4, n_inner=512,
+    config = GPT2Config(vocab_size=vocab_size, n_positions=positions, n_embd=128, n_layer=4, n_head=4, n_inner=512,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
                         pad_token_id=0)
     return GPT2LMHeadModel(config)
@@ -423,6 +440,7 @@ class Recipe:
     batch_size: int
     lr: float
     max_new_tokens: int
+    positions: int = 64
 
 
 RECIPES = {
@@ -430,6 +448,8 @@ RECIPES = {
                  max_new_tokens=16),
     "gpt2": Recipe("gpt2", NUMBERS, "decoder", "GPT2LMHeadModel", steps=4000, batch_size=64, lr=1.5e-3,
                    max_new_tokens=10),
+    "itn": Recipe("itn", ITN, "decoder", "GPT2LMHeadModel", steps=3500, batch_size=64, lr=1.5e-3,
+                  max_new_tokens=64, positions=128),
 }
 
 
@@ -442,9 +462,13 @@ def build(recipe: Recipe, out_root: Path, seed: int, steps: int, heldout_size: i
     decoder_only = recipe.kind == "decoder"
 
     texts = _corpus(task, seed, exclude, 20000)
-    tokenizer = (train_gpt2_tokenizer if decoder_only else train_t5_tokenizer)(texts)
+    if decoder_only:
+        tokenizer = train_gpt2_tokenizer(texts, recipe.positions)
+        model = build_gpt2(len(tokenizer), recipe.positions)
+    else:
+        tokenizer = train_t5_tokenizer(texts)
+        model = build_t5(len(tokenizer))
     print(f"  tokenizer: {len(tokenizer)} tokens", flush=True)
-    model = (build_gpt2 if decoder_only else build_t5)(len(tokenizer))
     params = sum(p.numel() for p in model.parameters())
     print(f"  model: {recipe.architecture}, {params:,} parameters", flush=True)
 

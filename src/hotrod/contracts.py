@@ -7,7 +7,6 @@ the decoding loop can drive any family without knowing it. Symbolic axes name th
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 from hotrod.registry import Dims, Kind
