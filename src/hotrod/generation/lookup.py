@@ -6,9 +6,9 @@ looked up earlier in the row; the tokens that followed the latest earlier occurr
 the model verifies in one pass (`hotrod.generation.drafts`). Greedy, the tokens are greedy decoding's;
 sampling, they follow plain sampling's distribution, from another sequence of draws of torch's generator.
 
-A draft that is rejected outright cost a wider pass for one token; after one (of more than
-`CHEAP_DRAFT` tokens), the row drafts again only after `backoff` plain steps (doubling up to `MAX_BACKOFF` while drafts keep failing, reset by a hit), so
-text that never repeats decodes at plain decoding's pace.
+A draft that is rejected outright cost a wider pass for one token; after two in a row, the row drafts
+again only after `backoff` plain steps (doubling up to `MAX_BACKOFF` while drafts keep failing, reset by
+a hit), so text that never repeats decodes at plain decoding's pace.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from hotrod.generation.drafts import Drafting
 
 MAX_NGRAM = 3  # the longest tail looked up (transformers' prompt lookup default, max_matching_ngram_size 2..3)
 MAX_BACKOFF = 16
-CHEAP_DRAFT = 2  # a rejected draft this short does not pause drafting
 
 
 def find_draft(tokens: list[int], length: int) -> list[int]:
@@ -48,6 +47,7 @@ class Drafter:
     def __init__(self, tokens: int):
         self.tokens = tokens
         self.backoff, self.wait = 1, 0
+        self.failed = 0  # drafts rejected outright in a row
         self._latest: list[dict[Gram, int]] = [{} for _ in range(MAX_NGRAM)]  # n-gram -> its latest start
         self._indexed = 1  # n-grams ending before this position are in `_latest`
 
@@ -66,13 +66,15 @@ class Drafter:
                 return row[start + n : start + n + min(self.tokens, room)]
         return []
 
-    def judged(self, kept: int, drafted: int = MAX_NGRAM) -> None:
-        """A draft of `drafted` tokens was verified and `kept` of them accepted: none pauses drafting,
-        unless the draft was as short as `CHEAP_DRAFT` (its pass cost about a plain step: a copy that
-        resumes after a correction, such as a number written another way, is found again at once)."""
+    def judged(self, kept: int) -> None:
+        """A draft was verified and `kept` of its tokens accepted. A second draft in a row with none kept
+        pauses drafting, a first does not: a copy that resumes after a correction (a number written
+        another way) is found again at once, while text that never repeats still pauses."""
         if kept:
-            self.backoff = 1
-        elif drafted > CHEAP_DRAFT:
+            self.backoff, self.failed = 1, 0
+            return
+        self.failed += 1
+        if self.failed > 1:
             self.wait, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
 
     def _index(self, row: list[int]) -> None:
@@ -103,4 +105,4 @@ class Lookup(Drafting):
         return self.drafter.draft(self.source + tokens[self.skip:], room)
 
     def verified(self, drafted: int, kept: int) -> None:
-        self.drafter.judged(kept, drafted)
+        self.drafter.judged(kept)

@@ -215,7 +215,7 @@ class GenerationRunner:
         for i, row, outcome in zip(live, rows, found):
             back[i] -= len(outcome) if isinstance(outcome, list) else 1
             if drafts[i] and isinstance(outcome, list):
-                row.options.drafter.judged(len(outcome) - 1, len(drafts[i]))
+                row.options.drafter.judged(len(outcome) - 1)
                 self.drafted += len(drafts[i])
                 self.accepted += len(outcome) - 1
         group.state.rewind(back)

@@ -20,8 +20,9 @@ def compare_generations(candidate: Any, reference: Any, rows: list[torch.Tensor]
     task = {"ours": 0, "source": 0, "n": 0}
     for ids, example in zip(rows, examples):
         mask = torch.ones_like(ids)
-        theirs = reference.generate(ids, attention_mask=mask, **kwargs)
-        ours = candidate.generate(ids, attention_mask=mask, **kwargs)
+        within = _within_positions(candidate, ids.shape[1], kwargs)
+        theirs = reference.generate(ids, attention_mask=mask, **within)
+        ours = candidate.generate(ids, attention_mask=mask, **within)
         exact += int(torch.equal(ours, theirs))
         agree, total = agree + _agreement(ours[0], theirs[0]), total + theirs.shape[1]
         difference, cosine = _logits(candidate, reference, ids, theirs)
@@ -71,3 +72,17 @@ def _text(model: Any, tokens: torch.Tensor) -> str:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _within_positions(model: Any, prompt: int, kwargs: dict) -> dict:
+    """`kwargs` with the new tokens cut to what the model's positions leave after a `prompt`-token row: a
+    verification text tokenized long by a small model's vocabulary must not fail the build."""
+    positions = model.dims.max_positions
+    if positions is None:
+        return kwargs
+    from hotrod.generation import config as gen_config
+
+    wanted = kwargs.get("max_new_tokens") or gen_config.merge(model.generation_config, None, {})["max_new_tokens"]
+    if wanted is None or prompt + wanted <= positions:
+        return kwargs
+    return {**kwargs, "max_new_tokens": max(1, positions - prompt)}
