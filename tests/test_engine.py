@@ -241,3 +241,22 @@ def test_the_server_runs_an_engine_artifact_as_built_unless_told_otherwise(built
     assert type(backend).__name__ == "StaticBackend" and backend.options.precision == "bf16"
     with pytest.raises(hotrod.HotrodError, match="onnxruntime"):
         load_engines([path], ServeOptions(), RuntimeOptions(), Metrics(), told=("backend",))
+
+
+@pytest.mark.parametrize("name", ["bert-ner", "bert-qa", "distilbert-cls", "electra-qa", "modernbert-ner",
+                                  "xlm_roberta-cls"])
+def test_encoder_heads_of_every_family_run_on_the_engine(name, tmp_path):
+    """Each head kind and each family, on the engine at bf16: the head's outputs as the fp32 checkpoint's,
+    within bf16's error."""
+    case = HEAD_CASES[name]
+    source = build_checkpoint(case, tmp_path / "source")
+    path = hotrod.optimize(source, tmp_path / "engine", backend="torch", precision="bf16", verify_examples=2,
+                           progress=False)
+    model, reference = hotrod.load(path), hotrod.load(source, backend="torch")
+    assert type(model.backend).__name__ == "StaticBackend" and model.task == case.task
+    ids, mask = prompt_batch(case, (7, 3, 5))
+    got, expected = model(ids, attention_mask=mask), reference(ids, attention_mask=mask)
+    fields = ("start_logits", "end_logits") if case.task == "question-answering" else ("logits",)
+    for field in fields:
+        a, b = getattr(got, field), getattr(expected, field)
+        assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=5e-2, rtol=5e-2), field

@@ -54,7 +54,7 @@ class Peer:
         if not stamp.is_file() or stamp.read_text() != _version():  # converted by another OpenVINO: again
             self._convert(source, precision)
         config = {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
-        self.model = _model_class(kind, task).from_pretrained(self.target, ov_config=config, compile=True)
+        self.model = _model_class(kind, generates, task).from_pretrained(self.target, ov_config=config, compile=True)
 
     def info(self) -> dict:
         return {"version": _version(), "size_bytes": _size(self.target)}
@@ -81,7 +81,7 @@ class Peer:
         full = precision == "int8-full"
         bits = WEIGHT_BITS.get(precision)  # fp32: the export as it is
         quantization = OVWeightQuantizationConfig(bits=bits) if bits else None
-        model = _model_class(self.kind, self.task).from_pretrained(source, export=True, compile=False,
+        model = _model_class(self.kind, self.generates, self.task).from_pretrained(source, export=True, compile=False,
                                                                    quantization_config=quantization)
         if full:
             model.model = self._quantized(model.model)
@@ -114,11 +114,13 @@ class Peer:
         return feeds
 
 
-def _model_class(kind: str, task: str | None = None):
+def _model_class(kind: str, generates: bool, task: str | None = None):
+    """optimum-intel's class for the kind, or for an encoder's head (`generates`: the kind spec's, sent by
+    the parent, which knows the kinds; this process runs without hotrod)."""
     import optimum.intel as intel
 
     if task is not None:
-        if kind != "encoder" or task not in HEADS:
+        if generates or task not in HEADS:
             raise ValueError(f"the OpenVINO peer runs {', '.join(HEADS)} heads of encoders, not a {task} head "
                              f"of a {kind}")
         return getattr(intel, HEADS[task])
