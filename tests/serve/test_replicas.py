@@ -47,6 +47,12 @@ def test_bad_args_are_one_line(args, message):
         spec_from_args(args)
 
 
+def test_replicas_leave_unnamed_runtime_choices_to_each_artifact():
+    assert spec_from_args({"artifacts": ["a"]}).told == ()
+    spec = spec_from_args({"artifacts": ["a"], "backend": "torch", "engine_precision": "bf16"})
+    assert spec.told == ("backend", "precision") and spec.runtime.precision == "bf16"
+
+
 def test_autoscaling_targets_a_batch_not_rays_default():
     assert Scaling(replicas=2).autoscaling_config(32) is None
     config = Scaling(replicas=2, min_replicas=1, max_replicas=6).autoscaling_config(32)

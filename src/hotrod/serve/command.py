@@ -84,9 +84,7 @@ def run_serve(args) -> int:
         return _run_on_ray(args, options, limits, access, runtime)
     _check_listen(args.host, args.port)
     metrics = Metrics()
-    told = tuple(key for key, value in (("backend", args.backend), ("device", args.device),
-                                        ("precision", args.engine_precision)) if value is not None)
-    engines = load_engines(args.models, options, runtime, metrics, told)
+    engines = load_engines(args.models, options, runtime, metrics, _told(args))
     try:
         serve(engines, limits, args.host, args.port, metrics, access=access)
     except StartupFailed as exc:
@@ -120,9 +118,15 @@ def _run_on_ray(args, options, limits, access, runtime) -> int:
     scaling = Scaling(args.replicas, args.min_replicas, args.max_replicas, num_cpus=args.num_cpus,
                       num_gpus=args.num_gpus)
     artifacts = tuple(str(Path(model).expanduser().resolve()) for model in args.models)
-    spec = ReplicaSpec(artifacts, options, limits, runtime, access, scaling)
+    spec = ReplicaSpec(artifacts, options, limits, runtime, access, scaling, told=_told(args))
     serve_on_ray(spec, args.ray, args.host, args.port, ship=args.ship)
     return 0
+
+
+def _told(args) -> tuple[str, ...]:
+    """The runtime fields given on the command line: the others are left to each artifact."""
+    return tuple(key for key, value in (("backend", args.backend), ("device", args.device),
+                                        ("precision", args.engine_precision)) if value is not None)
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -74,7 +74,7 @@ class HotrodReplica:
         self.spec = spec
         self.metrics = RayMetrics()
         self.engines: dict[str, ModelEngine] = load_engines(spec.local_artifacts(), spec.options,
-                                                            spec.replica_runtime(), self.metrics)
+                                                            spec.replica_runtime(), self.metrics, spec.told)
         for engine in self.engines.values():
             engine.start()
 

@@ -74,6 +74,9 @@ class ReplicaSpec:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     access: Access = field(default_factory=Access)
     scaling: Scaling = field(default_factory=Scaling)
+    # The fields of `runtime` the user chose (`hotrod.serve.engine.load_engines`); the others are left to
+    # each artifact, as `hotrod serve` leaves them.
+    told: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.artifacts:
@@ -126,6 +129,8 @@ def spec_from_args(args: dict[str, Any]) -> ReplicaSpec:
     if not isinstance(artifacts, list) or not all(isinstance(a, str) and a for a in artifacts):
         raise HotrodError("args.artifacts must be a list of artifact directories")
     sections = {name: _take(args, cls) for name, cls in _SECTIONS.items()}
+    told = tuple(name for name, key in (("backend", "backend"), ("device", "device"), ("precision", "engine_precision"))
+                 if args.get(key) is not None)
     runtime = _runtime(args)
     key = args.pop("api_key", None) or os.environ.get(API_KEY_ENV) or None
     access = Access(key, tuple(args.pop("cors_origins", ())), bool(args.pop("docs", False)))
@@ -133,7 +138,7 @@ def spec_from_args(args: dict[str, Any]) -> ReplicaSpec:
         known = sorted({f.name for cls in _SECTIONS.values() for f in dataclasses.fields(cls)}
                        | {"artifacts", "threads", "api_key", "cors_origins", "docs", *_RUNTIME})
         raise HotrodError(f"unknown argument {sorted(args)[0]!r}; known: {', '.join(known)}")
-    return ReplicaSpec(tuple(artifacts), runtime=runtime, access=access, **sections)
+    return ReplicaSpec(tuple(artifacts), runtime=runtime, access=access, told=told, **sections)
 
 
 def _take(args: dict[str, Any], cls: type) -> Any:
