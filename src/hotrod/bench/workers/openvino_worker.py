@@ -54,6 +54,8 @@ class Peer:
         if not stamp.is_file() or stamp.read_text() != _version():  # converted by another OpenVINO: again
             self._convert(source, precision)
         config = {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY", "CACHE_DIR": ""}
+        if precision == "fp32":  # on a CPU with bf16 (AVX-512 BF16, AMX) the plugin computes in bf16 unless told
+            config["INFERENCE_PRECISION_HINT"] = "f32"
         self.model = _model_class(kind, generates, task).from_pretrained(self.target, ov_config=config, compile=True)
 
     def info(self) -> dict:
