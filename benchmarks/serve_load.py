@@ -559,7 +559,7 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "workload": "W5",
         "machine": machine_description(args.threads),
-        "settings": {"model": model, "model_description": description, "artifact_source": manifest.get("source", {}).get("origin"),
+        "settings": {"model": model, "model_description": description, "artifact_source": _origin(manifest),
                      "precision": precision, "policies": args.policies, "concurrency": args.concurrencies,
                      "requests": args.requests, "time_limit_s": args.time_limit, "threads": args.threads,
                      "max_batch_size": MAX_BATCH_SIZE, "request_timeout_s": args.request_timeout,
@@ -633,5 +633,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _origin(manifest: dict) -> str | None:
+    """The artifact's checkpoint, named from hotrod's cache where it lies there (no one machine's folders)."""
+    from hotrod.bench.harness import portable_source
+
+    origin = manifest.get("source", {}).get("origin")
+    return portable_source(origin) if origin else origin
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

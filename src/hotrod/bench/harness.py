@@ -46,6 +46,15 @@ class Result:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
+def portable_source(source: str) -> str:
+    """A workload checkpoint's path as results record it: under hotrod's cache, named from there, so a
+    committed result names no one machine's folders."""
+    try:
+        return f"<hotrod cache>/{Path(source).resolve().relative_to(cache_dir().resolve()).as_posix()}"
+    except ValueError:
+        return source
+
+
 def workload_cases(ids: Sequence[str]) -> list[Case]:
     cases = []
     for wid in ids:
@@ -101,7 +110,8 @@ def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], 
     out.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     for case in cases:
-        result = Result(case={**asdict(case), "device": device}, skipped=dict(skipped))
+        result = Result(case={**asdict(case), "source": portable_source(case.source), "device": device},
+                        skipped=dict(skipped))
         _run_case(case, plan, result)
         results.append(result)
         write_json(results, plan.machine, out)
