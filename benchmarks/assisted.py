@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import hotrod
-from hotrod.demo_models import demo_model
+from hotrod.demo_models import DEMO_MODELS, demo_model
 from hotrod.generation import config as gen_config
 from hotrod.generation.lookup import Lookup
 from hotrod.model import torch_threads
@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="where to keep the built models")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args()
+    unknown = sorted(set(args.models.split(",")) - set(DEMO_MODELS))
+    if unknown:
+        parser.error(f"unknown demo model {unknown[0]!r}; choose from {', '.join(DEMO_MODELS)}")
     directory = args.out or Path(tempfile.mkdtemp(prefix="assisted-"))
     results = []
     for name in args.models.split(","):

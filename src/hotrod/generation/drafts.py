@@ -14,7 +14,7 @@ import torch
 
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax
+from hotrod.generation.sampling import argmax, plain_argmax
 from hotrod.generation.search import pick, prompt_padding
 
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
@@ -60,16 +60,9 @@ class Drafting:
 
     def choose(self, logits: torch.Tensor, tokens: list[int]) -> int:
         """The token decoding without drafts would take after `tokens`: the processed argmax, or a draw."""
-        if self._plain_argmax(len(tokens)):
+        if plain_argmax(self.s, len(tokens)):  # no tensor of the row to make: it costs more than a small step
             return int(argmax(logits)[0])
         return int(pick(logits, torch.tensor([tokens]), self.s, self.padding)[0])
-
-    def _plain_argmax(self, length: int) -> bool:
-        """Whether the choice after a row of `length` tokens is the logits' argmax as they are (greedy, no
-        repetition penalty, end-of-sequence allowed): then no tensor of the row is made at each choice,
-        which costs more than the rest of a small model's step."""
-        s = self.s
-        return not s.do_sample and s.repetition_penalty == 1.0 and (not s.eos_token_ids or length >= s.min_length)
 
     def accept(self, every: torch.Tensor, tokens: list[int], draft: list[int]) -> tuple[list[int], int]:
         """The draft up to its first token that decoding would not have chosen, and the token chosen there
@@ -77,7 +70,7 @@ class Drafting:
         drawn given the tokens kept before it and the draft is kept while the draws match it, as
         transformers' prompt lookup does: the draw that differs is the next token, so every token follows
         plain sampling's distribution."""
-        if self._plain_argmax(len(tokens)):  # every position's choice at once
+        if plain_argmax(self.s, len(tokens)):  # every position's choice at once
             choices = argmax(every[0]).tolist()
             agreed = next((j for j, (a, b) in enumerate(zip(choices, draft)) if a != b), len(draft))
             return draft[:agreed], choices[agreed]

@@ -59,10 +59,17 @@ def top_p(scores: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
     return scores.masked_fill(drop, -float("inf"))
 
 
+def plain_argmax(s: Settings, length: int) -> bool:
+    """Whether the token after a row of `length` tokens is the raw logits' argmax: greedy, and nothing in
+    `process` changes the scores there. Kept beside `process`, whose conditions it mirrors."""
+    return not s.do_sample and s.repetition_penalty == 1.0 and (not s.eos_token_ids or length >= s.min_length)
+
+
 def process(
     scores: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch.Tensor | None, min_keep: int = 1
 ) -> torch.Tensor:
-    """Apply every processor the settings ask for, in transformers' order."""
+    """Apply every processor the settings ask for, in transformers' order (`plain_argmax` says when none
+    changes a greedy choice)."""
     if s.repetition_penalty != 1.0:
         scores = repetition_penalty(scores, sequences, s.repetition_penalty, skip)
     if s.eos_token_ids and sequences.shape[1] < s.min_length:

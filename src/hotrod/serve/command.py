@@ -66,7 +66,7 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
 def run_serve(args) -> int:
     from hotrod.runtime.base import RuntimeOptions
     from hotrod.serve.app import StartupFailed, serve
-    from hotrod.serve.engine import ServeOptions, load_engines
+    from hotrod.serve.engine import ServeOptions, load_engines, told_choices
     from hotrod.serve.limits import Access, ServeLimits
     from hotrod.serve.metrics import Metrics
 
@@ -84,7 +84,7 @@ def run_serve(args) -> int:
         return _run_on_ray(args, options, limits, access, runtime)
     _check_listen(args.host, args.port)
     metrics = Metrics()
-    engines = load_engines(args.models, options, runtime, metrics, _told(args))
+    engines = load_engines(args.models, options, runtime, metrics, told_choices(vars(args).get))
     try:
         serve(engines, limits, args.host, args.port, metrics, access=access)
     except StartupFailed as exc:
@@ -112,21 +112,16 @@ def speculation(value: str | None) -> int:
 
 
 def _run_on_ray(args, options, limits, access, runtime) -> int:
+    from hotrod.serve.engine import told_choices
     from hotrod.serve.on_ray import serve_on_ray
     from hotrod.serve.replicas import ReplicaSpec, Scaling
 
     scaling = Scaling(args.replicas, args.min_replicas, args.max_replicas, num_cpus=args.num_cpus,
                       num_gpus=args.num_gpus)
     artifacts = tuple(str(Path(model).expanduser().resolve()) for model in args.models)
-    spec = ReplicaSpec(artifacts, options, limits, runtime, access, scaling, told=_told(args))
+    spec = ReplicaSpec(artifacts, options, limits, runtime, access, scaling, told=told_choices(vars(args).get))
     serve_on_ray(spec, args.ray, args.host, args.port, ship=args.ship)
     return 0
-
-
-def _told(args) -> tuple[str, ...]:
-    """The runtime fields given on the command line: the others are left to each artifact."""
-    return tuple(key for key, value in (("backend", args.backend), ("device", args.device),
-                                        ("precision", args.engine_precision)) if value is not None)
 
 
 def _check_listen(host: str, port: int) -> None:

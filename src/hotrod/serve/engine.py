@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hotrod.errors import HotrodError, check_number, first_line
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS
@@ -326,6 +327,13 @@ def served_names(dirs: list[str] | tuple[str, ...]) -> list[str]:
 
 
 RUNTIME_CHOICES = ("backend", "device", "precision")
+_OPTION_OF = {"backend": "backend", "device": "device", "precision": "engine_precision"}  # the user's option names
+
+
+def told_choices(given: Callable[[str], Any]) -> tuple[str, ...]:
+    """The runtime fields a user chose, from `given(option)` (None: not given): `hotrod serve`'s flags and
+    a Serve config's args name them alike."""
+    return tuple(field for field in RUNTIME_CHOICES if given(_OPTION_OF[field]) is not None)
 
 
 def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions, metrics: Metrics,

@@ -18,7 +18,7 @@ from typing import Any
 from hotrod.errors import HotrodError, check_count, check_number
 from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS
 from hotrod.runtime.base import RuntimeOptions
-from hotrod.serve.engine import ServeOptions, served_names
+from hotrod.serve.engine import ServeOptions, served_names, told_choices
 from hotrod.serve.limits import API_KEY_ENV, Access, ServeLimits
 
 
@@ -129,8 +129,7 @@ def spec_from_args(args: dict[str, Any]) -> ReplicaSpec:
     if not isinstance(artifacts, list) or not all(isinstance(a, str) and a for a in artifacts):
         raise HotrodError("args.artifacts must be a list of artifact directories")
     sections = {name: _take(args, cls) for name, cls in _SECTIONS.items()}
-    told = tuple(name for name, key in (("backend", "backend"), ("device", "device"), ("precision", "engine_precision"))
-                 if args.get(key) is not None)
+    told = told_choices(args.get)
     runtime = _runtime(args)
     key = args.pop("api_key", None) or os.environ.get(API_KEY_ENV) or None
     access = Access(key, tuple(args.pop("cors_origins", ())), bool(args.pop("docs", False)))
