@@ -1,7 +1,8 @@
 """G1-G5 on one GPU: hotrod's static engine beside transformers eager in half precision and transformers'
 own fast path (static cache + torch.compile), against the floor measured on the device.
 
-    PYTHONPATH=src python benchmarks/gpu_engine.py [--out DIR] [--workloads G1,G2] [--runs N] [--smoke]
+    PYTHONPATH=src python benchmarks/gpu_engine.py [--out DIR] [--workloads G1,G2] [--peers G1] [--runs N]
+        [--precision bf16|fp16|int8-weight|fp8] [--compile] [--smoke]
 
 Every model is built from seeded random weights in memory (nothing is downloaded). Before timing,
 each workload checks itself: fp32 engine tokens equal transformers' fp32 tokens (G1, G2), and the
@@ -17,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,16 +171,16 @@ def run_lm(w: Workload, args, device: str) -> Result:
     result.hotrod_s, result.baseline_s = times["hotrod"], times["baseline"]
     result.checks["recorded_calls"] = vars(fast.backend.recorded.stats).copy()
     result.checks["decode_step_s"] = (times["hotrod"] - times["hotrod_one_token"]) / max(w.new_tokens - 1, 1)
-    if args.peers:
+    if w.name in args.peers:
         result.compiled_peer_s = _compiled_peer(baseline, ids, mask, kwargs, device, args.runs, result)
     return result
 
 
 def _compiled_peer(model, ids, mask, kwargs, device, runs, result: Result) -> float | None:
-    """transformers' own fast path: a static cache and a compiled forward (CUDA graphs via reduce-overhead)."""
+    """transformers' own fast path: a static cache, with which its `generate` compiles the forward itself
+    (`generation_config.compile_config`: fullgraph, CUDA graphs via reduce-overhead) on a GPU."""
     try:
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         return timed({"peer": lambda: model.generate(ids.to(device), attention_mask=mask.to(device), **kwargs)},
                      device, runs)["peer"]
     except Exception as exc:  # noqa: BLE001  (a peer that fails is reported, not fatal)
@@ -202,14 +204,14 @@ def run_encoder(w: Workload, args, device: str) -> Result:
     runs = {"hotrod": lambda: fast(ids, attention_mask=mask),
             "engine_call": lambda: fast.backend.run("encoder", feeds),
             "baseline": lambda: baseline(ids.to(device), attention_mask=mask.to(device))}
-    if not real.all():  # what packing buys: the same engine on the padded batch, timed in the same rounds
-        padded = engine(baseline, args.precision, device, compile=args.compile, packed=False)
-        runs["padded_engine_call"] = lambda: padded.backend.run("encoder", feeds)
+    if not real.all():  # what packing (off by default) would give: the same batch on its real tokens only
+        packed = engine(baseline, args.precision, device, compile=args.compile, packed=True)
+        runs["packed_engine_call"] = lambda: packed.backend.run("encoder", feeds)
     times = timed(runs, device, args.runs)
     result.hotrod_s, result.baseline_s = times["hotrod"], times["baseline"]
     result.checks["engine_call_s"] = times["engine_call"]
-    if "padded_engine_call" in times:
-        result.checks["padded_engine_call_s"] = times["padded_engine_call"]
+    if "packed_engine_call" in times:
+        result.checks["packed_engine_call_s"] = times["packed_engine_call"]
     return result
 
 
@@ -233,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu"))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "int8-weight"])
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "int8-weight", "fp8"])
     parser.add_argument("--compile", action="store_true", help="torch.compile each engine graph before recording")
-    parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip the compiled transformers peer")
+    parser.add_argument("--peers", default="G1,G2",
+                        help="workloads that also time transformers' static cache + torch.compile (its compile "
+                             "takes minutes on the larger models); empty for none")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device: checks the script")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -245,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    args.peers = _peer_names(args.peers, parser)
     args.out.mkdir(parents=True, exist_ok=True)
+    ceilings = floor(device, args.smoke)  # first: a run stopped part way still records what it measured
+    print(f"floor: {json.dumps(ceilings)}", flush=True)
     results = []
     for name in names:
         w = WORKLOADS[name]
@@ -254,15 +261,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run(w, args, device)
         except Exception as exc:  # noqa: BLE001  (one failing workload is recorded, the others still run)
+            traceback.print_exc()
             result = Result(name, notes=[f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"])
         if result.hotrod_s and result.baseline_s:
             result.ratio = result.baseline_s / result.hotrod_s
         results.append(result)
         print(json.dumps(vars(result), default=str), flush=True)
+        write(args.out, results, device, ceilings, args)  # after each workload, for the same reason
         if device == "cuda":
             torch.cuda.empty_cache()
-    write(args.out, results, device, floor(device, args.smoke), args)
     return 0
+
+
+def _peer_names(value: str, parser: argparse.ArgumentParser) -> set[str]:
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = sorted(names - set(WORKLOADS))
+    if unknown:
+        parser.error(f"--peers: unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    return names
 
 
 def write(out: Path, results: list[Result], device: str, ceilings: dict, args) -> None:

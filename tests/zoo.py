@@ -7,6 +7,7 @@ so transformers itself (loading the same directory) is the reference for every c
 
 from __future__ import annotations
 
+import copy
 import functools
 import shutil
 from collections.abc import Callable
@@ -24,7 +25,9 @@ HIDDEN = 32
 LAYERS = 2
 HEADS = 4
 POSITIONS = 64  # of the absolute-position models (GPT-2, BERT, RoBERTa)
-BACKENDS = ("onnxruntime", "torch", "static")  # static: the torch backend's static engine, run eagerly on the CPU
+# static: the torch backend's static engine, run eagerly on the CPU; cuda: the same engine at fp32 on a GPU,
+# recorded as CUDA graphs (only where torch sees one)
+BACKENDS = ("onnxruntime", "torch", "static") + (("cuda",) if torch.cuda.is_available() else ())
 VERIFY_EXAMPLES = 8  # each zoo artifact is verified against its checkpoint on this many built-in texts
 
 
@@ -244,6 +247,8 @@ def load_on(source, backend: str, **kwargs) -> hotrod.HotrodModel:
     """`hotrod.load` on one of the test table's backends ("static": the torch backend's static engine)."""
     if backend == "static":
         return hotrod.load(source, backend="torch", static=True, **kwargs)
+    if backend == "cuda":
+        return hotrod.load(source, backend="torch", device="cuda", precision="fp32", **kwargs)
     return hotrod.load(source, backend=backend, **kwargs)
 
 
@@ -282,17 +287,21 @@ class Zoo:
         return self._references[name]
 
     def hf_generate(self, name: str, ids: torch.Tensor, mask: torch.Tensor | None, seed: int | None = None,
-                    **kwargs) -> torch.Tensor:
-        """transformers' `generate` on the reference (memoised: both backends compare with one run)."""
-        key = (name, str(ids.tolist()), str(None if mask is None else mask.tolist()), seed,
+                    device: str = "cpu", **kwargs) -> torch.Tensor:
+        """transformers' `generate` on the reference (memoised: both backends compare with one run), on
+        `device`: a sampled generation draws from that device's generator, so it compares on the same one."""
+        key = (name, str(ids.tolist()), str(None if mask is None else mask.tolist()), seed, device,
                repr(sorted(kwargs.items())))
         if key not in self._generated:
             reference = self.reference(name)
+            if device != "cpu":
+                reference = copy.deepcopy(reference).to(device)
+                ids, mask = ids.to(device), None if mask is None else mask.to(device)
             if seed is not None:
                 torch.manual_seed(seed)
             with torch.no_grad():
                 self._generated[key] = reference.generate(ids, attention_mask=mask, **kwargs,
-                                                          **hf_generate_kwargs(reference))
+                                                          **hf_generate_kwargs(reference)).cpu()
         return self._generated[key]
 
     def model(self, name: str, backend: str) -> hotrod.HotrodModel:

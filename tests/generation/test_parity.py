@@ -75,7 +75,9 @@ def test_generate_matches_transformers(zoo, lm_case, backend, lengths, scenario)
     kwargs = dict(spec.kwargs)
     if spec.stop_often:
         kwargs["eos_token_id"] = frequent_tokens(zoo, lm_case, ids, mask)
-    expected = zoo.hf_generate(lm_case, ids, mask, seed=spec.seed, **kwargs)
+    # a sampled run draws from its device's generator: on the GPU, compare with transformers on the GPU
+    device = "cuda" if backend == "cuda" and spec.seed is not None else "cpu"
+    expected = zoo.hf_generate(lm_case, ids, mask, seed=spec.seed, device=device, **kwargs)
     actual = generate_ours(zoo.model(lm_case, backend), ids, mask, spec.seed, **kwargs)
     assert_same_tokens(actual, expected)
 
