@@ -6,6 +6,8 @@
 #   engine    OUT/<variant>/: G1-G5 on the static engine (benchmarks/gpu_engine.py) for each variant of
 #             VARIANTS, a precision with "+compile" where each graph is compiled first (results.json,
 #             report.md, summary.json);
+#   profile   OUT/profile/: kernels against wall time and the host's Python per workload, for each
+#             precision of PROFILE_PRECISIONS (benchmarks/gpu_profile.py);
 #   serve     OUT/serve/: G6, W5's GPT-2 built for cuda (`hotrod optimize --device cuda --precision
 #             SERVE_PRECISION`, auto by default) and served by `hotrod serve` to 64 clients, continuous
 #             batching against one request at a time (benchmarks/serve_load.py);
@@ -18,15 +20,16 @@
 # a peer that is not installed, or a precision the device cannot run, is reported as skipped with its
 # reason. Each stage stops after its own limit and keeps what it finished (the engine writes its results
 # after each workload). Settings, by environment: PYTHON, STAGES, VARIANTS, GPU_WORKLOADS, ENGINE_PEERS,
-# ENGINE_RUNS, SERVE_PRECISION, SERVE_REQUESTS, WORKLOADS, PRECISIONS, PEERS, RUNS, the limits
-# TESTS_LIMIT_S, ENGINE_LIMIT_S (per variant), SERVE_LIMIT_S, LIMIT_S (onnxruntime), and HOTROD_CACHE
+# ENGINE_RUNS, PROFILE_PRECISIONS, SERVE_PRECISION, SERVE_REQUESTS, WORKLOADS, PRECISIONS, PEERS, RUNS, the
+# limits TESTS_LIMIT_S, ENGINE_LIMIT_S (per variant), PROFILE_LIMIT_S, SERVE_LIMIT_S, LIMIT_S (onnxruntime),
+# and HOTROD_CACHE
 # (where checkpoints, artifacts and conversions are kept between runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 out="${1:-benchmarks/results/gpu}"
 python="${PYTHON:-python}"
-stages=" ${STAGES:-env tests engine serve onnxruntime} "
+stages=" ${STAGES:-env tests engine profile serve onnxruntime} "
 mkdir -p "$out"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export HOTROD_CACHE="${HOTROD_CACHE:-${TMPDIR:-/tmp}/hotrod-gpu-cache}"
@@ -85,6 +88,14 @@ if [[ $stages == *" engine "* ]]; then
         limited "${ENGINE_LIMIT_S:-300}" "$out/$variant/engine.log" "$python" benchmarks/gpu_engine.py \
             --out "$out/$variant" --workloads "${GPU_WORKLOADS:-G1,G2,G3,G4,G5}" --precision "$precision" \
             --runs "${ENGINE_RUNS:-10}" --peers "${ENGINE_PEERS-G1,G2}" "${flags[@]}"
+    done
+fi
+
+if [[ $stages == *" profile "* ]]; then
+    mkdir -p "$out/profile"
+    for precision in ${PROFILE_PRECISIONS:-bf16}; do
+        limited "${PROFILE_LIMIT_S:-150}" "$out/profile/profile-$precision.log" "$python" benchmarks/gpu_profile.py \
+            --workloads "${GPU_WORKLOADS:-G1,G2,G3,G4,G5}" --precision "$precision" --out "$out/profile"
     done
 fi
 

@@ -195,15 +195,16 @@ def run_encoder(w: Workload, args, device: str) -> Result:
     ids, mask = inputs(w, baseline.config.vocab_size)
     fast = engine(baseline, args.precision, device, compile=args.compile)
     types = torch.zeros_like(ids)
-    expected = baseline(ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float().cpu()
-    got = fast(ids, attention_mask=mask).last_hidden_state
+    on_device = ids.to(device), mask.to(device)  # both sides take and give tensors on the device
+    expected = baseline(*on_device).last_hidden_state.float().cpu()
+    got = fast(on_device[0], attention_mask=on_device[1]).last_hidden_state.cpu()
     real = mask.bool()
     result.checks["hidden_cosine_vs_hf_half"] = float(torch.nn.functional.cosine_similarity(
         got[real].flatten(), expected[real].flatten(), dim=0))
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    runs = {"hotrod": lambda: fast(ids, attention_mask=mask),
+    runs = {"hotrod": lambda: fast(on_device[0], attention_mask=on_device[1]),
             "engine_call": lambda: fast.backend.run("encoder", feeds),
-            "baseline": lambda: baseline(ids.to(device), attention_mask=mask.to(device))}
+            "baseline": lambda: baseline(*on_device)}
     if not real.all():  # what packing (off by default) would give: the same batch on its real tokens only
         packed = engine(baseline, args.precision, device, compile=args.compile, packed=True)
         runs["packed_engine_call"] = lambda: packed.backend.run("encoder", feeds)

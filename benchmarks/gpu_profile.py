@@ -36,6 +36,7 @@ def _call(w: gpu_engine.Workload, precision: str, compile: bool, packed: bool | 
     if w.new_tokens:
         kwargs = gpu_engine.generate_kwargs(w, fast.config)
         return lambda: fast.generate(ids, attention_mask=mask, **kwargs), fast
+    ids, mask = ids.cuda(), mask.cuda()
     return lambda: fast(ids, attention_mask=mask), fast
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hotrod.batching import plan, trailing_lengths
-from tests.zoo import CASES, prompt_batch
+from tests.zoo import CASES, load_on, prompt_batch
 
 
 def _cost(groups, lengths, overhead):
@@ -83,3 +83,23 @@ def test_padded_forward_runs_sub_batches_not_the_padded_batch(zoo, encoder_case)
     finally:
         del model.backend.run
     assert sorted(widths) == [(2, 4), (2, 52)]
+
+
+def test_a_backend_whose_calls_cost_more_than_padding_runs_one_padded_call(zoo):
+    """A recorded GPU engine says so (`call_overhead_tokens`); the padded positions still come back zero."""
+    model = load_on(zoo.checkpoint("bert"), "static")
+    ids, mask = prompt_batch(CASES["bert"], (50, 4, 4, 52), seed=1)
+    expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    widths = []
+    run = model.backend.run
+
+    def spy(graph, feeds):
+        widths.append(tuple(feeds["input_ids"].shape))
+        return run(graph, feeds)
+
+    model.backend.run = spy
+    model.backend.call_overhead_tokens = 1 << 30
+    got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert widths == [(4, 52)]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert not got[1, 4:].any()

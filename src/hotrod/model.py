@@ -188,13 +188,15 @@ class HotrodModel:
     forward = __call__
 
     def _forward(self, input_ids, attention_mask, token_type_ids, decoder_input_ids) -> ModelOutput:
+        # Outputs go where the inputs came from, as transformers' do (its inputs are on the model's device).
+        device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
         input_ids = self._ids(input_ids)
         mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
         if not self.spec.generates:
             types = torch.zeros_like(input_ids) if token_type_ids is None else self._types(token_type_ids, input_ids.shape)
-            return ModelOutput(**self._encode(input_ids, mask, types))
+            return ModelOutput(**self._encode(input_ids, mask, types, device))
         if not self.spec.encodes:
-            return ModelOutput(logits=self._decoder_logits(input_ids, mask))
+            return ModelOutput(logits=self._decoder_logits(input_ids, mask).to(device))
         if decoder_input_ids is None:
             raise HotrodError("an encoder-decoder forward needs decoder_input_ids")
         decoder_ids = self._ids(decoder_input_ids, check_length=False)
@@ -204,7 +206,7 @@ class HotrodModel:
             {"decoder_input_ids": decoder_ids, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
         )
         return ModelOutput(
-            logits=self._host(out["logits"]), encoder_last_hidden_state=self._host(hidden)
+            logits=self._host(out["logits"], device), encoder_last_hidden_state=self._host(hidden, device)
         )
 
     def _decoder_logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -316,8 +318,10 @@ class HotrodModel:
                                   max_question_len, handle_impossible_answer, align_to_words)
         return answer.finish(self, prepared, self.run_rows(prepared.rows))
 
-    def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The encoder graph's outputs by name; a right-padded batch runs as padding-free sub-batches.
+    def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor,
+                device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        """The encoder graph's outputs by name, on `device` (the CPU by default); a right-padded batch runs
+        as padding-free sub-batches where the backend's calls cost little (`call_overhead_tokens`).
 
         Per-token outputs past a row's length are zero (transformers fills them with values of no meaning).
         """
@@ -325,20 +329,20 @@ class HotrodModel:
         lengths = trailing_lengths(mask) if ids.shape[0] > 1 else None
         if lengths is None or min(lengths) == ids.shape[1]:
             out = self.backend.run("encoder", {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
-            return {name: self._host(out[name]) for name in io.output_names}
-        result = {t.name: torch.zeros(ids.shape[0], *(ids.shape[1] if a == "sequence" else a for a in t.axes[1:]))
-                  for t in io.outputs}
-        for group in plan(lengths, max_batch=len(lengths)):
+            return {name: self._host(out[name], device) for name in io.output_names}
+        result = {t.name: torch.zeros(ids.shape[0], *(ids.shape[1] if a == "sequence" else a for a in t.axes[1:]),
+                                      device=device) for t in io.outputs}
+        for group in plan(lengths, max_batch=len(lengths), overhead=self.backend.call_overhead_tokens):
             width = lengths[group[-1]]
             feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width],
                      "token_type_ids": types[group, :width]}
             out = self.backend.run("encoder", feeds)
             for spec in io.outputs:
-                value = self._host(out[spec.name]).float()
+                value = self._host(out[spec.name], device).float()
                 if "sequence" not in spec.axes:
                     result[spec.name][group] = value
                     continue
-                real = mask[group, :width].reshape(len(group), width, *[1] * (value.dim() - 2))
+                real = mask[group, :width].to(value.device).reshape(len(group), width, *[1] * (value.dim() - 2))
                 result[spec.name][group, :width] = value * real
         return result
 
@@ -424,9 +428,10 @@ class HotrodModel:
             raise HotrodError(f"token_type_ids holds {int(outside[0])}, but this model takes {takes}")
         return types
 
-    def _host(self, value) -> torch.Tensor:
-        """A backend output as the caller gets it: a torch tensor on the CPU, like the inputs."""
-        return self.backend.to_torch(value).cpu()
+    def _host(self, value, device: torch.device | None = None) -> torch.Tensor:
+        """A backend output as the caller gets it: a torch tensor where the inputs were (the CPU unless
+        the caller's tensors were on a GPU)."""
+        return self.backend.to_torch(value).to(device or "cpu")
 
     def _pad_id(self) -> int:
         pad = getattr(self.config, "pad_token_id", None)

@@ -3,6 +3,8 @@ and int8 weights close to fp32, measured fp16 islands, recordings that repeat, a
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -87,3 +89,32 @@ def test_bad_engine_settings_are_one_line(zoo):
         EngineOptions(device="cpu", graphs=-1)
     with pytest.raises(HotrodError, match="keep_fp32 names 'no.such.module'"):
         prepare(torch.nn.Linear(2, 2), EngineOptions(device="cpu", precision="fp16", keep_fp32=("no.such.module",)))
+
+
+def _ops_per_step(model, case_name) -> Counter:
+    """The torch ops one more decoding step adds (each a kernel launch on a GPU, views aside)."""
+    ids, mask = prompt_batch(CASES[case_name], (7,))
+
+    def ops(new_tokens: int) -> Counter:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model.generate(ids, attention_mask=mask, min_new_tokens=new_tokens, max_new_tokens=new_tokens)
+        return Counter(e.name for e in prof.events()
+                       if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+
+    model.generate(ids, attention_mask=mask, max_new_tokens=3)
+    return ops(3) - ops(2)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5_v1_1"])
+def test_a_half_precision_step_builds_its_mask_once_and_fuses_what_it_can(zoo, name):
+    model = hotrod.load(zoo.checkpoint(name), backend="torch", static=True, precision="bf16")
+    layers = getattr(model.config, "num_decoder_layers", None) or model.config.num_hidden_layers
+    ops = _ops_per_step(model, name)
+    # positions and keys once a step, not once a layer (T5's position bias takes two more)
+    assert ops["aten::arange"] <= (2 if name == "gpt2" else 4)
+    if name == "gpt2":
+        assert ops["aten::addmm"] == 4 * layers  # the bias inside each product
+        assert ops["aten::gelu"] == layers and ops["aten::tanh"] == 0  # gelu_new as one kernel
+    else:
+        assert ops["aten::rms_norm"] == 3 * layers + 1 and ops["aten::pow"] == 0
+        assert ops["aten::gelu"] == layers

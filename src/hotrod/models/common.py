@@ -19,6 +19,7 @@ projection, in place of each query's and key's reshape / slice / negate / concat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -205,39 +206,72 @@ def key_positions(total_len: torch.Tensor | int, device=None) -> torch.Tensor:
     return _KeyPositions.apply(total_len)
 
 
-def attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float, bias=None):
+def attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, scale: float, bias=None,
+                       shared: StaticSpan | None = None):
     """Causal attention that writes k, v ([B, Sq, H*D]) into the cache buffers at each row's length;
     returns (out, past_k, past_v), the buffers being the ones passed in, updated.
 
     `total_len` as a tensor is the ONNX Runtime op's input: the span read is the longest row, found on
     the host. As a Python int it is a static span (the buffer's capacity for a step, the prompt width
     for a prefill): every shape is then fixed and no value leaves the device, so the call can be
-    captured in a CUDA graph and replayed (`hotrod.runtime.static`).
+    captured in a CUDA graph and replayed (`hotrod.runtime.static`). There `shared` (`static_span`,
+    made once a forward by the model) holds what every layer's call has in common; without it each
+    layer makes its own.
     """
     if isinstance(total_len, int):
-        return static_attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, float(scale), bias)
+        shared = shared or static_span(seqlens_k, total_len, q.shape[1], q.dtype, bias)
+        return static_attention_in_place(q, k, v, past_k, past_v, shared, num_heads, float(scale))
     return _GroupQueryAttention.apply(q, k, v, past_k, past_v, seqlens_k, total_len, bias, num_heads, float(scale))
 
 
-def static_attention_in_place(q, k, v, past_k, past_v, seqlens_k, span: int, num_heads: int, scale: float, bias=None):
-    """`attention_in_place` with fixed shapes. A query as wide as `span` is a prompt (rows from position
-    0, right-padded; the buffer holds at least `span` positions); a one-token query is a step at each
+@dataclass(frozen=True)
+class StaticSpan:
+    """What every layer's static in-place attention shares within one call: where each row writes and
+    the additive mask (with T5's position bias folded in). Made once a forward, not once a layer: per
+    layer, its casts, ranges and comparisons were a dozen small kernels each, a large part of a small
+    model's decoding step on a GPU, where every kernel costs its launch however little it computes."""
+
+    span: int
+    width: int
+    seqlens: torch.Tensor  # [B] int64: each row's position of its one new token (a step)
+    rows: torch.Tensor  # [B] int64: 0..B-1
+    bias: torch.Tensor  # additive, [B, 1 or H, Sq, span], in the activations' dtype
+
+
+def static_span(seqlens_k: torch.Tensor, span: int, width: int, dtype: torch.dtype, bias=None) -> StaticSpan:
+    """The `StaticSpan` of a call with queries `width` wide: a prompt as wide as `span` (rows from
+    position 0, right-padded; the buffer holds at least `span` positions), or a one-token step at each
     row's own position `seqlens_k[b]`. The keys read are the first `span` positions, masked per row."""
-    batch, width = q.shape[0], q.shape[1]
-    ends = seqlens_k.long() + 1
+    batch = seqlens_k.shape[0]
+    seqlens = seqlens_k.long()
+    ends = seqlens + 1
+    if width == span:  # a prompt: every row from position 0
+        positions = torch.arange(width, device=seqlens.device)[None, :].expand(batch, width)
+    elif width == 1:
+        positions = seqlens[:, None]
+    else:
+        raise ValueError(f"a static in-place call takes a prompt of width {span} or one token, got {width}")
+    keys = torch.arange(span, device=seqlens.device)
+    allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
+    scores_bias = additive_mask(allowed[:, None], dtype)
+    if bias is not None:
+        scores_bias = scores_bias + bias[..., :span].to(dtype)
+    return StaticSpan(span, width, seqlens, torch.arange(batch, device=seqlens.device), scores_bias)
+
+
+def static_attention_in_place(q, k, v, past_k, past_v, shared: StaticSpan, num_heads: int, scale: float):
+    """`attention_in_place` with fixed shapes (see `static_span`)."""
+    width, span = q.shape[1], shared.span
+    if width != shared.width:
+        raise ValueError(f"queries {width} wide in a call made for {shared.width}")
     new_k, new_v = split_heads(k, num_heads), split_heads(v, num_heads)
     if width == span:  # a prompt: every row from position 0
         past_k[:, :, :width] = new_k
         past_v[:, :, :width] = new_v
-        positions = torch.arange(width, device=q.device)[None, :].expand(batch, width)
-    elif width == 1:  # a step: row b writes at its own position
-        rows = torch.arange(batch, device=q.device)
-        past_k[rows, :, seqlens_k.long()] = new_k[:, :, 0]
-        past_v[rows, :, seqlens_k.long()] = new_v[:, :, 0]
-        positions = seqlens_k.long()[:, None]
-    else:
-        raise ValueError(f"a static in-place call takes a prompt of width {span} or one token, got {width}")
-    out = _over_cache(q, past_k, past_v, positions, ends, span, bias, num_heads, scale)
+    else:  # a step: row b writes at its own position
+        past_k[shared.rows, :, shared.seqlens] = new_k[:, :, 0]
+        past_v[shared.rows, :, shared.seqlens] = new_v[:, :, 0]
+    out = _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], shared.bias, num_heads, scale)
     return out, past_k, past_v
 
 
@@ -320,10 +354,19 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
+        # The static engine sets it (`fewer_kernels`): one addmm, the bias added in the product's epilogue (one kernel, not
+        # two), the way transformers' Conv1D computes. The export keeps MatMul + Add on the 3-D input: no
+        # reshape chain in the graph, and every weight is a MatMul's, as ONNX Runtime's fusions expect.
+        self.fused_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # MatMul + Add on the 3-D input: no reshape chain in the graph, and every weight is a MatMul's.
+        if self.fused_bias:
+            return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
         return torch.matmul(x, self.weight) + self.bias
+
+    def fewer_kernels(self, dtype: torch.dtype) -> None:
+        """On the static engine (`hotrod.runtime.static.fewer_kernels`): the bias in the product."""
+        self.fused_bias = True
 
     def as_linear(self) -> nn.Linear:
         """The same layer as an nn.Linear (weight [out, in]), for what rewrites linear layers (the static

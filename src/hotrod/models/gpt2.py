@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import Conv1D, attention_in_place, load_weights, standard_dims
+from hotrod.models.common import Conv1D, attention_in_place, load_weights, standard_dims, static_span
 from hotrod.registry import Dims, Family, register
 from hotrod.tasks import GENERATE
 
@@ -26,9 +26,9 @@ class GPT2Attention(nn.Module):
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= float(layer_idx + 1)
 
-    def forward(self, x, lengths, past_k, past_v):
+    def forward(self, x, lengths, past_k, past_v, shared=None):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)  # c_attn is already one fused QKV projection
-        out, k, v = attention_in_place(q, k, v, past_k, past_v, *lengths, self.num_heads, self.scale)
+        out, k, v = attention_in_place(q, k, v, past_k, past_v, *lengths, self.num_heads, self.scale, shared=shared)
         return self.c_proj(out), k, v
 
 
@@ -53,8 +53,8 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.hidden_size, eps=eps)
         self.mlp = GPT2MLP(config)
 
-    def forward(self, x, lengths, past_k, past_v):
-        attn, k, v = self.attn(self.ln_1(x), lengths, past_k, past_v)
+    def forward(self, x, lengths, past_k, past_v, shared=None):
+        attn, k, v = self.attn(self.ln_1(x), lengths, past_k, past_v, shared)
         x = x + attn
         return x + self.mlp(self.ln_2(x)), k, v
 
@@ -83,9 +83,12 @@ class GPT2LM(nn.Module):
     def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past):
         body = self.transformer
         x = body.wte(input_ids) + body.wpe(position_ids)
+        shared = None  # a static span (the static engine's int): one mask for every layer
+        if isinstance(total_sequence_length, int):
+            shared = static_span(seqlens_k, total_sequence_length, input_ids.shape[1], x.dtype)
         present = []
         for i, block in enumerate(body.h):
-            x, k, v = block(x, (seqlens_k, total_sequence_length), past[2 * i], past[2 * i + 1])
+            x, k, v = block(x, (seqlens_k, total_sequence_length), past[2 * i], past[2 * i + 1], shared)
             present += [k, v]
         index = logits_positions[:, :, None].expand(-1, -1, x.shape[-1])
         logits = torch.matmul(body.ln_f(torch.gather(x, 1, index)), body.wte.weight.t())

@@ -23,6 +23,7 @@ from hotrod.models.common import (
     multi_head_attention,
     padding_mask,
     split_heads,
+    static_span,
 )
 from hotrod.registry import Dims, Family, register
 from hotrod.tasks import TEXT2TEXT
@@ -41,10 +42,19 @@ class T5LayerNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.fused = False  # see `fewer_kernels`
 
     def forward(self, x):
+        if self.fused:
+            return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
         return self.weight * (x * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
+
+    def fewer_kernels(self, dtype: torch.dtype) -> None:
+        """On the static engine in half precision: torch's fused RMS norm (one kernel where the formula
+        above takes eight; it too accumulates in fp32, but rounds once where the formula rounds twice).
+        fp32 keeps the formula, transformers' own, for token identity."""
+        self.fused = dtype != torch.float32
 
 
 def relative_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
@@ -105,10 +115,11 @@ class T5Attention(nn.Module):
         k, v = split_heads(k, self.num_heads), split_heads(v, self.num_heads)
         return self.o(multi_head_attention(q, k, v, bias, self.num_heads, 1.0)), k, v
 
-    def self_attention_in_place(self, x, past_k, past_v, seqlens_k, total_len, bias):
+    def self_attention_in_place(self, x, past_k, past_v, seqlens_k, total_len, bias, shared=None):
         """One step over the in-place cache buffers; returns (output, the buffers, updated)."""
         q, k, v = self.qkv(x)
-        out, k, v = attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, self.num_heads, 1.0, bias)
+        out, k, v = attention_in_place(q, k, v, past_k, past_v, seqlens_k, total_len, self.num_heads, 1.0, bias,
+                                       shared=shared)
         return self.o(out), k, v
 
     def cross_attention(self, x, k, v, bias):
@@ -179,10 +190,10 @@ class T5Block(nn.Module):
         out, k, v = layer.SelfAttention.self_attention(layer.layer_norm(x), bias)
         return x + out, k, v
 
-    def self_attention_in_place(self, x, past_k, past_v, seqlens_k, total_len, bias):
+    def self_attention_in_place(self, x, past_k, past_v, seqlens_k, total_len, bias, shared=None):
         layer = self.layer[0]
         out, k, v = layer.SelfAttention.self_attention_in_place(layer.layer_norm(x), past_k, past_v, seqlens_k,
-                                                                total_len, bias)
+                                                                total_len, bias, shared)
         return x + out, k, v
 
     def cross_attention(self, x, cross_k, cross_v, bias):
@@ -247,9 +258,12 @@ class T5Model(nn.Module):
         bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len,
                                                                               input_ids.shape[1])
         cross_bias = _cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
+        shared = None  # a static span (the static engine's int): one mask, position bias folded in, for all layers
+        if isinstance(total_len, int):
+            shared = static_span(seqlens_k, total_len, input_ids.shape[1], x.dtype, bias)
         present = []
         for i, block in enumerate(self.decoder.block):
-            x, k, v = block.self_attention_in_place(x, past[i][0], past[i][1], seqlens_k, total_len, bias)
+            x, k, v = block.self_attention_in_place(x, past[i][0], past[i][1], seqlens_k, total_len, bias, shared)
             x = self._rest_of_block(block, x, cross[i], cross_bias)
             present += [k, v]
         return self._logits(x), present

@@ -58,6 +58,10 @@ class Backend(Protocol):
     # Whether such a pass may hold several rows (the server verifies its whole batch in one): onnxruntime's
     # GroupQueryAttention takes several new tokens after a cache only at batch size 1.
     verifies_batches: bool
+    # What one more call costs, in tokens' worth of compute: a padded encoder batch is split into sub-batches
+    # of similar length where padding would cost more (`hotrod.batching.plan`). A recorded GPU engine
+    # pays per call, and per distinct shape a recording, far more than padding costs it.
+    call_overhead_tokens: int
 
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run.

@@ -30,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError, first_line
 from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
@@ -60,6 +61,7 @@ class OrtBackend:
         self.torch_device = torch.device(self.device, 0) if self.device != "cpu" else torch.device("cpu")
         self.loop_threads = 1 if self.device == "cpu" else None
         self.verifies_drafts = True
+        self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         self.verifies_batches = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 ..."
         providers = providers_for(options.device)
         self._profiles = Path(tempfile.mkdtemp(prefix="hotrod-profile-")) if options.profile else None

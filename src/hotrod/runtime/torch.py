@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
 from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
 
@@ -16,6 +17,7 @@ class TorchBackend:
         self.device = options.device
         self.loop_threads = None  # torch runs the model itself: its threads are the engine's
         self.verifies_drafts = self.verifies_batches = True
+        self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         if options.device == "cpu" and options.threads:  # torch's thread count is process-wide: only when asked
             torch.set_num_threads(cpu_threads(options.threads))
         self.module = module.eval().to(options.device)
