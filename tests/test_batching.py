@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -67,21 +68,28 @@ def test_padded_forward_equals_each_row_alone(zoo, encoder_case, backend):
         assert not batched[row, length:].any()
 
 
-def test_padded_forward_runs_sub_batches_not_the_padded_batch(zoo, encoder_case):
-    model = zoo.model(encoder_case, "onnxruntime")
-    ids, mask = prompt_batch(CASES[encoder_case], (50, 4, 4, 52), seed=1)
-    widths = []
+@contextmanager
+def call_shapes(model):
+    """The input shapes of the encoder calls made inside the block."""
+    shapes = []
     run = model.backend.run
 
     def spy(graph, feeds):
-        widths.append(tuple(feeds["input_ids"].shape))
+        shapes.append(tuple(feeds["input_ids"].shape))
         return run(graph, feeds)
 
     model.backend.run = spy
     try:
-        model(input_ids=ids, attention_mask=mask)
+        yield shapes
     finally:
         del model.backend.run
+
+
+def test_padded_forward_runs_sub_batches_not_the_padded_batch(zoo, encoder_case):
+    model = zoo.model(encoder_case, "onnxruntime")
+    ids, mask = prompt_batch(CASES[encoder_case], (50, 4, 4, 52), seed=1)
+    with call_shapes(model) as widths:
+        model(input_ids=ids, attention_mask=mask)
     assert sorted(widths) == [(2, 4), (2, 52)]
 
 
@@ -90,16 +98,9 @@ def test_a_backend_whose_calls_cost_more_than_padding_runs_one_padded_call(zoo):
     model = load_on(zoo.checkpoint("bert"), "static")
     ids, mask = prompt_batch(CASES["bert"], (50, 4, 4, 52), seed=1)
     expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    widths = []
-    run = model.backend.run
-
-    def spy(graph, feeds):
-        widths.append(tuple(feeds["input_ids"].shape))
-        return run(graph, feeds)
-
-    model.backend.run = spy
     model.backend.call_overhead_tokens = 1 << 30
-    got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    with call_shapes(model) as widths:
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
     assert widths == [(4, 52)]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert not got[1, 4:].any()
