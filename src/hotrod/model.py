@@ -163,7 +163,8 @@ class HotrodModel:
     def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
         """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""
         # The decoder's positions: after the prompt's (decoder-only), or after the start token's.
-        return gen_config.resolve(values, self.spec.decoder_prompt(prompt_length), self.dims.max_positions)
+        return gen_config.resolve(values, self.spec.decoder_prompt(prompt_length), self.dims.max_positions,
+                                  self.dims.vocab_size)
 
     def decoding_state(self, settings: gen_config.Settings, capacity: int | None = None) -> DecodingState:
         """A fresh decoding state for this model (the server keeps one per running batch), whose cache

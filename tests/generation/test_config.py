@@ -68,6 +68,13 @@ def test_bad_values_are_refused(kwargs, message):
         resolved(**kwargs)
 
 
+@pytest.mark.parametrize("eos", [100, -1, [3, 250], "2", True])
+def test_an_eos_id_outside_the_vocabulary_is_refused(eos):
+    with pytest.raises(hotrod.HotrodError, match=r"eos_token_id .* is not a token id"):
+        resolve(merge(None, None, {"eos_token_id": eos, "max_new_tokens": 2}), 5, None, vocab_size=100)
+    assert resolve(merge(None, None, {"eos_token_id": 99, "max_new_tokens": 2}), 5, None, 100).eos_token_ids == (99,)
+
+
 def test_positions_limit_counts_prompt_and_new_tokens():
     assert resolved(prompt_length=60, max_positions=64, max_new_tokens=4).max_length == 64
     with pytest.raises(hotrod.HotrodError, match="exceeds the model's 64 positions"):

@@ -118,7 +118,8 @@ def _refuse_unsupported(settings: dict[str, Any], where: str) -> None:
             raise HotrodError(f"{where} sets {key}={settings[key]!r}, which hotrod does not support")
 
 
-def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | None) -> Settings:
+def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | None,
+            vocab_size: int | None = None) -> Settings:
     """Turn merged values into Settings, with every check a caller can trip over."""
     max_new = values["max_new_tokens"]
     if max_new is not None:
@@ -147,6 +148,10 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         )
     eos = values["eos_token_id"]
     eos_ids = tuple([eos] if isinstance(eos, int) else (eos or []))
+    for token in eos_ids:  # an id past the vocabulary would index past the scores (on a GPU, a device fault)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab_size and token >= vocab_size):
+            raise HotrodError(f"eos_token_id {token!r} is not a token id of this model (0 .. {(vocab_size or 0) - 1})"
+                              if vocab_size else f"eos_token_id {token!r} is not a token id")
     pad = values["pad_token_id"]
     if pad is None and eos_ids:
         pad = eos_ids[0]
