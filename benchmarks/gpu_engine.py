@@ -181,8 +181,11 @@ def _compiled_peer(model, ids, mask, kwargs, device, runs, result: Result) -> fl
     (`generation_config.compile_config`: fullgraph, CUDA graphs via reduce-overhead) on a GPU."""
     try:
         model.generation_config.cache_implementation = "static"
-        return timed({"peer": lambda: model.generate(ids.to(device), attention_mask=mask.to(device), **kwargs)},
-                     device, runs)["peer"]
+        seconds = timed({"peer": lambda: model.generate(ids.to(device), attention_mask=mask.to(device), **kwargs)},
+                        device, runs)["peer"]
+        # transformers keeps its compiled forward here once it compiled one (its own criteria decide)
+        result.checks["peer_compiled"] = getattr(model, "_compiled_call", None) is not None
+        return seconds
     except Exception as exc:  # noqa: BLE001  (a peer that fails is reported, not fatal)
         result.notes.append(f"compiled peer failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         return None

@@ -199,6 +199,7 @@ def run(args) -> dict:
     artifact = build_artifact(source, args.precision)
     logs = Path(tempfile.mkdtemp(prefix="serve_rerank-"))
     cells = []
+    problems = []
     for start in servers(args, source, artifact, query, documents, logs):
         server = start()
         try:
@@ -206,8 +207,11 @@ def run(args) -> dict:
             for concurrency in args.concurrency:
                 cell = asyncio.run(closed_loop(server, concurrency, args.requests, len(documents)))
                 cells.append(cell)
-                print(f"  concurrency {concurrency}: {cell['requests_per_s']:.2f} req/s, p50 {cell['p50_s']:.3f} s, "
+                print(f"  concurrency {concurrency}: {cell['requests_per_s']:.2f} req/s, p50 {_s(cell['p50_s'])}, "
                       f"{cell['failed']} failed", flush=True)
+        except RuntimeError as exc:  # a server that never answered: reported, the others' cells kept
+            problems.append(f"{server.name}: {str(exc).splitlines()[0][:300]}")
+            print(f"{server.name} skipped: {problems[-1]}", flush=True)
         finally:
             server.stop()
     cells.append(cross_encoder(source, query, documents, args.threads, max(3, args.requests // 4)))
@@ -215,7 +219,7 @@ def run(args) -> dict:
             "settings": {"precision": args.precision, "documents": len(documents), "requests": args.requests,
                          "concurrency": args.concurrency, "threads": args.threads,
                          "document_tokens": "32..128", "query_tokens": 12},
-            "cells": cells}
+            "cells": cells, "problems": problems}
 
 
 def report(data: dict) -> str:
@@ -224,8 +228,13 @@ def report(data: dict) -> str:
              "| system | concurrency | completed / failed | req/s | p50 s | p90 s |", "|---|---|---|---|---|---|"]
     for c in data["cells"]:
         lines.append(f"| {c['server']} | {c['concurrency']} | {c['completed']} / {c['failed']} | "
-                     f"{c['requests_per_s']:.2f} | {c['p50_s']:.3f} | {c['p90_s']:.3f} |")
+                     f"{c['requests_per_s']:.2f} | {_s(c['p50_s'])} | {_s(c['p90_s'])} |")
+    lines += [f"\nNot measured: {problem}" for problem in data.get("problems", [])]
     return "\n".join(lines) + "\n"
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:

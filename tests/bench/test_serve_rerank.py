@@ -38,6 +38,9 @@ def test_the_report_has_a_row_per_cell():
             "p50_s": 0.75, "p90_s": 0.81}
     text = serve_rerank.report({"machine": "m", "settings": {}, "cells": [cell, {**cell, "server": "infinity"}]})
     assert "| hotrod int8 | 4 | 24 / 0 | 1.30 | 0.750 | 0.810 |" in text and "| infinity | 4 |" in text
+    failed = {**cell, "completed": 0, "failed": 24, "requests_per_s": 0.0, "p50_s": None, "p90_s": None}
+    text = serve_rerank.report({"machine": "m", "settings": {}, "cells": [failed], "problems": ["x: exited"]})
+    assert "| 0 / 24 | 0.00 | - | - |" in text and "Not measured: x: exited" in text
 
 
 def test_a_rerank_answer_gives_one_score_per_result():

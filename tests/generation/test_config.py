@@ -68,11 +68,22 @@ def test_bad_values_are_refused(kwargs, message):
         resolved(**kwargs)
 
 
-@pytest.mark.parametrize("eos", [100, -1, [3, 250], "2", True])
-def test_an_eos_id_outside_the_vocabulary_is_refused(eos):
-    with pytest.raises(hotrod.HotrodError, match=r"eos_token_id .* is not a token id"):
-        resolve(merge(None, None, {"eos_token_id": eos, "max_new_tokens": 2}), 5, None, vocab_size=100)
-    assert resolve(merge(None, None, {"eos_token_id": 99, "max_new_tokens": 2}), 5, None, 100).eos_token_ids == (99,)
+@pytest.mark.parametrize("name, value", [("eos_token_id", 100), ("eos_token_id", -1), ("eos_token_id", [3, 250]),
+                                         ("eos_token_id", "2"), ("eos_token_id", True), ("pad_token_id", 100),
+                                         ("decoder_start_token_id", -3), ("pad_token_id", 2.0)])
+def test_a_token_id_outside_the_vocabulary_is_refused(name, value):
+    with pytest.raises(hotrod.HotrodError, match=rf"{name} .* is not a token id"):
+        resolve(merge(None, None, {name: value, "max_new_tokens": 2}), 5, None, vocab_size=100)
+
+
+def test_token_ids_may_be_numpy_integers():
+    import numpy as np
+
+    s = resolve(merge(None, None, {"eos_token_id": np.int64(0), "pad_token_id": np.int32(7), "max_new_tokens": 2}),
+                5, None, 100)
+    assert (s.eos_token_ids, s.pad_token_id) == ((0,), 7) and type(s.eos_token_ids[0]) is int
+    assert resolve(merge(None, None, {"eos_token_id": [np.int64(5), 99], "max_new_tokens": 2}), 5, None,
+                   100).eos_token_ids == (5, 99)
 
 
 def test_positions_limit_counts_prompt_and_new_tokens():

@@ -64,7 +64,7 @@ def test_the_engine_packs_batches_with_padding(zoo, packed_case, precision, atol
 
 
 @pytest.mark.parametrize("packed, expected", [(None, set()), (True, {"encoder"}), (False, set())])
-def test_packing_is_on_where_asked_and_by_default_on_a_gpu_only(zoo, packed, expected):
+def test_packing_is_on_only_where_asked(zoo, packed, expected):
     from hotrod.runtime.static import EngineOptions, StaticBackend
 
     model = hotrod.load(zoo.checkpoint("bert"), backend="torch", static=True)

@@ -62,3 +62,15 @@ def test_staging_buffers_of_many_shapes_never_free_one_bound_for_this_run(tmp_pa
     for width in range(1, 3 * backend._binding("g").STAGED_BUFFERS):  # `step` was staged first, long ago
         x = torch.arange(width)[None, :]
         assert _run(backend, x, step=width).tolist() == [list(range(width, 2 * width))]
+
+
+def test_cpu_sessions_keep_an_encoders_bias_and_gelu_apart(zoo):
+    """onnxruntime's BiasGeluFusion would fuse them back into its slower CPU kernel at every session start."""
+    import hotrod
+
+    model = hotrod.load(zoo.artifact("bert"), profile=True)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(ids)
+    ops = {e.get("args", {}).get("op_name") for trace in model.backend.profile_events().values() for e in trace
+           if e.get("cat") == "Node"}
+    assert "Gelu" in ops and "BiasGelu" not in ops

@@ -8,6 +8,7 @@ wins over `max_length`. A setting hotrod does not implement is refused, never si
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,14 +148,11 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
             f"{max_positions} positions"
         )
     eos = values["eos_token_id"]
-    eos_ids = tuple([eos] if isinstance(eos, int) else (eos or []))
-    for token in eos_ids:  # an id past the vocabulary would index past the scores (on a GPU, a device fault)
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab_size and token >= vocab_size):
-            raise HotrodError(f"eos_token_id {token!r} is not a token id of this model (0 .. {(vocab_size or 0) - 1})"
-                              if vocab_size else f"eos_token_id {token!r} is not a token id")
+    eos_ids = tuple(_token_id("eos_token_id", token, vocab_size)
+                    for token in ([] if eos is None else eos if isinstance(eos, list | tuple) else [eos]))
     pad = values["pad_token_id"]
-    if pad is None and eos_ids:
-        pad = eos_ids[0]
+    pad = eos_ids[0] if pad is None and eos_ids else _token_id("pad_token_id", pad, vocab_size, optional=True)
+    start = _token_id("decoder_start_token_id", values["decoder_start_token_id"], vocab_size, optional=True)
     min_new = values["min_new_tokens"] or 0
     _check_int("min_new_tokens", min_new, 0)
     settings = Settings(
@@ -172,7 +170,7 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         num_return_sequences=_check_int("num_return_sequences", values["num_return_sequences"], 1),
         length_penalty=float(values["length_penalty"]),
         early_stopping=values["early_stopping"],
-        decoder_start_token_id=values["decoder_start_token_id"],
+        decoder_start_token_id=start,
     )
     _check_ranges(settings)
     return settings
@@ -205,6 +203,21 @@ def check_temperature(temperature: float) -> float:
         raise HotrodError(f"temperature must be at least {MIN_TEMPERATURE:g} when sampling, got {temperature:g}; "
                           "for the most likely tokens, decode greedily (do_sample=False)")
     return temperature
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _token_id(name: str, value: Any, vocab_size: int | None, optional: bool = False) -> int | None:
+    """A token id the model has (numpy integers too): an id past the vocabulary would index past the
+    embeddings or the scores, on a GPU a device fault rather than an error."""
+    if value is None and optional:
+        return None
+    if not _is_integer(value) or value < 0 or (vocab_size and value >= vocab_size):
+        within = f" of this model (0 .. {vocab_size - 1})" if vocab_size else ""
+        raise HotrodError(f"{name} {value!r} is not a token id{within}")
+    return int(value)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -13,8 +13,9 @@ On the CPU, two of those fusions are left out because ONNX Runtime's CPU kernels
 the standard ops they replace (measured in one process on onnxruntime 1.31 and 1.32, 2 Zen 4 cores, bert-base
 at 128 tokens): SkipLayerNormalization took 260 us a call where Add + Add + LayerNormalization took 70, and
 BiasGelu 360 us where Add + Gelu took 160 (bert-base's int8 encoder: 51 -> 45 ms; t5-small's int8
-generation of 64 tokens: 0.303 -> 0.280 s). ONNX Runtime does not fuse them back when the session starts.
-On a GPU the fused kernels are the fast ones, and stay.
+generation of 64 tokens: 0.303 -> 0.280 s). ONNX Runtime does not fuse the first back when the session
+starts, but its own BiasGeluFusion does fuse the second, so CPU sessions turn that pass off
+(`hotrod.runtime.ort.CPU_DISABLED_OPTIMIZERS`). On a GPU the fused kernels are the fast ones, and stay.
 
 Where ONNX Runtime's own GroupQueryAttention kernel runs the in-place attention (`kernel_runs`), the Split
 of each layer's QKV projection is folded into the op's packed-QKV input: one node fewer per layer in a
