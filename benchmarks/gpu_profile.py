@@ -89,17 +89,21 @@ def profile(name: str, precision: str, compile: bool, packed: bool | None, out: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="G1,G3,G5")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "int8-weight", "fp8"])
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--packed", choices=["auto", "yes", "no"], default="auto")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu/profile"))
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(gpu_engine.WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(gpu_engine.WORKLOADS)}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
     packed = {"auto": None, "yes": True, "no": False}[args.packed]
     rows = []
-    for name in [n.strip() for n in args.workloads.split(",") if n.strip()]:
+    for name in names:
         try:
             rows.append(profile(name, args.precision, args.compile, packed, args.out))
         except Exception as exc:  # noqa: BLE001  (one failing workload is reported, the others still run)

@@ -107,25 +107,14 @@ def make_requests(shape: Shape, count: int, seed: int = SEED) -> list[GenRequest
 # -- the artifact ---------------------------------------------------------------------------------------
 
 def build_artifact(precision: str) -> Path:
-    """The W5 model (W1's seeded GPT-2 124M checkpoint) optimized at `precision`, built once and cached.
-
-    The folder is named the way `hotrod bench` names its builds (checkpoint, precision, code fingerprint),
-    so either reuses the other's and a change to the export code triggers a rebuild.
-    """
-    import hashlib
-
-    import hotrod
+    """The W5 model (W1's seeded GPT-2 124M checkpoint) optimized at `precision`, built once and cached where
+    `hotrod bench` keeps its builds (`hotrod.bench.harness.cached_artifact`), so either reuses the other's."""
+    from hotrod.bench.harness import cached_artifact
     from hotrod.bench.workloads import WORKLOADS, checkpoint
-    from hotrod.build import code_fingerprint
     from hotrod.load import cache_dir
 
-    source = checkpoint(WORKLOADS["W1"], cache_dir() / "bench" / "checkpoints")
-    tag = hashlib.sha256(f"{source}|{precision}|{code_fingerprint()}".encode()).hexdigest()[:16]
-    path = cache_dir() / "bench" / "artifacts" / f"{source.name}-{precision}-{tag}"
-    if not (path / "manifest.json").is_file():
-        print(f"building the {precision} artifact of {source} (once) ...", flush=True)
-        hotrod.optimize(source, path, precision=precision, verify_examples=0, force=True)
-    return path
+    return cached_artifact(checkpoint(WORKLOADS["W1"], cache_dir() / "bench" / "checkpoints"), precision,
+                           progress=True)
 
 
 def read_manifest(artifact: Path) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import math
 import os
@@ -35,6 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from serve_load import free_port, machine_description  # noqa: E402  (loopback ports, the machine line)
+
+from hotrod.bench.harness import cached_artifact  # noqa: E402
 
 DEFAULT_OUT = Path("benchmarks/results/serve-cpu-rerank")
 READY_S = 300.0
@@ -53,20 +54,6 @@ def w7_texts() -> tuple[Path, str, list[str]]:
     ids, mask = case.inputs(int(json.loads((source / "config.json").read_text())["vocab_size"]))
     query, documents = texts(ids, mask, w.query)
     return source, query, documents
-
-
-def build_artifact(source: Path, precision: str) -> Path:
-    """hotrod's build of the W7 checkpoint at `precision`, once per code version (as `hotrod bench` names it)."""
-    import hotrod
-    from hotrod.build import code_fingerprint
-    from hotrod.load import cache_dir
-
-    tag = hashlib.sha256(f"{source}|{precision}|{code_fingerprint()}".encode()).hexdigest()[:16]
-    path = cache_dir() / "bench" / "artifacts" / f"{source.name}-{precision}-{tag}"
-    if not (path / "manifest.json").is_file():
-        print(f"building the {precision} artifact of {source.name} (once) ...", flush=True)
-        hotrod.optimize(source, path, precision=precision, verify_examples=0, force=True, progress=False)
-    return path
 
 
 class Server:
@@ -196,7 +183,7 @@ def servers(args, source: Path, artifact: Path, query: str, documents: list[str]
 
 def run(args) -> dict:
     source, query, documents = w7_texts()
-    artifact = build_artifact(source, args.precision)
+    artifact = cached_artifact(source, args.precision, progress=True)
     logs = Path(tempfile.mkdtemp(prefix="serve_rerank-"))
     cells = []
     problems = []

@@ -44,5 +44,13 @@ def test_the_profiler_needs_a_gpu(capsys):
     assert "needs a CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, message", [(["--workloads", "G1,G8"], "unknown workload(s) G8"),
+                                           (["--precision", "int4"], "invalid choice: 'int4'")])
+def test_the_profiler_refuses_a_bad_workload_or_precision(args, message, capsys):
+    with pytest.raises(SystemExit):
+        gpu_profile.main(args)
+    assert message in capsys.readouterr().err
+
+
 def test_the_session_script_parses():
     assert subprocess.run(["bash", "-n", str(BENCHMARKS / "gpu.sh")]).returncode == 0

@@ -213,7 +213,7 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
         key = (case.source, precision)
         if key not in plan.artifacts:
             try:
-                plan.artifacts[key] = _artifact(hotrod, case, precision, plan.device, plan.progress)
+                plan.artifacts[key] = cached_artifact(case.source, precision, plan.device, plan.progress)
             except HotrodError as exc:  # remembered: the next case of this model is not built again to fail
                 plan.artifacts[key] = exc
         if isinstance(plan.artifacts[key], HotrodError):
@@ -230,16 +230,20 @@ def _one_token(case: Case) -> dict:
     return {**case.generate_kwargs(), "max_new_tokens": 1, "min_new_tokens": 1}
 
 
-def _artifact(hotrod, case: Case, precision: str, device: str, progress: bool) -> Path:
+def cached_artifact(source: str | Path, precision: str, device: str = "cpu", progress: bool = False) -> Path:
+    """`source` optimized at `precision` for `device`, built once under the hotrod cache. The folder is named
+    by checkpoint, precision, device and code fingerprint, so the bench and the serving benchmarks reuse one
+    another's builds and a change to the export code triggers a rebuild."""
     import hashlib
 
+    import hotrod
     from hotrod.build import code_fingerprint
 
     built_for = "" if device == "cpu" else f"|{device}"
-    tag = hashlib.sha256(f"{case.source}|{precision}{built_for}|{code_fingerprint()}".encode()).hexdigest()[:16]
-    path = cache_dir() / "bench" / "artifacts" / f"{Path(case.source).name}-{precision}-{tag}"
+    tag = hashlib.sha256(f"{source}|{precision}{built_for}|{code_fingerprint()}".encode()).hexdigest()[:16]
+    path = cache_dir() / "bench" / "artifacts" / f"{Path(source).name}-{precision}-{tag}"
     if not (path / "manifest.json").is_file():
-        hotrod.optimize(case.source, path, precision=precision, device=device, force=True, progress=progress,
+        hotrod.optimize(source, path, precision=precision, device=device, force=True, progress=progress,
                         verify_examples=0)
     return path
 

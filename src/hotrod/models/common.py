@@ -251,12 +251,14 @@ def static_span(seqlens_k: torch.Tensor, span: int, width: int, dtype: torch.dty
         positions = seqlens[:, None]
     else:
         raise ValueError(f"a static in-place call takes a prompt of width {span} or one token, got {width}")
-    keys = torch.arange(span, device=seqlens.device)
-    allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
-    scores_bias = additive_mask(allowed[:, None], dtype)
-    if bias is not None:
-        scores_bias = scores_bias + bias[..., :span].to(dtype)
-    return StaticSpan(span, width, seqlens, torch.arange(batch, device=seqlens.device), scores_bias)
+    return StaticSpan(span, width, seqlens, torch.arange(batch, device=seqlens.device),
+                      _cache_mask(positions, ends, span, dtype, bias))
+
+
+def layers_span(seqlens_k: torch.Tensor, total_len, width: int, dtype: torch.dtype, bias=None) -> StaticSpan | None:
+    """`static_span` for a model's forward to hand every layer, where `total_len` is a static span (a Python
+    int); None where it is the ONNX Runtime op's tensor input (the export), whose op does its own."""
+    return static_span(seqlens_k, total_len, width, dtype, bias) if isinstance(total_len, int) else None
 
 
 def static_attention_in_place(q, k, v, past_k, past_v, shared: StaticSpan, num_heads: int, scale: float):
@@ -276,14 +278,19 @@ def static_attention_in_place(q, k, v, past_k, past_v, shared: StaticSpan, num_h
 
 
 def _over_cache(q, past_k, past_v, positions, ends, span: int, bias, num_heads: int, scale: float) -> torch.Tensor:
-    """Attention of queries at `positions` [B, Sq] over the first `span` cached keys: each query sees the
-    keys up to itself and within its row's length `ends` [B]; `bias` (or None) is added to the scores."""
-    keys = torch.arange(span, device=q.device)
-    allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
-    scores_bias = additive_mask(allowed[:, None], q.dtype)
-    if bias is not None:
-        scores_bias = scores_bias + bias[..., :span].to(q.dtype)
+    """Attention of queries at `positions` [B, Sq] over the first `span` cached keys (see `_cache_mask`)."""
+    scores_bias = _cache_mask(positions, ends, span, q.dtype, bias)
     return _eager_attention(q, past_k[:, :, :span], past_v[:, :, :span], scores_bias, num_heads, scale)
+
+
+def _cache_mask(positions: torch.Tensor, ends: torch.Tensor, span: int, dtype: torch.dtype, bias) -> torch.Tensor:
+    """The additive scores bias [B, 1 or H, Sq, span] of queries at `positions` [B, Sq] over the first `span`
+    cached keys: each query sees the keys up to itself and within its row's length `ends` [B]; `bias` (or
+    None) is added to it."""
+    keys = torch.arange(span, device=positions.device)
+    allowed = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ends[:, None, None])
+    scores_bias = additive_mask(allowed[:, None], dtype)
+    return scores_bias if bias is None else scores_bias + bias[..., :span].to(dtype)
 
 
 class FusedProjection:
@@ -354,9 +361,10 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
-        # The static engine sets it (`fewer_kernels`): one addmm, the bias added in the product's epilogue (one kernel, not
-        # two), the way transformers' Conv1D computes. The export keeps MatMul + Add on the 3-D input: no
-        # reshape chain in the graph, and every weight is a MatMul's, as ONNX Runtime's fusions expect.
+        # The static engine sets it (`fewer_kernels`): one addmm, the bias added in the product's epilogue
+        # (one kernel, not two), the way transformers' Conv1D computes. The export keeps MatMul + Add on the
+        # 3-D input: no reshape chain in the graph, and every weight is a MatMul's, as ONNX Runtime's fusions
+        # expect.
         self.fused_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

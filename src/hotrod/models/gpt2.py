@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import Conv1D, attention_in_place, load_weights, standard_dims, static_span
+from hotrod.models.common import Conv1D, attention_in_place, layers_span, load_weights, standard_dims
 from hotrod.registry import Dims, Family, register
 from hotrod.tasks import GENERATE
 
@@ -83,9 +83,7 @@ class GPT2LM(nn.Module):
     def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, logits_positions, *past):
         body = self.transformer
         x = body.wte(input_ids) + body.wpe(position_ids)
-        shared = None  # a static span (the static engine's int): one mask for every layer
-        if isinstance(total_sequence_length, int):
-            shared = static_span(seqlens_k, total_sequence_length, input_ids.shape[1], x.dtype)
+        shared = layers_span(seqlens_k, total_sequence_length, input_ids.shape[1], x.dtype)  # one mask, every layer
         present = []
         for i, block in enumerate(body.h):
             x, k, v = block(x, (seqlens_k, total_sequence_length), past[2 * i], past[2 * i + 1], shared)

@@ -19,11 +19,11 @@ from hotrod.models.common import (
     attention_in_place,
     causal_mask,
     key_positions,
+    layers_span,
     load_weights,
     multi_head_attention,
     padding_mask,
     split_heads,
-    static_span,
 )
 from hotrod.registry import Dims, Family, register
 from hotrod.tasks import TEXT2TEXT
@@ -258,9 +258,7 @@ class T5Model(nn.Module):
         bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len,
                                                                               input_ids.shape[1])
         cross_bias = _cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
-        shared = None  # a static span (the static engine's int): one mask, position bias folded in, for all layers
-        if isinstance(total_len, int):
-            shared = static_span(seqlens_k, total_len, input_ids.shape[1], x.dtype, bias)
+        shared = layers_span(seqlens_k, total_len, input_ids.shape[1], x.dtype, bias)  # position bias folded in
         present = []
         for i, block in enumerate(self.decoder.block):
             x, k, v = block.self_attention_in_place(x, past[i][0], past[i][1], seqlens_k, total_len, bias, shared)

@@ -147,6 +147,12 @@ class Int8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def replace_submodule(module: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` where `module`'s submodule called `name` (a dotted path) was."""
+    parent, _, attr = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, attr, new)
+
+
 def quantize_linears(module: nn.Module, dtype: torch.dtype, skip: Iterable[str] = (),
                      make: Callable[[nn.Linear, torch.dtype], nn.Module | None] | None = None) -> list[str]:
     """Replace every linear layer (an nn.Linear, or a layer that gives one by `as_linear`, such as GPT-2's
@@ -163,9 +169,8 @@ def quantize_linears(module: nn.Module, dtype: torch.dtype, skip: Iterable[str] 
         linear = child if isinstance(child, nn.Linear) else child.as_linear() if hasattr(child, "as_linear") else None
         layer = None if linear is None else make(linear, dtype)
         if layer is not None:
-            parent_name, _, attr = name.rpartition(".")
             swapped[id(child)] = layer
-            setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)
+            replace_submodule(module, name, layer)
     for child in module.modules():  # fused projections hold their layers: point them at the new ones
         for value in vars(child).values():
             if isinstance(value, FusedProjection):

@@ -33,7 +33,7 @@ from hotrod.errors import HotrodError
 from hotrod.models.common import FusedProjection
 from hotrod.options import ENGINE_PRECISIONS
 from hotrod.runtime.base import contract_of
-from hotrod.runtime.cast import DTYPES, Int8Linear, cast_module, quantize_linears
+from hotrod.runtime.cast import DTYPES, Int8Linear, cast_module, quantize_linears, replace_submodule
 from hotrod.runtime.fp8 import Fp8Linear
 from hotrod.runtime.graphs import Graphs
 from hotrod.runtime.pool import CachePool, batch_bucket
@@ -223,8 +223,7 @@ def fewer_kernels(module: torch.nn.Module, dtype: torch.dtype) -> None:
         if hasattr(child, "fewer_kernels"):
             child.fewer_kernels(dtype)
         elif isinstance(child, NewGELUActivation) and dtype != torch.float32:
-            parent, _, attr = name.rpartition(".")
-            setattr(module.get_submodule(parent) if parent else module, attr, torch.nn.GELU(approximate="tanh"))
+            replace_submodule(module, name, torch.nn.GELU(approximate="tanh"))
 
 
 def freeze_projections(module: torch.nn.Module) -> None:
