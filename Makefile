@@ -52,7 +52,7 @@ $(OV_STAMP):
 	$(call peer_venv,$(OV_VENV),"optimum-intel[openvino]>=2.2$(COMMA)<3")
 
 $(INF_STAMP):
-	$(call peer_venv,$(INF_VENV),"infinity-emb[torch,server]>=0.0.70$(COMMA)<0.1")
+	$(call peer_venv,$(INF_VENV),"infinity-emb[torch$(COMMA)server]>=0.0.70$(COMMA)<0.1")
 
 PEER_PYTHONS := HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python HOTROD_INFINITY_PYTHON=$(CURDIR)/$(INF_VENV)/bin/python
 
