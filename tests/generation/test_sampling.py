@@ -127,3 +127,23 @@ def test_argmax_is_torchs(scores_kind, dtype):
     ours = sampling.argmax(scores)
     assert ours.dtype == torch.long and torch.equal(ours, torch.argmax(scores, dim=-1))
     assert torch.equal(sampling.argmax(scores[0]), torch.argmax(scores[0], dim=-1))  # one row, 1-D
+
+
+@pytest.mark.parametrize("where", ["eos_first", "eos_ties_another", "nan_at_eos", "eos_elsewhere"])
+@pytest.mark.parametrize("length", [7, 12], ids=["below_min_length", "past_min_length"])
+def test_greedy_pick_is_the_argmax_of_the_processed_scores(where, length):
+    """The greedy choice that skips processing equals the argmax over the processed scores, EOS held back
+    below the minimum length whatever the raw scores hold there."""
+    from hotrod.generation.search import pick
+
+    s = settings(min_length=10, eos_token_id=[3, 4], max_new_tokens=20)
+    scores = random_scores(5, ties=where == "eos_ties_another")
+    if where == "eos_first":
+        scores[0, 3] = scores[2, 4] = 100.0
+    if where == "eos_ties_another":
+        scores[1, 3] = scores[1, 20] = 100.0
+    if where == "nan_at_eos":
+        scores[3, 4] = float("nan")
+    sequences = random_sequences(length)
+    expected = torch.argmax(sampling.process(scores, sequences, s, None), dim=-1)
+    assert torch.equal(pick(scores, sequences, s), expected)

@@ -232,6 +232,12 @@ def _zeros(rows: int) -> torch.Tensor:
     return torch.zeros((rows, 1), dtype=torch.long)
 
 
+def _float(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as float32; fp32 logits as they are, without a call into torch (each costs microseconds of a
+    step, its code cold again after every graph run has streamed the weights through the caches)."""
+    return logits if logits.dtype == torch.float32 else logits.float()
+
+
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
 
@@ -333,7 +339,7 @@ class DecoderState(_OnSelfCache):
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
         out = self.backend.run("decoder", feeds, into=self.kv.into())
         logits = self.backend.to_torch(out["logits"])
-        return (logits[:, -1] if last else logits).float()
+        return _float(logits[:, -1] if last else logits)
 
     def room_for(self, other: DecoderState) -> bool:
         return bool(self.kv.buffers)  # `place` grows the buffers when a newcomer needs more than they hold
@@ -390,7 +396,7 @@ class Seq2SeqState(_OnSelfCache):
             self.backend.view(buffer)[:, :, :1] = self.backend.view(out[name])
         self.kv.lengths = torch.ones(len(sequences), dtype=torch.long)
         self.cross = [out[name] for name in self.cross_names]
-        return sequences, self.backend.to_torch(out["logits"])[:, -1].float()
+        return sequences, _float(self.backend.to_torch(out["logits"])[:, -1])
 
     def step(self, tokens):
         logits = self._run(tokens[:, None])
@@ -409,7 +415,7 @@ class Seq2SeqState(_OnSelfCache):
                  **self.kv.step_feeds(tokens.shape[1])}
         feeds.update(zip(self.cross_names, self.cross))
         out = self.backend.run("decoder", feeds, into=self.kv.into())
-        return self.backend.to_torch(out["logits"]).float()
+        return _float(self.backend.to_torch(out["logits"]))
 
     def room_for(self, other: Seq2SeqState) -> bool:
         return bool(self.kv.buffers) and other.mask.shape[1] <= self.mask.shape[1]
