@@ -61,7 +61,8 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
         # The exporter's own fused attention is there with or without the optimizer.
         report: dict = {"fused_ops": fused_op_counts(onnx.load(str(path), load_external_data=False))}
         if fusion and src.family.onnx_optimizer:
-            external, report = fuse_graph(path, src.family.onnx_optimizer, dims, device)
+            steps = name == kind_spec(src.family.kind).step_graph
+            external, report = fuse_graph(path, src.family.onnx_optimizer, dims, device, steps)
         if not kernel_runs(device, dims.head_dim):
             external, rewritten = portable_graph(path)
             report.update(rewritten)

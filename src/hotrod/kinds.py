@@ -40,6 +40,12 @@ class KindSpec:
         """generate() without a mask infers one from the pad token, as transformers does for these only."""
         return self.continues_prompt
 
+    @property
+    def step_graph(self) -> str | None:
+        """The graph that runs every decoding step (a token or a draft a row), where the kind generates: the
+        graph whose nodes run most often, once per token."""
+        return "decoder" if self.generates else None
+
     def contracts(self, dims: Dims) -> dict[str, GraphIO]:
         """The graphs every family of this kind exports, and their inputs and outputs."""
         return graph_contracts(self.name, dims)

@@ -95,7 +95,7 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
     values = dict(DEFAULTS)
     for config in (model_config, user_config):
         if config is not None:
-            settings = config.to_dict()
+            settings = _settings_of(config)
             _refuse_unsupported(settings, "the generation config")
             values.update({k: v for k, v in settings.items() if k in DEFAULTS and v is not None})
     for key, value in kwargs.items():
@@ -111,6 +111,13 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
         if value is not None:
             values[key] = value
     return values
+
+
+def _settings_of(config: Any) -> dict[str, Any]:
+    """The settings of a GenerationConfig that hotrod reads or refuses, read as its attributes: its
+    to_dict() deep-copies every attribute, about 0.25 ms a generate() call (a short generation's steps
+    take 0.1-1 ms each)."""
+    return {name: getattr(config, name) for name in (*DEFAULTS, *UNSUPPORTED) if hasattr(config, name)}
 
 
 def _refuse_unsupported(settings: dict[str, Any], where: str) -> None:

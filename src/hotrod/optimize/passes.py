@@ -18,8 +18,10 @@ from hotrod.precisions import Precision
 from hotrod.registry import Dims
 
 
-def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims, device: str = "cpu") -> tuple[Path | None, dict]:
-    model, counts = fuse(_read(path), optimizer_model_type, dims, device)
+def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims, device: str = "cpu",
+               steps: bool = False) -> tuple[Path | None, dict]:
+    """Fuse one graph (`steps`: it runs every decoding step; see `hotrod.optimize.fusion.fuse`)."""
+    model, counts = fuse(_read(path), optimizer_model_type, dims, device, steps)
     return _write(model, path), {"fused_ops": counts}
 
 
