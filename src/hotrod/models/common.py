@@ -127,6 +127,28 @@ class _GroupQueryAttention(torch.autograd.Function):
         return out, present_k, present_v
 
 
+class _RowsAt(torch.autograd.Function):
+    """x [B, S, H] at positions [B, K] -> [B, K, H]."""
+
+    @staticmethod
+    def forward(ctx, x, positions):
+        return torch.gather(x, 1, positions[:, :, None].expand(-1, -1, x.shape[-1]))
+
+    @staticmethod
+    def symbolic(g, x, positions):
+        axes = g.op("Constant", value_t=torch.tensor([-1], dtype=torch.long))
+        out = g.op("GatherND", x, g.op("Unsqueeze", positions, axes), batch_dims_i=1)
+        out.setType(x.type().with_sizes([None, None, None]))
+        return out
+
+
+def rows_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Each row's hidden states at its own positions: x [B, S, H], positions [B, K] -> [B, K, H]. Exported
+    as one GatherND, where gather's expanded index takes a dozen shape nodes: a decoding step runs it
+    to pick the positions whose logits it returns."""
+    return _RowsAt.apply(x, positions)
+
+
 def multi_head_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
     """Fused attention: q [B, Sq, H*D]; k, v [B, Sk, H*D] or [B, H, Sk, D]; returns [B, Sq, H*D]."""
     return _Attention.apply(q, k, v, bias, num_heads, float(scale))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import Conv1D, attention_in_place, layers_span, load_weights, standard_dims
+from hotrod.models.common import Conv1D, attention_in_place, layers_span, load_weights, rows_at, standard_dims
 from hotrod.registry import Dims, Family, register
 from hotrod.tasks import GENERATE
 
@@ -88,8 +88,7 @@ class GPT2LM(nn.Module):
         for i, block in enumerate(body.h):
             x, k, v = block(x, (seqlens_k, total_sequence_length), past[2 * i], past[2 * i + 1], shared)
             present += [k, v]
-        index = logits_positions[:, :, None].expand(-1, -1, x.shape[-1])
-        logits = torch.matmul(body.ln_f(torch.gather(x, 1, index)), body.wte.weight.t())
+        logits = torch.matmul(body.ln_f(rows_at(x, logits_positions)), body.wte.weight.t())
         return (logits, *present)
 
     def graphs(self) -> dict[str, nn.Module]:

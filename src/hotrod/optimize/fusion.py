@@ -16,9 +16,10 @@ BiasGelu 360 us where Add + Gelu took 160 (bert-base's int8 encoder: 51 -> 45 ms
 generation of 64 tokens: 0.303 -> 0.280 s). ONNX Runtime does not fuse the first back when the session
 starts, but its own BiasGeluFusion does fuse the second, so CPU sessions turn that pass off
 (`hotrod.runtime.ort.CPU_DISABLED_OPTIMIZERS`). On a GPU the fused kernels are the fast ones, and stay. A decoding step's graph fuses the residual add and
-norm on the CPU too: a step reads one token a row, where the kernels' speed hardly counts and every node's
-dispatch does (t5-small int4-b256, 64 greedy tokens on 2 AVX-512 cores: 18 nodes fewer a step, 81.0 ->
-78.2 ms a generation, medians of 25 interleaved).
+RMS norm on the CPU too (SkipSimplifiedLayerNormalization): a step reads one token a row, where every node's
+dispatch counts (t5-small int4-b256, 64 greedy tokens on 2 AVX-512 cores: 18 nodes fewer a step, 81.0 ->
+78.2 ms a generation, medians of 25 interleaved). LayerNorm's fusion stays off there too: SkipLayerNormalization
+was the slower even at one token (GPT-2 int4-b256, the same work: 173.5 -> 180.1 ms).
 
 Where ONNX Runtime's own GroupQueryAttention kernel runs the in-place attention (`kernel_runs`), the Split
 of each layer's QKV projection is folded into the op's packed-QKV input: one node fewer per layer in a
@@ -70,8 +71,11 @@ def fuse(model: onnx.ModelProto, optimizer_model_type: str, dims: Dims, device: 
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     options = FusionOptions(optimizer_model_type)
     if device == "cpu":
+        # SkipLayerNormalization's CPU kernel is the slower even at one token a row: only RMS norms (no
+        # LayerNormalization in the graph) fuse with their residual add in a step's graph.
+        rms_only = not any(node.op_type == "LayerNormalization" for node in model.graph.node)
         for switch in SLOWER_ON_CPU:
-            setattr(options, switch, steps and switch in FEWER_NODES_FOR_STEPS)
+            setattr(options, switch, steps and rms_only and switch in FEWER_NODES_FOR_STEPS)
     fused = optimize_model(
         model,
         model_type=optimizer_model_type,
