@@ -127,6 +127,8 @@ def test_argmax_is_torchs(scores_kind, dtype):
     ours = sampling.argmax(scores)
     assert ours.dtype == torch.long and torch.equal(ours, torch.argmax(scores, dim=-1))
     assert torch.equal(sampling.argmax(scores[0]), torch.argmax(scores[0], dim=-1))  # one row, 1-D
+    assert sampling.argmax_ids(scores) == torch.argmax(scores, dim=-1).tolist()  # the ids as Python ints
+    assert sampling.argmax_ids(scores[0]) == [torch.argmax(scores[0]).item()]
 
 
 @pytest.mark.parametrize("where", ["eos_first", "eos_ties_another", "nan_at_eos", "eos_elsewhere"])

@@ -10,14 +10,21 @@ how a draft is accepted; the loop, the bookkeeping and the end of a row are here
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, plain_argmax
+from hotrod.generation.sampling import argmax_ids, plain_argmax
 from hotrod.generation.search import pick, prompt_padding
 
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
+
+
+def _token(token: int) -> torch.Tensor:
+    """A one-row step's token as the [1] int64 tensor a state takes, made through numpy: torch.tensor's
+    parsing of a Python list costs several times as much, at every plain step of a drafting loop."""
+    return torch.from_numpy(np.array([token], dtype=np.int64))
 
 
 class Drafting:
@@ -46,7 +53,7 @@ class Drafting:
             if draft:
                 new = self._check(tokens, draft)
             else:
-                new = [self.choose(self.state.step(torch.tensor([tokens[-1]])), tokens)]
+                new = [self.choose(self.state.step(_token(tokens[-1])), tokens)]
 
     def _check(self, tokens: list[int], draft: list[int]) -> list[int]:
         """Verify `draft` after the last token: the drafted tokens kept, then the token the model chose after them."""
@@ -61,7 +68,7 @@ class Drafting:
     def choose(self, logits: torch.Tensor, tokens: list[int]) -> int:
         """The token decoding without drafts would take after `tokens`: the processed argmax, or a draw."""
         if plain_argmax(self.s, len(tokens)):  # no tensor of the row to make: it costs more than a small step
-            return int(argmax(logits)[0])
+            return argmax_ids(logits)[0]
         return int(pick(logits, torch.tensor([tokens]), self.s, self.padding)[0])
 
     def accept(self, every: torch.Tensor, tokens: list[int], draft: list[int]) -> tuple[list[int], int]:
@@ -71,7 +78,7 @@ class Drafting:
         transformers' prompt lookup does: the draw that differs is the next token, so every token follows
         plain sampling's distribution."""
         if plain_argmax(self.s, len(tokens)):  # every position's choice at once
-            choices = argmax(every[0]).tolist()
+            choices = argmax_ids(every[0])
             agreed = next((j for j, (a, b) in enumerate(zip(choices, draft)) if a != b), len(draft))
             return draft[:agreed], choices[agreed]
         kept: list[int] = []

@@ -102,7 +102,8 @@ class Lookup(Drafting):
             self.source, self.skip = input_ids[0][attention_mask[0].bool()].tolist(), 1
 
     def draft(self, tokens: list[int], room: int) -> list[int]:
-        return self.drafter.draft(self.source + tokens[self.skip:], room)
+        row = self.source + tokens[self.skip:] if self.source or self.skip else tokens  # no copy of a plain row
+        return self.drafter.draft(row, room)
 
     def verified(self, drafted: int, kept: int) -> None:
         self.drafter.judged(kept)

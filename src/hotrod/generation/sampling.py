@@ -39,6 +39,16 @@ def argmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(scores.numpy(force=scores.requires_grad).argmax(axis=-1)))  # 0-d for one row
 
 
+def argmax_ids(scores: torch.Tensor) -> list[int]:
+    """`argmax` as a list of Python ints (one per row, or one for a 1-D row): on the CPU straight from
+    numpy, with no torch tensor made and indexed for a caller that wants the ids themselves."""
+    if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64):
+        ids = torch.argmax(scores, dim=-1).tolist()
+    else:
+        ids = scores.numpy(force=scores.requires_grad).argmax(axis=-1).tolist()
+    return ids if isinstance(ids, list) else [ids]
+
+
 def suppress(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
     """`token_ids` made impossible in every row. Their index tensor is made once per device: indexing a GPU
     tensor with a Python list copies the list from pageable host memory, which waits for the GPU's queue to
