@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from hotrod.contracts import kv_names
@@ -118,7 +119,7 @@ class SelfCache:
 
     def feeds(self, seqlens_k: torch.Tensor, total: int) -> dict[str, Any]:
         """The graph's cache inputs: `seqlens_k` is each row's length after this call, minus one."""
-        feeds = {"seqlens_k": seqlens_k.to(torch.int32), "total_sequence_length": _int32(total)}
+        feeds = {"seqlens_k": _host(seqlens_k.numpy().astype(np.int32)), "total_sequence_length": _int32(total)}
         feeds.update(zip(self.past, self.buffers))
         return feeds
 
@@ -130,10 +131,10 @@ class SelfCache:
         """Cache inputs for `tokens` new tokens per row (growing the buffers first if a row needs it)."""
         total = max(self.lengths.tolist()) + tokens
         self.reserve(total)
-        return self.feeds(self.lengths if tokens == 1 else self.lengths + (tokens - 1), total)
+        return self.feeds(self.lengths if tokens == 1 else _host(self.lengths.numpy() + (tokens - 1)), total)
 
     def advance(self) -> None:
-        self.lengths = torch.where(self.idle, 0, self.lengths + 1) if self.some_idle else self.lengths + 1
+        self.lengths = torch.where(self.idle, 0, self.lengths + 1) if self.some_idle else _host(self.lengths.numpy() + 1)
 
     @property
     def length(self) -> int:
@@ -232,6 +233,26 @@ def _zeros(rows: int) -> torch.Tensor:
     return torch.zeros((rows, 1), dtype=torch.long)
 
 
+def _host(array: np.ndarray) -> torch.Tensor:
+    """A torch tensor on a numpy result. A decoding step's few small host tensors (each row's length and
+    position) are computed in numpy: a torch call's code is cold again after every graph run has streamed
+    the weights through the caches (a small add takes 3.7 us warm, 15-26 after such a sweep), numpy's
+    far less so."""
+    return torch.from_numpy(array)
+
+
+def _column(values: torch.Tensor) -> torch.Tensor:
+    """[rows] -> [rows, 1] (a step's one token a row), through numpy on the CPU (see `_host`)."""
+    return _host(values.numpy()[:, None]) if values.device.type == "cpu" else values[:, None]
+
+
+def _last(logits: torch.Tensor) -> torch.Tensor:
+    """[rows, width, vocab] -> the last position's [rows, vocab], through numpy where it can (see `_host`)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        return _host(logits.numpy()[:, -1])
+    return logits[:, -1]
+
+
 def _float(logits: torch.Tensor) -> torch.Tensor:
     """Logits as float32; fp32 logits as they are, without a call into torch (each costs microseconds of a
     step, its code cold again after every graph run has streamed the weights through the caches)."""
@@ -321,8 +342,8 @@ class DecoderState(_OnSelfCache):
         return input_ids, logits
 
     def step(self, tokens):
-        positions = self.kv.lengths[:, None]
-        logits = self._run(tokens[:, None], positions, self.kv.step_feeds(), _zeros(positions.shape[0]))
+        positions = _host(self.kv.lengths.numpy()[:, None])
+        logits = self._run(_column(tokens), positions, self.kv.step_feeds(), _zeros(positions.shape[0]))
         self.kv.advance()
         return logits
 
@@ -339,7 +360,7 @@ class DecoderState(_OnSelfCache):
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
         out = self.backend.run("decoder", feeds, into=self.kv.into())
         logits = self.backend.to_torch(out["logits"])
-        return _float(logits[:, -1] if last else logits)
+        return _float(_last(logits) if last else logits)
 
     def room_for(self, other: DecoderState) -> bool:
         return bool(self.kv.buffers)  # `place` grows the buffers when a newcomer needs more than they hold
@@ -396,12 +417,12 @@ class Seq2SeqState(_OnSelfCache):
             self.backend.view(buffer)[:, :, :1] = self.backend.view(out[name])
         self.kv.lengths = torch.ones(len(sequences), dtype=torch.long)
         self.cross = [out[name] for name in self.cross_names]
-        return sequences, _float(self.backend.to_torch(out["logits"])[:, -1])
+        return sequences, _float(_last(self.backend.to_torch(out["logits"])))
 
     def step(self, tokens):
-        logits = self._run(tokens[:, None])
+        logits = self._run(_column(tokens))
         self.kv.advance()
-        return logits[:, -1]
+        return _last(logits)
 
     def verify(self, tokens: torch.Tensor) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them

@@ -36,7 +36,7 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
     Logits may live on a GPU: they are reduced there, and only the chosen ids cross to the host (a
     seeded draw runs where its generator lives).
     """
-    if not s.do_sample and s.repetition_penalty == 1.0:
+    if _greedy_only(s):
         return _greedy(logits, sequences.shape[1] < s.min_length and s.eos_token_ids)
     scores = process(logits, sequences, s, skip)
     if s.do_sample:
@@ -44,6 +44,11 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
             scores = scores.to(generator.device)
         return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1).cpu()
     return argmax(scores).cpu()
+
+
+def _greedy_only(s: Settings) -> bool:
+    """Whether the next token is the argmax with, at most, EOS held back (`_greedy`)."""
+    return not s.do_sample and s.repetition_penalty == 1.0
 
 
 def _greedy(logits: torch.Tensor, held_back: tuple[int, ...] | None) -> torch.Tensor:
@@ -66,8 +71,12 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     some_finished = False  # a Python bool: asking the tensor at every step costs more than the step's other work
     eos = frozenset(s.eos_token_ids or ())
     out = _Tokens(sequences, s.max_length)
+    greedy = _greedy_only(s)
     while True:
-        tokens = pick(logits, out.view(), s, skip)
+        if greedy:  # the sequences are not read: no view of them made at every step
+            tokens = _greedy(logits, out.length < s.min_length and s.eos_token_ids)
+        else:
+            tokens = pick(logits, out.view(), s, skip)
         if some_finished:
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, s.pad_token_id))
         out.append(tokens)

@@ -243,7 +243,7 @@ class _Binding:
     def __init__(self, session: ort.InferenceSession, device: str):
         self.io = session.io_binding()
         self.bound: dict[str, tuple] = {}
-        self.staged: dict[tuple, torch.Tensor] = {}
+        self.staged: dict[tuple, tuple[torch.Tensor, np.ndarray]] = {}  # (name, shape, type) -> buffer, its array
         self.plans: dict[tuple, tuple[list[str], list[int]]] = {}
         self.ordered = False  # whether every output has been bound once, in the graph's order
         self.stages = device == "cpu"  # elsewhere host inputs are copied to the device in any case
@@ -273,13 +273,16 @@ class _Binding:
                 and 0 < value.numel() <= self.STAGED_ELEMENTS and value.dtype in _NUMPY_TYPES):
             return False
         key = (name, value.shape, value.dtype)
-        buffer = self.staged.get(key)
-        if buffer is None:
+        staged = self.staged.get(key)
+        if staged is None:
             if len(self.staged) >= self.STAGED_BUFFERS:  # drafts of many widths: forget those not bound now
                 self._forget_staged()
             with torch.inference_mode(False):  # a buffer made in inference mode could not be copied into outside it
-                buffer = self.staged[key] = torch.empty(value.shape, dtype=value.dtype)
-        buffer.copy_(value)
+                buffer = torch.empty(value.shape, dtype=value.dtype)
+            staged = self.staged[key] = (buffer, buffer.numpy())
+        buffer, array = staged
+        # numpy's copy, not torch's: a few numbers, where torch's copy_ costs its dispatch, cold after a run
+        np.copyto(array, (value.detach() if value.requires_grad else value).numpy())
         if not self.holds(name, buffer):
             self.tensor(name, buffer)
         return True
@@ -287,7 +290,7 @@ class _Binding:
     def _forget_staged(self) -> None:
         """Drop the staging buffers no name is bound to (those bound may be this very run's feeds)."""
         bound = {id(entry[0]()) for entry in self.bound.values() if entry is not _ALLOCATED}
-        self.staged = {key: buffer for key, buffer in self.staged.items() if id(buffer) in bound}
+        self.staged = {key: staged for key, staged in self.staged.items() if id(staged[0]) in bound}
 
     def plan(self, io: GraphIO, into: Mapping[str, Any]) -> tuple[list[str], list[int]]:
         """The outputs onnxruntime allocates when `into` holds the rest: their names and their places."""
