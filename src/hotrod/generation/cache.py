@@ -259,6 +259,13 @@ def _float(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.dtype == torch.float32 else logits.float()
 
 
+@functools.lru_cache(maxsize=256)
+def _spans(rows: int, width: int) -> torch.Tensor:
+    """[rows, width] of 0 .. width-1, made once per shape (as `_zeros`): every position's logits in a pass
+    that verifies a draft."""
+    return torch.arange(width).expand(rows, width).contiguous()
+
+
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
     return torch.arange(rows).repeat_interleave(expand)
 
@@ -316,7 +323,8 @@ class _OnSelfCache:
     def rewind(self, positions: int | torch.Tensor) -> None:
         """Give back each row's last `positions` cached positions (a count, or one per row): what lies past
         the new lengths is overwritten by later steps, never read."""
-        self.kv.lengths = (self.kv.lengths - positions).clamp(min=0)
+        back = positions.numpy() if isinstance(positions, torch.Tensor) else positions
+        self.kv.lengths = _host(np.maximum(self.kv.lengths.numpy() - back, 0))
 
 
 class DecoderState(_OnSelfCache):
@@ -351,9 +359,10 @@ class DecoderState(_OnSelfCache):
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         rows, k = tokens.shape
-        positions = self.kv.lengths[:, None] + torch.arange(k)
-        logits = self._run(tokens, positions, self.kv.step_feeds(k), torch.arange(k).expand(rows, k), last=False)
-        self.kv.lengths = self.kv.lengths + k
+        lengths = self.kv.lengths.numpy()
+        logits = self._run(tokens, _host(lengths[:, None] + np.arange(k)), self.kv.step_feeds(k), _spans(rows, k),
+                           last=False)
+        self.kv.lengths = _host(lengths + k)
         return logits
 
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
@@ -428,7 +437,7 @@ class Seq2SeqState(_OnSelfCache):
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         logits = self._run(tokens)
-        self.kv.lengths = self.kv.lengths + tokens.shape[1]
+        self.kv.lengths = _host(self.kv.lengths.numpy() + tokens.shape[1])
         return logits
 
     def _run(self, tokens: torch.Tensor) -> torch.Tensor:

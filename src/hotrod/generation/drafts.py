@@ -57,7 +57,7 @@ class Drafting:
 
     def _check(self, tokens: list[int], draft: list[int]) -> list[int]:
         """Verify `draft` after the last token: the drafted tokens kept, then the token the model chose after them."""
-        every = self.state.verify(torch.tensor([[tokens[-1], *draft]]))
+        every = self.state.verify(torch.from_numpy(np.array([[tokens[-1], *draft]], dtype=np.int64)))
         kept, token = self.accept(every, tokens, draft)
         self.state.rewind(len(draft) - len(kept))
         self.drafted += len(draft)
@@ -78,7 +78,7 @@ class Drafting:
         transformers' prompt lookup does: the draw that differs is the next token, so every token follows
         plain sampling's distribution."""
         if plain_argmax(self.s, len(tokens)):  # every position's choice at once
-            choices = argmax_ids(every[0])
+            choices = argmax_ids(every)[0]
             agreed = next((j for j, (a, b) in enumerate(zip(choices, draft)) if a != b), len(draft))
             return draft[:agreed], choices[agreed]
         kept: list[int] = []
