@@ -21,10 +21,10 @@ from hotrod.generation.search import pick, prompt_padding
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 
 
-def _token(token: int) -> torch.Tensor:
-    """A one-row step's token as the [1] int64 tensor a state takes, made through numpy: torch.tensor's
-    parsing of a Python list costs several times as much, at every plain step of a drafting loop."""
-    return torch.from_numpy(np.array([token], dtype=np.int64))
+def _ids(tokens: list) -> torch.Tensor:
+    """Token ids (a step's [token], a pass's [[token, *draft]]) as the int64 tensor a state takes, made
+    through numpy: torch.tensor's parsing of a Python list costs several times as much, at every pass."""
+    return torch.from_numpy(np.array(tokens, dtype=np.int64))
 
 
 class Drafting:
@@ -53,11 +53,11 @@ class Drafting:
             if draft:
                 new = self._check(tokens, draft)
             else:
-                new = [self.choose(self.state.step(_token(tokens[-1])), tokens)]
+                new = [self.choose(self.state.step(_ids([tokens[-1]])), tokens)]
 
     def _check(self, tokens: list[int], draft: list[int]) -> list[int]:
         """Verify `draft` after the last token: the drafted tokens kept, then the token the model chose after them."""
-        every = self.state.verify(torch.from_numpy(np.array([[tokens[-1], *draft]], dtype=np.int64)))
+        every = self.state.verify(_ids([[tokens[-1], *draft]]))
         kept, token = self.accept(every, tokens, draft)
         self.state.rewind(len(draft) - len(kept))
         self.drafted += len(draft)

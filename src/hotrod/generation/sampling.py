@@ -34,19 +34,23 @@ def argmax(scores: torch.Tensor) -> torch.Tensor:
     float32 scores: 82 us for torch against 5 us for numpy on a Zen 4 core; 32 rows: 1.25 against 0.14 ms),
     and it runs once per generated token. Elsewhere, and for types numpy lacks, torch's own.
     """
-    if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64):
-        return torch.argmax(scores, dim=-1)
-    return torch.from_numpy(np.asarray(scores.numpy(force=scores.requires_grad).argmax(axis=-1)))  # 0-d for one row
+    ids = _numpy_argmax(scores)
+    return torch.argmax(scores, dim=-1) if ids is None else torch.from_numpy(np.asarray(ids))  # 0-d for one row
 
 
 def argmax_ids(scores: torch.Tensor) -> list[int]:
     """`argmax` as a list of Python ints (one per row, or one for a 1-D row): on the CPU straight from
     numpy, with no torch tensor made and indexed for a caller that wants the ids themselves."""
-    if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64):
-        ids = torch.argmax(scores, dim=-1).tolist()
-    else:
-        ids = scores.numpy(force=scores.requires_grad).argmax(axis=-1).tolist()
+    ids = _numpy_argmax(scores)
+    ids = torch.argmax(scores, dim=-1).tolist() if ids is None else ids.tolist()
     return ids if isinstance(ids, list) else [ids]
+
+
+def _numpy_argmax(scores: torch.Tensor) -> np.ndarray | np.integer | None:
+    """numpy's argmax over the last axis where numpy can read the scores in place (see `argmax`), else None."""
+    if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64):
+        return None
+    return scores.numpy(force=scores.requires_grad).argmax(axis=-1)
 
 
 def suppress(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:

@@ -37,7 +37,7 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
     seeded draw runs where its generator lives).
     """
     if _greedy_only(s):
-        return _greedy(logits, sequences.shape[1] < s.min_length and s.eos_token_ids)
+        return _greedy(logits, s, sequences.shape[1])
     scores = process(logits, sequences, s, skip)
     if s.do_sample:
         if generator is not None and generator.device != scores.device:
@@ -51,12 +51,13 @@ def _greedy_only(s: Settings) -> bool:
     return not s.do_sample and s.repetition_penalty == 1.0
 
 
-def _greedy(logits: torch.Tensor, held_back: tuple[int, ...] | None) -> torch.Tensor:
-    """Greedy choice where the only processor holds EOS back (`min_length`): the raw argmax wherever it is
-    none of the held-back ids, which is the choice over the suppressed scores, and no vocabulary-sized
-    copy of the scores at every step (about 30 us with its page faults); the rows that chose a held-back
-    id (rare) are chosen again over the suppressed scores."""
+def _greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
+    """Greedy choice after rows of `length` tokens, where the only processor holds EOS back (`min_length`):
+    the raw argmax wherever it is none of the held-back ids, which is the choice over the suppressed
+    scores, and no vocabulary-sized copy of the scores at every step (about 30 us with its page faults);
+    the rows that chose a held-back id (rare) are chosen again over the suppressed scores."""
     tokens = argmax(logits)
+    held_back = s.eos_token_ids if length < s.min_length else ()
     if held_back:
         if not set(held_back).isdisjoint(tokens.tolist()):
             tokens = argmax(suppress(logits, held_back))
@@ -74,7 +75,7 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     greedy = _greedy_only(s)
     while True:
         if greedy:  # the sequences are not read: no view of them made at every step
-            tokens = _greedy(logits, out.length < s.min_length and s.eos_token_ids)
+            tokens = _greedy(logits, s, out.length)
         else:
             tokens = pick(logits, out.view(), s, skip)
         if some_finished:

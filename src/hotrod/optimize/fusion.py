@@ -10,16 +10,19 @@ norm (SkipLayerNormalization, SkipSimplifiedLayerNormalization) and bias + GELU 
 hotrod runs it with the family's optimizer model type.
 
 On the CPU, two of those fusions are left out of the graphs that read whole inputs (encoders, prompts)
-because ONNX Runtime's CPU kernels for them are slower than the standard ops they replace (measured in one process on onnxruntime 1.31 and 1.32, 2 Zen 4 cores, bert-base
-at 128 tokens): SkipLayerNormalization took 260 us a call where Add + Add + LayerNormalization took 70, and
-BiasGelu 360 us where Add + Gelu took 160 (bert-base's int8 encoder: 51 -> 45 ms; t5-small's int8
-generation of 64 tokens: 0.303 -> 0.280 s). ONNX Runtime does not fuse the first back when the session
-starts, but its own BiasGeluFusion does fuse the second, so CPU sessions turn that pass off
-(`hotrod.runtime.ort.CPU_DISABLED_OPTIMIZERS`). On a GPU the fused kernels are the fast ones, and stay. A decoding step's graph fuses the residual add and
-RMS norm on the CPU too (SkipSimplifiedLayerNormalization): a step reads one token a row, where every node's
-dispatch counts (t5-small int4-b256, 64 greedy tokens on 2 AVX-512 cores: 18 nodes fewer a step, 81.0 ->
-78.2 ms a generation, medians of 25 interleaved). LayerNorm's fusion stays off there too: SkipLayerNormalization
-was the slower even at one token (GPT-2 int4-b256, the same work: 173.5 -> 180.1 ms).
+because ONNX Runtime's CPU kernels for them are slower than the standard ops they replace (measured in one
+process on onnxruntime 1.31 and 1.32, 2 Zen 4 cores, bert-base at 128 tokens): SkipLayerNormalization took
+260 us a call where Add + Add + LayerNormalization took 70, and BiasGelu 360 us where Add + Gelu took 160
+(bert-base's int8 encoder: 51 -> 45 ms; t5-small's int8 generation of 64 tokens: 0.303 -> 0.280 s). ONNX
+Runtime does not fuse the first back when the session starts, but its own BiasGeluFusion does fuse the
+second, so CPU sessions turn that pass off (`hotrod.runtime.ort.CPU_DISABLED_OPTIMIZERS`). On a GPU the
+fused kernels are the fast ones, and stay.
+
+A decoding step's graph fuses the residual add and RMS norm on the CPU too (SkipSimplifiedLayerNormalization):
+a step reads one token a row, where every node's dispatch counts (t5-small int4-b256, 64 greedy tokens on 2
+AVX-512 cores: 18 nodes fewer a step, 81.0 -> 78.2 ms a generation, medians of 25 interleaved). LayerNorm's
+fusion stays off there too: SkipLayerNormalization was the slower even at one token (GPT-2 int4-b256, the
+same work: 173.5 -> 180.1 ms in one interleaved comparison, 161.6 -> 167.3 in another).
 
 Where ONNX Runtime's own GroupQueryAttention kernel runs the in-place attention (`kernel_runs`), the Split
 of each layer's QKV projection is folded into the op's packed-QKV input: one node fewer per layer in a
