@@ -37,16 +37,21 @@ def build(name: str, directory: Path, precision: str) -> hotrod.HotrodModel:
     return hotrod.load(out)
 
 
-def decode(model: hotrod.HotrodModel, ids: torch.Tensor, draft: int, new_tokens: int) -> tuple[list[int], Lookup | None]:
-    """One greedy decoding of `ids`, plain (draft 0) or with prompt lookup; the tokens and the drafting's
-    counts. Both go through what `generate()` runs."""
-    if not draft:
-        return model.generate(ids, max_new_tokens=new_tokens).flatten().tolist(), None
+def decode(model: hotrod.HotrodModel, ids: torch.Tensor, draft: int, new_tokens: int) -> list[int]:
+    """One greedy decoding of `ids` through `generate()`, plain (draft 0) or with prompt lookup: what is timed."""
+    lookup = {"prompt_lookup_num_tokens": draft} if draft else {}
+    return model.generate(ids, max_new_tokens=new_tokens, **lookup).flatten().tolist()
+
+
+def counted(model: hotrod.HotrodModel, ids: torch.Tensor, draft: int, new_tokens: int) -> Lookup:
+    """The same decoding with prompt lookup run by hand (not timed), for its drafted and accepted counts,
+    which `generate()` does not return: greedy, it drafts what the timed runs drafted."""
     values = gen_config.merge(model.generation_config, None, {"max_new_tokens": new_tokens})
     settings = model.settings(ids.shape[1], values)
     lookup = Lookup(model.decoding_state(settings), settings, draft)
     with torch_threads(model.backend.loop_threads):
-        return lookup.generate(ids, torch.ones_like(ids)).flatten().tolist(), lookup
+        lookup.generate(ids, torch.ones_like(ids))
+    return lookup
 
 
 def measure(name: str, model: hotrod.HotrodModel, examples: list[str], draft: int, runs: int,
@@ -61,7 +66,7 @@ def measure(name: str, model: hotrod.HotrodModel, examples: list[str], draft: in
         for _ in range(runs + 1):  # the first run of each is not timed
             for variant, n in (("plain", 0), ("lookup", draft)):
                 start = time.perf_counter()
-                tokens, lookup = decode(model, ids, n, new_tokens)
+                tokens = decode(model, ids, n, new_tokens)
                 times[variant].append(time.perf_counter() - start)
                 if variant == "plain":
                     plain = tokens
@@ -69,6 +74,7 @@ def measure(name: str, model: hotrod.HotrodModel, examples: list[str], draft: in
                     same &= tokens == plain
         seconds = {v: seconds[v] + statistics.median(times[v][1:]) for v in seconds}
         new = len(model.spec.generated(torch.tensor(plain), ids.shape[1]))
+        lookup = counted(model, ids, draft, new_tokens)
         generated += new
         drafted, accepted = drafted + lookup.drafted, accepted + lookup.accepted
         passes += new - lookup.accepted  # every pass yields one token beyond the accepted draft

@@ -15,6 +15,14 @@ def test_a_draft_is_what_followed_the_latest_earlier_occurrence_of_the_tail():
     assert find_draft([1, 2, 3], 4) == []
 
 
+def test_a_single_token_is_looked_up_in_the_prompt_only():
+    # prompt [5, 6, 7], then the output 8, 9, 8: the 8 recurs only in the output
+    assert find_draft([5, 6, 7, 8, 9, 8], 2, prompt=3) == []
+    assert find_draft([5, 6, 7, 8, 9, 8], 2) == [9, 8]  # without a prompt, anywhere in the row
+    assert find_draft([5, 6, 7, 8, 6], 2, prompt=3) == [7, 8]  # the 6 is in the prompt
+    assert find_draft([5, 8, 9, 0, 8, 9], 2, prompt=1) == [0, 8]  # two tokens are looked up anywhere
+
+
 def _prompts(vocab: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(5)
     base = torch.randint(2, vocab, (8,), generator=generator)

@@ -81,11 +81,12 @@ def engine_for(zoo, started):
 def test_a_requests_drafts_are_find_drafts():
     """The incremental n-gram index drafts what `find_draft`'s scan of the whole row drafts."""
     rng = random.Random(0)
-    for _ in range(200):
-        row, drafter = [rng.randrange(6) for _ in range(rng.randint(1, 6))], Drafter(rng.randint(1, 6))
+    for _ in range(400):
+        row = [rng.randrange(6) for _ in range(rng.randint(1, 6))]
+        drafter = Drafter(rng.randint(1, 6), prompt=rng.choice([0, len(row)]))
         for _ in range(40):
             room = rng.randint(-1, 7)
-            expected = find_draft(row, min(drafter.tokens, room)) if room > 0 else []
+            expected = find_draft(row, min(drafter.tokens, room), drafter.prompt) if room > 0 else []
             assert drafter.draft(row, room) == expected, row
             row = row + [rng.randrange(6) for _ in range(rng.randint(1, 3))]
 

@@ -16,7 +16,7 @@ import torch
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
 from hotrod.generation.sampling import argmax_ids, plain_argmax
-from hotrod.generation.search import pick, prompt_padding
+from hotrod.generation.search import greedy, greedy_only, pick, prompt_padding
 
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 
@@ -69,6 +69,8 @@ class Drafting:
         """The token decoding without drafts would take after `tokens`: the processed argmax, or a draw."""
         if plain_argmax(self.s, len(tokens)):  # no tensor of the row to make: it costs more than a small step
             return argmax_ids(logits)[0]
+        if greedy_only(self.s):  # EOS held back (min_length): nor here, where only the row's length counts
+            return greedy(logits, self.s, len(tokens)).tolist()[0]
         return int(pick(logits, torch.tensor([tokens]), self.s, self.padding)[0])
 
     def accept(self, every: torch.Tensor, tokens: list[int], draft: list[int]) -> tuple[list[int], int]:

@@ -36,8 +36,8 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
     Logits may live on a GPU: they are reduced there, and only the chosen ids cross to the host (a
     seeded draw runs where its generator lives).
     """
-    if _greedy_only(s):
-        return _greedy(logits, s, sequences.shape[1])
+    if greedy_only(s):
+        return greedy(logits, s, sequences.shape[1])
     scores = process(logits, sequences, s, skip)
     if s.do_sample:
         if generator is not None and generator.device != scores.device:
@@ -46,12 +46,12 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
     return argmax(scores).cpu()
 
 
-def _greedy_only(s: Settings) -> bool:
-    """Whether the next token is the argmax with, at most, EOS held back (`_greedy`)."""
+def greedy_only(s: Settings) -> bool:
+    """Whether the next token is the argmax with, at most, EOS held back (`greedy`)."""
     return not s.do_sample and s.repetition_penalty == 1.0
 
 
-def _greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
+def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
     """Greedy choice after rows of `length` tokens, where the only processor holds EOS back (`min_length`):
     the raw argmax wherever it is none of the held-back ids, which is the choice over the suppressed
     scores, and no vocabulary-sized copy of the scores at every step (about 30 us with its page faults);
@@ -72,10 +72,10 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     some_finished = False  # a Python bool: asking the tensor at every step costs more than the step's other work
     eos = frozenset(s.eos_token_ids or ())
     out = _Tokens(sequences, s.max_length)
-    greedy = _greedy_only(s)
+    plain_greedy = greedy_only(s)
     while True:
-        if greedy:  # the sequences are not read: no view of them made at every step
-            tokens = _greedy(logits, s, out.length)
+        if plain_greedy:  # the sequences are not read: no view of them made at every step
+            tokens = greedy(logits, s, out.length)
         else:
             tokens = pick(logits, out.view(), s, skip)
         if some_finished:

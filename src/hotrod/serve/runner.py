@@ -71,7 +71,7 @@ class RowOptions:
 
     def __init__(self, settings: Settings, seed: int | None, prompt_lookup: int = 0):
         self.settings = settings
-        self.drafter = Drafter(prompt_lookup) if prompt_lookup else None
+        self.drafter = Drafter(prompt_lookup, prompt=settings.prompt_length) if prompt_lookup else None
         self.generator = None
         if settings.do_sample:
             self.generator = torch.Generator()

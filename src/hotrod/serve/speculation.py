@@ -2,8 +2,8 @@
 
 A request that asks for it (`"speculate": {"prompt_lookup": N}`, or the server's `--speculate`) drafts up to
 N tokens a step from its own text, as `generate(prompt_lookup_num_tokens=N)` does
-(`hotrod.generation.lookup`): the tokens that followed the latest earlier occurrence of its last 3, 2 or 1
-tokens. The runner verifies the drafts of every row in one pass of the batch and keeps each draft up to
+(`hotrod.generation.lookup`): the tokens that followed the latest earlier occurrence of its last 3 or 2
+tokens, or of its last token in its prompt. The runner verifies the drafts of every row in one pass of the batch and keeps each draft up to
 the first token decoding would not have chosen (`GenerationRunner.step`). A draft rejected outright
 pauses the request's drafting for a while, doubling while drafts keep failing, so that text which never
 repeats decodes at plain decoding's pace.
