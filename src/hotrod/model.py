@@ -220,7 +220,7 @@ class HotrodModel:
         kv.allocate(rows, width)
         feeds = {"input_ids": ids, "position_ids": columns, "logits_positions": torch.arange(width).expand(rows, width),
                  **kv.feeds(lengths - 1, width)}
-        logits = self._host(self.backend.run("decoder", feeds, into=kv.into())["logits"])
+        logits = self._host(self.backend.run("decoder", feeds, held=kv.held())["logits"])
         if width == input_ids.shape[1] and bool(mask.ne(0).all()):
             return logits
         result = logits.new_zeros(*input_ids.shape, logits.shape[-1])

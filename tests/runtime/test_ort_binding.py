@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper
 
 from hotrod.contracts import GraphIO, TensorSpec
-from hotrod.runtime.base import RuntimeOptions
+from hotrod.runtime.base import Held, RuntimeOptions
 from hotrod.runtime.ort import OrtBackend
 
 
@@ -62,6 +62,56 @@ def test_staging_buffers_of_many_shapes_never_free_one_bound_for_this_run(tmp_pa
     for width in range(1, 3 * backend._binding("g").STAGED_BUFFERS):  # `step` was staged first, long ago
         x = torch.arange(width)[None, :]
         assert _run(backend, x, step=width).tolist() == [list(range(width, 2 * width))]
+
+
+def _held_backend(tmp_path) -> OrtBackend:
+    """y = x + step and z = x + x, `x` and `z` meant to be held (a cache and what a step writes)."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "step"], ["y"]), helper.make_node("Add", ["x", "x"], ["z"])], "h",
+        [helper.make_tensor_value_info("step", TensorProto.INT64, []),
+         helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"]),
+         helper.make_tensor_value_info("z", TensorProto.INT64, ["b", "s"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "h.onnx")
+    io = GraphIO("h", (TensorSpec("step", "int64", ()), TensorSpec("x", "int64", ("b", "s"))),
+                 (TensorSpec("y", "int64", ("b", "s")), TensorSpec("z", "int64", ("b", "s"))))
+    return OrtBackend({"h": tmp_path / "h.onnx"}, {"h": io}, RuntimeOptions(threads=1))
+
+
+def _step(backend: OrtBackend, held: Held, step) -> list:
+    return backend.to_torch(backend.run("h", {"step": step}, held=held)["y"]).tolist()
+
+
+def test_a_held_set_stays_bound_and_sees_writes_made_in_place(tmp_path):
+    backend = _held_backend(tmp_path)
+    x, z = torch.tensor([[1, 2]]), torch.zeros(1, 2, dtype=torch.long)
+    held = Held({"x": x}, {"z": z})
+    assert _step(backend, held, np.array(1)) == [[2, 3]] and z.tolist() == [[2, 4]]
+    binding = backend._binding("h")
+    assert binding.held is held and binding.rest == ["step"]
+    x[0, 1] = 7  # the cache written in place between steps: bound by pointer, seen
+    assert _step(backend, held, np.array(10)) == [[11, 17]] and z.tolist() == [[2, 14]]
+    assert _step(backend, held, torch.tensor(3)) == [[4, 10]]  # a torch feed beside numpy ones
+    other = Held({"x": torch.tensor([[5, 5, 5]])}, {"z": torch.zeros(1, 3, dtype=torch.long)})  # replaced
+    assert _step(backend, other, np.array(1)) == [[6, 6, 6]] and binding.held is other
+    assert _step(backend, held, np.array(0)) == [[1, 7]]  # and back
+
+
+def test_a_run_without_the_held_set_unbinds_it_and_a_copy_is_never_held(tmp_path):
+    backend = _held_backend(tmp_path)
+    x, z = torch.tensor([[1, 2]]), torch.zeros(1, 2, dtype=torch.long)
+    held = Held({"x": x}, {"z": z})
+    _step(backend, held, np.array(1))
+    out = backend.run("h", {"step": np.array(1), "x": torch.tensor([[4, 4]])})  # x and z bound afresh
+    assert backend.to_torch(out["z"]).tolist() == [[8, 8]] and backend._binding("h").held is None
+    assert _step(backend, held, np.array(1)) == [[2, 3]] and z.tolist() == [[2, 4]]
+    columns = torch.tensor([[1, 9, 2, 9]])[:, ::2]  # not contiguous: fed as any other input, not held
+    loose = Held({"x": columns}, {"z": torch.zeros(1, 2, dtype=torch.long)})
+    assert _step(backend, loose, np.array(1)) == [[2, 3]] and backend._binding("h").held is None
+    with pytest.raises(KeyError, match="step"):
+        backend.run("h", {}, held=held)
 
 
 def test_cpu_sessions_keep_an_encoders_bias_and_gelu_apart(zoo):

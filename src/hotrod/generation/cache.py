@@ -14,6 +14,7 @@ slots and `keep` drops rows. Each copies cache rows once per arrival or departur
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 from hotrod.contracts import kv_names
 from hotrod.errors import HotrodError
 from hotrod.registry import Dims
-from hotrod.runtime.base import Backend
+from hotrod.runtime.base import Backend, Held
 
 
 class DecodingState(Protocol):
@@ -97,9 +98,10 @@ class SelfCache:
         self.past = kv_names("past_key_values", layers)
         self.present = kv_names("present", layers)
         self.capacity = capacity
-        self.buffers: list[Any] = []
+        self.buffers: list[Any] = []  # replaced whenever a buffer is, never changed in place (`held`)
         self.lengths = torch.zeros(0, dtype=torch.long)
         self.idle = torch.zeros(0, dtype=torch.bool)
+        self._held: tuple[tuple, Held] | None = None  # what `held` made last, and from what
 
     @property
     def idle(self) -> torch.Tensor:
@@ -117,21 +119,30 @@ class SelfCache:
         self.buffers = [self._new(rows, self.capacity) for _ in self.past]
         self.lengths, self.idle = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
 
-    def feeds(self, seqlens_k: torch.Tensor, total: int) -> dict[str, Any]:
-        """The graph's cache inputs: `seqlens_k` is each row's length after this call, minus one."""
-        feeds = {"seqlens_k": _host(seqlens_k.numpy().astype(np.int32)), "total_sequence_length": _int32(total)}
-        feeds.update(zip(self.past, self.buffers))
-        return feeds
+    def feeds(self, seqlens_k: np.ndarray | torch.Tensor, total: int) -> dict[str, Any]:
+        """The graph's cache lengths (its buffers are `held`): `seqlens_k` is each row's length after this
+        call, minus one."""
+        seqlens = seqlens_k.numpy() if isinstance(seqlens_k, torch.Tensor) else seqlens_k
+        return {"seqlens_k": seqlens.astype(np.int32), "total_sequence_length": _int32(total)}
 
-    def into(self) -> dict[str, Any]:
-        """The graph's cache outputs, bound to the same buffers as its inputs."""
-        return dict(zip(self.present, self.buffers))
+    def held(self, others: Callable[[], dict[str, Any]] | None = None, of: tuple = ()) -> Held:
+        """The buffers as the graph's cache inputs and, the same memory, its outputs (updated in place), with
+        the feeds `others` makes beside them: one `Held`, made again only when the buffers or one of the
+        objects `others` makes them from (`of`) is replaced, so that a backend keeps them bound from step
+        to step."""
+        source = (self.buffers, *of)
+        if self._held is None or any(a is not b for a, b in zip(self._held[0], source)):
+            feeds = dict(zip(self.past, self.buffers))
+            feeds.update(others() if others is not None else {})
+            self._held = (source, Held(feeds, dict(zip(self.present, self.buffers))))
+        return self._held[1]
 
     def step_feeds(self, tokens: int = 1) -> dict[str, Any]:
-        """Cache inputs for `tokens` new tokens per row (growing the buffers first if a row needs it)."""
-        total = max(self.lengths.tolist()) + tokens
+        """Cache lengths for `tokens` new tokens per row (growing the buffers first if a row needs it)."""
+        lengths = self.lengths.numpy()
+        total = max(lengths.tolist()) + tokens
         self.reserve(total)
-        return self.feeds(self.lengths if tokens == 1 else _host(self.lengths.numpy() + (tokens - 1)), total)
+        return self.feeds(lengths if tokens == 1 else lengths + (tokens - 1), total)
 
     def advance(self) -> None:
         self.lengths = torch.where(self.idle, 0, self.lengths + 1) if self.some_idle else _host(self.lengths.numpy() + 1)
@@ -221,29 +232,30 @@ class SelfCache:
 
 
 @functools.lru_cache(maxsize=4096)
-def _int32(value: int) -> torch.Tensor:
-    """A 0-d int32 tensor of `value`, made once: a decoding step feeds its length as one, and making a tensor
-    costs a few microseconds of a step budget of 200. Never written to (backends copy or read feeds)."""
-    return torch.tensor(value, dtype=torch.int32)
+def _int32(value: int) -> np.ndarray:
+    """A 0-d int32 array of `value`, made once: a decoding step feeds its length as one. Never written to
+    (backends copy or read feeds)."""
+    return np.array(value, dtype=np.int32)
 
 
 @functools.lru_cache(maxsize=256)
-def _zeros(rows: int) -> torch.Tensor:
+def _zeros(rows: int) -> np.ndarray:
     """[rows, 1] int64 zeros, made once per row count (as `_int32`): each row's logits position in a step."""
-    return torch.zeros((rows, 1), dtype=torch.long)
+    return np.zeros((rows, 1), dtype=np.int64)
 
 
 def _host(array: np.ndarray) -> torch.Tensor:
-    """A torch tensor on a numpy result. A decoding step's few small host tensors (each row's length and
-    position) are computed in numpy: a torch call's code is cold again after every graph run has streamed
-    the weights through the caches (a small add takes 3.7 us warm, 15-26 after such a sweep), numpy's
-    far less so."""
+    """A torch tensor on a numpy result. A decoding step's few small host values (each row's length and
+    position) are computed in numpy, and fed as numpy arrays: a torch call's code is cold again after every
+    graph run has streamed the weights through the caches (a small add takes 3.7 us warm, 15-26 after such
+    a sweep; asking a tensor its shape, type and device to copy it into a bound buffer, about 15 us a
+    feed), numpy's far less so."""
     return torch.from_numpy(array)
 
 
-def _column(values: torch.Tensor) -> torch.Tensor:
-    """[rows] -> [rows, 1] (a step's one token a row), through numpy on the CPU (see `_host`)."""
-    return _host(values.numpy()[:, None]) if values.device.type == "cpu" else values[:, None]
+def _column(values: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """[rows] -> [rows, 1] (a step's one token a row), a numpy array on the CPU (see `_host`)."""
+    return values.numpy()[:, None] if values.device.type == "cpu" else values[:, None]
 
 
 def _last(logits: torch.Tensor) -> torch.Tensor:
@@ -260,10 +272,10 @@ def _float(logits: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _spans(rows: int, width: int) -> torch.Tensor:
+def _spans(rows: int, width: int) -> np.ndarray:
     """[rows, width] of 0 .. width-1, made once per shape (as `_zeros`): every position's logits in a pass
     that verifies a draft."""
-    return torch.arange(width).expand(rows, width).contiguous()
+    return np.ascontiguousarray(np.broadcast_to(np.arange(width), (rows, width)))
 
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
@@ -350,7 +362,7 @@ class DecoderState(_OnSelfCache):
         return input_ids, logits
 
     def step(self, tokens):
-        positions = _host(self.kv.lengths.numpy()[:, None])
+        positions = self.kv.lengths.numpy()[:, None]
         logits = self._run(_column(tokens), positions, self.kv.step_feeds(), _zeros(positions.shape[0]))
         self.kv.advance()
         return logits
@@ -360,14 +372,14 @@ class DecoderState(_OnSelfCache):
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         rows, k = tokens.shape
         lengths = self.kv.lengths.numpy()
-        logits = self._run(tokens, _host(lengths[:, None] + np.arange(k)), self.kv.step_feeds(k), _spans(rows, k),
+        logits = self._run(tokens, lengths[:, None] + np.arange(k), self.kv.step_feeds(k), _spans(rows, k),
                            last=False)
         self.kv.lengths = _host(lengths + k)
         return logits
 
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
-        out = self.backend.run("decoder", feeds, into=self.kv.into())
+        out = self.backend.run("decoder", feeds, held=self.kv.held())
         logits = self.backend.to_torch(out["logits"])
         return _float(_last(logits) if last else logits)
 
@@ -412,7 +424,7 @@ class Seq2SeqState(_OnSelfCache):
         if expand > 1:
             index = _expand_index(input_ids.shape[0], expand)
             hidden, attention_mask = self.backend.select(hidden, index), attention_mask[index]
-        self.mask = attention_mask
+        self.mask = attention_mask.contiguous()  # bound by pointer at every step (`_held_feeds`)
         sequences = torch.full((attention_mask.shape[0], 1), self.start_token, dtype=torch.long)
         # Cross K/V land in the backend's device tensors: slots are then filled in place on any device.
         shape = (len(sequences), self.kv.shape[0], attention_mask.shape[1], self.kv.shape[1])
@@ -441,11 +453,14 @@ class Seq2SeqState(_OnSelfCache):
         return logits
 
     def _run(self, tokens: torch.Tensor) -> torch.Tensor:
-        feeds = {"decoder_input_ids": tokens, "encoder_attention_mask": self.mask,
-                 **self.kv.step_feeds(tokens.shape[1])}
-        feeds.update(zip(self.cross_names, self.cross))
-        out = self.backend.run("decoder", feeds, into=self.kv.into())
+        feeds = {"decoder_input_ids": tokens, **self.kv.step_feeds(tokens.shape[1])}
+        out = self.backend.run("decoder", feeds, held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
         return _float(self.backend.to_torch(out["logits"]))
+
+    def _held_feeds(self) -> dict[str, Any]:
+        """What a step feeds unchanged beside the self cache: the cross K/V and the encoder mask (its rows
+        written in place when a request takes a slot, which a buffer bound by pointer sees)."""
+        return {**dict(zip(self.cross_names, self.cross)), "encoder_attention_mask": self.mask}
 
     def room_for(self, other: Seq2SeqState) -> bool:
         return bool(self.kv.buffers) and other.mask.shape[1] <= self.mask.shape[1]
@@ -491,5 +506,6 @@ class Seq2SeqState(_OnSelfCache):
         self.mask = self.mask[index]
         used = self.mask.bool().any(dim=0)
         width = int(used.nonzero().max()) + 1 if used.any() else self.mask.shape[1]
-        self.mask = self.mask[:, :width]
-        self.cross = [self.backend.view(v)[index.to(self.backend.view(v).device), :, :width] for v in self.cross]
+        self.mask = self.mask[:, :width].contiguous()
+        self.cross = [self.backend.view(v)[index.to(self.backend.view(v).device), :, :width].contiguous()
+                      for v in self.cross]  # bound by pointer at every step: a copy is made once, here

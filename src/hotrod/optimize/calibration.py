@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from hotrod.errors import HotrodError
 from hotrod.pipelines.base import Row
+
+if TYPE_CHECKING:
+    from hotrod.runtime.base import Held
 
 Feeds = dict[str, list[dict[str, np.ndarray]]]  # graph name -> recorded input dicts
 BUILTIN = Path(__file__).with_name("calibration.txt")
@@ -54,17 +57,21 @@ class _Recorder:
         self.inner = inner
         self.feeds: Feeds = {}
 
-    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
+            held: Held | None = None) -> dict[str, Any]:
         # Copied before the run: a cache buffer fed here is updated in place by it.
         names = self.inner.contracts[graph].input_names  # in the graph's order, whatever the caller's
-        self.feeds.setdefault(graph, []).append({name: _array(self.inner, feeds[name]) for name in names})
-        return self.inner.run(graph, feeds, into)
+        every = {**feeds, **held.feeds} if held is not None else feeds
+        self.feeds.setdefault(graph, []).append({name: _array(self.inner, every[name]) for name in names})
+        return self.inner.run(graph, feeds, into, held)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
 def _array(backend: Any, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value.copy()
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy().copy()
     return backend.to_torch(value).numpy().copy()

@@ -9,7 +9,7 @@ reads (logits, hidden states). Nothing outside `hotrod.runtime` imports onnxrunt
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -63,11 +63,14 @@ class Backend(Protocol):
     # pays per call, and per distinct shape a recording, far more than padding costs it.
     call_overhead_tokens: int
 
-    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
+            held: Held | None = None) -> dict[str, Any]:
         """Run one graph; `feeds` holds torch tensors or handles returned by an earlier run.
 
         Outputs named in `into` are written into those handles (a cache buffer that the graph updates in
-        place is both a feed and its own output); the others are allocated by the backend.
+        place is both a feed and its own output); the others are allocated by the backend. `held` adds
+        feeds and such outputs that stay the same from one run to the next (`Held`); what it writes to is
+        not returned.
         """
 
     def empty(self, shape: tuple[int, ...]) -> Any:
@@ -81,6 +84,31 @@ class Backend(Protocol):
 
     def select(self, value: Any, index: torch.Tensor) -> Any:
         """Rows `index` of a handle along the batch axis (beam expansion and reordering)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Held:
+    """Feeds, and outputs written in place, that a run shares with the runs before and after it: a decoding
+    state's cache buffers (and an encoder-decoder's cross K/V and encoder mask), made again whenever one of
+    them is replaced, never changed. A backend that binds its inputs keeps a `Held` bound while the next
+    run brings the very same object, so a step binds and checks only its few small feeds (every layer's
+    buffers, checked one by one, were most of a step's time outside onnxruntime); others merge it
+    (`merged`). Its entries must not be replaced in place (resized, or given other storage)."""
+
+    feeds: Mapping[str, Any]
+    into: Mapping[str, Any]
+    names: frozenset[str] = field(init=False)  # the feeds' and outputs' names
+
+    def __post_init__(self):
+        object.__setattr__(self, "names", frozenset(self.feeds) | frozenset(self.into))
+
+
+def merged(feeds: Mapping[str, Any], into: Mapping[str, Any] | None,
+           held: Held | None) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+    """`feeds` and `into` with `held`'s entries added, for a backend that binds nothing between runs."""
+    if held is None:
+        return feeds, into
+    return {**feeds, **held.feeds}, {**(into or {}), **held.into}
 
 
 def cpu_threads(requested: int) -> int:

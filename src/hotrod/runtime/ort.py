@@ -6,10 +6,12 @@ handed over without a copy: on the CPU as torch tensors on the same memory (DLPa
 OrtValues themselves, which a later run can take back as inputs.
 
 A graph's binding is kept from one run to the next (one per thread, as runs may come from several): a
-buffer bound by pointer stays bound while it is the same memory, shape and type, so a decoding step
-rebinds nothing of every layer's cache; its few small inputs are copied into staging buffers bound once,
-and only the outputs it returns are wrapped (W2 int4 at one thread: 0.29 -> 0.19 ms a step outside
-onnxruntime, binding and decoding loop together).
+buffer bound by pointer stays bound while it is the same memory, shape and type, and a decoding state's
+cache comes as one `Held` set, kept bound while the next step brings the same object, so a step neither
+rebinds nor checks every layer's buffers; its few small inputs (numpy arrays, whose attributes cost far
+less to ask than a tensor's) are copied into staging buffers bound once, and only the outputs it returns
+are wrapped (W2 int4 at one thread: 0.29 -> 0.19 ms a step outside onnxruntime, binding and decoding loop
+together; the held set and numpy feeds, at two threads: 1.22-1.24 -> 1.16-1.18 ms a step in all).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError, first_line
-from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
+from hotrod.runtime.base import Held, RuntimeOptions, contract_of, cpu_threads, merged
 
 _PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -110,17 +112,21 @@ class OrtBackend:
         shutil.rmtree(self._profiles, ignore_errors=True)
         return events
 
-    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
+            held: Held | None = None) -> dict[str, Any]:
         io = self.contracts[graph]
         binding = self._binding(graph)
+        if held is not None and not binding.hold(io, held, self.torch_device):
+            feeds, into = merged(feeds, into, held)  # not all bindable by pointer: bound as plain feeds
+            held = None
         # The binding holds only native pointers: every Python object behind them (a copied feed, a
         # value made from numpy, which does not own its buffer) must outlive the run.
         alive: list[Any] = []
         bound = binding.bound
-        for name in io.input_names:
+        for name in io.input_names if held is None else binding.rest:
             value = feeds.get(name)
             if value is None:
-                contract_of(self.contracts, graph, feeds)  # the error naming every missing input
+                contract_of(self.contracts, graph, merged(feeds, None, held)[0])  # the error naming every missing input
             entry = bound.get(name)  # binding.holds, inlined: this loop runs for every layer's cache at every step
             if entry is not None and entry is not _ALLOCATED and entry[0]() is value \
                     and entry[1] == value.data_ptr():
@@ -128,17 +134,21 @@ class OrtBackend:
             if not binding.stage(name, value):
                 self._bind_input(binding, name, value, alive)
         into = into or {}
-        allocated, indices = binding.plan(io, into)  # outputs onnxruntime allocates, at this run's shape
+        allocated, indices = binding.plan(io, into, held)  # outputs onnxruntime allocates, at this run's shape
         # Outputs are first bound in the graph's order, which is the order get_outputs() lists them in.
         for name in into if binding.ordered else io.output_names:
             if name in into:  # the same memory as an input: onnxruntime's kernels update it in place
                 if not binding.holds(name, into[name]):
                     binding.tensor(name, into[name], output=True)
+            elif held is not None and name in held.into:  # the first run: bound here, in order
+                binding.tensor(name, held.into[name], output=True)
             else:
                 binding.allocated(name)
         for name in allocated:
             binding.allocated(name)
         binding.ordered = True
+        if held is not None:
+            binding.held = held  # whole again, had the first run's ordered binding above forgotten it
         if self.run_ms is None:
             binding.run()
         else:
@@ -191,11 +201,12 @@ class OrtBackend:
         alive.append(handle)
         binding.io.bind_ortvalue_input(name, handle)
         binding.bound.pop(name, None)
+        binding.forget(name)
 
     def _handle(self, value: Any) -> ort.OrtValue:
         if isinstance(value, ort.OrtValue):
             return value
-        array = np.ascontiguousarray(value.detach().cpu().numpy())
+        array = np.ascontiguousarray(value if isinstance(value, np.ndarray) else value.detach().cpu().numpy())
         # The OrtValue keeps a reference to `array`, so the buffer lives as long as the handle.
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
@@ -216,6 +227,7 @@ class _Lent:
 
 _NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64,
                 torch.int32: np.int32, torch.bool: np.bool_}
+_TORCH_TYPES = {np.dtype(numpy_type): torch_type for torch_type, numpy_type in _NUMPY_TYPES.items()}
 
 
 _ALLOCATED = ("allocated by onnxruntime",)  # what `_Binding.bound` holds for an output onnxruntime allocates
@@ -243,6 +255,8 @@ class _Binding:
     def __init__(self, session: ort.InferenceSession, device: str):
         self.io = session.io_binding()
         self.bound: dict[str, tuple] = {}
+        self.held: Held | None = None  # the `Held` every name of which is bound as it holds it
+        self.rest: list[str] = []  # the graph's inputs `held` does not hold, in the graph's order
         self.staged: dict[tuple, tuple[torch.Tensor, np.ndarray]] = {}  # (name, shape, type) -> buffer, its array
         self.plans: dict[tuple, tuple[list[str], list[int]]] = {}
         self.ordered = False  # whether every output has been bound once, in the graph's order
@@ -267,24 +281,28 @@ class _Binding:
             and entry[1] == value.data_ptr()
 
     def stage(self, name: str, value: Any) -> bool:
-        """Copy a small host tensor into `name`'s staging buffer, bound by pointer; False where `value` is
-        not one (then it is bound as it is). A buffer of another shape or type is replaced."""
-        if not (self.stages and isinstance(value, torch.Tensor) and value.device.type == "cpu"
-                and 0 < value.numel() <= self.STAGED_ELEMENTS and value.dtype in _NUMPY_TYPES):
+        """Copy a small host array or tensor into `name`'s staging buffer, bound by pointer; False where
+        `value` is not one (then it is bound as it is). A buffer of another shape or type is replaced."""
+        if type(value) is np.ndarray:  # a decoding step's own feeds: numpy's few attributes are cheap to ask
+            if not (self.stages and 0 < value.size <= self.STAGED_ELEMENTS and value.dtype in _TORCH_TYPES):
+                return False
+            key, array = (name, value.shape, value.dtype), value
+        elif (self.stages and isinstance(value, torch.Tensor) and value.device.type == "cpu"
+              and 0 < value.numel() <= self.STAGED_ELEMENTS and value.dtype in _NUMPY_TYPES):
+            key, array = (name, value.shape, value.dtype), (value.detach() if value.requires_grad else value).numpy()
+        else:
             return False
-        key = (name, value.shape, value.dtype)
         staged = self.staged.get(key)
         if staged is None:
             if len(self.staged) >= self.STAGED_BUFFERS:  # drafts of many widths: forget those not bound now
                 self._forget_staged()
             with torch.inference_mode(False):  # a buffer made in inference mode could not be copied into outside it
-                buffer = torch.empty(value.shape, dtype=value.dtype)
+                buffer = torch.empty(tuple(value.shape), dtype=_TORCH_TYPES.get(value.dtype, value.dtype))
             staged = self.staged[key] = (buffer, buffer.numpy())
-        buffer, array = staged
         # numpy's copy, not torch's: a few numbers, where torch's copy_ costs its dispatch, cold after a run
-        np.copyto(array, (value.detach() if value.requires_grad else value).numpy())
-        if not self.holds(name, buffer):
-            self.tensor(name, buffer)
+        np.copyto(staged[1], array)
+        if not self.holds(name, staged[0]):
+            self.tensor(name, staged[0])
         return True
 
     def _forget_staged(self) -> None:
@@ -292,17 +310,38 @@ class _Binding:
         bound = {id(entry[0]()) for entry in self.bound.values() if entry is not _ALLOCATED}
         self.staged = {key: staged for key, staged in self.staged.items() if id(staged[0]) in bound}
 
-    def plan(self, io: GraphIO, into: Mapping[str, Any]) -> tuple[list[str], list[int]]:
-        """The outputs onnxruntime allocates when `into` holds the rest: their names and their places."""
-        key = (io.name, *into)
+    def hold(self, io: GraphIO, held: Held, device: torch.device) -> bool:
+        """Bind `held` unless it is bound already; False where an entry is not a contiguous tensor on the
+        device, which is then fed as any other (a copy would not see the writes made to it in place)."""
+        if held is self.held:
+            return True
+        values = [*held.feeds.values(), *held.into.values()]
+        if not all(isinstance(v, torch.Tensor) and v.device == device and v.dtype in _NUMPY_TYPES
+                   and v.is_contiguous() and v.numel() for v in values):
+            return False
+        for name, value in held.feeds.items():
+            if not self.holds(name, value):
+                self.tensor(name, value)
+        if self.ordered:  # else the run binds every output in the graph's order, these among them
+            for name, value in held.into.items():
+                if not self.holds(name, value):
+                    self.tensor(name, value, output=True)
+        self.held, self.rest = held, [name for name in io.input_names if name not in held.feeds]
+        return True
+
+    def plan(self, io: GraphIO, into: Mapping[str, Any], held: Held | None = None) -> tuple[list[str], list[int]]:
+        """The outputs onnxruntime allocates when `into` (and `held`) hold the rest: their names and places."""
+        key = (io.name, held.names if held is not None else None, *into)
         if key not in self.plans:
-            indices = [i for i, name in enumerate(io.output_names) if name not in into]
+            written = held.into if held is not None else {}
+            indices = [i for i, name in enumerate(io.output_names) if name not in into and name not in written]
             self.plans[key] = ([io.output_names[i] for i in indices], indices)
         return self.plans[key]
 
     def allocated(self, name: str) -> None:
         """Have onnxruntime allocate output `name` on the device, unless it is bound that way already."""
         if self.bound.get(name) is not _ALLOCATED:
+            self.forget(name)
             self._bind_allocated(name)
             self.bound[name] = _ALLOCATED
 
@@ -314,6 +353,7 @@ class _Binding:
 
     def tensor(self, name: str, tensor: torch.Tensor, output: bool = False) -> None:
         """Bind a contiguous torch tensor by pointer, as input `name` or as that output."""
+        self.forget(name)
         device = "cpu" if tensor.device.type == "cpu" else tensor.device.type
         dtype, shape, pointer = _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr()
         if self._bind_pointer is not None and device == self._device[0]:
@@ -322,6 +362,11 @@ class _Binding:
             bind = self.io.bind_output if output else self.io.bind_input
             bind(name, device, tensor.device.index or 0, dtype, shape, pointer)
         self.bound[name] = (weakref.ref(tensor), pointer)
+
+    def forget(self, name: str) -> None:
+        """`name` is bound afresh outside `held`: the held set is then no longer bound as a whole."""
+        if self.held is not None and name in self.held.names:
+            self.held = None
 
     def outputs(self, names: list[str], into: Mapping[str, Any], indices: list[int]) -> dict[str, Any]:
         """The run's outputs: `into`'s own handles, and the others (at `indices`) as `wrap` hands them over.

@@ -32,7 +32,7 @@ from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError
 from hotrod.models.common import FusedProjection
 from hotrod.options import ENGINE_PRECISIONS
-from hotrod.runtime.base import contract_of
+from hotrod.runtime.base import Held, contract_of, merged
 from hotrod.runtime.cast import DTYPES, Int8Linear, cast_module, quantize_linears, replace_submodule
 from hotrod.runtime.fp8 import Fp8Linear
 from hotrod.runtime.graphs import Graphs
@@ -101,7 +101,9 @@ class StaticBackend:
         self.recorded = Graphs(limit=options.graphs)
 
     @torch.inference_mode()
-    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
+            held: Held | None = None) -> dict[str, Any]:
+        feeds, into = merged(feeds, into, held)
         io = contract_of(self.contracts, graph, feeds)
         if graph in self.packed and _has_padding(feeds):
             return self._run_packed(graph, io, feeds)

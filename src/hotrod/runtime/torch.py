@@ -9,7 +9,7 @@ import torch
 
 from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
-from hotrod.runtime.base import RuntimeOptions, contract_of, cpu_threads
+from hotrod.runtime.base import Held, RuntimeOptions, contract_of, cpu_threads, merged
 
 
 class TorchBackend:
@@ -25,9 +25,11 @@ class TorchBackend:
         self.contracts = contracts
 
     @torch.inference_mode()
-    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
+            held: Held | None = None) -> dict[str, Any]:
+        feeds, into = merged(feeds, into, held)
         io = contract_of(self.contracts, graph, feeds)
-        args = [feeds[name].to(self.device) for name in io.input_names]
+        args = [torch.as_tensor(feeds[name]).to(self.device) for name in io.input_names]  # numpy too
         outputs = self.graphs[graph](*args)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
