@@ -64,3 +64,29 @@ def test_joining_nothing_sizes_the_rows_for_what_they_will_need():
     assert cache.capacity == 128
     cache.join([], positions=50)
     assert cache.capacity == 128
+
+
+def test_advancing_keeps_the_lengths_tensor_and_its_numpy_memory_in_step():
+    cache = _cache(2, 16)
+    lengths = cache.lengths
+    cache.advance()
+    assert cache.lengths is lengths and lengths.tolist() == [4, 4] and cache.host_lengths.tolist() == [4, 4]
+    cache.lengths = torch.tensor([1, 2])  # a new tensor: its own memory is advanced from then on
+    cache.advance()
+    assert cache.lengths.tolist() == [2, 3] and lengths.tolist() == [4, 4]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_a_steps_logits_land_in_a_buffer_of_the_states_own_where_the_backend_writes_outputs(zoo, name):
+    """On onnxruntime a step allocates no logits: every step writes the same [rows, vocab] buffer."""
+    from hotrod.generation import config as gen_config
+
+    model = zoo.model(name, "onnxruntime")
+    ids = torch.tensor([[5, 6, 7]])
+    state = model.decoding_state(model.settings(3, gen_config.merge(model.generation_config, None, {})))
+    state.start(ids, torch.ones_like(ids), 1)
+    first = state.step(torch.tensor([4]))
+    values = first.clone()
+    second = state.step(torch.tensor([9]))
+    assert second.data_ptr() == first.data_ptr() and second.shape == (1, model.dims.vocab_size)
+    assert not torch.equal(second, values)  # written over by the next step, as the contract says

@@ -33,7 +33,9 @@ class DecodingState(Protocol):
         """Returns (initial sequences, next-token logits), each row repeated `expand` times."""
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row; returns next-token logits [rows, vocab]."""
+        """Feed one token per row; returns next-token logits [rows, vocab], which the next call to the
+        state may overwrite (a backend that writes outputs where it is told writes them into a buffer of
+        the state's own)."""
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep cache rows `index` (beam search)."""
@@ -104,6 +106,16 @@ class SelfCache:
         self._held: tuple[tuple, Held] | None = None  # what `held` made last, and from what
 
     @property
+    def lengths(self) -> torch.Tensor:
+        """Each row's cached positions (on the host). `host_lengths` is the same memory as numpy: a step reads
+        and advances it there, without a torch call (see `_host`)."""
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: torch.Tensor) -> None:
+        self._lengths, self.host_lengths = value, value.numpy()
+
+    @property
     def idle(self) -> torch.Tensor:
         return self._idle
 
@@ -139,13 +151,16 @@ class SelfCache:
 
     def step_feeds(self, tokens: int = 1) -> dict[str, Any]:
         """Cache lengths for `tokens` new tokens per row (growing the buffers first if a row needs it)."""
-        lengths = self.lengths.numpy()
+        lengths = self.host_lengths
         total = max(lengths.tolist()) + tokens
         self.reserve(total)
         return self.feeds(lengths if tokens == 1 else lengths + (tokens - 1), total)
 
     def advance(self) -> None:
-        self.lengths = torch.where(self.idle, 0, self.lengths + 1) if self.some_idle else _host(self.lengths.numpy() + 1)
+        if self.some_idle:
+            self.lengths = torch.where(self.idle, 0, self.lengths + 1)
+        else:  # in place: a new tensor a step cost a torch call, cold again after every run
+            self.host_lengths += 1
 
     @property
     def length(self) -> int:
@@ -309,6 +324,23 @@ class _OnSelfCache:
     # Prompt widths are rounded up to a multiple of this (a server sets it to its model's invariant rows:
     # a kernel that takes rows in pairs then pairs each token with one of its own row, wherever it lies).
     width_multiple: int = 1
+    _logits: tuple[int, dict[str, Any], torch.Tensor] | None = None  # rows, the step's `into`, its [rows, vocab] view
+
+    def _step_logits(self, rows: int) -> tuple[dict[str, Any], torch.Tensor] | None:
+        """A buffer of the state's own for a step's logits [rows, 1, vocab], as the run's `into`, and its
+        [rows, vocab] view, where the backend writes outputs where it is told: no output allocated, handed
+        over and let go at every step (on onnxruntime's CPU provider about 30 us of a step's time outside
+        the run). None where it does not, or the graph does not say the vocabulary's size. Steps only: a
+        verifying pass's logits are as many rows as it has positions, too large to keep."""
+        if not self.backend.binds_outputs:
+            return None
+        if self._logits is None or self._logits[0] != rows:
+            vocab = next(t.axes[-1] for t in self.backend.contracts["decoder"].outputs if t.name == "logits")
+            if not isinstance(vocab, int):
+                return None
+            buffer = self.backend.empty((rows, 1, vocab))
+            self._logits = (rows, {"logits": buffer}, _last(buffer))
+        return self._logits[1], self._logits[2]
 
     def reorder(self, index: torch.Tensor) -> None:
         self.kv.reorder(index)
@@ -336,7 +368,7 @@ class _OnSelfCache:
         """Give back each row's last `positions` cached positions (a count, or one per row): what lies past
         the new lengths is overwritten by later steps, never read."""
         back = positions.numpy() if isinstance(positions, torch.Tensor) else positions
-        self.kv.lengths = _host(np.maximum(self.kv.lengths.numpy() - back, 0))
+        self.kv.lengths = _host(np.maximum(self.kv.host_lengths - back, 0))
 
 
 class DecoderState(_OnSelfCache):
@@ -362,7 +394,7 @@ class DecoderState(_OnSelfCache):
         return input_ids, logits
 
     def step(self, tokens):
-        positions = self.kv.lengths.numpy()[:, None]
+        positions = self.kv.host_lengths[:, None]
         logits = self._run(_column(tokens), positions, self.kv.step_feeds(), _zeros(positions.shape[0]))
         self.kv.advance()
         return logits
@@ -371,15 +403,19 @@ class DecoderState(_OnSelfCache):
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         rows, k = tokens.shape
-        lengths = self.kv.lengths.numpy()
+        lengths = self.kv.host_lengths
         logits = self._run(tokens, lengths[:, None] + np.arange(k), self.kv.step_feeds(k), _spans(rows, k),
                            last=False)
         self.kv.lengths = _host(lengths + k)
         return logits
 
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
+        """The logits at `logits_positions`: the last one's [rows, vocab] (`last`), or all [rows, k, vocab]."""
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
-        out = self.backend.run("decoder", feeds, held=self.kv.held())
+        own = self._step_logits(ids.shape[0]) if last and logits_positions.shape[1] == 1 else None
+        out = self.backend.run("decoder", feeds, into=own[0] if own else None, held=self.kv.held())
+        if own:
+            return own[1]
         logits = self.backend.to_torch(out["logits"])
         return _float(_last(logits) if last else logits)
 
@@ -441,21 +477,23 @@ class Seq2SeqState(_OnSelfCache):
         return sequences, _float(_last(self.backend.to_torch(out["logits"])))
 
     def step(self, tokens):
-        logits = self._run(_column(tokens))
+        own = self._step_logits(tokens.shape[0])
+        logits = self._run(_column(tokens), own[0] if own else None)
         self.kv.advance()
-        return _last(logits)
+        return own[1] if own else _last(logits)
 
     def verify(self, tokens: torch.Tensor) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         logits = self._run(tokens)
-        self.kv.lengths = _host(self.kv.lengths.numpy() + tokens.shape[1])
+        self.kv.lengths = _host(self.kv.host_lengths + tokens.shape[1])
         return logits
 
-    def _run(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _run(self, tokens: Any, into: dict[str, Any] | None = None) -> torch.Tensor | None:
         feeds = {"decoder_input_ids": tokens, **self.kv.step_feeds(tokens.shape[1])}
-        out = self.backend.run("decoder", feeds, held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
-        return _float(self.backend.to_torch(out["logits"]))
+        out = self.backend.run("decoder", feeds, into=into,
+                               held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
+        return None if into else _float(self.backend.to_torch(out["logits"]))
 
     def _held_feeds(self) -> dict[str, Any]:
         """What a step feeds unchanged beside the self cache: the cross K/V and the encoder mask (its rows

@@ -58,6 +58,9 @@ class Backend(Protocol):
     # Whether such a pass may hold several rows (the server verifies its whole batch in one): onnxruntime's
     # GroupQueryAttention takes several new tokens after a cache only at batch size 1.
     verifies_batches: bool
+    # Whether `run` writes any output named in `into` where it lies, without a copy (a step's logits into a
+    # buffer of the decoding state's own); elsewhere only the cache buffers a graph updates in place.
+    binds_outputs: bool
     # What one more call costs, in tokens' worth of compute: a padded encoder batch is split into sub-batches
     # of similar length where padding would cost more (`hotrod.batching.plan`). A recorded GPU engine
     # pays per call, and per distinct shape a recording, far more than padding costs it.

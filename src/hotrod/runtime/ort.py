@@ -65,6 +65,7 @@ class OrtBackend:
         self.verifies_drafts = True
         self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         self.verifies_batches = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 ..."
+        self.binds_outputs = True
         providers = providers_for(options.device)
         self._profiles = Path(tempfile.mkdtemp(prefix="hotrod-profile-")) if options.profile else None
         # Runs of each graph, counted while profiling: the profiler's trace holds one model_run event each.
