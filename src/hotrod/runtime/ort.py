@@ -302,7 +302,8 @@ class _Binding:
             staged = self.staged[key] = (buffer, buffer.numpy())
         # numpy's copy, not torch's: a few numbers, where torch's copy_ costs its dispatch, cold after a run
         np.copyto(staged[1], array)
-        if not self.holds(name, staged[0]):
+        entry = self.bound.get(name)  # a staging buffer never moves: bound if it is the one bound, by identity
+        if entry is None or entry is _ALLOCATED or entry[0]() is not staged[0]:
             self.tensor(name, staged[0])
         return True
 
