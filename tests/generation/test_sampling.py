@@ -136,7 +136,7 @@ def test_argmax_is_torchs(scores_kind, dtype):
 def test_greedy_pick_is_the_argmax_of_the_processed_scores(where, length):
     """The greedy choice that skips processing equals the argmax over the processed scores, EOS held back
     below the minimum length whatever the raw scores hold there."""
-    from hotrod.generation.search import pick
+    from hotrod.generation.search import greedy_on_host, pick
 
     s = settings(min_length=10, eos_token_id=[3, 4], max_new_tokens=20)
     scores = random_scores(5, ties=where == "eos_ties_another")
@@ -149,3 +149,4 @@ def test_greedy_pick_is_the_argmax_of_the_processed_scores(where, length):
     sequences = random_sequences(length)
     expected = torch.argmax(sampling.process(scores, sequences, s, None), dim=-1)
     assert torch.equal(pick(scores, sequences, s), expected)
+    assert greedy_on_host(scores, s, length).tolist() == expected.tolist()  # the decoding loop's numpy path

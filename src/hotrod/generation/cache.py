@@ -32,10 +32,10 @@ class DecodingState(Protocol):
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, expand: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (initial sequences, next-token logits), each row repeated `expand` times."""
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row; returns next-token logits [rows, vocab], which the next call to the
-        state may overwrite (a backend that writes outputs where it is told writes them into a buffer of
-        the state's own)."""
+    def step(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Feed one token per row (a tensor, or numpy ids on the host); returns next-token logits [rows,
+        vocab], which the next call to the state may overwrite (a backend that writes outputs where it is
+        told writes them into a buffer of the state's own)."""
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep cache rows `index` (beam search)."""
@@ -268,8 +268,10 @@ def _host(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def _column(values: torch.Tensor) -> np.ndarray | torch.Tensor:
+def _column(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
     """[rows] -> [rows, 1] (a step's one token a row), a numpy array on the CPU (see `_host`)."""
+    if isinstance(values, np.ndarray):
+        return values[:, None]
     return values.numpy()[:, None] if values.device.type == "cpu" else values[:, None]
 
 

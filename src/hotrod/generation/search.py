@@ -7,6 +7,7 @@ output is token-identical.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hotrod.generation.cache import DecodingState
@@ -64,6 +65,22 @@ def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
     return tokens if tokens.device.type == "cpu" else tokens.cpu()
 
 
+def on_host(logits: torch.Tensor) -> bool:
+    """Whether `greedy_on_host` can read these logits: fp32 on the CPU, lent to numpy as they are."""
+    return logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad
+
+
+def greedy_on_host(logits: torch.Tensor, s: Settings, length: int) -> np.ndarray:
+    """`greedy` over logits `on_host`, in numpy: the ids as an array, and no torch call but the one lending
+    the logits to numpy (each costs microseconds at every step, its code cold again after every graph run
+    has streamed the weights through the caches; the decoding state takes the array as it is)."""
+    ids = logits.numpy().argmax(axis=-1)  # the first on a tie, a NaN counting as largest: `argmax`'s rule
+    held_back = s.eos_token_ids if length < s.min_length else ()
+    if held_back and not set(held_back).isdisjoint(ids.tolist()):
+        ids = greedy(logits, s, length).numpy()
+    return ids
+
+
 def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
     expand = s.num_return_sequences if s.do_sample else 1
     sequences, logits = state.start(input_ids, attention_mask, expand)
@@ -73,12 +90,16 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     eos = frozenset(s.eos_token_ids or ())
     out = _Tokens(sequences, s.max_length)
     plain_greedy = greedy_only(s)
+    host = plain_greedy and on_host(logits)  # every step's logits are where and what the first are
     while True:
-        if plain_greedy:  # the sequences are not read: no view of them made at every step
+        if host:  # numpy ids, which the state and the sequences take as they are
+            tokens = greedy_on_host(logits, s, out.length)
+        elif plain_greedy:  # the sequences are not read: no view of them made at every step
             tokens = greedy(logits, s, out.length)
         else:
             tokens = pick(logits, out.view(), s, skip)
         if some_finished:
+            tokens = torch.as_tensor(tokens)
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, s.pad_token_id))
         out.append(tokens)
         chosen = tokens.tolist()
@@ -107,13 +128,15 @@ class _Tokens:
         self.buffer[:, : self.length] = sequences[:, : self.length]
         self.array = self.buffer.numpy() if self.buffer.device.type == "cpu" else None
 
-    def append(self, tokens: torch.Tensor) -> None:
+    def append(self, tokens: torch.Tensor | np.ndarray) -> None:
         if self.length == self.buffer.shape[1]:
             self._grow(self.buffer, min(self.limit, 2 * self.length))
-        if self.array is not None and tokens.device.type == "cpu":
+        if self.array is not None and isinstance(tokens, np.ndarray):
+            self.array[:, self.length] = tokens
+        elif self.array is not None and tokens.device.type == "cpu":
             self.array[:, self.length] = tokens.numpy()
         else:
-            self.buffer[:, self.length] = tokens
+            self.buffer[:, self.length] = torch.as_tensor(tokens, device=self.buffer.device)
         self.length += 1
 
     def view(self) -> torch.Tensor:
