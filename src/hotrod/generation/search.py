@@ -70,11 +70,13 @@ def on_host(logits: torch.Tensor) -> bool:
     return logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad
 
 
-def greedy_on_host(logits: torch.Tensor, s: Settings, length: int) -> np.ndarray:
+def greedy_on_host(logits: torch.Tensor, s: Settings, length: int, scores: np.ndarray | None = None) -> np.ndarray:
     """`greedy` over logits `on_host`, in numpy: the ids as an array, and no torch call but the one lending
-    the logits to numpy (each costs microseconds at every step, its code cold again after every graph run
-    has streamed the weights through the caches; the decoding state takes the array as it is)."""
-    ids = logits.numpy().argmax(axis=-1)  # the first on a tie, a NaN counting as largest: `argmax`'s rule
+    the logits to numpy (`scores`, where the caller has it already: each torch call costs microseconds at
+    every step, its code cold again after every graph run has streamed the weights through the caches; the
+    decoding state takes the array as it is)."""
+    scores = logits.numpy() if scores is None else scores
+    ids = scores.argmax(axis=-1)  # the first on a tie, a NaN counting as largest: `argmax`'s rule
     held_back = s.eos_token_ids if length < s.min_length else ()
     if held_back and not set(held_back).isdisjoint(ids.tolist()):
         ids = greedy(logits, s, length).numpy()
@@ -91,9 +93,12 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     out = _Tokens(sequences, s.max_length)
     plain_greedy = greedy_only(s)
     host = plain_greedy and on_host(logits)  # every step's logits are where and what the first are
+    lent: tuple = (None, None)  # the last logits lent to numpy: a state may return the same buffer each step
     while True:
         if host:  # numpy ids, which the state and the sequences take as they are
-            tokens = greedy_on_host(logits, s, out.length)
+            if logits is not lent[0]:
+                lent = (logits, logits.numpy())
+            tokens = greedy_on_host(logits, s, out.length, lent[1])
         elif plain_greedy:  # the sequences are not read: no view of them made at every step
             tokens = greedy(logits, s, out.length)
         else:
