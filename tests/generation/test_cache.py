@@ -66,6 +66,22 @@ def test_joining_nothing_sizes_the_rows_for_what_they_will_need():
     assert cache.capacity == 128
 
 
+def test_replacing_the_buffers_lets_the_held_set_made_of_them_go():
+    cache = _cache(2, 16)
+    held = cache.held()
+    assert cache.held() is held  # the same buffers: the same object, which a backend keeps bound
+    cache.buffers = []
+    assert cache._held is None
+
+
+def test_a_passes_spans_are_arrays_of_their_own():
+    from hotrod.generation.cache import _spans
+
+    for rows in (1, 3):
+        spans = _spans(rows, 4)
+        assert spans.flags.writeable and spans.flags.c_contiguous and spans.tolist() == [[0, 1, 2, 3]] * rows
+
+
 def test_advancing_keeps_the_lengths_tensor_and_its_numpy_memory_in_step():
     cache = _cache(2, 16)
     lengths = cache.lengths

@@ -114,6 +114,22 @@ def test_a_run_without_the_held_set_unbinds_it_and_a_copy_is_never_held(tmp_path
         backend.run("h", {}, held=held)
 
 
+def test_a_held_set_let_go_is_freed_and_never_read_again(tmp_path):
+    import gc
+    import weakref
+
+    backend = _held_backend(tmp_path)
+    x, z = torch.tensor([[1, 2]]), torch.zeros(1, 2, dtype=torch.long)
+    held = Held({"x": x}, {"z": z})
+    _step(backend, held, np.array(1))
+    gone = weakref.ref(x)
+    del held, x, z
+    gc.collect()
+    assert gone() is None and backend._binding("h").held is None  # the binding does not keep the buffers
+    fresh = Held({"x": torch.tensor([[3, 4]])}, {"z": torch.zeros(1, 2, dtype=torch.long)})
+    assert _step(backend, fresh, np.array(1)) == [[4, 5]]
+
+
 def test_cpu_sessions_keep_an_encoders_bias_and_gelu_apart(zoo):
     """onnxruntime's BiasGeluFusion would fuse them back into its slower CPU kernel at every session start."""
     import hotrod

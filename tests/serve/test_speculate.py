@@ -91,6 +91,17 @@ def test_a_requests_drafts_are_find_drafts():
             row = row + [rng.randrange(6) for _ in range(rng.randint(1, 3))]
 
 
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_a_served_request_looks_single_tokens_up_in_its_whole_prompt(zoo, name):
+    """The row a request drafts from begins with its prompt (an encoder-decoder's source too, which its
+    decoder never holds): a single token is looked up there, as generate() does."""
+    runner = GenerationRunner(zoo.model(name, "onnxruntime"), prompt_lookup=4)
+    prompt = [10, 11, 12, 13, 14]
+    drafter = runner.options(prompt, Params(max_new_tokens=8)).drafter
+    assert drafter.prompt == len(prompt)
+    assert drafter.draft([*prompt, 20, 12], 8) == [13, 14, 20, 12]
+
+
 def test_drafts_rejected_in_a_row_pause_drafting_longer_each_time():
     drafter, row = Drafter(4), [1, 2, 3, 1, 2]
     assert drafter.draft(row, 10) == [3, 1, 2]

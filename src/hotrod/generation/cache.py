@@ -106,6 +106,15 @@ class SelfCache:
         self._held: tuple[tuple, Held] | None = None  # what `held` made last, and from what
 
     @property
+    def buffers(self) -> list[Any]:
+        return self._buffers
+
+    @buffers.setter
+    def buffers(self, value: list[Any]) -> None:
+        """Replaced buffers: the `Held` made of the old ones goes with them (it would keep them alive)."""
+        self._buffers, self._held = value, None
+
+    @property
     def lengths(self) -> torch.Tensor:
         """Each row's cached positions (on the host). `host_lengths` is the same memory as numpy: a step reads
         and advances it there, without a torch call (see `_host`)."""
@@ -292,7 +301,7 @@ def _float(logits: torch.Tensor) -> torch.Tensor:
 def _spans(rows: int, width: int) -> np.ndarray:
     """[rows, width] of 0 .. width-1, made once per shape (as `_zeros`): every position's logits in a pass
     that verifies a draft."""
-    return np.ascontiguousarray(np.broadcast_to(np.arange(width), (rows, width)))
+    return np.tile(np.arange(width), (rows, 1))  # its own memory, writable (a broadcast view is neither)
 
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:

@@ -92,12 +92,13 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     eos = frozenset(s.eos_token_ids or ())
     out = _Tokens(sequences, s.max_length)
     plain_greedy = greedy_only(s)
-    host = plain_greedy and on_host(logits)  # every step's logits are where and what the first are
-    lent: tuple = (None, None)  # the last logits lent to numpy: a state may return the same buffer each step
+    # The last logits lent to numpy (None where they are not fp32 on the host): a state may return the same
+    # buffer at every step, and is asked once.
+    lent: tuple = (None, None)
     while True:
-        if host:  # numpy ids, which the state and the sequences take as they are
-            if logits is not lent[0]:
-                lent = (logits, logits.numpy())
+        if plain_greedy and logits is not lent[0]:
+            lent = (logits, logits.numpy() if on_host(logits) else None)
+        if plain_greedy and lent[1] is not None:  # numpy ids, which the state and the sequences take as they are
             tokens = greedy_on_host(logits, s, out.length, lent[1])
         elif plain_greedy:  # the sequences are not read: no view of them made at every step
             tokens = greedy(logits, s, out.length)

@@ -65,7 +65,9 @@ class OrtBackend:
         self.verifies_drafts = True
         self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         self.verifies_batches = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 ..."
-        self.binds_outputs = True
+        # On the CPU a step's logits go into a buffer of the decoding state's own; elsewhere they reach the
+        # host as before (the decoding loop reads them there).
+        self.binds_outputs = self.device == "cpu"
         providers = providers_for(options.device)
         self._profiles = Path(tempfile.mkdtemp(prefix="hotrod-profile-")) if options.profile else None
         # Runs of each graph, counted while profiling: the profiler's trace holds one model_run event each.
@@ -149,7 +151,7 @@ class OrtBackend:
             binding.allocated(name)
         binding.ordered = True
         if held is not None:
-            binding.held = held  # whole again, had the first run's ordered binding above forgotten it
+            binding.keep(held)  # whole again, had the first run's ordered binding above forgotten it
         if self.run_ms is None:
             binding.run()
         else:
@@ -256,7 +258,9 @@ class _Binding:
     def __init__(self, session: ort.InferenceSession, device: str):
         self.io = session.io_binding()
         self.bound: dict[str, tuple] = {}
-        self.held: Held | None = None  # the `Held` every name of which is bound as it holds it
+        # The `Held` every name of which is bound as it holds it, weakly: a state that lets its buffers go
+        # frees them (a run binds afresh whatever is not the held set it brings, or not alive).
+        self._held: weakref.ref | None = None
         self.rest: list[str] = []  # the graph's inputs `held` does not hold, in the graph's order
         self.staged: dict[tuple, tuple[torch.Tensor, np.ndarray]] = {}  # (name, shape, type) -> buffer, its array
         self.plans: dict[tuple, tuple[list[str], list[int]]] = {}
@@ -315,7 +319,7 @@ class _Binding:
     def hold(self, io: GraphIO, held: Held, device: torch.device) -> bool:
         """Bind `held` unless it is bound already; False where an entry is not a contiguous tensor on the
         device, which is then fed as any other (a copy would not see the writes made to it in place)."""
-        if held is self.held:
+        if self.held is held:
             return True
         values = [*held.feeds.values(), *held.into.values()]
         if not all(isinstance(v, torch.Tensor) and v.device == device and v.dtype in _NUMPY_TYPES
@@ -328,8 +332,16 @@ class _Binding:
             for name, value in held.into.items():
                 if not self.holds(name, value):
                     self.tensor(name, value, output=True)
-        self.held, self.rest = held, [name for name in io.input_names if name not in held.feeds]
+        self.keep(held)
+        self.rest = [name for name in io.input_names if name not in held.feeds]
         return True
+
+    @property
+    def held(self) -> Held | None:
+        return self._held() if self._held is not None else None
+
+    def keep(self, held: Held) -> None:
+        self._held = weakref.ref(held)
 
     def plan(self, io: GraphIO, into: Mapping[str, Any], held: Held | None = None) -> tuple[list[str], list[int]]:
         """The outputs onnxruntime allocates when `into` (and `held`) hold the rest: their names and places."""
@@ -367,8 +379,9 @@ class _Binding:
 
     def forget(self, name: str) -> None:
         """`name` is bound afresh outside `held`: the held set is then no longer bound as a whole."""
-        if self.held is not None and name in self.held.names:
-            self.held = None
+        held = self.held
+        if held is not None and name in held.names:
+            self._held = None
 
     def outputs(self, names: list[str], into: Mapping[str, Any], indices: list[int]) -> dict[str, Any]:
         """The run's outputs: `into`'s own handles, and the others (at `indices`) as `wrap` hands them over.

@@ -69,9 +69,11 @@ Outcome = list[Pick] | BaseException  # a row's next tokens (one, or more when a
 class RowOptions:
     """What one request needs at each step: its settings and, when sampling, its own random stream."""
 
-    def __init__(self, settings: Settings, seed: int | None, prompt_lookup: int = 0):
+    def __init__(self, settings: Settings, seed: int | None, prompt_lookup: int = 0, prompt: int = 0):
+        """`prompt`: the request's prompt tokens, which begin the row it drafts from (an encoder-decoder's
+        source, which its decoder's own prompt, the start token, is not)."""
         self.settings = settings
-        self.drafter = Drafter(prompt_lookup, prompt=settings.prompt_length) if prompt_lookup else None
+        self.drafter = Drafter(prompt_lookup, prompt=prompt) if prompt_lookup else None
         self.generator = None
         if settings.do_sample:
             self.generator = torch.Generator()
@@ -106,7 +108,7 @@ class GenerationRunner:
     def options(self, prompt: list[int], params: Params) -> RowOptions:
         """Resolve a request's settings as `generate()` would; raises HotrodError for a bad combination."""
         values = gen_config.merge(self.model.generation_config, None, params.generate_kwargs())
-        return RowOptions(self.model.settings(len(prompt), values), params.seed, self._lookup(params))
+        return RowOptions(self.model.settings(len(prompt), values), params.seed, self._lookup(params), len(prompt))
 
     def _lookup(self, params: Params) -> int:
         """The tokens a request drafts a step: its own choice, else the server's (which beams ignore)."""
