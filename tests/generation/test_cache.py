@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,3 +107,7 @@ def test_a_steps_logits_land_in_a_buffer_of_the_states_own_where_the_backend_wri
     second = state.step(torch.tensor([9]))
     assert second.data_ptr() == first.data_ptr() and second.shape == (1, model.dims.vocab_size)
     assert not torch.equal(second, values)  # written over by the next step, as the contract says
+    wide = state.verify(np.array([[3, 4, 5]]))
+    narrow = state.verify(np.array([[6]]))
+    assert wide.shape == (1, 3, model.dims.vocab_size) and narrow.shape == (1, 1, model.dims.vocab_size)
+    assert narrow.data_ptr() == wide.data_ptr()  # a pass's logits: the front of one buffer of the state's own

@@ -130,6 +130,31 @@ def test_a_held_set_let_go_is_freed_and_never_read_again(tmp_path):
     assert _step(backend, fresh, np.array(1)) == [[4, 5]]
 
 
+def test_runs_one_token_wide_and_wider_keep_a_binding_each(tmp_path):
+    """A loop alternating steps and verifying passes (its tokens fed first) rebinds nothing at each turn."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "step"], ["y"])], "w",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"]),
+         helper.make_tensor_value_info("step", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "w.onnx")
+    io = GraphIO("w", (TensorSpec("x", "int64", ("b", "s")), TensorSpec("step", "int64", ())),
+                 (TensorSpec("y", "int64", ("b", "s")),))
+    backend = OrtBackend({"w": tmp_path / "w.onnx"}, {"w": io}, RuntimeOptions(threads=1))
+
+    def run(x: list) -> list:
+        return backend.to_torch(backend.run("w", {"x": np.array(x), "step": np.array(1)})["y"]).tolist()
+
+    for _ in range(2):
+        assert run([[1]]) == [[2]] and run([[1, 2, 3]]) == [[2, 3, 4]]
+    narrow, wide = backend._binding("w"), backend._binding("w", wide=True)
+    assert narrow is not wide
+    assert [key[1] for key in narrow.staged if key[0] == "x"] == [(1, 1)]
+    assert [key[1] for key in wide.staged if key[0] == "x"] == [(1, 3)]
+
+
 def test_cpu_sessions_keep_an_encoders_bias_and_gelu_apart(zoo):
     """onnxruntime's BiasGeluFusion would fuse them back into its slower CPU kernel at every session start."""
     import hotrod

@@ -67,8 +67,9 @@ class DecodingState(Protocol):
     def fit(self, positions: int) -> None:
         """The rows left need at most `positions` each: give back memory held for rows that have gone."""
 
-    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each [rows, k, vocab]."""
+    def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Run `tokens` [rows, k] (a tensor, or numpy ids on the host) after each row's cache in one pass: the
+        logits after each [rows, k, vocab]."""
 
     def rewind(self, positions: int | torch.Tensor) -> None:
         """Give back each row's last `positions` cached positions (a count, or one per row)."""
@@ -336,22 +337,43 @@ class _OnSelfCache:
     # a kernel that takes rows in pairs then pairs each token with one of its own row, wherever it lies).
     width_multiple: int = 1
     _logits: tuple[int, dict[str, Any], torch.Tensor] | None = None  # rows, the step's `into`, its [rows, vocab] view
+    _passes: tuple[torch.Tensor, dict[int, dict[str, Any]]] | None = None  # one row's pass buffer, `into` by width
 
     def _step_logits(self, rows: int) -> tuple[dict[str, Any], torch.Tensor] | None:
         """A buffer of the state's own for a step's logits [rows, 1, vocab], as the run's `into`, and its
         [rows, vocab] view, where the backend writes outputs where it is told: no output allocated, handed
         over and let go at every step (on onnxruntime's CPU provider about 30 us of a step's time outside
-        the run). None where it does not, or the graph does not say the vocabulary's size. Steps only: a
-        verifying pass's logits are as many rows as it has positions, too large to keep."""
-        if not self.backend.binds_outputs:
-            return None
+        the run). None where it does not, or the graph does not say the vocabulary's size."""
         if self._logits is None or self._logits[0] != rows:
-            vocab = next(t.axes[-1] for t in self.backend.contracts["decoder"].outputs if t.name == "logits")
-            if not isinstance(vocab, int):
+            vocab = self._vocab()
+            if vocab is None:
                 return None
             buffer = self.backend.empty((rows, 1, vocab))
             self._logits = (rows, {"logits": buffer}, _last(buffer))
         return self._logits[1], self._logits[2]
+
+    def _pass_logits(self, rows: int, width: int) -> dict[str, Any] | None:
+        """The `into` of a verifying pass's logits [1, width, vocab]: the front of one buffer of the state's
+        own, as wide as its widest pass, as a step's (`_step_logits`). One row only: a batch's pass holds
+        as many vocab-sized rows as it has positions, too many to keep."""
+        if rows != 1:
+            return None
+        if self._passes is None or self._passes[0].shape[1] < width:
+            vocab = self._vocab()
+            if vocab is None:
+                return None
+            self._passes = (self.backend.empty((1, width, vocab)), {})
+        buffer, views = self._passes
+        if width not in views:
+            views[width] = {"logits": buffer[:, :width]}
+        return views[width]
+
+    def _vocab(self) -> int | None:
+        """The logits' last axis where the backend writes outputs where it is told and the graph says it."""
+        if not self.backend.binds_outputs:
+            return None
+        vocab = next(t.axes[-1] for t in self.backend.contracts["decoder"].outputs if t.name == "logits")
+        return vocab if isinstance(vocab, int) else None
 
     def reorder(self, index: torch.Tensor) -> None:
         self.kv.reorder(index)
@@ -379,7 +401,7 @@ class _OnSelfCache:
         """Give back each row's last `positions` cached positions (a count, or one per row): what lies past
         the new lengths is overwritten by later steps, never read."""
         back = positions.numpy() if isinstance(positions, torch.Tensor) else positions
-        self.kv.lengths = _host(np.maximum(self.kv.host_lengths - back, 0))
+        np.maximum(self.kv.host_lengths - back, 0, out=self.kv.host_lengths)  # in place, as `advance`
 
 
 class DecoderState(_OnSelfCache):
@@ -410,23 +432,27 @@ class DecoderState(_OnSelfCache):
         self.kv.advance()
         return logits
 
-    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
+    def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
         rows, k = tokens.shape
         lengths = self.kv.host_lengths
         logits = self._run(tokens, lengths[:, None] + np.arange(k), self.kv.step_feeds(k), _spans(rows, k),
                            last=False)
-        self.kv.lengths = _host(lengths + k)
+        lengths += k  # in place, as `advance`
         return logits
 
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
         """The logits at `logits_positions`: the last one's [rows, vocab] (`last`), or all [rows, k, vocab]."""
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
-        own = self._step_logits(ids.shape[0]) if last and logits_positions.shape[1] == 1 else None
-        out = self.backend.run("decoder", feeds, into=own[0] if own else None, held=self.kv.held())
+        width = logits_positions.shape[1]
+        own = self._step_logits(ids.shape[0]) if last and width == 1 else None
+        into = own[0] if own else None if last else self._pass_logits(ids.shape[0], width)
+        out = self.backend.run("decoder", feeds, into=into, held=self.kv.held())
         if own:
             return own[1]
+        if into is not None:  # a pass's, in the state's own fp32 buffer
+            return out["logits"]
         logits = self.backend.to_torch(out["logits"])
         return _float(_last(logits) if last else logits)
 
@@ -493,18 +519,18 @@ class Seq2SeqState(_OnSelfCache):
         self.kv.advance()
         return own[1] if own else _last(logits)
 
-    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
+    def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
-        logits = self._run(tokens)
-        self.kv.lengths = _host(self.kv.host_lengths + tokens.shape[1])
+        logits = self._run(tokens, self._pass_logits(*tokens.shape))
+        self.kv.host_lengths += tokens.shape[1]  # in place, as `advance`
         return logits
 
-    def _run(self, tokens: Any, into: dict[str, Any] | None = None) -> torch.Tensor | None:
+    def _run(self, tokens: Any, into: dict[str, Any] | None = None) -> torch.Tensor:
         feeds = {"decoder_input_ids": tokens, **self.kv.step_feeds(tokens.shape[1])}
         out = self.backend.run("decoder", feeds, into=into,
                                held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
-        return None if into else _float(self.backend.to_torch(out["logits"]))
+        return out["logits"] if into else _float(self.backend.to_torch(out["logits"]))  # a buffer of its own: fp32
 
     def _held_feeds(self) -> dict[str, Any]:
         """What a step feeds unchanged beside the self cache: the cross K/V and the encoder mask (its rows

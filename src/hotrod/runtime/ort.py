@@ -118,7 +118,7 @@ class OrtBackend:
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
             held: Held | None = None) -> dict[str, Any]:
         io = self.contracts[graph]
-        binding = self._binding(graph)
+        binding = self._binding(graph, _wide(feeds.get(io.input_names[0])))
         if held is not None and not binding.hold(io, held, self.torch_device):
             feeds, into = merged(feeds, into, held)  # not all bindable by pointer: bound as plain feeds
             held = None
@@ -164,11 +164,16 @@ class OrtBackend:
         binding.release(allocated)
         return outputs
 
-    def _binding(self, graph: str) -> _Binding:
+    def _binding(self, graph: str, wide: bool = False) -> _Binding:
+        """This thread's binding of `graph` for runs one token wide, or (`wide`) for wider ones: a loop that
+        verifies drafts alternates steps with passes, and one binding for both would rebind its small
+        feeds and its logits at every turn (a pass after a step cost about 30 us more than after a pass
+        on the demo GPT-2, and a step after a pass 40 us more than after a step)."""
         bindings = self._local.__dict__.setdefault("bindings", {})
-        if graph not in bindings:
-            bindings[graph] = _Binding(self.sessions[graph], self.device)
-        return bindings[graph]
+        key = (graph, wide)
+        if key not in bindings:
+            bindings[key] = _Binding(self.sessions[graph], self.device)
+        return bindings[key]
 
     def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A torch tensor on the device, bound to runs by pointer: the cache rows can then be copied and
@@ -212,6 +217,12 @@ class OrtBackend:
         array = np.ascontiguousarray(value if isinstance(value, np.ndarray) else value.detach().cpu().numpy())
         # The OrtValue keeps a reference to `array`, so the buffer lives as long as the handle.
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+
+def _wide(first: Any) -> bool:
+    """Whether a run's first feed (its tokens) is more than one token wide."""
+    shape = getattr(first, "shape", ())
+    return len(shape) > 1 and shape[1] != 1
 
 
 class _Lent:
