@@ -155,6 +155,17 @@ def test_runs_one_token_wide_and_wider_keep_a_binding_each(tmp_path):
     assert [key[1] for key in wide.staged if key[0] == "x"] == [(1, 3)]
 
 
+def test_a_runs_width_is_read_from_tensors_arrays_and_onnxruntimes_own_values():
+    import onnxruntime as ort
+
+    from hotrod.runtime.ort import _wide
+
+    wide, narrow = np.zeros((1, 3), np.int64), np.zeros((1, 1), np.int64)
+    assert _wide(wide) and _wide(torch.from_numpy(wide)) and _wide(ort.OrtValue.ortvalue_from_numpy(wide))
+    assert not any(_wide(v) for v in (narrow, torch.from_numpy(narrow), ort.OrtValue.ortvalue_from_numpy(narrow),
+                                      np.array(3), None))
+
+
 def test_cpu_sessions_keep_an_encoders_bias_and_gelu_apart(zoo):
     """onnxruntime's BiasGeluFusion would fuse them back into its slower CPU kernel at every session start."""
     import hotrod

@@ -69,7 +69,7 @@ class DecodingState(Protocol):
 
     def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Run `tokens` [rows, k] (a tensor, or numpy ids on the host) after each row's cache in one pass: the
-        logits after each [rows, k, vocab]."""
+        logits after each [rows, k, vocab], which the next pass may overwrite (as a step's)."""
 
     def rewind(self, positions: int | torch.Tensor) -> None:
         """Give back each row's last `positions` cached positions (a count, or one per row)."""
@@ -362,7 +362,10 @@ class _OnSelfCache:
             vocab = self._vocab()
             if vocab is None:
                 return None
-            self._passes = (self.backend.empty((1, width, vocab)), {})
+            # Doubled when outgrown: an assistant's drafts widen two tokens at a time, and each new buffer
+            # is a zeroed allocation of `width` vocab-sized rows.
+            wider = 2 * self._passes[0].shape[1] if self._passes is not None else width
+            self._passes = (self.backend.empty((1, max(width, wider), vocab)), {})
         buffer, views = self._passes
         if width not in views:
             views[width] = {"logits": buffer[:, :width]}

@@ -220,8 +220,8 @@ class OrtBackend:
 
 
 def _wide(first: Any) -> bool:
-    """Whether a run's first feed (its tokens) is more than one token wide."""
-    shape = getattr(first, "shape", ())
+    """Whether a run's first feed (its tokens) is more than one token wide (an OrtValue's shape is a method)."""
+    shape = first.shape() if isinstance(first, ort.OrtValue) else getattr(first, "shape", ())
     return len(shape) > 1 and shape[1] != 1
 
 
