@@ -371,6 +371,24 @@ class _OnSelfCache:
             views[width] = {"logits": buffer[:, :width]}
         return views[width]
 
+    def _own_logits(self, rows: int, width: int, last: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
+        """A run's `into` for its logits and what the state returns of them, where they go into a buffer of
+        its own: a step's [rows, vocab] (`last`, one position a row), a one-row pass's [1, width, vocab].
+        (None, None) where they do not, and the backend allocates them."""
+        if last:
+            own = self._step_logits(rows) if width == 1 else None
+            return own if own is not None else (None, None)
+        into = self._pass_logits(rows, width)
+        return (into, into["logits"]) if into is not None else (None, None)
+
+    def _read_logits(self, out: dict[str, Any], own: torch.Tensor | None, last: bool) -> torch.Tensor:
+        """The logits a run returns: the state's own (`_own_logits`), else the backend's output as fp32, the
+        last position's (`last`) or all."""
+        if own is not None:
+            return own
+        logits = self.backend.to_torch(out["logits"])
+        return _float(_last(logits) if last else logits)
+
     def _vocab(self) -> int | None:
         """The logits' last axis where the backend writes outputs where it is told and the graph says it."""
         if not self.backend.binds_outputs:
@@ -448,16 +466,9 @@ class DecoderState(_OnSelfCache):
     def _run(self, ids, positions, cache_feeds: dict, logits_positions, last: bool = True) -> torch.Tensor:
         """The logits at `logits_positions`: the last one's [rows, vocab] (`last`), or all [rows, k, vocab]."""
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
-        width = logits_positions.shape[1]
-        own = self._step_logits(ids.shape[0]) if last and width == 1 else None
-        into = own[0] if own else None if last else self._pass_logits(ids.shape[0], width)
+        into, own = self._own_logits(ids.shape[0], logits_positions.shape[1], last)
         out = self.backend.run("decoder", feeds, into=into, held=self.kv.held())
-        if own:
-            return own[1]
-        if into is not None:  # a pass's, in the state's own fp32 buffer
-            return out["logits"]
-        logits = self.backend.to_torch(out["logits"])
-        return _float(_last(logits) if last else logits)
+        return self._read_logits(out, own, last)
 
     def room_for(self, other: DecoderState) -> bool:
         return bool(self.kv.buffers)  # `place` grows the buffers when a newcomer needs more than they hold
@@ -517,23 +528,24 @@ class Seq2SeqState(_OnSelfCache):
         return sequences, _float(_last(self.backend.to_torch(out["logits"])))
 
     def step(self, tokens):
-        own = self._step_logits(tokens.shape[0])
-        logits = self._run(_column(tokens), own[0] if own else None)
+        logits = self._run(_column(tokens), last=True)
         self.kv.advance()
-        return own[1] if own else _last(logits)
+        return logits
 
     def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
         [rows, k, vocab]. The cache holds them all afterwards; `rewind` gives back the rejected ones."""
-        logits = self._run(tokens, self._pass_logits(*tokens.shape))
+        logits = self._run(tokens, last=False)
         self.kv.host_lengths += tokens.shape[1]  # in place, as `advance`
         return logits
 
-    def _run(self, tokens: Any, into: dict[str, Any] | None = None) -> torch.Tensor:
+    def _run(self, tokens: Any, last: bool) -> torch.Tensor:
+        """The logits after the tokens [rows, k]: the last position's [rows, vocab] (`last`), or all."""
         feeds = {"decoder_input_ids": tokens, **self.kv.step_feeds(tokens.shape[1])}
+        into, own = self._own_logits(*tokens.shape, last)
         out = self.backend.run("decoder", feeds, into=into,
                                held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
-        return out["logits"] if into else _float(self.backend.to_torch(out["logits"]))  # a buffer of its own: fp32
+        return self._read_logits(out, own, last)
 
     def _held_feeds(self) -> dict[str, Any]:
         """What a step feeds unchanged beside the self cache: the cross K/V and the encoder mask (its rows

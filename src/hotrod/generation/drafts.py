@@ -16,7 +16,7 @@ import torch
 from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
 from hotrod.generation.sampling import argmax_ids, plain_argmax
-from hotrod.generation.search import greedy, greedy_only, on_host, pick, prompt_padding
+from hotrod.generation.search import HostScores, greedy, greedy_only, pick, prompt_padding
 
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 
@@ -35,7 +35,7 @@ class Drafting:
         self.state, self.s = state, settings
         self.drafted = self.accepted = 0
         self.padding: torch.Tensor | None = None  # the row's leading padding, which the repetition penalty ignores
-        self._lent: tuple = (None, None)  # the last step's logits lent to numpy (a state may reuse its buffer)
+        self._host = HostScores()
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
@@ -69,9 +69,7 @@ class Drafting:
     def choose(self, logits: torch.Tensor, tokens: list[int]) -> int:
         """The token decoding without drafts would take after `tokens`: the processed argmax, or a draw."""
         if plain_argmax(self.s, len(tokens)):  # no tensor of the row to make: it costs more than a small step
-            if logits is not self._lent[0]:
-                self._lent = (logits, logits.numpy() if on_host(logits) else None)
-            scores = self._lent[1]
+            scores = self._host(logits)
             return argmax_ids(logits)[0] if scores is None else scores[0].argmax().item()
         if greedy_only(self.s):  # EOS held back (min_length): nor here, where only the row's length counts
             return greedy(logits, self.s, len(tokens)).tolist()[0]

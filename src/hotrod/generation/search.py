@@ -65,13 +65,23 @@ def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
     return tokens if tokens.device.type == "cpu" else tokens.cpu()
 
 
-def on_host(logits: torch.Tensor) -> bool:
-    """Whether `greedy_on_host` can read these logits: fp32 on the CPU, lent to numpy as they are."""
-    return logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad
+class HostScores:
+    """Logits lent to numpy where they are fp32 on the CPU (else None), each logits object asked once: a
+    decoding state may return the same buffer at every step, and every torch call costs microseconds there,
+    its code cold again after every graph run. Both decoding loops read their greedy choices through it."""
+
+    def __init__(self):
+        self._lent: tuple = (None, None)  # the last logits and their numpy view
+
+    def __call__(self, logits: torch.Tensor) -> np.ndarray | None:
+        if logits is not self._lent[0]:
+            on_host = logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad
+            self._lent = (logits, logits.numpy() if on_host else None)
+        return self._lent[1]
 
 
 def greedy_on_host(logits: torch.Tensor, s: Settings, length: int, scores: np.ndarray | None = None) -> np.ndarray:
-    """`greedy` over logits `on_host`, in numpy: the ids as an array, and no torch call but the one lending
+    """`greedy` over fp32 logits on the CPU, in numpy: the ids as an array, and no torch call but the one lending
     the logits to numpy (`scores`, where the caller has it already: each torch call costs microseconds at
     every step, its code cold again after every graph run has streamed the weights through the caches; the
     decoding state takes the array as it is)."""
@@ -92,14 +102,11 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     eos = frozenset(s.eos_token_ids or ())
     out = _Tokens(sequences, s.max_length)
     plain_greedy = greedy_only(s)
-    # The last logits lent to numpy (None where they are not fp32 on the host): a state may return the same
-    # buffer at every step, and is asked once.
-    lent: tuple = (None, None)
+    host = HostScores()
     while True:
-        if plain_greedy and logits is not lent[0]:
-            lent = (logits, logits.numpy() if on_host(logits) else None)
-        if plain_greedy and lent[1] is not None:  # numpy ids, which the state and the sequences take as they are
-            tokens = greedy_on_host(logits, s, out.length, lent[1])
+        scores = host(logits) if plain_greedy else None
+        if scores is not None:  # numpy ids, which the state and the sequences take as they are
+            tokens = greedy_on_host(logits, s, out.length, scores)
         elif plain_greedy:  # the sequences are not read: no view of them made at every step
             tokens = greedy(logits, s, out.length)
         else:
