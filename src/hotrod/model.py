@@ -9,7 +9,8 @@ or a backend.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,10 @@ from hotrod.generation.search import generate as run_search
 from hotrod.kinds import spec as kind_spec
 from hotrod.pipelines.base import Row
 from hotrod.registry import Family
+
+# The largest cache a finished generate() keeps for the next call on its thread (`_generation_state`):
+# GPT-2 124M's whole 1,024 positions at fp32 for one row take 72 MiB.
+SPARE_CACHE_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -58,6 +63,7 @@ class HotrodModel:
         self.task = self.dims.task
         self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
         self._vocabulary_of: tuple[Any, int] | None = None  # the tokenizer and size `_vocabulary_hash` is of
+        self._spares = threading.local()  # each thread's last finished generate() state (`_generation_state`)
         self._vocabulary_hash = 0
 
     @property
@@ -90,8 +96,7 @@ class HotrodModel:
         else:  # transformers infers padding only for decoder-only models
             attention_mask = torch.ones_like(input_ids)
         settings = self.settings(input_ids.shape[1], values)
-        state = self.decoding_state(settings)
-        with torch_threads(self.backend.loop_threads):
+        with self._generation_state(settings) as state, torch_threads(self.backend.loop_threads):
             if lookup:
                 self._check_drafting("prompt_lookup_num_tokens", input_ids, settings)
                 return Lookup(state, settings, lookup).generate(input_ids, attention_mask)
@@ -99,9 +104,24 @@ class HotrodModel:
                 self._check_drafting("assistant_model", input_ids, settings, assistant)
                 # The assistant's rows begin as the model's do (an encoder-decoder's with the same start token).
                 settings = dataclasses.replace(settings, decoder_start_token_id=self._start_token(settings))
-                drafter = Assist(state, settings, assistant.decoding_state(settings), assistant_tokens)
-                return drafter.generate(input_ids, attention_mask)
+                with assistant._generation_state(settings) as drafts:
+                    return Assist(state, settings, drafts, assistant_tokens).generate(input_ids, attention_mask)
             return run_search(state, input_ids, attention_mask, settings)
+
+    @contextmanager
+    def _generation_state(self, settings: gen_config.Settings) -> Iterator[DecodingState]:
+        """A fresh decoding state for one generate() call, in the cache buffers of this thread's last one
+        where they fit (`DecodingState.recycle`), kept for the next call afterwards unless they are larger
+        than `SPARE_CACHE_BYTES`. Another thread, or a generate() called while this one runs, makes its own."""
+        state = self.decoding_state(settings)
+        spare = self._spares.__dict__.pop("state", None)
+        if spare is not None:
+            state.recycle(spare)
+        try:
+            yield state
+        finally:
+            if state.kv.nbytes() <= SPARE_CACHE_BYTES:
+                self._spares.state = state
 
     def _draft_arguments(self, kwargs: dict) -> tuple[int, HotrodModel | None, int]:
         """`prompt_lookup_num_tokens` (0: off), `assistant_model` and `num_assistant_tokens`, taken out of

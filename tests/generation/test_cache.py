@@ -19,10 +19,16 @@ class _Backend:
     def view(self, value):
         return value
 
+    def select(self, value, index):
+        return value[index]
+
+
+def _dims(max_positions: int | None = 1024) -> Dims:
+    return Dims(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, head_dim=4, max_positions=max_positions)
+
 
 def _cache(rows: int, capacity: int, max_positions: int | None = 1024, fill: float = 1.0) -> SelfCache:
-    dims = Dims(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, head_dim=4, max_positions=max_positions)
-    cache = SelfCache(_Backend(), dims, 2, capacity)
+    cache = SelfCache(_Backend(), _dims(max_positions), 2, capacity)
     cache.allocate(rows, capacity)
     cache.lengths = torch.full((rows,), min(capacity, 3), dtype=torch.long)
     for buffer in cache.buffers:
@@ -111,3 +117,63 @@ def test_a_steps_logits_land_in_a_buffer_of_the_states_own_where_the_backend_wri
     narrow = state.verify(np.array([[6]]))
     assert wide.shape == (1, 3, model.dims.vocab_size) and narrow.shape == (1, 1, model.dims.vocab_size)
     assert narrow.data_ptr() == wide.data_ptr()  # a pass's logits: the front of one buffer of the state's own
+
+
+def test_a_recycled_cache_takes_the_spares_buffers_zeroed_where_it_wrote():
+    spare = _cache(2, 16, fill=5.0)
+    spare.feeds(np.array([6, 6]), 7)  # a run wrote 7 positions a row
+    buffers, held = spare.buffers, spare.held()
+    for buffer in buffers:
+        buffer[:, :, 7:] = 0  # what no run wrote is zero already
+    cache = SelfCache(_Backend(), _dims(), 2, 8)
+    cache.recycle(spare)
+    cache.allocate(2, 12)
+    assert cache.buffers is buffers and cache.held() is held  # the same memory, kept bound as one set
+    assert cache.capacity == 16 and cache.lengths.tolist() == [0, 0]
+    assert all(not b.any() for b in cache.buffers)
+
+
+def test_a_spare_of_other_rows_or_fewer_positions_is_not_taken():
+    for rows, capacity in ((3, 8), (2, 32)):
+        spare = _cache(2, 16)
+        cache = SelfCache(_Backend(), _dims(), 2, capacity)
+        cache.recycle(spare)
+        cache.allocate(rows, capacity)
+        assert cache.buffers is not spare.buffers and cache.buffers[0].shape[:3] == (rows, 2, capacity)
+        assert all(not b.any() for b in cache.buffers)
+
+
+def test_a_spare_whose_buffers_were_replaced_is_zeroed_whole():
+    spare = _cache(2, 16, fill=3.0)
+    spare.reorder(torch.tensor([1, 0]))  # new buffers: what they hold is not known
+    assert spare.written is None
+    cache = SelfCache(_Backend(), _dims(), 2, 16)
+    cache.recycle(spare)
+    cache.allocate(2, 16)
+    assert cache.buffers is spare.buffers and all(not b.any() for b in cache.buffers)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_generate_starts_in_the_last_calls_buffers_and_decodes_as_in_new_ones(zoo, backend, name):
+    """Each call on a thread takes the buffers its last call left (zeroed): the same tokens as a state of
+    its own would decode, whatever the calls before it wrote; another thread makes its own."""
+    import threading
+
+    model = zoo.model(name, backend)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, model.dims.vocab_size, (1, n), generator=generator) for n in (9, 3, 9, 5)]
+    recycled = [model.generate(p, max_new_tokens=6, min_new_tokens=6) for p in prompts]
+    spare = model._spares.state.kv.buffers
+    fresh = []
+    for prompt in prompts:
+        model._spares = threading.local()  # no spare: a state in buffers of its own
+        fresh.append(model.generate(prompt, max_new_tokens=6, min_new_tokens=6))
+    assert all(torch.equal(a, b) for a, b in zip(recycled, fresh))
+    kept = model._spares.state.kv.buffers
+    model.generate(prompts[3], max_new_tokens=6)
+    assert model._spares.state.kv.buffers is kept and kept is not spare
+    other: list = []
+    thread = threading.Thread(target=lambda: other.append(model.generate(prompts[3], max_new_tokens=6)))
+    thread.start()
+    thread.join()
+    assert model._spares.state.kv.buffers is kept and torch.equal(other[0], model.generate(prompts[3], max_new_tokens=6))

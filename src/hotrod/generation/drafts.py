@@ -35,7 +35,8 @@ class Drafting:
         self.state, self.s = state, settings
         self.drafted = self.accepted = 0
         self.padding: torch.Tensor | None = None  # the row's leading padding, which the repetition penalty ignores
-        self._host = HostScores()
+        self._host = HostScores()  # a step's logits lent to numpy
+        self._host_passes = HostScores()  # a pass's (a buffer of their own, as wide as the pass)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
@@ -82,7 +83,8 @@ class Drafting:
         transformers' prompt lookup does: the draw that differs is the next token, so every token follows
         plain sampling's distribution."""
         if plain_argmax(self.s, len(tokens)):  # every position's choice at once
-            choices = argmax_ids(every)[0]
+            scores = self._host_passes(every)
+            choices = argmax_ids(every)[0] if scores is None else scores[0].argmax(axis=-1).tolist()
             agreed = next((j for j, (a, b) in enumerate(zip(choices, draft)) if a != b), len(draft))
             return draft[:agreed], choices[agreed]
         kept: list[int] = []
