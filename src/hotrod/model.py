@@ -112,7 +112,8 @@ class HotrodModel:
     def _generation_state(self, settings: gen_config.Settings) -> Iterator[DecodingState]:
         """A fresh decoding state for one generate() call, in the cache buffers of this thread's last one
         where they fit (`DecodingState.recycle`), kept for the next call afterwards unless they are larger
-        than `SPARE_CACHE_BYTES`. Another thread, or a generate() called while this one runs, makes its own."""
+        than `SPARE_CACHE_BYTES` or the backend pools its buffers itself (`pools_cache`). Another thread, or a
+        generate() called while this one runs, makes its own."""
         state = self.decoding_state(settings)
         spare = self._spares.__dict__.pop("state", None)
         if spare is not None:
@@ -120,7 +121,7 @@ class HotrodModel:
         try:
             yield state
         finally:
-            if state.kv.nbytes() <= SPARE_CACHE_BYTES:
+            if not self.backend.pools_cache and state.kv.nbytes() <= SPARE_CACHE_BYTES:
                 self._spares.state = state
 
     def _draft_arguments(self, kwargs: dict) -> tuple[int, HotrodModel | None, int]:

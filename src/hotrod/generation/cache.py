@@ -362,11 +362,16 @@ def compact_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     `SelfCache.width_multiple`). Dropping the masked tokens computes exactly what masking them does; a
     row's generation positions count its real tokens (as transformers' do).
     """
-    lengths = attention_mask.ne(0).sum(dim=1)
-    if not bool((lengths > 0).all()):
-        raise HotrodError("a prompt row has no tokens (its attention_mask is all zeros)")
-    order = torch.sort(attention_mask.eq(0).int(), dim=1, stable=True).indices[:, : int(lengths.max())]
-    ids = input_ids.gather(1, order)
+    rows, width = input_ids.shape
+    if width and bool(attention_mask.all()):  # no padding (a lone prompt, most often): nothing moves
+        ids, order = input_ids, torch.arange(width).repeat(rows, 1)
+        lengths = torch.full((rows,), width, dtype=torch.long)
+    else:
+        lengths = attention_mask.ne(0).sum(dim=1)
+        if not bool((lengths > 0).all()):
+            raise HotrodError("a prompt row has no tokens (its attention_mask is all zeros)")
+        order = torch.sort(attention_mask.eq(0).int(), dim=1, stable=True).indices[:, : int(lengths.max())]
+        ids = input_ids.gather(1, order)
     extra = -ids.shape[1] % multiple
     if extra:  # columns past every row's length: written to the cache past its length, never read
         ids = torch.nn.functional.pad(ids, (0, extra))

@@ -41,7 +41,7 @@ class Drafting:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
         tokens = sequences[0].tolist()
-        self.padding = prompt_padding(self.state, attention_mask, 1)
+        self.padding = prompt_padding(self.state, attention_mask, 1, self.s)
         self.begin(input_ids, attention_mask, tokens)
         eos = set(self.s.eos_token_ids or [])
         new = [self.choose(logits, tokens)]

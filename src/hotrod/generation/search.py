@@ -23,9 +23,10 @@ def generate(state: DecodingState, input_ids: torch.Tensor, attention_mask: torc
     return sample_or_greedy(state, input_ids, attention_mask, s)
 
 
-def prompt_padding(state: DecodingState, attention_mask: torch.Tensor, expand: int) -> torch.Tensor | None:
-    """Leading padding per row, which the repetition penalty ignores when rows start with the prompt."""
-    if not state.sequences_include_prompt:
+def prompt_padding(state: DecodingState, attention_mask: torch.Tensor, expand: int, s: Settings) -> torch.Tensor | None:
+    """Leading padding per row, which the repetition penalty ignores when rows start with the prompt (None
+    without the penalty, which alone reads it: four torch calls a generate() call saved)."""
+    if not state.sequences_include_prompt or s.repetition_penalty == 1.0:
         return None
     return (attention_mask != 0).int().argmax(dim=1).repeat_interleave(expand)
 
@@ -96,7 +97,7 @@ def greedy_on_host(logits: torch.Tensor, s: Settings, length: int, scores: np.nd
 def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
     expand = s.num_return_sequences if s.do_sample else 1
     sequences, logits = state.start(input_ids, attention_mask, expand)
-    skip = prompt_padding(state, attention_mask, expand)
+    skip = prompt_padding(state, attention_mask, expand, s)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
     some_finished = False  # a Python bool: asking the tensor at every step costs more than the step's other work
     eos = frozenset(s.eos_token_ids or ())
@@ -160,7 +161,7 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
     beams, batch = s.num_beams, input_ids.shape[0]
     flat, logits = state.start(input_ids, attention_mask, beams)
     prompt_len = flat.shape[1]
-    skip = prompt_padding(state, attention_mask, beams)
+    skip = prompt_padding(state, attention_mask, beams, s)
     min_keep = max(2, len(s.eos_token_ids) + 1)  # sampled beams must keep a non-EOS continuation
     keep = max(2, 1 + len(s.eos_token_ids)) * beams
     top_beams = torch.arange(keep) < beams

@@ -61,6 +61,10 @@ class Backend(Protocol):
     # Whether `run` writes any output named in `into` where it lies, without a copy (a step's logits into a
     # buffer of the decoding state's own); elsewhere only the cache buffers a graph updates in place.
     binds_outputs: bool
+    # Whether it lends cache buffers from a pool of its own, each back in the pool once let go (the static
+    # engine, whose recorded graphs are keyed by their addresses): a finished generate() then keeps none
+    # for the next call (`HotrodModel._generation_state`), which would hold them out of the pool.
+    pools_cache: bool
     # What one more call costs, in tokens' worth of compute: a padded encoder batch is split into sub-batches
     # of similar length where padding would cost more (`hotrod.batching.plan`). A recorded GPU engine
     # pays per call, and per distinct shape a recording, far more than padding costs it.
