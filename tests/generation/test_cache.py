@@ -13,6 +13,8 @@ from hotrod.registry import Dims
 class _Backend:
     """What SelfCache asks of a backend, on plain torch tensors."""
 
+    pools_cache = False
+
     def empty(self, shape):
         return torch.zeros(shape)
 

@@ -130,40 +130,49 @@ def test_a_held_set_let_go_is_freed_and_never_read_again(tmp_path):
     assert _step(backend, fresh, np.array(1)) == [[4, 5]]
 
 
-def test_runs_one_token_wide_and_wider_keep_a_binding_each(tmp_path):
-    """A loop alternating steps and verifying passes (its tokens fed first) rebinds nothing at each turn."""
+def test_steps_prompts_and_passes_keep_a_binding_each(tmp_path):
+    """A loop alternating steps and verifying passes (its tokens fed first) after a prompt rebinds nothing at
+    each turn: a prompt asks for one position's logits a row, a pass for every position's."""
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "step"], ["y"])], "w",
+        [helper.make_node("Add", ["x", "step"], ["y"]), helper.make_node("Identity", ["logits_positions"], ["z"])],
+        "w",
         [helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"]),
-         helper.make_tensor_value_info("step", TensorProto.INT64, [])],
-        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"])])
+         helper.make_tensor_value_info("step", TensorProto.INT64, []),
+         helper.make_tensor_value_info("logits_positions", TensorProto.INT64, ["b", "k"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"]),
+         helper.make_tensor_value_info("z", TensorProto.INT64, ["b", "k"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "w.onnx")
-    io = GraphIO("w", (TensorSpec("x", "int64", ("b", "s")), TensorSpec("step", "int64", ())),
-                 (TensorSpec("y", "int64", ("b", "s")),))
+    io = GraphIO("w", (TensorSpec("x", "int64", ("b", "s")), TensorSpec("step", "int64", ()),
+                       TensorSpec("logits_positions", "int64", ("b", "k"))),
+                 (TensorSpec("y", "int64", ("b", "s")), TensorSpec("z", "int64", ("b", "k"))))
     backend = OrtBackend({"w": tmp_path / "w.onnx"}, {"w": io}, RuntimeOptions(threads=1))
 
-    def run(x: list) -> list:
-        return backend.to_torch(backend.run("w", {"x": np.array(x), "step": np.array(1)})["y"]).tolist()
+    def run(x: list, positions: list) -> list:
+        feeds = {"x": np.array(x), "step": np.array(1), "logits_positions": np.array(positions)}
+        return backend.to_torch(backend.run("w", feeds)["y"]).tolist()
 
+    assert run([[1, 2, 3, 4]], [[3]]) == [[2, 3, 4, 5]]
     for _ in range(2):
-        assert run([[1]]) == [[2]] and run([[1, 2, 3]]) == [[2, 3, 4]]
-    narrow, wide = backend._binding("w"), backend._binding("w", wide=True)
-    assert narrow is not wide
-    assert [key[1] for key in narrow.staged if key[0] == "x"] == [(1, 1)]
-    assert [key[1] for key in wide.staged if key[0] == "x"] == [(1, 3)]
+        assert run([[1]], [[0]]) == [[2]] and run([[1, 2, 3]], [[0, 1, 2]]) == [[2, 3, 4]]
+    step, prompt, verify = (backend._binding("w", width) for width in ("step", "prompt", "pass"))
+    assert len({id(step), id(prompt), id(verify)}) == 3
+    assert [key[1] for key in step.staged if key[0] == "x"] == [(1, 1)]
+    assert [key[1] for key in prompt.staged if key[0] == "x"] == [(1, 4)]
+    assert [key[1] for key in verify.staged if key[0] == "x"] == [(1, 3)]
 
 
 def test_a_runs_width_is_read_from_tensors_arrays_and_onnxruntimes_own_values():
     import onnxruntime as ort
 
-    from hotrod.runtime.ort import _wide
+    from hotrod.runtime.ort import _width
 
-    wide, narrow = np.zeros((1, 3), np.int64), np.zeros((1, 1), np.int64)
-    assert _wide(wide) and _wide(torch.from_numpy(wide)) and _wide(ort.OrtValue.ortvalue_from_numpy(wide))
-    assert not any(_wide(v) for v in (narrow, torch.from_numpy(narrow), ort.OrtValue.ortvalue_from_numpy(narrow),
-                                      np.array(3), None))
+    wide, narrow, last = np.zeros((1, 3), np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64)
+    for tokens in (wide, torch.from_numpy(wide), ort.OrtValue.ortvalue_from_numpy(wide)):
+        assert _width(tokens, None) == _width(tokens, wide) == "pass" and _width(tokens, last) == "prompt"
+    for tokens in (narrow, torch.from_numpy(narrow), ort.OrtValue.ortvalue_from_numpy(narrow), np.array(3), None):
+        assert _width(tokens, None) == _width(tokens, last) == "step"
 
 
 def test_cpu_sessions_keep_an_encoders_bias_and_gelu_apart(zoo):

@@ -119,7 +119,7 @@ class SelfCache:
     def buffers(self, value: list[Any]) -> None:
         """Replaced buffers: the `Held` made of the old ones goes with them (it would keep them alive), and
         how many positions a row they have been written is not known (`written`: None)."""
-        self._buffers, self._held, self.written = value, None, None
+        self._buffers, self._held, self.written, self._slab = value, None, None, None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -149,9 +149,14 @@ class SelfCache:
         spare, self._spare = self._spare, None
         if spare is not None and spare.fits(rows, self.capacity):
             self._take(spare)
-        else:
+        elif self.backend.pools_cache:  # each buffer lent by the backend's pool, by rows
             self.buffers = [self._new(rows, self.capacity) for _ in self.past]
             self.written = 0
+        else:  # every layer's in one allocation, which a recycling state zeroes in one call (`_take`)
+            slab = self.backend.view(self.backend.empty((len(self.past), rows, self.shape[0], self.capacity,
+                                                         self.shape[1])))
+            self.buffers = list(slab.unbind(0))
+            self.written, self._slab = 0, slab
         self.lengths, self.idle = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
 
     def recycle(self, spare: SelfCache) -> None:
@@ -178,10 +183,13 @@ class SelfCache:
     def _take(self, spare: SelfCache) -> None:
         """`spare`'s buffers (and the `Held` made of them), the positions it wrote zeroed."""
         written = spare.written
-        self._buffers, self._held = spare.buffers, spare._held
+        self._buffers, self._held, self._slab = spare.buffers, spare._held, spare._slab
         self.capacity = self.backend.view(self.buffers[0]).shape[2]
-        for buffer in self.buffers:
-            self.backend.view(buffer)[:, :, :written].zero_()
+        if self._slab is not None:
+            self._slab[:, :, :, :written].zero_()
+        else:
+            for buffer in self.buffers:
+                self.backend.view(buffer)[:, :, :written].zero_()
         self.written = 0
 
     def feeds(self, seqlens_k: np.ndarray | torch.Tensor, total: int) -> dict[str, Any]:
@@ -323,11 +331,16 @@ def _host(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def _on_host(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
+    """Token ids as a numpy array where they are on the CPU (see `_host`), else the tensor itself."""
+    if isinstance(values, np.ndarray) or values.device.type != "cpu":
+        return values
+    return values.numpy()
+
+
 def _column(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
     """[rows] -> [rows, 1] (a step's one token a row), a numpy array on the CPU (see `_host`)."""
-    if isinstance(values, np.ndarray):
-        return values[:, None]
-    return values.numpy()[:, None] if values.device.type == "cpu" else values[:, None]
+    return _on_host(values)[:, None]
 
 
 def _last(logits: torch.Tensor) -> torch.Tensor:
@@ -364,7 +377,7 @@ def compact_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """
     rows, width = input_ids.shape
     if width and bool(attention_mask.all()):  # no padding (a lone prompt, most often): nothing moves
-        ids, order = input_ids, torch.arange(width).repeat(rows, 1)
+        ids, order = input_ids, torch.arange(width).expand(rows, width)
         lengths = torch.full((rows,), width, dtype=torch.long)
     else:
         lengths = attention_mask.ne(0).sum(dim=1)
@@ -492,8 +505,9 @@ class DecoderState(_OnSelfCache):
         ids, _, lengths = compact_prompts(input_ids, attention_mask, self.width_multiple)
         rows, width = ids.shape
         self.kv.allocate(rows, width)
-        positions = torch.arange(width).expand(rows, width)
-        logits = self._run(ids, positions, self.kv.feeds(lengths - 1, width), (lengths - 1)[:, None])
+        # Numpy feeds on the host, as a step's (see `_host`): every position's index, each row's last.
+        last = lengths.numpy() - 1
+        logits = self._run(_on_host(ids), _spans(rows, width), self.kv.feeds(last, width), last[:, None])
         self.kv.lengths = lengths
         if expand > 1:
             index = _expand_index(rows, expand)

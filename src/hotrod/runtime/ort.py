@@ -119,7 +119,7 @@ class OrtBackend:
     def run(self, graph: str, feeds: Mapping[str, Any], into: Mapping[str, Any] | None = None,
             held: Held | None = None) -> dict[str, Any]:
         io = self.contracts[graph]
-        binding = self._binding(graph, _wide(feeds.get(io.input_names[0])))
+        binding = self._binding(graph, _width(feeds.get(io.input_names[0]), feeds.get("logits_positions")))
         if held is not None and not binding.hold(io, held, self.torch_device):
             feeds, into = merged(feeds, into, held)  # not all bindable by pointer: bound as plain feeds
             held = None
@@ -165,13 +165,13 @@ class OrtBackend:
         binding.release(allocated)
         return outputs
 
-    def _binding(self, graph: str, wide: bool = False) -> _Binding:
-        """This thread's binding of `graph` for runs one token wide, or (`wide`) for wider ones: a loop that
-        verifies drafts alternates steps with passes, and one binding for both would rebind its small
-        feeds and its logits at every turn (a pass after a step cost about 30 us more than after a pass
-        on the demo GPT-2, and a step after a pass 40 us more than after a step)."""
+    def _binding(self, graph: str, width: str = "step") -> _Binding:
+        """This thread's binding of `graph` for runs of one `width` (`_width`): a loop that verifies drafts
+        alternates steps with passes after a prompt, and one binding for all would rebind its small feeds
+        and its logits at every turn (a pass after a step cost about 30 us more than after a pass on the
+        demo GPT-2, and a step after a pass 40 us more than after a step)."""
         bindings = self._local.__dict__.setdefault("bindings", {})
-        key = (graph, wide)
+        key = (graph, width)
         if key not in bindings:
             bindings[key] = _Binding(self.sessions[graph], self.device)
         return bindings[key]
@@ -220,10 +220,15 @@ class OrtBackend:
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
 
-def _wide(first: Any) -> bool:
-    """Whether a run's first feed (its tokens) is more than one token wide (an OrtValue's shape is a method)."""
+def _width(first: Any, logits_positions: Any) -> str:
+    """What a run feeds and returns: one token a row ("step"), several with the logits of the last alone
+    ("prompt"), or several with the logits of each ("pass"), from its first feed (its tokens; an OrtValue's
+    shape is a method) and the logits positions it asks for, where the graph takes them."""
     shape = first.shape() if isinstance(first, ort.OrtValue) else getattr(first, "shape", ())
-    return len(shape) > 1 and shape[1] != 1
+    if len(shape) < 2 or shape[1] == 1:
+        return "step"
+    asked = getattr(logits_positions, "shape", None)
+    return "prompt" if asked is not None and len(asked) > 1 and asked[1] == 1 else "pass"
 
 
 class _Lent:
