@@ -22,9 +22,15 @@ MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of th
 
 
 def _ids(tokens: list) -> np.ndarray:
-    """Token ids (a step's [token], a pass's [[token, *draft]]) as the int64 numpy array a state takes as it
-    is: a torch tensor would cost its making, and the state's asking it for its memory, at every pass."""
+    """Token ids (a step's [token], a pass's [[token, *draft]], the finished row) as an int64 numpy array,
+    which a state takes as it is: a torch tensor would cost its making (torch.tensor of a list several
+    times numpy's), and the state's asking it for its memory, at every pass."""
     return np.array(tokens, dtype=np.int64)
+
+
+def _host_list(values: torch.Tensor) -> list[int]:
+    """A row of ids as Python ints, through numpy on the CPU (torch's tolist costs several times more)."""
+    return values.numpy().tolist() if values.device.type == "cpu" else values.tolist()
 
 
 class Drafting:
@@ -40,17 +46,17 @@ class Drafting:
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
-        tokens = sequences[0].tolist()
+        tokens = _host_list(sequences[0])
         self.padding = prompt_padding(self.state, attention_mask, 1, self.s)
         self.begin(input_ids, attention_mask, tokens)
-        eos = set(self.s.eos_token_ids or [])
+        eos, limit = set(self.s.eos_token_ids or []), self.s.max_length
         new = [self.choose(logits, tokens)]
         while True:
             for token in new:
                 tokens.append(token)
-                if token in eos or len(tokens) >= self.s.max_length:
-                    return torch.tensor([tokens])
-            room = self.s.max_length - len(tokens) - 1  # the pass also yields the token after the draft
+                if token in eos or len(tokens) >= limit:
+                    return torch.from_numpy(_ids([tokens]))
+            room = limit - len(tokens) - 1  # the pass also yields the token after the draft
             draft = self.draft(tokens, room) if room > 0 else []
             if draft:
                 new = self._check(tokens, draft)
@@ -85,7 +91,11 @@ class Drafting:
         if plain_argmax(self.s, len(tokens)):  # every position's choice at once
             scores = self._host_passes(every)
             choices = argmax_ids(every)[0] if scores is None else scores[0].argmax(axis=-1).tolist()
-            agreed = next((j for j, (a, b) in enumerate(zip(choices, draft)) if a != b), len(draft))
+            agreed = 0
+            for choice, drafted in zip(choices, draft):  # a plain loop: a generator's frame costs more here
+                if choice != drafted:
+                    break
+                agreed += 1
             return draft[:agreed], choices[agreed]
         kept: list[int] = []
         for j, drafted in enumerate(draft):
