@@ -9,7 +9,6 @@ or a backend.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from hotrod.generation.cache import DecodingState, SelfCache, compact_prompts
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 from hotrod.generation.lookup import Lookup
 from hotrod.generation.search import generate as run_search
+from hotrod.generation.spares import Spares
 from hotrod.kinds import spec as kind_spec
 from hotrod.pipelines.base import Row
 from hotrod.registry import Family
 
-# The largest cache a finished generate() keeps for the next call on its thread (`_generation_state`):
+# What finished generate() calls keep for the next ones at most, in all (`hotrod.generation.spares`):
 # GPT-2 124M's whole 1,024 positions at fp32 for one row take 72 MiB.
 SPARE_CACHE_BYTES = 256 * 2**20
 
@@ -63,7 +63,7 @@ class HotrodModel:
         self.task = self.dims.task
         self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
         self._vocabulary_of: tuple[Any, int] | None = None  # the tokenizer and size `_vocabulary_hash` is of
-        self._spares = threading.local()  # each thread's last finished generate() state (`_generation_state`)
+        self._spares = Spares(SPARE_CACHE_BYTES)  # finished generate() calls' states (`_generation_state`)
         self._vocabulary_hash = 0
 
     @property
@@ -110,19 +110,28 @@ class HotrodModel:
 
     @contextmanager
     def _generation_state(self, settings: gen_config.Settings) -> Iterator[DecodingState]:
-        """A fresh decoding state for one generate() call, in the cache buffers of this thread's last one
-        where they fit (`DecodingState.recycle`), kept for the next call afterwards unless they are larger
-        than `SPARE_CACHE_BYTES` or the backend pools its buffers itself (`pools_cache`). Another thread, or a
-        generate() called while this one runs, makes its own."""
-        state = self.decoding_state(settings)
-        spare = self._spares.__dict__.pop("state", None)
+        """A fresh decoding state for one generate() call, in the cache buffers a finished call left where they
+        fit (`hotrod.generation.spares`), given back for the next call afterwards, unless the backend pools
+        its buffers itself (`pools_cache`, the static engine). A call that started nothing gives back the
+        spare it took instead."""
+        if self.backend.pools_cache:
+            yield self.decoding_state(settings)
+            return
+        state, spare = self.decoding_state(settings), self._spares.take()
         if spare is not None:
             state.recycle(spare)
         try:
             yield state
         finally:
-            if not self.backend.pools_cache and state.kv.nbytes() <= SPARE_CACHE_BYTES:
-                self._spares.state = state
+            state.finish()
+            kept = state if state.nbytes() else spare  # a call that started nothing leaves the spare as it was
+            if kept is not None:
+                self._spares.give(kept)
+
+    def free_cache(self) -> None:
+        """Let go of the cache buffers finished generate() calls kept for the next ones (at most
+        `SPARE_CACHE_BYTES` in all): the memory goes back before a long idle spell."""
+        self._spares.clear()
 
     def _draft_arguments(self, kwargs: dict) -> tuple[int, HotrodModel | None, int]:
         """`prompt_lookup_num_tokens` (0: off), `assistant_model` and `num_assistant_tokens`, taken out of

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
+import hotrod
 from hotrod.generation.cache import ROUND_POSITIONS, SelfCache
 from hotrod.registry import Dims
 
@@ -155,30 +158,91 @@ def test_a_spare_whose_buffers_were_replaced_is_zeroed_whole():
     assert cache.buffers is spare.buffers and all(not b.any() for b in cache.buffers)
 
 
+def _kept(model):
+    """The cache buffers of the state finished generate() calls left last."""
+    return model._spares._kept[-1][0].kv.buffers
+
+
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 def test_generate_starts_in_the_last_calls_buffers_and_decodes_as_in_new_ones(zoo, backend, name):
-    """Each call on a thread takes the buffers its last call left (zeroed): the same tokens as a state of
-    its own would decode, whatever the calls before it wrote; another thread makes its own. A backend that
-    pools its buffers itself (the static engine) gets them all back: no call keeps any."""
-    import threading
-
+    """Each call takes the buffers the last one left (zeroed): the same tokens as a state of its own would
+    decode, whatever the calls before it wrote. A backend that pools its buffers itself (the static engine)
+    gets them all back: no call keeps any."""
     model = zoo.model(name, backend)
     generator = torch.Generator().manual_seed(3)
     prompts = [torch.randint(2, model.dims.vocab_size, (1, n), generator=generator) for n in (9, 3, 9, 5)]
     recycled = [model.generate(p, max_new_tokens=6, min_new_tokens=6) for p in prompts]
     fresh = []
     for prompt in prompts:
-        model._spares = threading.local()  # no spare: a state in buffers of its own
+        model.free_cache()  # no spare: a state in buffers of its own
         fresh.append(model.generate(prompt, max_new_tokens=6, min_new_tokens=6))
     assert all(torch.equal(a, b) for a, b in zip(recycled, fresh))
     if model.backend.pools_cache:
-        assert not hasattr(model._spares, "state") and model.backend.pool.lent == 0
+        assert len(model._spares) == 0 and model.backend.pool.lent == 0
         return
-    kept = model._spares.state.kv.buffers
+    kept = _kept(model)
+    assert model.generate(prompts[3], max_new_tokens=6) is not None and _kept(model) is kept
+    assert len(model._spares) == 1
+    with pytest.raises(hotrod.HotrodError):  # refused after the spare was taken: it is given back as it was
+        model.generate(torch.tensor([[3, 4], [5, 6]]), prompt_lookup_num_tokens=2)
     model.generate(prompts[3], max_new_tokens=6)
-    assert model._spares.state.kv.buffers is kept
-    other: list = []
-    thread = threading.Thread(target=lambda: other.append(model.generate(prompts[3], max_new_tokens=6)))
-    thread.start()
-    thread.join()
-    assert model._spares.state.kv.buffers is kept and torch.equal(other[0], model.generate(prompts[3], max_new_tokens=6))
+    assert _kept(model) is kept and len(model._spares) == 1
+    if name == "t5":  # the cross K/V were that call's alone
+        spare = model._spares._kept[-1][0]
+        assert spare.cross == [] and spare.mask is None and spare.kv._held is None
+
+
+def test_calls_on_many_threads_at_once_each_take_a_spare_of_their_own(zoo):
+    model = zoo.model("gpt2", "onnxruntime")
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, model.dims.vocab_size, (1, 4 + i), generator=generator) for i in range(4)]
+    alone = [model.generate(p, max_new_tokens=8, min_new_tokens=8) for p in prompts]
+    barrier, outputs = threading.Barrier(len(prompts)), {}
+
+    def call(i: int) -> None:
+        for _ in range(3):
+            barrier.wait()
+            outputs.setdefault(i, []).append(model.generate(prompts[i], max_new_tokens=8, min_new_tokens=8))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(torch.equal(out, alone[i]) for i, outs in outputs.items() for out in outs)
+    states = [state for state, _ in model._spares._kept]
+    assert 1 <= len(states) <= len(prompts) and len({id(s.kv.buffers[0]) for s in states}) == len(states)
+
+
+def test_spares_keep_the_latest_within_their_budget():
+    from hotrod.generation.spares import Spares
+
+    class _State:
+        def __init__(self, size):
+            self.size = size
+
+        def nbytes(self):
+            return self.size
+
+    spares = Spares(budget=100)
+    a, b, c, big = _State(40), _State(40), _State(40), _State(101)
+    for state in (a, b, c, big):
+        spares.give(state)
+    assert len(spares) == 2 and spares.take() is c and spares.take() is b and spares.take() is None
+    spares.give(a)
+    spares.clear()
+    assert spares.take() is None
+
+
+def test_an_encoder_decoders_lookup_row_is_its_input_then_what_it_decoded():
+    import types
+
+    from hotrod.generation.lookup import Lookup
+
+    lookup = Lookup(types.SimpleNamespace(sequences_include_prompt=False), types.SimpleNamespace(), 3)
+    tokens = [99]  # the start token, never looked up
+    lookup.begin(torch.tensor([[0, 5, 6, 7, 8]]), torch.tensor([[0, 1, 1, 1, 1]]), tokens)
+    for new in ([5], [6, 7], [], [1, 2, 3, 4]):
+        tokens += new
+        lookup.draft(tokens, 3)
+        assert lookup.row == [5, 6, 7, 8] + tokens[1:]

@@ -78,6 +78,13 @@ class DecodingState(Protocol):
         """Start (`start`) in the buffers of `spare`, a finished generation's state of the same model, where
         they fit: zeroed, as new ones, without their making and binding."""
 
+    def finish(self) -> None:
+        """The generation is over: let go of what only it used (an encoder-decoder's cross K/V), keeping the
+        buffers a later state may `recycle`."""
+
+    def nbytes(self) -> int:
+        """The bytes of the buffers the state holds for its generation (0 before `start`)."""
+
     @property
     def headroom(self) -> int:
         """Positions the longest row may still take before the buffers must grow."""
@@ -168,6 +175,13 @@ class SelfCache:
         is as a new one's, whatever the last one left.
         """
         self._spare = spare
+
+    def finish(self, held_too: bool = False) -> None:
+        """The generation is over: a spare it never took is let go, and (`held_too`) the `Held` made of the
+        buffers, where it holds more than them (an encoder-decoder's cross K/V)."""
+        self._spare = None
+        if held_too:
+            self._held = None
 
     def fits(self, rows: int, capacity: int) -> bool:
         """Whether the buffers are `rows` rows of at least `capacity` positions."""
@@ -270,6 +284,7 @@ class SelfCache:
         for slot, row in pairs:
             self.lengths[slot], self.idle[slot] = other.lengths[row], False
         self.idle = self.idle
+        self.written = None  # the newcomers' rows, up to their own lengths
 
     def release(self, rows: list[int]) -> None:
         self.lengths[rows], self.idle[rows] = 0, True
@@ -361,6 +376,15 @@ def _spans(rows: int, width: int) -> np.ndarray:
     """[rows, width] of 0 .. width-1, made once per shape (as `_zeros`): every position's logits in a pass
     that verifies a draft."""
     return np.tile(np.arange(width), (rows, 1))  # its own memory, writable (a broadcast view is neither)
+
+
+CACHED_SPAN_ELEMENTS = 4096  # prompts' positions up to this many are `_spans`' cached arrays
+
+
+def _positions(rows: int, width: int) -> np.ndarray:
+    """Every position's index in a prompt of `rows` x `width`: `_spans`' array, made once, where it is small;
+    a long prompt's of its own (256 cached arrays of long prompts would hold hundreds of megabytes)."""
+    return _spans(rows, width) if rows * width <= CACHED_SPAN_ELEMENTS else np.tile(np.arange(width), (rows, 1))
 
 
 def _expand_index(rows: int, expand: int) -> torch.Tensor:
@@ -466,6 +490,16 @@ class _OnSelfCache:
         self.kv.recycle(spare.kv)
         self._logits, self._passes = spare._logits, spare._passes
 
+    def finish(self) -> None:
+        self.kv.finish()
+
+    def nbytes(self) -> int:
+        if not self.kv.buffers:
+            return 0
+        logits = [self._logits[2]] if self._logits is not None else []
+        logits += [self._passes[0]] if self._passes is not None else []
+        return self.kv.nbytes() + sum(self.backend.view(t).nbytes for t in logits)
+
     @property
     def length(self) -> int:
         return self.kv.length
@@ -507,7 +541,7 @@ class DecoderState(_OnSelfCache):
         self.kv.allocate(rows, width)
         # Numpy feeds on the host, as a step's (see `_host`): every position's index, each row's last.
         last = lengths.numpy() - 1
-        logits = self._run(_on_host(ids), _spans(rows, width), self.kv.feeds(last, width), last[:, None])
+        logits = self._run(_on_host(ids), _positions(rows, width), self.kv.feeds(last, width), last[:, None])
         self.kv.lengths = lengths
         if expand > 1:
             index = _expand_index(rows, expand)
@@ -615,6 +649,12 @@ class Seq2SeqState(_OnSelfCache):
         out = self.backend.run("decoder", feeds, into=into,
                                held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
         return self._read_logits(out, own, last)
+
+    def finish(self) -> None:
+        """The cross K/V and the encoder mask are this generation's alone: neither they nor the `Held` made
+        with them stay with the buffers a later state may take."""
+        self.kv.finish(held_too=True)
+        self.cross, self.mask = [], None
 
     def _held_feeds(self) -> dict[str, Any]:
         """What a step feeds unchanged beside the self cache: the cross K/V and the encoder mask (its rows
