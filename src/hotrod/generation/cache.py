@@ -204,6 +204,9 @@ class SelfCache:
         else:
             for buffer in self.buffers:
                 self.backend.view(buffer)[:, :, :written].zero_()
+        first = self.backend.view(self.buffers[0])
+        if first.is_cuda:  # zeroed on torch's stream: done before a graph on a stream of its own reads them
+            torch.cuda.current_stream(first.device).synchronize()
         self.written = 0
 
     def feeds(self, seqlens_k: np.ndarray | torch.Tensor, total: int) -> dict[str, Any]:
