@@ -13,19 +13,27 @@ from hotrod.runtime.base import Held, RuntimeOptions
 from hotrod.runtime.ort import OrtBackend
 
 
+def _int64_backend(tmp_path, name: str, nodes: list, inputs: dict[str, tuple], outputs: dict[str, tuple]) -> OrtBackend:
+    """An onnxruntime backend over one graph `name` of `nodes`, whose int64 inputs and outputs (in order)
+    have the axes given: the graph and its contract written from the one description."""
+    def infos(axes_of: dict[str, tuple]) -> list:
+        return [helper.make_tensor_value_info(n, TensorProto.INT64, list(axes)) for n, axes in axes_of.items()]
+
+    def specs(axes_of: dict[str, tuple]) -> tuple:
+        return tuple(TensorSpec(n, "int64", axes) for n, axes in axes_of.items())
+
+    model = helper.make_model(helper.make_graph(nodes, name, infos(inputs), infos(outputs)),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / f"{name}.onnx")
+    io = GraphIO(name, specs(inputs), specs(outputs))
+    return OrtBackend({name: tmp_path / f"{name}.onnx"}, {name: io}, RuntimeOptions(threads=1))
+
+
 def _backend(tmp_path) -> OrtBackend:
     """y = x + step over int64 rows of any shape (`step` a scalar, fed first)."""
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "step"], ["y"])], "g",
-        [helper.make_tensor_value_info("step", TensorProto.INT64, []),
-         helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "g.onnx")
-    io = GraphIO("g", (TensorSpec("step", "int64", ()), TensorSpec("x", "int64", ("b", "s"))),
-                 (TensorSpec("y", "int64", ("b", "s")),))
-    return OrtBackend({"g": tmp_path / "g.onnx"}, {"g": io}, RuntimeOptions(threads=1))
+    return _int64_backend(tmp_path, "g", [helper.make_node("Add", ["x", "step"], ["y"])],
+                          {"step": (), "x": ("b", "s")}, {"y": ("b", "s")})
 
 
 def _run(backend: OrtBackend, x: torch.Tensor, step: int = 1) -> np.ndarray:
@@ -66,18 +74,8 @@ def test_staging_buffers_of_many_shapes_never_free_one_bound_for_this_run(tmp_pa
 
 def _held_backend(tmp_path) -> OrtBackend:
     """y = x + step and z = x + x, `x` and `z` meant to be held (a cache and what a step writes)."""
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "step"], ["y"]), helper.make_node("Add", ["x", "x"], ["z"])], "h",
-        [helper.make_tensor_value_info("step", TensorProto.INT64, []),
-         helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"]),
-         helper.make_tensor_value_info("z", TensorProto.INT64, ["b", "s"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "h.onnx")
-    io = GraphIO("h", (TensorSpec("step", "int64", ()), TensorSpec("x", "int64", ("b", "s"))),
-                 (TensorSpec("y", "int64", ("b", "s")), TensorSpec("z", "int64", ("b", "s"))))
-    return OrtBackend({"h": tmp_path / "h.onnx"}, {"h": io}, RuntimeOptions(threads=1))
+    nodes = [helper.make_node("Add", ["x", "step"], ["y"]), helper.make_node("Add", ["x", "x"], ["z"])]
+    return _int64_backend(tmp_path, "h", nodes, {"step": (), "x": ("b", "s")}, {"y": ("b", "s"), "z": ("b", "s")})
 
 
 def _step(backend: OrtBackend, held: Held, step) -> list:
@@ -133,21 +131,9 @@ def test_a_held_set_let_go_is_freed_and_never_read_again(tmp_path):
 def test_steps_prompts_and_passes_keep_a_binding_each(tmp_path):
     """A loop alternating steps and verifying passes (its tokens fed first) after a prompt rebinds nothing at
     each turn: a prompt asks for one position's logits a row, a pass for every position's."""
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "step"], ["y"]), helper.make_node("Identity", ["logits_positions"], ["z"])],
-        "w",
-        [helper.make_tensor_value_info("x", TensorProto.INT64, ["b", "s"]),
-         helper.make_tensor_value_info("step", TensorProto.INT64, []),
-         helper.make_tensor_value_info("logits_positions", TensorProto.INT64, ["b", "k"])],
-        [helper.make_tensor_value_info("y", TensorProto.INT64, ["b", "s"]),
-         helper.make_tensor_value_info("z", TensorProto.INT64, ["b", "k"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "w.onnx")
-    io = GraphIO("w", (TensorSpec("x", "int64", ("b", "s")), TensorSpec("step", "int64", ()),
-                       TensorSpec("logits_positions", "int64", ("b", "k"))),
-                 (TensorSpec("y", "int64", ("b", "s")), TensorSpec("z", "int64", ("b", "k"))))
-    backend = OrtBackend({"w": tmp_path / "w.onnx"}, {"w": io}, RuntimeOptions(threads=1))
+    nodes = [helper.make_node("Add", ["x", "step"], ["y"]), helper.make_node("Identity", ["logits_positions"], ["z"])]
+    backend = _int64_backend(tmp_path, "w", nodes, {"x": ("b", "s"), "step": (), "logits_positions": ("b", "k")},
+                             {"y": ("b", "s"), "z": ("b", "k")})
 
     def run(x: list, positions: list) -> list:
         feeds = {"x": np.array(x), "step": np.array(1), "logits_positions": np.array(positions)}

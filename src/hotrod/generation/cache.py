@@ -198,13 +198,13 @@ class SelfCache:
         """`spare`'s buffers (and the `Held` made of them), the positions it wrote zeroed."""
         written = spare.written
         self._buffers, self._held, self._slab = spare.buffers, spare._held, spare._slab
-        self.capacity = self.backend.view(self.buffers[0]).shape[2]
+        first = self.backend.view(self.buffers[0])
+        self.capacity = first.shape[2]
         if self._slab is not None:
             self._slab[:, :, :, :written].zero_()
         else:
             for buffer in self.buffers:
                 self.backend.view(buffer)[:, :, :written].zero_()
-        first = self.backend.view(self.buffers[0])
         if first.is_cuda:  # zeroed on torch's stream: done before a graph on a stream of its own reads them
             torch.cuda.current_stream(first.device).synchronize()
         self.written = 0
@@ -349,8 +349,9 @@ def _host(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def _on_host(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
-    """Token ids as a numpy array where they are on the CPU (see `_host`), else the tensor itself."""
+def on_host(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
+    """Token ids as a numpy array where they are on the CPU (see `_host`: numpy's calls, its tolist among
+    them, cost several times less than torch's), else the tensor itself."""
     if isinstance(values, np.ndarray) or values.device.type != "cpu":
         return values
     return values.numpy()
@@ -358,7 +359,7 @@ def _on_host(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
 
 def _column(values: torch.Tensor | np.ndarray) -> np.ndarray | torch.Tensor:
     """[rows] -> [rows, 1] (a step's one token a row), a numpy array on the CPU (see `_host`)."""
-    return _on_host(values)[:, None]
+    return on_host(values)[:, None]
 
 
 def _last(logits: torch.Tensor) -> torch.Tensor:
@@ -544,7 +545,7 @@ class DecoderState(_OnSelfCache):
         self.kv.allocate(rows, width)
         # Numpy feeds on the host, as a step's (see `_host`): every position's index, each row's last.
         last = lengths.numpy() - 1
-        logits = self._run(_on_host(ids), _positions(rows, width), self.kv.feeds(last, width), last[:, None])
+        logits = self._run(on_host(ids), _positions(rows, width), self.kv.feeds(last, width), last[:, None])
         self.kv.lengths = lengths
         if expand > 1:
             index = _expand_index(rows, expand)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hotrod.generation.cache import DecodingState
+from hotrod.generation.cache import DecodingState, on_host
 from hotrod.generation.config import Settings
 from hotrod.generation.sampling import argmax_ids, plain_argmax
 from hotrod.generation.search import HostScores, greedy, greedy_only, pick, prompt_padding
@@ -26,11 +26,6 @@ def _ids(tokens: list) -> np.ndarray:
     which a state takes as it is: a torch tensor would cost its making (torch.tensor of a list several
     times numpy's), and the state's asking it for its memory, at every pass."""
     return np.array(tokens, dtype=np.int64)
-
-
-def _host_list(values: torch.Tensor) -> list[int]:
-    """A row of ids as Python ints, through numpy on the CPU (torch's tolist costs several times more)."""
-    return values.numpy().tolist() if values.device.type == "cpu" else values.tolist()
 
 
 class Drafting:
@@ -46,7 +41,7 @@ class Drafting:
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         sequences, logits = self.state.start(input_ids, attention_mask, 1)
-        tokens = _host_list(sequences[0])
+        tokens = on_host(sequences[0]).tolist()
         self.padding = prompt_padding(self.state, attention_mask, 1, self.s)
         self.begin(input_ids, attention_mask, tokens)
         eos, limit = set(self.s.eos_token_ids or []), self.s.max_length
