@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hotrod-installed
 
-.PHONY: demo test test-ray peers test-peers bench lint clean
+.PHONY: demo test test-ray peers test-peers bench lint clean native
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,14 +13,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# hotrod's int4 kernel (AVX-512 VNNI), loaded into onnxruntime as a custom op where the CPU has it
+# (`hotrod.runtime.q4`); without it, onnxruntime's own MatMulNBits runs the same graphs.
+NATIVE_DIR := src/hotrod/native
+NATIVE     := $(NATIVE_DIR)/libhotrod_q4.so
+$(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/q4gemm.h
+	@if [ "$$(uname -m)" = x86_64 ]; then \
+		$(CC) -O3 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -fPIC -shared -pthread -Wl,-z,nodelete \
+			-Wall -Wextra -Werror -o $@ $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/ort_op.c; \
+	else echo "hotrod: no int4 kernel for $$(uname -m): onnxruntime's MatMulNBits runs the int4 graphs"; fi
+
+native: $(NATIVE)
+
+demo: $(STAMP) $(NATIVE)
 	$(BIN)/hotrod demo
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(BIN)/python -m pytest
 
 # Ray Serve is large and optional: its own step installs it, then runs the loopback-cluster tests.
-test-ray: $(STAMP)
+test-ray: $(STAMP) $(NATIVE)
 	$(BIN)/pip install -q -e ".[ray]"
 	$(BIN)/python -m pytest tests/serve/test_ray.py
 
@@ -59,15 +71,15 @@ PEER_PYTHONS := HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python HOTROD_IN
 peers: $(PEERS_STAMP) $(OV_STAMP) $(INF_STAMP)
 	@echo "peers ready: hotrod bench --peers llamacpp,openvino,infinity with $(PEER_PYTHONS)"
 
-test-peers: peers
+test-peers: peers $(NATIVE)
 	$(PEER_PYTHONS) $(BIN)/python -m pytest tests/bench/test_llamacpp.py \
 		tests/bench/test_openvino_peer.py tests/bench/test_remote.py tests/bench/test_head_workloads.py
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(BIN)/python benchmarks/core.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(OV_VENV) $(INF_VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(OV_VENV) $(INF_VENV) build dist src/*.egg-info .pytest_cache $(NATIVE)

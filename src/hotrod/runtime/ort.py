@@ -35,6 +35,7 @@ import torch
 from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError, first_line
+from hotrod.runtime import q4
 from hotrod.runtime.base import Held, RuntimeOptions, contract_of, cpu_threads, merged
 
 _PROVIDERS = {
@@ -78,10 +79,19 @@ class OrtBackend:
         self.run_ms: Counter[str] | None = None
         if self._profiles is not None:  # gone with the backend, read or not
             weakref.finalize(self, shutil.rmtree, self._profiles, True)
-        self.sessions = {name: _open(path, self._session_options(options, name), providers)
-                         for name, path in files.items()}
+        self.kernel_graphs: set[str] = set()  # graphs whose int4 products run on hotrod's kernel (`q4`)
+        self.sessions = {name: self._session(path, options, name, providers) for name, path in files.items()}
         _check_placement(self.sessions, options.device)
         self._local = threading.local()  # each thread's bindings: {graph: _Binding}
+
+    def _session(self, path: Path, options: RuntimeOptions, graph: str, providers: list[str]) -> ort.InferenceSession:
+        """`graph`'s session; on the CPU its int4 products run on hotrod's kernel where it can (`q4`)."""
+        session_options = self._session_options(options, graph)
+        source = q4.kernel_graph(path, cpu_threads(options.threads)) if self.device == "cpu" else None
+        if source is not None:
+            q4.use_kernel(session_options)
+            self.kernel_graphs.add(graph)
+        return _open(path, session_options, providers, source)
 
     def _session_options(self, options: RuntimeOptions, graph: str) -> ort.SessionOptions:
         session_options = ort.SessionOptions()
@@ -437,10 +447,12 @@ def _check_placement(sessions: dict[str, ort.InferenceSession], device: str) -> 
 CPU_DISABLED_OPTIMIZERS = ["BiasGeluFusion"]
 
 
-def _open(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+def _open(path: Path, options: ort.SessionOptions, providers: list[str],
+          source: bytes | None = None) -> ort.InferenceSession:
+    """A session of the graph at `path`, or of `source`, that graph rewritten."""
     disabled = CPU_DISABLED_OPTIMIZERS if providers[0] == "CPUExecutionProvider" else None
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=providers,
+        return ort.InferenceSession(source if source is not None else str(path), sess_options=options, providers=providers,
                                     disabled_optimizers=disabled)
     except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types for a bad file)
         raise HotrodError(f"cannot load graph {path.name}: {first_line(exc)}") from None

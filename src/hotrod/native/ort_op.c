@@ -1,0 +1,153 @@
+/* hotrod.Q4MatMul as an onnxruntime custom op (inputs: A float [..., K], the packed weights, their scales;
+ * attributes N, block, threads; output float [..., N]), registered by `RegisterCustomOps`.
+ *
+ * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
+ * appended), and a library asks for the table of the version it was written against. This one asks for
+ * version 8 and declares the few entries it calls by their positions in that table, with their types,
+ * so it builds without onnxruntime's headers, which its Python package does not carry.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "q4gemm.h"
+
+#define API_VERSION 8
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtValue OrtValue;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtShape OrtShape; /* OrtTensorTypeAndShapeInfo */
+typedef void (*Entry)(void);
+typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVersionString)(void); } ApiBase;
+
+enum { FLOAT = 1, UINT8 = 2 };
+/* Positions in the version-8 table. */
+enum {
+  CREATE_STATUS = 0, CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
+  DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
+  CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
+};
+
+typedef struct CustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const struct CustomOp*, const Entry* api, const OrtKernelInfo*);
+  const char* (*GetName)(const struct CustomOp*);
+  const char* (*GetExecutionProviderType)(const struct CustomOp*);
+  int (*GetInputType)(const struct CustomOp*, size_t);
+  size_t (*GetInputTypeCount)(const struct CustomOp*);
+  int (*GetOutputType)(const struct CustomOp*, size_t);
+  size_t (*GetOutputTypeCount)(const struct CustomOp*);
+  void (*KernelCompute)(void* kernel, OrtKernelContext*);
+  void (*KernelDestroy)(void* kernel);
+  int (*GetInputCharacteristic)(const struct CustomOp*, size_t);
+  int (*GetOutputCharacteristic)(const struct CustomOp*, size_t);
+} CustomOp;
+
+static const Entry* api;
+
+#define CALL(index, type, ...) (((type)api[index])(__VA_ARGS__))
+typedef OrtStatus* (*GetInputFn)(const OrtKernelContext*, size_t, const OrtValue**);
+typedef OrtStatus* (*GetOutputFn)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
+typedef OrtStatus* (*DataFn)(OrtValue*, void**);
+typedef OrtStatus* (*ShapeFn)(const OrtValue*, OrtShape**);
+typedef OrtStatus* (*CountFn)(const OrtShape*, size_t*);
+typedef OrtStatus* (*DimsFn)(const OrtShape*, int64_t*, size_t);
+typedef void (*ReleaseShapeFn)(OrtShape*);
+typedef void (*ReleaseStatusFn)(OrtStatus*);
+typedef OrtStatus* (*AttributeFn)(const OrtKernelInfo*, const char*, int64_t*);
+
+typedef struct { int64_t n, block, threads; } Kernel;
+
+/* A failed call: its status released, and the kernel told so. */
+static int failed(OrtStatus* status) {
+  if (status == NULL) return 0;
+  CALL(RELEASE_STATUS, ReleaseStatusFn, status);
+  return 1;
+}
+
+static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)op, (void)table;
+  Kernel* kernel = calloc(1, sizeof(Kernel));
+  if (kernel == NULL) return NULL;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) ||
+      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "block", &kernel->block)) ||
+      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads))) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+static void* data_of(const OrtValue* value) {
+  void* data = NULL;
+  return failed(CALL(TENSOR_DATA, DataFn, (OrtValue*)value, &data)) ? NULL : data;
+}
+
+/* A's dimensions (at most 8), or 0 where they cannot be read. */
+static size_t dims_of(const OrtValue* value, int64_t* dims) {
+  OrtShape* shape = NULL;
+  size_t count = 0;
+  if (failed(CALL(TENSOR_SHAPE, ShapeFn, value, &shape))) return 0;
+  if (failed(CALL(DIMENSIONS_COUNT, CountFn, shape, &count)) || count == 0 || count > 8 ||
+      failed(CALL(DIMENSIONS, DimsFn, shape, dims, count)))
+    count = 0;
+  CALL(RELEASE_SHAPE, ReleaseShapeFn, shape);
+  return count;
+}
+
+static void compute(void* state, OrtKernelContext* context) {
+  const Kernel* kernel = state;
+  const OrtValue *a = NULL, *weights = NULL, *scales = NULL;
+  OrtValue* y = NULL;
+  int64_t dims[8];
+  if (kernel == NULL || failed(CALL(CONTEXT_INPUT, GetInputFn, context, 0, &a)) ||
+      failed(CALL(CONTEXT_INPUT, GetInputFn, context, 1, &weights)) ||
+      failed(CALL(CONTEXT_INPUT, GetInputFn, context, 2, &scales)))
+    return;
+  size_t count = dims_of(a, dims);
+  if (count == 0) return;
+  int64_t k = dims[count - 1], rows = 1;
+  for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
+  dims[count - 1] = kernel->n;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y))) return;
+  float* out = data_of(y);
+  const float* x = data_of(a);
+  const uint8_t* w = data_of(weights);
+  const float* s = data_of(scales);
+  if (out == NULL || x == NULL || w == NULL || s == NULL || rows == 0) return;
+  if (hotrod_q4_matmul(x, rows, k, w, s, kernel->n, kernel->block, (int)kernel->threads, out) != 0)
+    for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");  /* out of memory: visible */
+}
+
+static void destroy(void* kernel) { free(kernel); }
+static const char* name(const CustomOp* op) { (void)op; return "Q4MatMul"; }
+static const char* provider(const CustomOp* op) { (void)op; return "CPUExecutionProvider"; }
+static int input_type(const CustomOp* op, size_t i) { (void)op; return i == 1 ? UINT8 : FLOAT; }
+static size_t inputs(const CustomOp* op) { (void)op; return 3; }
+static int output_type(const CustomOp* op, size_t i) { (void)op, (void)i; return FLOAT; }
+static size_t outputs(const CustomOp* op) { (void)op; return 1; }
+static int required(const CustomOp* op, size_t i) { (void)op, (void)i; return 0; }
+
+static const CustomOp q4_matmul = {API_VERSION, create_kernel, name, provider, input_type, inputs, output_type,
+                                   outputs, compute, destroy, required, required};
+
+typedef OrtStatus* (*CreateDomainFn)(const char*, OrtCustomOpDomain**);
+typedef OrtStatus* (*DomainAddFn)(OrtCustomOpDomain*, const CustomOp*);
+typedef OrtStatus* (*AddDomainFn)(OrtSessionOptions*, OrtCustomOpDomain*);
+typedef OrtStatus* (*CreateStatusFn)(int, const char*);
+
+/* Called by onnxruntime when a session's options load this library. The domain is kept for the process's
+ * life, as onnxruntime's own custom-op libraries keep theirs. */
+OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
+  api = base->GetApi(API_VERSION);
+  if (api == NULL) return NULL;  /* cannot happen: every onnxruntime since 1.8 serves version 8 */
+  OrtCustomOpDomain* domain = NULL;
+  OrtStatus* status = CALL(CREATE_DOMAIN, CreateDomainFn, "hotrod", &domain);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &q4_matmul);
+  if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
+  return status;
+}

@@ -1,0 +1,7 @@
+/* Int4 weight-only products for rows of activations (see q4gemm.c). */
+#pragma once
+#include <stdint.h>
+
+/* y[rows][n] = x[rows][k] times the packed weights; returns 0, or -1 where memory ran out. */
+int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
+                     int64_t n, int64_t block, int threads, float* y);

@@ -1,0 +1,127 @@
+"""hotrod's int4 kernel on the CPU: onnxruntime's int4 products (MatMulNBits) as hotrod's Q4MatMul.
+
+MatMulNBits' CPU kernel reaches about 42 G weights/s a core on one row, where a decoding step is one row
+per sequence: a t5-small step's 19 MB of int4 weights take 0.65-0.7 ms at two threads. hotrod's kernel
+(`hotrod/native/q4gemm.c`, AVX-512 VNNI) streams them at the cache's bandwidth: 0.36 ms at two threads.
+It computes what MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per
+row and block, int32 dot products with the 4-bit weights, one fp32 scale a block. So an artifact stays
+portable (its graphs keep MatMulNBits) and is rewritten as it is loaded, where this CPU and the built
+library allow; elsewhere onnxruntime's kernel runs it.
+
+The kernel brings its own threads (a helper spinning between products), so a graph it runs in has one
+onnxruntime thread: onnxruntime's idle workers would spin against it.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+DOMAIN = "hotrod"
+OP = "Q4MatMul"
+GROUP_COLS = 64  # the kernel's columns a step: weights are padded to a multiple of this
+LIBRARY = Path(__file__).resolve().parent.parent / "native" / "libhotrod_q4.so"
+_NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+
+
+@functools.cache
+def library() -> Path | None:
+    """The built kernel library, where this CPU can run it; None elsewhere (onnxruntime's own kernel runs)."""
+    if not LIBRARY.is_file():
+        return None
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:  # not Linux
+        return None
+    return LIBRARY if all(flag in flags for flag in _NEEDED_FLAGS) else None
+
+
+def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' weights ([n, blocks, block / 2] bytes, k = 2i in byte i's low nibble) and scales
+    ([n * blocks]) in the kernel's layout: [n' / 16, k' / 8, 64] bytes, where column j of 16 holds, in
+    byte b of its dword, k + b low and k + 4 + b high; scales [blocks, n'] (n' = n padded with zero
+    columns to GROUP_COLS)."""
+    padded_n = -(-n // GROUP_COLS) * GROUP_COLS
+    k = blocks * block
+    raw = weights.reshape(n, k // 2)
+    values = np.full((padded_n, k), 8, dtype=np.uint8)  # 8 is zero
+    values[:n, 0::2] = raw & 0x0F
+    values[:n, 1::2] = raw >> 4
+    split = values.reshape(padded_n // 16, 16, k // 8, 2, 4).transpose(0, 2, 1, 4, 3)  # [group, k/8, col, b, half]
+    packed = np.ascontiguousarray(split[..., 0] | (split[..., 1] << 4)).reshape(padded_n // 16, k // 8, 64)
+    table = np.zeros((blocks, padded_n), dtype=np.float32)
+    table[:, :n] = scales.reshape(n, blocks).T
+    return packed, table
+
+
+def rewrite(model: onnx.ModelProto, threads: int) -> int:
+    """Every MatMulNBits of `model` that the kernel computes the same way (4 bits, symmetric, int8 compute,
+    constant weights, no bias) as Q4MatMul, in place; returns how many."""
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    chosen = [i for i, node in enumerate(graph.node) if _eligible(node, initializers)]
+    if not chosen:
+        return 0
+    added, replaced = [], set()
+    for index in chosen:  # every array read before the graph changes: protobuf's views die with removals
+        node = graph.node[index]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weights = numpy_helper.to_array(initializers[node.input[1]])
+        packed, table = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"],
+                             weights.shape[1], attrs["block_size"])
+        names = (f"{node.input[1]}_q4", f"{node.input[2]}_q4")
+        added += [numpy_helper.from_array(packed, names[0]), numpy_helper.from_array(table, names[1])]
+        replaced.update(node.input[1:3])
+        graph.node[index].CopyFrom(helper.make_node(
+            OP, [node.input[0], *names], list(node.output), name=node.name, domain=DOMAIN, N=attrs["N"],
+            block=attrs["block_size"], threads=threads))
+    still_used = {name for node in graph.node for name in node.input}
+    kept = [init for init in graph.initializer if init.name not in replaced or init.name in still_used]
+    kept = [_copy(init) for init in kept]  # copies: clearing the list frees the originals
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+    if not any(opset.domain == DOMAIN for opset in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return len(chosen)
+
+
+def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    out = onnx.TensorProto()
+    out.CopyFrom(tensor)
+    return out
+
+
+def _eligible(node: onnx.NodeProto, initializers: dict) -> bool:
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    extra = [name for name in node.input[3:] if name]  # zero points, group index, bias
+    return (attrs.get("bits") == 4 and attrs.get("accuracy_level") == 4 and not extra
+            and attrs.get("block_size", 0) % 32 == 0 and node.input[1] in initializers
+            and node.input[2] in initializers and initializers[node.input[2]].data_type == onnx.TensorProto.FLOAT)
+
+
+def kernel_graph(path: Path, threads: int) -> bytes | None:
+    """The graph at `path` with its int4 products on hotrod's kernel, serialized; None where it has none the
+    kernel takes, keeps its weights in an external file, or this CPU cannot run the kernel."""
+    if library() is None:
+        return None
+    data = path.read_bytes()
+    if b"MatMulNBits" not in data:
+        return None
+    model = onnx.load_model_from_string(data)
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
+        return None
+    return model.SerializeToString() if rewrite(model, threads) else None
+
+
+def use_kernel(options) -> None:  # noqa: ANN001  (onnxruntime.SessionOptions)
+    """Options for a session running hotrod's kernel: its library, and one onnxruntime thread (see the
+    module's docstring)."""
+    options.register_custom_ops_library(str(library()))
+    options.intra_op_num_threads = 1

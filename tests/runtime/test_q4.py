@@ -1,0 +1,171 @@
+"""hotrod's int4 kernel: the same products as onnxruntime's MatMulNBits (int8 compute), every row alone
+the same as in any batch, at any split between threads, and graphs it cannot run left as they are."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import hotrod
+from hotrod.optimize.quantize import weight_only
+from hotrod.runtime import q4
+from tests.zoo import CASES, prompt_batch
+
+
+def _cpu_has_kernel() -> bool:
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    return all(flag in flags for flag in q4._NEEDED_FLAGS)
+
+
+kernel = pytest.mark.skipif(not _cpu_has_kernel(), reason="this CPU lacks AVX-512 VNNI: MatMulNBits runs")
+
+
+def chain(shapes: list[tuple[int, int]], bits: int = 4, block: int = 256, seed: int = 0) -> onnx.ModelProto:
+    """MatMuls one after another (float weights), lowered as hotrod lowers a graph to int4/int8 weights."""
+    rng = np.random.default_rng(seed)
+    nodes, weights, x = [], [], "x"
+    for i, (k, n) in enumerate(shapes):
+        weights.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) * 0.05, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", shapes[0][0]])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return weight_only(model, bits, block)
+
+
+def session(model: onnx.ModelProto, kernel_threads: int | None = None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    if kernel_threads is not None:
+        model = _copy(model)
+        assert q4.rewrite(model, kernel_threads) > 0
+        q4.use_kernel(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+# (K, N, block, rows): a decoding step's shapes, an lm head, N not a multiple of the kernel's 64 columns,
+# K shorter than a block (padded, as MatMulNBits pads it), smaller blocks, rows past the kernel's 4 a tile
+SHAPES = [(512, 2048, 256, 1), (2048, 512, 256, 3), (512, 32128, 256, 2), (768, 1000, 256, 5), (32, 100, 256, 6),
+          (64, 50, 32, 7), (512, 1536, 128, 9)]
+
+
+@kernel
+@pytest.mark.parametrize(("k", "n", "block", "rows"), SHAPES)
+def test_the_kernel_computes_what_matmulnbits_computes(k, n, block, rows):
+    model = chain([(k, n)], block=block, seed=k + n)
+    x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
+    theirs = session(model).run(None, {"x": x})[0]
+    ours = session(model, kernel_threads=2).run(None, {"x": x})[0]
+    assert ours.shape == theirs.shape == (rows, n)
+    # the same int8 and int32 arithmetic; only the float sums of a block's scaled parts may round apart
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
+
+
+@kernel
+def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
+    model = chain([(512, 1536), (1536, 512), (512, 2048), (2048, 512), (512, 3000)])
+    x = np.random.default_rng(2).standard_normal((9, 512)).astype(np.float32)
+    batched = session(model, kernel_threads=2).run(None, {"x": x})[0]
+    for threads in (1, 2, 3):
+        run = session(model, kernel_threads=threads)
+        for row in range(9):
+            assert np.array_equal(run.run(None, {"x": x[row:row + 1]})[0][0], batched[row])
+        assert np.array_equal(run.run(None, {"x": x[3:8]})[0], batched[3:8])
+
+
+@kernel
+def test_calls_from_several_threads_at_once_each_get_their_own_answer():
+    model = chain([(512, 2048), (2048, 512), (512, 4096)])
+    run = session(model, kernel_threads=2)
+    inputs = [np.random.default_rng(seed).standard_normal((1 + seed % 3, 512)).astype(np.float32)
+              for seed in range(8)]
+    alone = [run.run(None, {"x": x})[0] for x in inputs]
+    results: dict[int, list[np.ndarray]] = {i: [] for i in range(len(inputs))}
+    barrier = threading.Barrier(len(inputs))
+
+    def call(i: int) -> None:
+        barrier.wait()
+        for _ in range(20):
+            results[i].append(run.run(None, {"x": inputs[i]})[0])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i, outs in results.items():
+        assert all(np.array_equal(out, alone[i]) for out in outs)
+
+
+def _run_in_child(queue) -> None:  # noqa: ANN001
+    model = chain([(512, 2048), (2048, 512)])
+    x = np.ones((1, 512), np.float32)
+    queue.put(session(model, kernel_threads=2).run(None, {"x": x})[0].tolist())
+
+
+@kernel
+def test_a_forked_child_runs_the_kernel_without_its_parents_helpers():
+    model = chain([(512, 2048), (2048, 512)])
+    x = np.ones((1, 512), np.float32)
+    expected = session(model, kernel_threads=2).run(None, {"x": x})[0].tolist()  # helpers made here
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_run_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0, "the child hung or failed waiting for helpers it does not have"
+    assert queue.get(timeout=5) == expected
+
+
+def test_only_what_the_kernel_computes_alike_is_rewritten():
+    int8 = chain([(512, 512)], bits=8)
+    assert q4.rewrite(_copy(int8), 2) == 0  # 8-bit weights: MatMulNBits' own path
+    low_accuracy = chain([(512, 512)])
+    for node in low_accuracy.graph.node:
+        for attr in node.attribute:
+            if attr.name == "accuracy_level":
+                attr.i = 1  # fp32 compute: another result than the kernel's int8
+    assert q4.rewrite(_copy(low_accuracy), 2) == 0
+    both = chain([(512, 512), (512, 256)])
+    rewritten = _copy(both)
+    assert q4.rewrite(rewritten, 2) == 2
+    assert [n.op_type for n in rewritten.graph.node] == ["Q4MatMul", "Q4MatMul"]
+    names = {init.name for init in rewritten.graph.initializer}
+    assert not any(name in names for node in both.graph.node for name in node.input[1:3])  # old weights gone
+    assert any(o.domain == q4.DOMAIN for o in rewritten.opset_import)
+
+
+def test_graphs_without_int4_products_or_without_the_kernel_are_left_to_onnxruntime(tmp_path, monkeypatch):
+    plain = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(plain, tmp_path / "plain.onnx")
+    onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
+    assert q4.kernel_graph(tmp_path / "plain.onnx", 2) is None
+    monkeypatch.setattr(q4, "library", lambda: None)
+    assert q4.kernel_graph(tmp_path / "int4.onnx", 2) is None
+
+
+@kernel
+def test_a_loaded_int4_model_runs_its_graphs_on_the_kernel(zoo, tmp_path):
+    assert q4.library() is not None, "the kernel library is missing: `make native` builds it"
+    for name in ("gpt2", "t5_v1_1"):
+        out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int4-b256", force=True)
+        model = hotrod.load(out)
+        graphs = set(model.backend.sessions)
+        assert model.backend.kernel_graphs == graphs
+        ids, mask = prompt_batch(CASES[name], (5, 3))
+        assert model.generate(ids, attention_mask=mask, max_new_tokens=4).shape[0] == 2
