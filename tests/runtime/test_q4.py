@@ -56,6 +56,17 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def with_bias(model: onnx.ModelProto, seed: int = 3) -> onnx.ModelProto:
+    """`model` with a bias on each MatMulNBits (its sixth input), as GPT-2's projections carry theirs."""
+    rng = np.random.default_rng(seed)
+    for node in model.graph.node:
+        n = next(a.i for a in node.attribute if a.name == "N")
+        name = f"{node.output[0]}_bias"
+        model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), name))
+        node.input.extend([""] * (5 - len(node.input)) + [name])
+    return model
+
+
 # (K, N, block, rows): a decoding step's shapes, an lm head, N not a multiple of the kernel's 64 columns,
 # K shorter than a block (padded, as MatMulNBits pads it), smaller blocks, rows past the kernel's 4 a tile
 SHAPES = [(512, 2048, 256, 1), (2048, 512, 256, 3), (512, 32128, 256, 2), (768, 1000, 256, 5), (32, 100, 256, 6),
@@ -64,8 +75,10 @@ SHAPES = [(512, 2048, 256, 1), (2048, 512, 256, 3), (512, 32128, 256, 2), (768, 
 
 @kernel
 @pytest.mark.parametrize(("k", "n", "block", "rows"), SHAPES)
-def test_the_kernel_computes_what_matmulnbits_computes(k, n, block, rows):
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernel_computes_what_matmulnbits_computes(k, n, block, rows, bias):
     model = chain([(k, n)], block=block, seed=k + n)
+    model = with_bias(model) if bias else model
     x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
     theirs = session(model).run(None, {"x": x})[0]
     ours = session(model, kernel_threads=2).run(None, {"x": x})[0]
@@ -76,7 +89,7 @@ def test_the_kernel_computes_what_matmulnbits_computes(k, n, block, rows):
 
 @kernel
 def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
-    model = chain([(512, 1536), (1536, 512), (512, 2048), (2048, 512), (512, 3000)])
+    model = with_bias(chain([(512, 1536), (1536, 512), (512, 2048), (2048, 512), (512, 3000)]))
     x = np.random.default_rng(2).standard_normal((9, 512)).astype(np.float32)
     batched = session(model, kernel_threads=2).run(None, {"x": x})[0]
     for threads in (1, 2, 3):
@@ -139,12 +152,12 @@ def test_only_what_the_kernel_computes_alike_is_rewritten():
             if attr.name == "accuracy_level":
                 attr.i = 1  # fp32 compute: another result than the kernel's int8
     assert q4.rewrite(_copy(low_accuracy), 2) == 0
-    both = chain([(512, 512), (512, 256)])
+    both = with_bias(chain([(512, 512), (512, 256)]))
     rewritten = _copy(both)
     assert q4.rewrite(rewritten, 2) == 2
     assert [n.op_type for n in rewritten.graph.node] == ["Q4MatMul", "Q4MatMul"]
     names = {init.name for init in rewritten.graph.initializer}
-    assert not any(name in names for node in both.graph.node for name in node.input[1:3])  # old weights gone
+    assert not any(name in names for node in both.graph.node for name in node.input[1:] if name)  # old ones gone
     assert any(o.domain == q4.DOMAIN for o in rewritten.opset_import)
 
 
@@ -154,9 +167,11 @@ def test_graphs_without_int4_products_or_without_the_kernel_are_left_to_onnxrunt
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(plain, tmp_path / "plain.onnx")
     onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
-    assert q4.kernel_graph(tmp_path / "plain.onnx", 2) is None
+    with q4.kernel_graph(tmp_path / "plain.onnx", 2) as rewritten:
+        assert rewritten is None
     monkeypatch.setattr(q4, "library", lambda: None)
-    assert q4.kernel_graph(tmp_path / "int4.onnx", 2) is None
+    with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
+        assert rewritten is None
 
 
 @kernel
@@ -169,3 +184,36 @@ def test_a_loaded_int4_model_runs_its_graphs_on_the_kernel(zoo, tmp_path):
         assert model.backend.kernel_graphs == graphs
         ids, mask = prompt_batch(CASES[name], (5, 3))
         assert model.generate(ids, attention_mask=mask, max_new_tokens=4).shape[0] == 2
+
+
+@kernel
+def test_a_graph_the_kernel_cannot_run_whole_is_left_to_onnxruntime(tmp_path):
+    model = chain([(512, 512), (512, 256)])
+    model.graph.node[1].attribute[[a.name for a in model.graph.node[1].attribute].index("accuracy_level")].i = 1
+    onnx.save(model, tmp_path / "mixed.onnx")
+    with q4.kernel_graph(tmp_path / "mixed.onnx", 2) as rewritten:
+        assert rewritten is None  # its one onnxruntime thread would slow the MatMulNBits left in it
+
+
+@kernel
+def test_the_rewritten_graph_lives_only_while_its_session_is_made(tmp_path):
+    onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
+    with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
+        assert [node.op_type for node in onnx.load(str(rewritten)).graph.node] == ["Q4MatMul"]
+    assert not rewritten.exists()
+    assert [node.op_type for node in onnx.load(str(tmp_path / "int4.onnx")).graph.node] == ["MatMulNBits"]
+
+
+@kernel
+def test_no_room_for_the_rewritten_graph_leaves_it_to_onnxruntime(tmp_path, monkeypatch):
+    onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
+    monkeypatch.setattr(q4.tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(q4.onnx, "save_model", full)
+    with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
+        assert rewritten is None
+    assert not list((tmp_path / "temp").iterdir())

@@ -1,4 +1,5 @@
-/* hotrod.Q4MatMul as an onnxruntime custom op (inputs: A float [..., K], the packed weights, their scales;
+/* hotrod.Q4MatMul as an onnxruntime custom op (inputs: A float [..., K], the packed weights, their scales,
+ * a bias;
  * attributes N, block, threads; output float [..., N]), registered by `RegisterCustomOps`.
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
@@ -101,12 +102,13 @@ static size_t dims_of(const OrtValue* value, int64_t* dims) {
 
 static void compute(void* state, OrtKernelContext* context) {
   const Kernel* kernel = state;
-  const OrtValue *a = NULL, *weights = NULL, *scales = NULL;
+  const OrtValue *a = NULL, *weights = NULL, *scales = NULL, *bias = NULL;
   OrtValue* y = NULL;
   int64_t dims[8];
   if (kernel == NULL || failed(CALL(CONTEXT_INPUT, GetInputFn, context, 0, &a)) ||
       failed(CALL(CONTEXT_INPUT, GetInputFn, context, 1, &weights)) ||
-      failed(CALL(CONTEXT_INPUT, GetInputFn, context, 2, &scales)))
+      failed(CALL(CONTEXT_INPUT, GetInputFn, context, 2, &scales)) ||
+      failed(CALL(CONTEXT_INPUT, GetInputFn, context, 3, &bias)))
     return;
   size_t count = dims_of(a, dims);
   if (count == 0) return;
@@ -118,8 +120,9 @@ static void compute(void* state, OrtKernelContext* context) {
   const float* x = data_of(a);
   const uint8_t* w = data_of(weights);
   const float* s = data_of(scales);
-  if (out == NULL || x == NULL || w == NULL || s == NULL || rows == 0) return;
-  if (hotrod_q4_matmul(x, rows, k, w, s, kernel->n, kernel->block, (int)kernel->threads, out) != 0)
+  const float* b = data_of(bias);
+  if (out == NULL || x == NULL || w == NULL || s == NULL || b == NULL || rows == 0) return;
+  if (hotrod_q4_matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out) != 0)
     for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");  /* out of memory: visible */
 }
 
@@ -127,7 +130,7 @@ static void destroy(void* kernel) { free(kernel); }
 static const char* name(const CustomOp* op) { (void)op; return "Q4MatMul"; }
 static const char* provider(const CustomOp* op) { (void)op; return "CPUExecutionProvider"; }
 static int input_type(const CustomOp* op, size_t i) { (void)op; return i == 1 ? UINT8 : FLOAT; }
-static size_t inputs(const CustomOp* op) { (void)op; return 3; }
+static size_t inputs(const CustomOp* op) { (void)op; return 4; }
 static int output_type(const CustomOp* op, size_t i) { (void)op, (void)i; return FLOAT; }
 static size_t outputs(const CustomOp* op) { (void)op; return 1; }
 static int required(const CustomOp* op, size_t i) { (void)op, (void)i; return 0; }

@@ -1,8 +1,8 @@
 /* Int4 weight-only matrix products for rows of activations, the kernel behind hotrod's Q4MatMul op.
  *
- * onnxruntime's MatMulNBits reaches about 42 G weights/s a core on one row (a decoding step); the step of
- * a t5-small decoder reads 19 MB of int4 weights, which this kernel streams at the cache's bandwidth
- * (0.66 ms a step at one thread, 0.36 ms at two, against MatMulNBits' 0.65-0.7 ms at two).
+ * onnxruntime's MatMulNBits reaches about 42 G weights/s a core on one row (a decoding step); this kernel
+ * streams the weights at the cache's bandwidth (a t5-small step's 19 MB: 0.66 ms at one thread and 0.36 ms
+ * at two by themselves, 0.48 ms at two inside onnxruntime, against MatMulNBits' 0.69 ms).
  *
  * Weights: 4-bit symmetric (zero point 8), one fp32 scale per column and block of `block` rows of K.
  * Packed for AVX-512 VNNI: for each group of 16 columns and each 8 consecutive k, 64 bytes; byte b of
@@ -57,6 +57,7 @@ static void quantize_row(const float* x, int64_t k, int64_t blocks, int64_t bloc
 typedef struct {
   const uint8_t* weights;  /* [padded_n / 16][padded_k / 8][64] */
   const float* scales;     /* [blocks][padded_n] */
+  const float* bias;       /* [padded_n] */
   const int8_t* q;         /* [rows][padded_k] */
   const float* xscale;     /* [rows][blocks] */
   const int32_t* xsum;     /* [rows][blocks] */
@@ -65,7 +66,7 @@ typedef struct {
   int64_t rows, padded_k, padded_n, blocks, block, n;
 } Job;
 
-/* Rows [r0, r0 + R) and column chunks [c0, c1) (GROUP_COLS each): y = sum over blocks of
+/* Rows [r0, r0 + R) and column chunks [c0, c1) (GROUP_COLS each): y = bias + the sum over blocks of
  * (sum_k w_u x_q - 8 sum_k x_q) * w_scale * x_scale. */
 static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r0, const int R, int64_t c0,
                                                        int64_t c1) {
@@ -75,8 +76,9 @@ static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r
   for (int64_t c = c0; c < c1; c++) {
     const int64_t col = c * GROUP_COLS;
     for (int r = 0; r < R; r++)
-      for (int j = 0; j < 4; j++) _mm512_storeu_ps(job->out + (r0 + r) * job->stride + (c - job->first) * GROUP_COLS + 16 * j,
-                                                   _mm512_setzero_ps());
+      for (int j = 0; j < 4; j++)
+        _mm512_storeu_ps(job->out + (r0 + r) * job->stride + (c - job->first) * GROUP_COLS + 16 * j,
+                         _mm512_loadu_ps(job->bias + col + 16 * j));
     for (int64_t b = 0; b < job->blocks; b++) {
       __m512i acc[4][4];
       for (int r = 0; r < R; r++)
@@ -238,13 +240,13 @@ static int buffers(int64_t q_size, int64_t blocks) {
 }
 
 int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
-                     int64_t n, int64_t block, int threads, float* y) {
+                     const float* bias, int64_t n, int64_t block, int threads, float* y) {
   const int64_t blocks = (k + block - 1) / block, padded_k = blocks * block;
   const int64_t padded_n = (n + GROUP_COLS - 1) / GROUP_COLS * GROUP_COLS, chunks = padded_n / GROUP_COLS;
   if (!buffers(rows * padded_k, rows * blocks)) return -1;
   for (int64_t r = 0; r < rows; r++)
     quantize_row(x + r * k, k, blocks, block, tls_q + r * padded_k, tls_scale + r * blocks, tls_sum + r * blocks);
-  Job job = {weights, scales, tls_q, tls_scale, tls_sum, y, n, 0, rows, padded_k, padded_n, blocks, block, n};
+  Job job = {weights, scales, bias, tls_q, tls_scale, tls_sum, y, n, 0, rows, padded_k, padded_n, blocks, block, n};
 
   /* Below about 64k weight-rows of work, handing half to another thread costs more than it saves. */
   int parts = threads > 1 && rows * padded_k * padded_n >= 65536 ? threads : 1;

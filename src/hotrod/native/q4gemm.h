@@ -2,6 +2,7 @@
 #pragma once
 #include <stdint.h>
 
-/* y[rows][n] = x[rows][k] times the packed weights; returns 0, or -1 where memory ran out. */
+/* y[rows][n] = x[rows][k] times the packed weights, plus bias (padded like the scales' rows); returns 0,
+ * or -1 where memory ran out. */
 int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
-                     int64_t n, int64_t block, int threads, float* y);
+                     const float* bias, int64_t n, int64_t block, int threads, float* y);

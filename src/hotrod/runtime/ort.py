@@ -87,11 +87,13 @@ class OrtBackend:
     def _session(self, path: Path, options: RuntimeOptions, graph: str, providers: list[str]) -> ort.InferenceSession:
         """`graph`'s session; on the CPU its int4 products run on hotrod's kernel where it can (`q4`)."""
         session_options = self._session_options(options, graph)
-        source = q4.kernel_graph(path, cpu_threads(options.threads)) if self.device == "cpu" else None
-        if source is not None:
-            q4.use_kernel(session_options)
-            self.kernel_graphs.add(graph)
-        return _open(path, session_options, providers, source)
+        if self.device != "cpu":
+            return _open(path, session_options, providers)
+        with q4.kernel_graph(path, cpu_threads(options.threads)) as rewritten:
+            if rewritten is not None:
+                q4.use_kernel(session_options)
+                self.kernel_graphs.add(graph)
+            return _open(path, session_options, providers, rewritten)
 
     def _session_options(self, options: RuntimeOptions, graph: str) -> ort.SessionOptions:
         session_options = ort.SessionOptions()
@@ -448,11 +450,11 @@ CPU_DISABLED_OPTIMIZERS = ["BiasGeluFusion"]
 
 
 def _open(path: Path, options: ort.SessionOptions, providers: list[str],
-          source: bytes | None = None) -> ort.InferenceSession:
-    """A session of the graph at `path`, or of `source`, that graph rewritten."""
+          rewritten: Path | None = None) -> ort.InferenceSession:
+    """A session of the graph at `path`, or of `rewritten`, that graph rewritten."""
     disabled = CPU_DISABLED_OPTIMIZERS if providers[0] == "CPUExecutionProvider" else None
     try:
-        return ort.InferenceSession(source if source is not None else str(path), sess_options=options, providers=providers,
+        return ort.InferenceSession(str(rewritten or path), sess_options=options, providers=providers,
                                     disabled_optimizers=disabled)
     except Exception as exc:  # noqa: BLE001  (ORT raises its own exception types for a bad file)
         raise HotrodError(f"cannot load graph {path.name}: {first_line(exc)}") from None

@@ -1,9 +1,9 @@
 """hotrod's int4 kernel on the CPU: onnxruntime's int4 products (MatMulNBits) as hotrod's Q4MatMul.
 
 MatMulNBits' CPU kernel reaches about 42 G weights/s a core on one row, where a decoding step is one row
-per sequence: a t5-small step's 19 MB of int4 weights take 0.65-0.7 ms at two threads. hotrod's kernel
-(`hotrod/native/q4gemm.c`, AVX-512 VNNI) streams them at the cache's bandwidth: 0.36 ms at two threads.
-It computes what MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per
+per sequence. hotrod's kernel (`hotrod/native/q4gemm.c`, AVX-512 VNNI) streams the weights at the cache's
+bandwidth instead; in onnxruntime, two threads, interleaved: a t5-small step's 37 products (19 MB) 0.69 ->
+0.48 ms, GPT-2's 49 (62 MB) 1.73 -> 1.39 ms at one row and 6.9 -> 3.0 ms at eight. It computes what MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per
 row and block, int32 dot products with the 4-bit weights, one fp32 scale a block. So an artifact stays
 portable (its graphs keep MatMulNBits) and is rewritten as it is loaded, where this CPU and the built
 library allow; elsewhere onnxruntime's kernel runs it.
@@ -14,7 +14,11 @@ onnxruntime thread: onnxruntime's idle workers would spin against it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +45,12 @@ def library() -> Path | None:
     return LIBRARY if all(flag in flags for flag in _NEEDED_FLAGS) else None
 
 
-def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: int,
+         bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """MatMulNBits' weights ([n, blocks, block / 2] bytes, k = 2i in byte i's low nibble) and scales
     ([n * blocks]) in the kernel's layout: [n' / 16, k' / 8, 64] bytes, where column j of 16 holds, in
     byte b of its dword, k + b low and k + 4 + b high; scales [blocks, n'] (n' = n padded with zero
-    columns to GROUP_COLS)."""
+    columns to GROUP_COLS); and the bias (zeros where there is none) padded alike."""
     padded_n = -(-n // GROUP_COLS) * GROUP_COLS
     k = blocks * block
     raw = weights.reshape(n, k // 2)
@@ -56,12 +61,15 @@ def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: in
     packed = np.ascontiguousarray(split[..., 0] | (split[..., 1] << 4)).reshape(padded_n // 16, k // 8, 64)
     table = np.zeros((blocks, padded_n), dtype=np.float32)
     table[:, :n] = scales.reshape(n, blocks).T
-    return packed, table
+    padded_bias = np.zeros(padded_n, dtype=np.float32)
+    if bias is not None:
+        padded_bias[:n] = bias
+    return packed, table, padded_bias
 
 
 def rewrite(model: onnx.ModelProto, threads: int) -> int:
     """Every MatMulNBits of `model` that the kernel computes the same way (4 bits, symmetric, int8 compute,
-    constant weights, no bias) as Q4MatMul, in place; returns how many."""
+    constant weights and bias) as Q4MatMul, in place; returns how many."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     chosen = [i for i, node in enumerate(graph.node) if _eligible(node, initializers)]
@@ -72,11 +80,12 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
         node = graph.node[index]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         weights = numpy_helper.to_array(initializers[node.input[1]])
-        packed, table = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"],
-                             weights.shape[1], attrs["block_size"])
-        names = (f"{node.input[1]}_q4", f"{node.input[2]}_q4")
-        added += [numpy_helper.from_array(packed, names[0]), numpy_helper.from_array(table, names[1])]
-        replaced.update(node.input[1:3])
+        bias = node.input[5] if len(node.input) > 5 and node.input[5] else None
+        arrays = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"], weights.shape[1],
+                      attrs["block_size"], numpy_helper.to_array(initializers[bias]) if bias else None)
+        names = (f"{node.input[1]}_q4", f"{node.input[2]}_q4", f"{node.name or node.output[0]}_q4_bias")
+        added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
+        replaced.update(name for name in (*node.input[1:3], bias) if name)
         graph.node[index].CopyFrom(helper.make_node(
             OP, [node.input[0], *names], list(node.output), name=node.name, domain=DOMAIN, N=attrs["N"],
             block=attrs["block_size"], threads=threads))
@@ -100,15 +109,40 @@ def _eligible(node: onnx.NodeProto, initializers: dict) -> bool:
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    extra = [name for name in node.input[3:] if name]  # zero points, group index, bias
+    extra = [name for name in node.input[3:5] if name]  # zero points, group index
+    bias = node.input[5] if len(node.input) > 5 and node.input[5] else None
+    if bias is not None and (bias not in initializers or initializers[bias].data_type != onnx.TensorProto.FLOAT):
+        return False
     return (attrs.get("bits") == 4 and attrs.get("accuracy_level") == 4 and not extra
             and attrs.get("block_size", 0) % 32 == 0 and node.input[1] in initializers
             and node.input[2] in initializers and initializers[node.input[2]].data_type == onnx.TensorProto.FLOAT)
 
 
-def kernel_graph(path: Path, threads: int) -> bytes | None:
-    """The graph at `path` with its int4 products on hotrod's kernel, serialized; None where it has none the
-    kernel takes, keeps its weights in an external file, or this CPU cannot run the kernel."""
+@contextlib.contextmanager
+def kernel_graph(path: Path, threads: int) -> Iterator[Path | None]:
+    """The graph at `path` with its int4 products on hotrod's kernel, in a file of its own for the span of
+    the block (onnxruntime reads a graph from a file lazily, where from bytes it would keep every
+    initializer, an encoder-decoder's three token embeddings included, resident); None where the graph has
+    none the kernel takes, keeps its weights in an external file, or this CPU cannot run the kernel."""
+    model = _rewritten(path, threads)
+    if model is None:
+        yield None
+        return
+    handle, name = tempfile.mkstemp(prefix="hotrod-q4-", suffix=".onnx")
+    os.close(handle)
+    try:
+        try:
+            onnx.save_model(model, name)
+        except OSError:  # no room for it: onnxruntime's own kernel runs the graph as it is
+            yield None
+            return
+        del model
+        yield Path(name)
+    finally:
+        os.unlink(name)
+
+
+def _rewritten(path: Path, threads: int) -> onnx.ModelProto | None:
     if library() is None:
         return None
     data = path.read_bytes()
@@ -117,7 +151,10 @@ def kernel_graph(path: Path, threads: int) -> bytes | None:
     model = onnx.load_model_from_string(data)
     if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
         return None
-    return model.SerializeToString() if rewrite(model, threads) else None
+    # All or none: the kernel's graph gets one onnxruntime thread, which a MatMulNBits left in it would lack.
+    if not rewrite(model, threads) or any(node.op_type == "MatMulNBits" for node in model.graph.node):
+        return None
+    return model
 
 
 def use_kernel(options) -> None:  # noqa: ANN001  (onnxruntime.SessionOptions)
