@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import hotrod
@@ -138,9 +140,12 @@ def test_a_forked_child_runs_the_kernel_without_its_parents_helpers():
     queue = context.Queue()
     child = context.Process(target=_run_in_child, args=(queue,))
     child.start()
-    child.join(timeout=60)
-    assert child.exitcode == 0, "the child hung or failed waiting for helpers it does not have"
-    assert queue.get(timeout=5) == expected
+    try:
+        child.join(timeout=60)
+        assert child.exitcode == 0, "the child hung or failed waiting for helpers it does not have"
+        assert queue.get(timeout=5) == expected
+    finally:
+        child.kill()
 
 
 def test_only_what_the_kernel_computes_alike_is_rewritten():
@@ -152,6 +157,9 @@ def test_only_what_the_kernel_computes_alike_is_rewritten():
             if attr.name == "accuracy_level":
                 attr.i = 1  # fp32 compute: another result than the kernel's int8
     assert q4.rewrite(_copy(low_accuracy), 2) == 0
+    wide_blocks = chain([(1024, 256)])
+    next(a for a in wide_blocks.graph.node[0].attribute if a.name == "block_size").i = 512  # as imported graphs may
+    assert q4.rewrite(_copy(wide_blocks), 2) == 0  # past 256, MatMulNBits' activations are not per block
     both = with_bias(chain([(512, 512), (512, 256)]))
     rewritten = _copy(both)
     assert q4.rewrite(rewritten, 2) == 2
@@ -180,10 +188,14 @@ def test_a_loaded_int4_model_runs_its_graphs_on_the_kernel(zoo, tmp_path):
     for name in ("gpt2", "t5_v1_1"):
         out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int4-b256", force=True)
         model = hotrod.load(out)
-        graphs = set(model.backend.sessions)
-        assert model.backend.kernel_graphs == graphs
+        assert model.backend.kernel_graphs == set(model.backend.sessions)
         ids, mask = prompt_batch(CASES[name], (5, 3))
-        assert model.generate(ids, attention_mask=mask, max_new_tokens=4).shape[0] == 2
+        ours = model.generate(ids, attention_mask=mask, max_new_tokens=6)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(q4, "library", lambda: None)
+            theirs = hotrod.load(out)
+        assert not theirs.backend.kernel_graphs
+        assert torch.equal(ours, theirs.generate(ids, attention_mask=mask, max_new_tokens=6))
 
 
 @kernel
@@ -196,11 +208,13 @@ def test_a_graph_the_kernel_cannot_run_whole_is_left_to_onnxruntime(tmp_path):
 
 
 @kernel
-def test_the_rewritten_graph_lives_only_while_its_session_is_made(tmp_path):
+def test_the_rewritten_graph_is_a_file_of_no_folder(tmp_path, monkeypatch):
     onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
+    monkeypatch.setattr(q4.tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
     with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
         assert [node.op_type for node in onnx.load(str(rewritten)).graph.node] == ["Q4MatMul"]
-    assert not rewritten.exists()
+        assert not list((tmp_path / "temp").iterdir())  # a process killed now leaves nothing
     assert [node.op_type for node in onnx.load(str(tmp_path / "int4.onnx")).graph.node] == ["MatMulNBits"]
 
 
@@ -213,7 +227,60 @@ def test_no_room_for_the_rewritten_graph_leaves_it_to_onnxruntime(tmp_path, monk
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(q4.onnx, "save_model", full)
+    monkeypatch.setattr(q4.tempfile, "TemporaryFile", full)
     with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
         assert rewritten is None
     assert not list((tmp_path / "temp").iterdir())
+
+
+@kernel
+def test_inputs_that_do_not_fit_the_packed_weights_give_nan_not_a_read_past_them():
+    model = chain([(256, 128)])
+    q4.rewrite(model, 2)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "k"  # let a wrong K through
+    options = ort.SessionOptions()
+    q4.use_kernel(options)
+    run = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert np.isnan(run.run(None, {"x": np.ones((2, 1024), np.float32)})[0]).all()
+    assert np.isfinite(run.run(None, {"x": np.ones((2, 256), np.float32)})[0]).all()
+
+
+@kernel
+def test_shared_weights_are_packed_once_and_fed_or_returned_ones_kept():
+    model = chain([(512, 512), (512, 512)])
+    second = model.graph.node[1]
+    second.input[1], second.input[2] = model.graph.node[0].input[1], model.graph.node[0].input[2]  # shared
+    used = {name for node in model.graph.node for name in node.input}
+    kept = [init for init in model.graph.initializer if init.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    x = np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32)
+    theirs = session(model).run(None, {"x": x})[0]
+    rewritten = _copy(model)
+    assert q4.rewrite(rewritten, 2) == 2
+    assert len(rewritten.graph.initializer) == 3  # one packed weight, scale and bias for both
+    options = ort.SessionOptions()
+    q4.use_kernel(options)
+    ours = ort.InferenceSession(rewritten.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(ours.run(None, {"x": x})[0], theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
+
+    fed = chain([(512, 512)])
+    scales = fed.graph.node[0].input[2]
+    fed.graph.input.append(helper.make_tensor_value_info(scales, TensorProto.FLOAT, None))
+    assert q4.rewrite(_copy(fed), 2) == 0  # a caller may feed its own scales: the node is left as it is
+    returned = chain([(512, 512)])
+    weights = returned.graph.node[0].input[1]
+    returned.graph.output.append(helper.make_tensor_value_info(weights, TensorProto.UINT8, None))
+    out = _copy(returned)
+    assert q4.rewrite(out, 2) == 1 and weights in {init.name for init in out.graph.initializer}
+
+
+@kernel
+def test_helpers_asleep_between_calls_wake_for_the_next():
+    model = chain([(512, 2048), (2048, 512)])
+    run = session(model, kernel_threads=2)
+    x = np.random.default_rng(5).standard_normal((1, 512)).astype(np.float32)
+    expected = run.run(None, {"x": x})[0]
+    for _ in range(5):
+        time.sleep(0.01)  # past the helpers' 2 ms of spinning: they sleep, and the next call wakes them
+        assert np.array_equal(run.run(None, {"x": x})[0], expected)

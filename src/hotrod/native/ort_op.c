@@ -76,7 +76,8 @@ static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKern
   if (kernel == NULL) return NULL;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) ||
       failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "block", &kernel->block)) ||
-      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads))) {
+      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads)) || kernel->n <= 0 ||
+      kernel->block <= 0 || kernel->block % 32 != 0 || kernel->threads < 1) {
     free(kernel);
     return NULL;
   }
@@ -100,6 +101,16 @@ static size_t dims_of(const OrtValue* value, int64_t* dims) {
   return count;
 }
 
+/* Whether the packed weights, scales and bias have the shapes that A's K and the attributes call for. */
+static int fits(const Kernel* kernel, int64_t k, const OrtValue* weights, const OrtValue* scales,
+                const OrtValue* bias) {
+  const int64_t blocks = (k + kernel->block - 1) / kernel->block, padded_n = (kernel->n + 63) / 64 * 64;
+  int64_t w[8], s[8], b[8];
+  return k > 0 && dims_of(weights, w) == 3 && w[0] == padded_n / 16 && w[1] == blocks * kernel->block / 8 &&
+         w[2] == 64 && dims_of(scales, s) == 2 && s[0] == blocks && s[1] == padded_n && dims_of(bias, b) == 1 &&
+         b[0] == padded_n;
+}
+
 static void compute(void* state, OrtKernelContext* context) {
   const Kernel* kernel = state;
   const OrtValue *a = NULL, *weights = NULL, *scales = NULL, *bias = NULL;
@@ -117,13 +128,16 @@ static void compute(void* state, OrtKernelContext* context) {
   dims[count - 1] = kernel->n;
   if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y))) return;
   float* out = data_of(y);
+  if (out == NULL || rows == 0) return;
   const float* x = data_of(a);
   const uint8_t* w = data_of(weights);
   const float* s = data_of(scales);
   const float* b = data_of(bias);
-  if (out == NULL || x == NULL || w == NULL || s == NULL || b == NULL || rows == 0) return;
-  if (hotrod_q4_matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out) != 0)
-    for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");  /* out of memory: visible */
+  /* A version-8 op cannot return an error: a call it cannot make gives NaN, which no caller takes for an
+   * answer (inputs that do not fit the packed weights, or memory that ran out). */
+  if (x == NULL || w == NULL || s == NULL || b == NULL || !fits(kernel, k, weights, scales, bias) ||
+      hotrod_q4_matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out) != 0)
+    for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");
 }
 
 static void destroy(void* kernel) { free(kernel); }

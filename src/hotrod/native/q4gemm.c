@@ -62,6 +62,7 @@ typedef struct {
   const float* xscale;     /* [rows][blocks] */
   const int32_t* xsum;     /* [rows][blocks] */
   float* out;              /* row r, chunk c at out + r * stride + (c - first) * GROUP_COLS */
+  float* tail;             /* [rows][GROUP_COLS]: the last chunk, where it reaches past n */
   int64_t stride, first;
   int64_t rows, padded_k, padded_n, blocks, block, n;
 } Job;
@@ -92,7 +93,8 @@ static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r
           hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
         for (int r = 0; r < R; r++) {
-          const int32_t* xq = (const int32_t*)(job->q + (r0 + r) * job->padded_k + (b * per_block + g) * 8);
+          int32_t xq[2];  /* 8 int8 activations as two dwords, read without aliasing them */
+          memcpy(xq, job->q + (r0 + r) * job->padded_k + (b * per_block + g) * 8, sizeof xq);
           __m512i xl = _mm512_set1_epi32(xq[0]), xh = _mm512_set1_epi32(xq[1]);
           for (int j = 0; j < 4; j++) {
             acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], lo[j], xl);
@@ -128,7 +130,7 @@ static void rows_of(const Job* job, int64_t c0, int64_t c1) {
   }
 }
 
-/* As rows_of, straight into y; a last chunk reaching past n goes through a scratch tile first. */
+/* As rows_of, straight into y; a last chunk reaching past n goes through the job's tail tile first. */
 static void run_columns(const Job* job, int64_t c0, int64_t c1) {
   const int64_t chunks = job->padded_n / GROUP_COLS, tail = job->n % GROUP_COLS;
   if (c1 < chunks || tail == 0) {
@@ -136,15 +138,12 @@ static void run_columns(const Job* job, int64_t c0, int64_t c1) {
     return;
   }
   rows_of(job, c0, c1 - 1);
-  float* scratch = aligned_alloc(64, sizeof(float) * GROUP_COLS * job->rows);
-  if (scratch == NULL) return;  /* left as it was: the caller's NaN fill marks the call failed */
   Job last = *job;
-  last.out = scratch, last.stride = GROUP_COLS, last.first = c1 - 1;
+  last.out = job->tail, last.stride = GROUP_COLS, last.first = c1 - 1;
   rows_of(&last, c1 - 1, c1);
   for (int64_t r = 0; r < job->rows; r++)
-    memcpy(job->out + r * job->stride + (c1 - 1 - job->first) * GROUP_COLS, scratch + r * GROUP_COLS,
+    memcpy(job->out + r * job->stride + (c1 - 1 - job->first) * GROUP_COLS, job->tail + r * GROUP_COLS,
            sizeof(float) * tail);
-  free(scratch);
 }
 
 /* -- threads -------------------------------------------------------------------------------------- */
@@ -219,34 +218,64 @@ static int ensure_helpers(int wanted) {
 
 /* -- entry point ---------------------------------------------------------------------------------- */
 
-/* Each thread's activation buffers, kept from call to call (a step's products come every few us). */
-static __thread int8_t* tls_q;
-static __thread float* tls_scale;
-static __thread int32_t* tls_sum;
-static __thread int64_t tls_q_size, tls_blocks;
+/* Each thread's buffers (its rows' int8 activations, their scales and sums, the tail tile), kept from
+ * call to call (a step's products come every few us) and freed when the thread ends. */
+typedef struct {
+  int8_t* q;
+  float* scale;
+  int32_t* sum;
+  float* tail;
+  int64_t q_size, blocks, rows;
+} Buffers;
 
-static int buffers(int64_t q_size, int64_t blocks) {
-  if (q_size > tls_q_size) {
-    free(tls_q);
-    tls_q = aligned_alloc(64, (size_t)((q_size + 63) / 64 * 64));
-    tls_q_size = tls_q ? q_size : 0;
+static pthread_key_t buffers_key;
+static pthread_once_t buffers_once = PTHREAD_ONCE_INIT;
+static __thread Buffers* own;
+
+static void free_buffers(void* state) {
+  Buffers* b = state;
+  free(b->q), free(b->scale), free(b->sum), free(b->tail), free(b);
+}
+
+static void make_key(void) { pthread_key_create(&buffers_key, free_buffers); }
+
+/* Growing each buffer to its need; 0 where memory ran out. */
+static Buffers* buffers(int64_t q_size, int64_t blocks, int64_t rows) {
+  if (own == NULL) {
+    pthread_once(&buffers_once, make_key);
+    own = calloc(1, sizeof(Buffers));
+    if (own == NULL) return NULL;
+    pthread_setspecific(buffers_key, own);
   }
-  if (blocks > tls_blocks) {
-    free(tls_scale), free(tls_sum);
-    tls_scale = malloc(sizeof(float) * blocks), tls_sum = malloc(sizeof(int32_t) * blocks);
-    tls_blocks = tls_scale && tls_sum ? blocks : 0;
+  Buffers* b = own;
+  if (q_size > b->q_size) {
+    free(b->q);
+    b->q = aligned_alloc(64, (size_t)((q_size + 63) / 64 * 64));
+    b->q_size = b->q ? q_size : 0;
   }
-  return tls_q_size >= q_size && tls_blocks >= blocks;
+  if (blocks > b->blocks) {
+    free(b->scale), free(b->sum);
+    b->scale = malloc(sizeof(float) * blocks), b->sum = malloc(sizeof(int32_t) * blocks);
+    b->blocks = b->scale && b->sum ? blocks : 0;
+  }
+  if (rows > b->rows) {
+    free(b->tail);
+    b->tail = aligned_alloc(64, sizeof(float) * GROUP_COLS * rows);
+    b->rows = b->tail ? rows : 0;
+  }
+  return b->q_size >= q_size && b->blocks >= blocks && b->rows >= rows ? b : NULL;
 }
 
 int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
                      const float* bias, int64_t n, int64_t block, int threads, float* y) {
   const int64_t blocks = (k + block - 1) / block, padded_k = blocks * block;
   const int64_t padded_n = (n + GROUP_COLS - 1) / GROUP_COLS * GROUP_COLS, chunks = padded_n / GROUP_COLS;
-  if (!buffers(rows * padded_k, rows * blocks)) return -1;
+  Buffers* b = buffers(rows * padded_k, rows * blocks, rows);
+  if (b == NULL) return -1;
   for (int64_t r = 0; r < rows; r++)
-    quantize_row(x + r * k, k, blocks, block, tls_q + r * padded_k, tls_scale + r * blocks, tls_sum + r * blocks);
-  Job job = {weights, scales, bias, tls_q, tls_scale, tls_sum, y, n, 0, rows, padded_k, padded_n, blocks, block, n};
+    quantize_row(x + r * k, k, blocks, block, b->q + r * padded_k, b->scale + r * blocks, b->sum + r * blocks);
+  Job job = {weights, scales, bias, b->q, b->scale, b->sum, y, b->tail, n, 0, rows, padded_k, padded_n, blocks,
+             block, n};
 
   /* Below about 64k weight-rows of work, handing half to another thread costs more than it saves. */
   int parts = threads > 1 && rows * padded_k * padded_n >= 65536 ? threads : 1;

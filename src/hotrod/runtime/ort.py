@@ -91,9 +91,15 @@ class OrtBackend:
             return _open(path, session_options, providers)
         with q4.kernel_graph(path, cpu_threads(options.threads)) as rewritten:
             if rewritten is not None:
-                q4.use_kernel(session_options)
+                kernel_options = self._session_options(options, graph)
+                q4.use_kernel(kernel_options)
+                try:
+                    session = _open(path, kernel_options, providers, rewritten)
+                except HotrodError:  # the kernel's library would not load here: onnxruntime's kernel runs it
+                    return _open(path, session_options, providers)
                 self.kernel_graphs.add(graph)
-            return _open(path, session_options, providers, rewritten)
+                return session
+        return _open(path, session_options, providers)
 
     def _session_options(self, options: RuntimeOptions, graph: str) -> ort.SessionOptions:
         session_options = ort.SessionOptions()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,34 +68,50 @@ def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: in
 
 def rewrite(model: onnx.ModelProto, threads: int) -> int:
     """Every MatMulNBits of `model` that the kernel computes the same way (4 bits, symmetric, int8 compute,
-    constant weights and bias) as Q4MatMul, in place; returns how many."""
+    constant weights and bias) as Q4MatMul, in place; returns how many. Weights two products share are
+    packed once."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    chosen = [i for i, node in enumerate(graph.node) if _eligible(node, initializers)]
+    fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
+    chosen = [i for i, node in enumerate(graph.node) if _eligible(node, initializers, fed)]
     if not chosen:
         return 0
+    taken = set(initializers) | fed | {name for node in graph.node for name in (*node.input, *node.output)}
+    packed: dict[tuple, tuple[str, str, str]] = {}
     added, replaced = [], set()
     for index in chosen:  # every array read before the graph changes: protobuf's views die with removals
         node = graph.node[index]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        weights = numpy_helper.to_array(initializers[node.input[1]])
         bias = node.input[5] if len(node.input) > 5 and node.input[5] else None
-        arrays = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"], weights.shape[1],
-                      attrs["block_size"], numpy_helper.to_array(initializers[bias]) if bias else None)
-        names = (f"{node.input[1]}_q4", f"{node.input[2]}_q4", f"{node.name or node.output[0]}_q4_bias")
-        added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
+        key = (node.input[1], node.input[2], bias, attrs["N"], attrs["block_size"])
+        if key not in packed:
+            weights = numpy_helper.to_array(initializers[node.input[1]])
+            arrays = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"], weights.shape[1],
+                          attrs["block_size"], numpy_helper.to_array(initializers[bias]) if bias else None)
+            names = tuple(_unused(f"{stem}_q4", taken) for stem in (node.input[1], node.input[2],
+                                                                    bias or f"{node.input[1]}_bias"))
+            added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
+            packed[key] = names
         replaced.update(name for name in (*node.input[1:3], bias) if name)
         graph.node[index].CopyFrom(helper.make_node(
-            OP, [node.input[0], *names], list(node.output), name=node.name, domain=DOMAIN, N=attrs["N"],
+            OP, [node.input[0], *packed[key]], list(node.output), name=node.name, domain=DOMAIN, N=attrs["N"],
             block=attrs["block_size"], threads=threads))
-    still_used = {name for node in graph.node for name in node.input}
-    kept = [init for init in graph.initializer if init.name not in replaced or init.name in still_used]
-    kept = [_copy(init) for init in kept]  # copies: clearing the list frees the originals
+    still_used = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    kept = [_copy(init) for init in graph.initializer  # copies: clearing the list frees the originals
+            if init.name not in replaced or init.name in still_used]
     del graph.initializer[:]
     graph.initializer.extend(kept + added)
     if not any(opset.domain == DOMAIN for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(chosen)
+
+
+def _unused(name: str, taken: set[str]) -> str:
+    candidate, suffix = name, 1
+    while candidate in taken:
+        candidate, suffix = f"{name}_{suffix}", suffix + 1
+    taken.add(candidate)
+    return candidate
 
 
 def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -105,41 +120,49 @@ def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return out
 
 
-def _eligible(node: onnx.NodeProto, initializers: dict) -> bool:
+# The blocks MatMulNBits computes with int8 activations per block; past 256 its result is another one.
+BLOCKS = (32, 64, 128, 256)
+
+
+def _eligible(node: onnx.NodeProto, initializers: dict, fed: set[str]) -> bool:
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    extra = [name for name in node.input[3:5] if name]  # zero points, group index
-    bias = node.input[5] if len(node.input) > 5 and node.input[5] else None
-    if bias is not None and (bias not in initializers or initializers[bias].data_type != onnx.TensorProto.FLOAT):
+    if attrs.get("bits") != 4 or attrs.get("accuracy_level") != 4 or attrs.get("block_size") not in BLOCKS:
         return False
-    return (attrs.get("bits") == 4 and attrs.get("accuracy_level") == 4 and not extra
-            and attrs.get("block_size", 0) % 32 == 0 and node.input[1] in initializers
-            and node.input[2] in initializers and initializers[node.input[2]].data_type == onnx.TensorProto.FLOAT)
+    if any(name for name in node.input[3:5]):  # zero points, group index
+        return False
+    constants = [name for name in (*node.input[1:3], *node.input[5:6]) if name]
+    return all(name in initializers and name not in fed for name in constants) and all(
+        initializers[name].data_type == onnx.TensorProto.FLOAT for name in constants[1:])
 
 
 @contextlib.contextmanager
 def kernel_graph(path: Path, threads: int) -> Iterator[Path | None]:
-    """The graph at `path` with its int4 products on hotrod's kernel, in a file of its own for the span of
+    """The graph at `path` with its int4 products on hotrod's kernel, in a temporary file for the span of
     the block (onnxruntime reads a graph from a file lazily, where from bytes it would keep every
     initializer, an encoder-decoder's three token embeddings included, resident); None where the graph has
-    none the kernel takes, keeps its weights in an external file, or this CPU cannot run the kernel."""
+    none the kernel takes, keeps its weights in an external file, this CPU cannot run the kernel, or
+    there is no room to write it."""
     model = _rewritten(path, threads)
     if model is None:
         yield None
         return
-    handle, name = tempfile.mkstemp(prefix="hotrod-q4-", suffix=".onnx")
-    os.close(handle)
+    # A file without a name in any folder, read through this process's descriptor: a process killed
+    # meanwhile leaves nothing behind.
+    handle = None
     try:
-        try:
-            onnx.save_model(model, name)
-        except OSError:  # no room for it: onnxruntime's own kernel runs the graph as it is
-            yield None
-            return
-        del model
-        yield Path(name)
-    finally:
-        os.unlink(name)
+        handle = tempfile.TemporaryFile(suffix=".onnx")
+        handle.write(model.SerializeToString())
+        handle.flush()
+    except OSError:  # no room for it: onnxruntime's own kernel runs the graph as it is
+        if handle is not None:
+            handle.close()
+        yield None
+        return
+    del model
+    with handle:
+        yield Path(f"/proc/self/fd/{handle.fileno()}")
 
 
 def _rewritten(path: Path, threads: int) -> onnx.ModelProto | None:
