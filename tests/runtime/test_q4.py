@@ -43,12 +43,20 @@ def chain(shapes: list[tuple[int, int]], bits: int = 4, block: int = 256, seed: 
 
 
 def session(model: onnx.ModelProto, kernel_threads: int | None = None) -> ort.InferenceSession:
+    """onnxruntime's session of `model` at one thread; with `kernel_threads`, of a copy rewritten for the kernel."""
+    if kernel_threads is None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    model = _copy(model)
+    assert q4.rewrite(model, kernel_threads) > 0
+    return kernel_session(model)
+
+
+def kernel_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A session of `model` (rewritten already) with the kernel's library, as the backend makes one."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    if kernel_threads is not None:
-        model = _copy(model)
-        assert q4.rewrite(model, kernel_threads) > 0
-        q4.use_kernel(options)
+    q4.use_kernel(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -238,9 +246,7 @@ def test_inputs_that_do_not_fit_the_packed_weights_give_nan_not_a_read_past_them
     model = chain([(256, 128)])
     q4.rewrite(model, 2)
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "k"  # let a wrong K through
-    options = ort.SessionOptions()
-    q4.use_kernel(options)
-    run = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    run = kernel_session(model)
     assert np.isnan(run.run(None, {"x": np.ones((2, 1024), np.float32)})[0]).all()
     assert np.isfinite(run.run(None, {"x": np.ones((2, 256), np.float32)})[0]).all()
 
@@ -259,10 +265,7 @@ def test_shared_weights_are_packed_once_and_fed_or_returned_ones_kept():
     rewritten = _copy(model)
     assert q4.rewrite(rewritten, 2) == 2
     assert len(rewritten.graph.initializer) == 3  # one packed weight, scale and bias for both
-    options = ort.SessionOptions()
-    q4.use_kernel(options)
-    ours = ort.InferenceSession(rewritten.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(ours.run(None, {"x": x})[0], theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
+    np.testing.assert_allclose(kernel_session(rewritten).run(None, {"x": x})[0], theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
 
     fed = chain([(512, 512)])
     scales = fed.graph.node[0].input[2]
@@ -284,3 +287,9 @@ def test_helpers_asleep_between_calls_wake_for_the_next():
     for _ in range(5):
         time.sleep(0.01)  # past the helpers' 2 ms of spinning: they sleep, and the next call wakes them
         assert np.array_equal(run.run(None, {"x": x})[0], expected)
+
+
+def test_an_empty_graph_file_is_left_to_onnxruntime_to_refuse(tmp_path):
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    with q4.kernel_graph(tmp_path / "empty.onnx", 2) as rewritten:
+        assert rewritten is None

@@ -1,6 +1,5 @@
 /* hotrod.Q4MatMul as an onnxruntime custom op (inputs: A float [..., K], the packed weights, their scales,
- * a bias;
- * attributes N, block, threads; output float [..., N]), registered by `RegisterCustomOps`.
+ * a bias; attributes N, block, threads; output float [..., N]), registered by `RegisterCustomOps`.
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
  * appended), and a library asks for the table of the version it was written against. This one asks for
@@ -28,7 +27,7 @@ typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVers
 enum { FLOAT = 1, UINT8 = 2 };
 /* Positions in the version-8 table. */
 enum {
-  CREATE_STATUS = 0, CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
+  CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
   DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
   CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
 };
@@ -89,7 +88,7 @@ static void* data_of(const OrtValue* value) {
   return failed(CALL(TENSOR_DATA, DataFn, (OrtValue*)value, &data)) ? NULL : data;
 }
 
-/* A's dimensions (at most 8), or 0 where they cannot be read. */
+/* A tensor's dimensions (at most 8): their count, or 0 where they cannot be read. */
 static size_t dims_of(const OrtValue* value, int64_t* dims) {
   OrtShape* shape = NULL;
   size_t count = 0;
@@ -104,7 +103,8 @@ static size_t dims_of(const OrtValue* value, int64_t* dims) {
 /* Whether the packed weights, scales and bias have the shapes that A's K and the attributes call for. */
 static int fits(const Kernel* kernel, int64_t k, const OrtValue* weights, const OrtValue* scales,
                 const OrtValue* bias) {
-  const int64_t blocks = (k + kernel->block - 1) / kernel->block, padded_n = (kernel->n + 63) / 64 * 64;
+  const int64_t blocks = (k + kernel->block - 1) / kernel->block;
+  const int64_t padded_n = (kernel->n + HOTROD_Q4_COLS - 1) / HOTROD_Q4_COLS * HOTROD_Q4_COLS;
   int64_t w[8], s[8], b[8];
   return k > 0 && dims_of(weights, w) == 3 && w[0] == padded_n / 16 && w[1] == blocks * kernel->block / 8 &&
          w[2] == 64 && dims_of(scales, s) == 2 && s[0] == blocks && s[1] == padded_n && dims_of(bias, b) == 1 &&
@@ -155,7 +155,6 @@ static const CustomOp q4_matmul = {API_VERSION, create_kernel, name, provider, i
 typedef OrtStatus* (*CreateDomainFn)(const char*, OrtCustomOpDomain**);
 typedef OrtStatus* (*DomainAddFn)(OrtCustomOpDomain*, const CustomOp*);
 typedef OrtStatus* (*AddDomainFn)(OrtSessionOptions*, OrtCustomOpDomain*);
-typedef OrtStatus* (*CreateStatusFn)(int, const char*);
 
 /* Called by onnxruntime when a session's options load this library. The domain is kept for the process's
  * life, as onnxruntime's own custom-op libraries keep theirs. */

@@ -22,9 +22,14 @@
 
 #include "q4gemm.h"
 
-#define GROUP_COLS 64 /* columns a kernel call covers: 4 groups of 16 */
+#define GROUP_COLS HOTROD_Q4_COLS /* 4 groups of 16 columns */
 
 /* -- activations -------------------------------------------------------------------------------- */
+
+/* The lanes of the 16 values from i on that lie within a row of k. */
+static inline __mmask16 within(int64_t i, int64_t k) {
+  return i >= k ? 0 : (k - i >= 16 ? 0xFFFF : (__mmask16)((1u << (k - i)) - 1));
+}
 
 /* Row `x` (k values, zero beyond) to int8 per block: q (padded_k bytes), its scales and sums. Rounding is
  * to nearest even (the default mode of cvtps2dq), as nearbyintf would round. */
@@ -34,15 +39,13 @@ static void quantize_row(const float* x, int64_t k, int64_t blocks, int64_t bloc
     const int64_t start = b * block;
     __m512 amax = _mm512_setzero_ps();
     for (int64_t i = start; i < start + block; i += 16) {
-      __mmask16 real = i >= k ? 0 : (k - i >= 16 ? 0xFFFF : (__mmask16)((1u << (k - i)) - 1));
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(real, x + i)));
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(within(i, k), x + i)));
     }
     const float top = _mm512_reduce_max_ps(amax);
     const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
     __m512i total = _mm512_setzero_si512();
     for (int64_t i = start; i < start + block; i += 16) {
-      __mmask16 real = i >= k ? 0 : (k - i >= 16 ? 0xFFFF : (__mmask16)((1u << (k - i)) - 1));
-      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(real, x + i), inv));
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(within(i, k), x + i), inv));
       v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
       total = _mm512_add_epi32(total, v);
       _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(v));

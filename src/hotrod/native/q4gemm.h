@@ -2,6 +2,9 @@
 #pragma once
 #include <stdint.h>
 
+/* Columns the kernel computes at a time: packed weights, scales and bias are padded to a multiple. */
+#define HOTROD_Q4_COLS 64
+
 /* y[rows][n] = x[rows][k] times the packed weights, plus bias (padded like the scales' rows); returns 0,
  * or -1 where memory ran out. */
 int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,

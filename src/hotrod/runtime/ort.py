@@ -16,6 +16,7 @@ together; the held set and numpy feeds, at two threads: 1.22-1.24 -> 1.16-1.18 m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
@@ -85,21 +86,18 @@ class OrtBackend:
         self._local = threading.local()  # each thread's bindings: {graph: _Binding}
 
     def _session(self, path: Path, options: RuntimeOptions, graph: str, providers: list[str]) -> ort.InferenceSession:
-        """`graph`'s session; on the CPU its int4 products run on hotrod's kernel where it can (`q4`)."""
-        session_options = self._session_options(options, graph)
-        if self.device != "cpu":
-            return _open(path, session_options, providers)
-        with q4.kernel_graph(path, cpu_threads(options.threads)) as rewritten:
-            if rewritten is not None:
-                kernel_options = self._session_options(options, graph)
-                q4.use_kernel(kernel_options)
-                try:
-                    session = _open(path, kernel_options, providers, rewritten)
-                except HotrodError:  # the kernel's library would not load here: onnxruntime's kernel runs it
-                    return _open(path, session_options, providers)
-                self.kernel_graphs.add(graph)
-                return session
-        return _open(path, session_options, providers)
+        """`graph`'s session; on the CPU its int4 products run on hotrod's kernel where it can (`q4`), and
+        elsewhere, or where the rewritten graph will not open, on onnxruntime's own."""
+        if self.device == "cpu":
+            with q4.kernel_graph(path, cpu_threads(options.threads)) as rewritten:
+                if rewritten is not None:
+                    kernel_options = self._session_options(options, graph)
+                    q4.use_kernel(kernel_options)
+                    with contextlib.suppress(HotrodError):  # the kernel's library would not load here
+                        session = _open(path, kernel_options, providers, rewritten)
+                        self.kernel_graphs.add(graph)
+                        return session
+        return _open(path, self._session_options(options, graph), providers)
 
     def _session_options(self, options: RuntimeOptions, graph: str) -> ort.SessionOptions:
         session_options = ort.SessionOptions()
