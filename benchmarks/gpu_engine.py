@@ -28,7 +28,7 @@ import transformers
 
 from hotrod.contracts import graph_contracts
 from hotrod.model import HotrodModel
-from hotrod.registry import get_family
+from hotrod.models import get_family
 from hotrod.runtime.static import EngineOptions, StaticBackend
 from hotrod.timing import interleaved, median, synchronized
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serve_load import (
+from serving import (
     GenRequest,
     Server,
     build_artifact,

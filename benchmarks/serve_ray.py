@@ -24,22 +24,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve_load import (
+from serving import (
     Cell,
     Server,
     ServerFailed,
-    _ms,
-    _suffixed,
     build_artifact,
     free_port,
     kill_server,
     machine_description,
     make_requests,
+    ms,
     read_manifest,
     run_cell,
     shape_for,
     start_server,
     stop_server,
+    suffixed,
     table,
     wait_ready,
 )
@@ -115,7 +115,7 @@ def run_ray(args) -> int:
                 cells.append(cell)
                 print(f"  concurrency {concurrency:>3}: {cell.completed}/{cell.offered} completed, {cell.failed} "
                       f"failed, {cell.lost} lost, {cell.tokens_per_s:.1f} tokens/s, p50 "
-                      f"{_ms(cell.latency_s['p50'])} ms", flush=True)
+                      f"{ms(cell.latency_s['p50'])} ms", flush=True)
             exits[name] = stop_server(server)
             server = None
     finally:
@@ -145,9 +145,9 @@ def ratios(cells: list[Cell]) -> dict[str, dict[str, float]]:
 def write(out: Path, report: dict[str, Any], cells: list[Cell], stream: bool) -> str:
     from dataclasses import asdict
 
-    out = _suffixed(out, "-ray")
+    out = suffixed(out, "-ray")
     out.parent.mkdir(parents=True, exist_ok=True)
-    _suffixed(out, ".json").write_text(json.dumps({**report, "cells": [asdict(c) for c in cells]}, indent=2) + "\n")
+    suffixed(out, ".json").write_text(json.dumps({**report, "cells": [asdict(c) for c in cells]}, indent=2) + "\n")
     m, s = report["machine"], report["settings"]
     ratio_lines = [f"- {name}: " + ", ".join(f"{r:.2f}x plain at concurrency {c}" for c, r in by.items())
                    for name, by in report["ratios"].items()]
@@ -159,5 +159,5 @@ def write(out: Path, report: dict[str, Any], cells: list[Cell], stream: bool) ->
         table(cells, stream, against="plain"), "", *ratio_lines, "",
         "Exits after SIGTERM: " + ", ".join(f"{n} {e['exit_code']}" for n, e in report["servers"].items()),
     ]) + "\n"
-    _suffixed(out, ".md").write_text(text)
+    suffixed(out, ".md").write_text(text)
     return text

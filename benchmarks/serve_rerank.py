@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from serve_load import free_port, machine_description  # noqa: E402  (loopback ports, the machine line)
+from serving import free_port, machine_description  # noqa: E402  (loopback ports, the machine line)
 
 from hotrod.bench.harness import cached_artifact  # noqa: E402
 
@@ -44,7 +44,7 @@ READY_S = 300.0
 def w7_texts() -> tuple[Path, str, list[str]]:
     """The W7 checkpoint and the bench's query and documents as text (the pairs every W7 system scores)."""
     from hotrod.bench.case import Case
-    from hotrod.bench.rerank import texts
+    from hotrod.bench.vocab import texts
     from hotrod.bench.workloads import WORKLOADS, checkpoint
     from hotrod.load import cache_dir
 

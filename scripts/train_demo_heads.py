@@ -25,7 +25,7 @@ import torch
 
 from hotrod.demo_models import DEMO_MODELS
 from hotrod.demo_models.heads import HEAD_WEIGHTS, assemble, changed_tensors
-from hotrod.tasks import CLASSIFY
+from hotrod.tasks.constants import CLASSIFY
 
 TRAINABLE = ("bert.encoder.layer.5.", "bert.pooler.", "classifier.")  # the last layer and the head
 

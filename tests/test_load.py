@@ -283,7 +283,7 @@ def test_artifact_runs_on_torch_from_its_recorded_checkpoint(zoo, tmp_path):
 
 
 def test_a_gpu_device_that_falls_back_to_the_cpu_is_refused():
-    from hotrod.runtime.ort import _check_placement
+    from hotrod.runtime.ort_sessions import check_placement
 
     class Session:
         def __init__(self, provider):
@@ -292,10 +292,10 @@ def test_a_gpu_device_that_falls_back_to_the_cpu_is_refused():
         def get_providers(self):
             return [self.provider, "CPUExecutionProvider"]
 
-    _check_placement({"decoder": Session("CPUExecutionProvider")}, "cpu")
-    _check_placement({"decoder": Session("CUDAExecutionProvider")}, "cuda")
+    check_placement({"decoder": Session("CPUExecutionProvider")}, "cpu")
+    check_placement({"decoder": Session("CUDAExecutionProvider")}, "cuda")
     with pytest.raises(hotrod.HotrodError, match="would run decoder on the CPU"):
-        _check_placement({"decoder": Session("CPUExecutionProvider")}, "cuda")
+        check_placement({"decoder": Session("CPUExecutionProvider")}, "cuda")
 
 
 # -- checkpoints that point elsewhere, and unsafe formats -----------------------------------------

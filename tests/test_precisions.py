@@ -55,6 +55,28 @@ def test_each_engine_precision_describes_its_artifacts_weights():
                                                            "activations": other}
 
 
+ENGINE_CASTS = {  # precision -> (the engine's torch dtype, how it stores linear weights, measured fp32 islands)
+    "fp32": ("float32", precisions.CAST, False),
+    "fp16": ("float16", precisions.CAST, True),
+    "bf16": ("bfloat16", precisions.CAST, False),
+    "int8-weight": ("bfloat16", precisions.INT8_PER_CHANNEL, False),
+    "fp8": ("bfloat16", precisions.FP8_PER_CHANNEL, False),
+}
+
+
+def test_what_the_static_engine_reads_of_each_precision():
+    """The engine, its builds and `hotrod.load` ask these fields, never a precision's name."""
+    engine = {p.name: (p.torch_dtype, p.engine_linears, p.measures_islands) for p in precisions.REGISTRY.values()
+              if p.engine}
+    assert engine == ENGINE_CASTS
+    others = [p for p in precisions.REGISTRY.values() if not p.engine]
+    assert not any(p.torch_dtype or p.engine_linears or p.measures_islands for p in others)
+    with pytest.raises(ValueError, match="torch_dtype"):
+        precisions.Full(name="fp64", weight_bytes=8.0, engine=True)
+    with pytest.raises(ValueError, match="engine_linears"):
+        precisions.Full(name="fp32", weight_bytes=4.0, engine=True, torch_dtype="float32", engine_linears="int3")
+
+
 def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
     assert precisions.get("int4").engine_refusal("cuda").startswith("int4 is onnxruntime's (quantized graphs)")
     assert precisions.get("fp8").engine_refusal("cpu").startswith("fp8 runs through torch._scaled_mm")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hotrod
-from hotrod.registry import all_families, get_family, supported_model_types
+from hotrod.models import all_families, get_family, supported_model_types
 from tests.zoo import CASES
 
 

@@ -11,7 +11,8 @@ import torch
 import hotrod
 from hotrod.cli import main
 from hotrod.verification import metrics
-from hotrod.verification.examples import ANSWERS, ENTITIES, LABELS, RANKING, builtin_examples
+from hotrod.verification.inputs import builtin_texts
+from hotrod.verification.measures import ANSWERS, ENTITIES, LABELS, RANKING
 from hotrod.verify import compare
 from tests.zoo import CASES, HEAD_CASES, build_checkpoint, head_case
 
@@ -27,6 +28,11 @@ TASK_CASES = {
     "answers": (head_case(CASES["bert"], "qa", initializer_range=0.05), 0.9),
 }
 SCORES = {"labels": "label_agreement", "ranking": "rank_agreement", "entities": "entity_f1", "answers": "answer_f1"}
+
+
+def builtin_examples(measure):
+    """The built-in examples a measure makes of the built-in sentences."""
+    return measure.from_texts(builtin_texts())
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +136,7 @@ def test_entities_group_as_the_simple_strategy():
 
 
 def test_calibration_sees_the_task_inputs(checkpoints):
-    from hotrod.optimize.calibration import builtin_texts, capture_feeds
+    from hotrod.optimize.calibration import capture_feeds
 
     for task in ("ranking", "answers"):
         model = hotrod.load(checkpoints[task])

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hotrod import artifact as art
-from hotrod import build, engine, precisions, tasks
+from hotrod import build, engine, precisions
 from hotrod.build import build_module
 from hotrod.errors import HotrodError
 from hotrod.kinds import spec as kind_spec
@@ -30,13 +30,14 @@ from hotrod.load import (
     weights_sha256,
 )
 from hotrod.model import HotrodModel
-from hotrod.optimize.calibration import Feeds, builtin_texts, capture_feeds, read_texts
+from hotrod.models import get_family
+from hotrod.optimize.calibration import Feeds, capture_feeds
 from hotrod.optimize.portable import IN_PLACE_OP
 from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS, ExportOptions, OptimizeOptions, check_choice
-from hotrod.registry import get_family
 from hotrod.runtime.base import RuntimeOptions
-from hotrod.verification import examples as task_examples
-from hotrod.verify import DEFAULT_EXAMPLES, Example, compare
+from hotrod.verification.examples import Example
+from hotrod.verification.inputs import builtin_texts, read_texts
+from hotrod.verify import DEFAULT_EXAMPLES, compare, examples_for, measure, measure_of
 
 
 def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | None = None, **changes) -> Path:
@@ -60,7 +61,7 @@ def optimize(source: str | Path, out: str | Path, options: OptimizeOptions | Non
     texts = _calibration_texts(options.calibration)  # a bad file fails before any work
     out = Path(out)
     src = open_source(source, options.task)
-    examples = _examples(options.verify_texts, *_measure(src))[:options.verify_examples]  # before any export
+    examples = examples_for(options.verify_texts, *measure_of(src.family, src.config))[:options.verify_examples]
     if out.resolve() == src.path.resolve() or out.resolve() in src.path.resolve().parents:
         raise HotrodError(f"--out {out} would replace the source checkpoint {src.path}; choose another directory")
     with art.staging(out, options.force) as tmp:
@@ -202,28 +203,6 @@ def _calibration_texts(calibration) -> list[str]:
     return texts
 
 
-def _measure(src: Source) -> tuple[str, list[str]]:
-    """What verification measures for `src` (`hotrod.verification`), and its head's labels."""
-    dims = src.family.dims(src.config)
-    measure = task_examples.measure_of(dims.task, dims.num_labels, kind_spec(src.family.kind).generates)
-    return measure, list(tasks.labels(src.config, dims.task).values())
-
-
-def _examples(verify_texts, measure: str, labels: list[str]) -> list[Example]:
-    """The examples for `measure`: a task file, given examples or texts, or the built-in ones."""
-    if verify_texts is None:
-        return task_examples.builtin_examples(measure)
-    if isinstance(verify_texts, (str, Path)):
-        return task_examples.read_examples(verify_texts, measure, labels)
-    items = list(verify_texts)
-    if items and all(isinstance(e, str) for e in items):
-        items = task_examples.from_texts(items, measure)
-    examples = [e if isinstance(e, Example) else Example(str(e)) for e in items]
-    if not examples:
-        raise HotrodError("verification examples are empty")
-    return examples
-
-
 def _origin(texts) -> str:
     if texts is None:
         return "built-in texts"
@@ -323,18 +302,13 @@ def verify(
         model = engine.load_artifact(artifact, None, device, threads, None, None, False)
     else:
         model = _load_artifact(artifact, "onnxruntime", None, threads)
-    chosen = _examples(texts, *_measure_model(model))[:examples]
+    chosen = examples_for(texts, measure(model), list(model.labels.values()))[:examples]
     src = _artifact_source(artifact) if against is None else open_source(against, artifact.manifest.get("task"))
     if src.family.dims(src.config) != model.dims:
         raise HotrodError(f"{src.origin} is not the model of {path} (its dimensions differ)")
     reference = _torch_model(src, RuntimeOptions(backend="torch", threads=threads), model.tokenizer)
     figures = compare(model, reference, chosen, max_new_tokens=max_new_tokens)
     return {"against": src.origin, "examples_from": _origin(texts), **figures}
-
-
-def _measure_model(model: HotrodModel) -> tuple[str, list[str]]:
-    measure = task_examples.measure_of(model.task, model.dims.num_labels, model.spec.generates)
-    return measure, list(model.labels.values())
 
 
 def _load_artifact(artifact: art.Artifact, backend: str, device: str | None, threads: int,
@@ -386,7 +360,7 @@ def _torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel
         from hotrod.runtime.static import EngineOptions, StaticBackend
 
         module, islands = build_module(src), ()
-        if options.precision == engine.ISLANDS:  # measured on the fp32 model, on the device, as a build does
+        if precisions.get(options.precision).measures_islands:  # on the fp32 model, on the device, as a build does
             fp32 = TorchBackend(module, contracts, replace(options, static=False, precision="fp32"))
             islands = tuple(engine.measure_islands(HotrodModel(src.family, src.config, fp32, generation, tokenizer),
                                                    builtin_texts()))

@@ -20,12 +20,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
 import filelock
 
 from hotrod.errors import HotrodError
-from hotrod.load import file_sha256
+from hotrod.files import file_sha256, inside
 from hotrod.version import __version__
 
 MANIFEST = "manifest.json"
@@ -175,23 +175,6 @@ def _entries(manifest_file: Path, graphs: object, files: object) -> list[dict]:
     except (AttributeError, KeyError, TypeError) as exc:
         raise HotrodError(f"{manifest_file} is unreadable or incomplete: {exc}") from None
     return entries
-
-
-def inside(directory: Path, name: str, what: str) -> Path:
-    """`directory / name`, refused unless `name` is a plain relative path that stays inside `directory`.
-
-    A manifest or index written by someone else must not make hotrod read (or hash, or hand to a parser)
-    a file elsewhere on the machine: no absolute paths, no `..`, no symlink that resolves outside.
-    """
-    relative = PurePosixPath(name)
-    if not name or relative.is_absolute() or PureWindowsPath(name).is_absolute() or ".." in relative.parts \
-            or "\\" in name:
-        raise HotrodError(f"{what} names {name!r}, which is not a relative path inside {directory}")
-    file = directory / relative
-    root = directory.resolve()
-    if not file.resolve().is_relative_to(root):
-        raise HotrodError(f"{what} names {name!r}, a link that leads outside {directory}")
-    return file
 
 
 def _check_file(directory: Path, entry: dict, check_hashes: bool) -> None:

@@ -20,13 +20,11 @@ from typing import Any
 
 import torch
 
+from hotrod import tasks
 from hotrod.errors import HotrodError, first_line
-from hotrod.optimize.calibration import token_rows
 from hotrod.precisions import REGISTRY
-from hotrod.tasks import ENCODER_TASKS, FEATURES
 from hotrod.timing import interleaved, median
-from hotrod.verification.examples import ANSWERS
-from hotrod.verification.rows import answer_rows, example_rows
+from hotrod.verification.inputs import token_rows
 from hotrod.verify import Example, Remembered, compare, measure
 
 TIMING_RUNS = 3
@@ -96,8 +94,8 @@ def _workload(model: Any, examples: Sequence[Example]) -> Callable[[Any], Any]:
     """What a candidate is timed on: greedy generation of a few prompts, embedding all examples, or a head's
     forward over the rows of all examples as its task builds them."""
     texts = [e.text for e in examples]
-    if model.task in ENCODER_TASKS and model.task != FEATURES:
-        rows = example_rows(model, examples) if measure(model) != ANSWERS else answer_rows(model, examples)
+    if not model.spec.generates and not tasks.get(model.task).bare:  # a head: the rows its task runs
+        rows = measure(model).rows(model, examples)
         return lambda m: m.run_rows(rows)
     if not model.spec.generates:
         rows = [row for row in token_rows(model, texts) if row]

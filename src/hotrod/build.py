@@ -86,9 +86,9 @@ def release_graphs(directory: Path) -> None:
     """Free the graphs a step has let go of. onnx-ir's graphs and ONNX Runtime's optimizer hold their
     ModelProtos in reference cycles, which only Python's cyclic collector frees, and it seldom runs when
     the garbage is a few large objects: 8 layers of BERT-large left 1 GB of it after the export, under
-    int8-static's calibration and its three more copies of the graph. A full collection takes about 0.7 s
-    in a process that holds torch and transformers, twice a small model's whole build, so it runs only
-    where the graphs in `directory` are large enough for their garbage to matter."""
+    int8-static's calibration and its three more copies of the graph. A full collection in a process that
+    holds torch and transformers costs more than a small model's whole build, so it runs only where the
+    graphs in `directory` are large enough for their garbage to matter."""
     size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file() and f.name.endswith(GRAPH_SUFFIXES))
     if size >= COLLECT_ABOVE:
         gc.collect()

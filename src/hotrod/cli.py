@@ -7,14 +7,15 @@ malformed command line), never a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hotrod import tasks
 from hotrod.errors import HotrodError
 from hotrod.options import AUTO, BACKENDS, BUILT_PRECISIONS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS
-from hotrod.tasks import TASKS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=DEVICES, help="the device it is built for and loads on")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory whole")
     p.add_argument("--no-fusion", dest="fusion", action="store_false", help="skip kernel fusion")
-    p.add_argument("--task", default=None, choices=TASKS,
+    p.add_argument("--task", default=None, choices=tasks.names(),
                    help="the head to build (default: the one the checkpoint's architectures name)")
     p.add_argument("--calibration", metavar="FILE", help="calibration texts, one per line (default: built-in set)")
     p.add_argument("--calibration-method", default="minmax", choices=CALIBRATION_METHODS)
@@ -186,6 +187,7 @@ def _load(args, source: str | None = None):
 
 def _optimize(args) -> int:
     import hotrod
+    from hotrod.describe import figures_line
     from hotrod.options import OptimizeOptions
 
     options = OptimizeOptions(precision=args.precision, backend=args.backend, device=args.device, fusion=args.fusion,
@@ -199,7 +201,7 @@ def _optimize(args) -> int:
 
         print(format_table(manifest["auto"]["candidates"]), file=sys.stderr)
     if manifest.get("verification"):
-        print(_figures_line(manifest["verification"]), file=sys.stderr)
+        print(figures_line(manifest["verification"]), file=sys.stderr)
     print(out)
     return 0
 
@@ -216,21 +218,6 @@ def _verify(args) -> int:
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.6g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     return 0
-
-
-# The task figures shown beside the score (`hotrod.verification`): agreement with the source's answers,
-# score differences, and the examples' own targets where they were given.
-TASK_FIGURES = ("label_agreement", "rank_agreement", "top1_agreement", "entity_f1", "answer_exact_match",
-                "answer_f1", "score_mean_abs", "target_accuracy", "target_rank_agreement", "target_f1")
-
-
-def _figures_line(figures: dict) -> str:
-    shown = [f"{figures['score_name']} {figures['score']:.4f}"]
-    for key in ("logits_max_abs", "logits_cosine", "token_agreement", "embedding_cosine", "hidden_max_abs",
-                *TASK_FIGURES):
-        if key in figures:
-            shown.append(f"{key} {figures[key]:.4g}")
-    return f"verified on {figures['examples']} examples against {figures['against']}: " + ", ".join(shown)
 
 
 def _parse_ids(texts: Sequence[str]) -> list[list[int]]:
@@ -309,196 +296,39 @@ def _embed(args) -> int:
     return 0
 
 
-def _fusion_lines(manifest: dict, graph: dict, path: Path) -> list[str]:
-    """What the graph still runs as separate ops where a fusion did not match (`fusion.UNFUSED_MARKERS`),
-    and for an encoder the fusions its layers need against those found (`hotrod.optimize.audit`)."""
-    import onnx
-
-    from hotrod.kinds import spec as kind_spec
-    from hotrod.optimize.audit import encoder_tallies, tally_line
-    from hotrod.optimize.fusion import UNFUSED_MARKERS, unfused_op_counts
-
-    left = unfused_op_counts(onnx.load(str(path), load_external_data=False))
-    lines = ["  unfused   " + (", ".join(f"{op} x{n} ({UNFUSED_MARKERS[op]})" for op, n in left.items()) or "nothing")]
-    if not kind_spec(manifest["kind"]).generates:  # an encoder: its layers' fusions, found against needed
-        layers, device = manifest["dims"]["num_layers"], manifest["options"]["device"]
-        tallies = encoder_tallies(graph.get("fused_ops") or {}, left, layers, device)
-        lines.append("  layers    " + tally_line(tallies, layers, device))
-    return lines
-
-
 def _task_commands(sub) -> None:
-    """classify, rerank, tag and answer: the encoder heads' task methods (`hotrod.pipelines`)."""
-    p = sub.add_parser("classify", help="labels of texts (or text pairs) from a text-classification model")
-    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
-    p.add_argument("texts", nargs="+", metavar="TEXT")
-    p.add_argument("--pair", action="append", metavar="TEXT", help="the second text of a pair, once per TEXT")
-    p.add_argument("--top-k", type=_top, default=1, help="labels per input, best first; all: every label")
-    p.add_argument("--function", default=None, choices=("softmax", "sigmoid", "none"),
-                   help="applied to the logits (default: the pipeline's choice for the head)")
-    _task_args(p, _classify, truncate=True)
-
-    p = sub.add_parser("rerank", help="documents by a cross-encoder's relevance to a query, best first")
-    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
-    p.add_argument("documents", nargs="+", metavar="DOC")
-    p.add_argument("--query", required=True)
-    p.add_argument("--top-n", type=int, default=None, help="the best N only")
-    _task_args(p, _rerank, truncate=True)
-
-    p = sub.add_parser("tag", help="entities of texts from a token-classification (NER) model")
-    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
-    p.add_argument("texts", nargs="+", metavar="TEXT")
-    p.add_argument("--aggregation", default="simple", choices=("none", "simple", "first", "average", "max"))
-    _task_args(p, _tag, truncate=True)
-
-    p = sub.add_parser("answer", help="the answer to a question, taken from a context (extractive QA)")
-    p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
-    p.add_argument("--question", required=True)
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--context")
-    source.add_argument("--context-file", metavar="FILE", help="read the context from FILE (UTF-8)")
-    p.add_argument("--top-k", type=int, default=1)
-    p.add_argument("--max-answer-len", type=int, default=15, help="tokens")
-    p.add_argument("--max-seq-len", type=int, default=None, help="tokens a window (default 384, or the model's)")
-    p.add_argument("--doc-stride", type=int, default=None, help="tokens windows share (default 128)")
-    p.add_argument("--impossible", action="store_true", help="allow the answer that the context has none")
-    p.add_argument("--no-align-to-words", dest="align_to_words", action="store_false",
-                   help="answer the tokens' own characters, not their whole words")
-    _task_args(p, _answer)
+    """One subcommand per task that has one (`hotrod.tasks.TaskSpec.command`): classify, rerank, tag, answer."""
+    for spec in tasks.all_specs():
+        command = spec.command
+        if command is None:
+            continue
+        p = sub.add_parser(command.name, help=command.help)
+        p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
+        command.arguments(p)
+        if command.truncate:
+            p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's positions")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        _runtime_args(p)
+        p.set_defaults(handler=functools.partial(_run_task, command))
 
 
-def _task_args(p: argparse.ArgumentParser, handler, truncate: bool = False) -> None:
-    if truncate:
-        p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's positions")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    _runtime_args(p)
-    p.set_defaults(handler=handler)
-
-
-def _top(value: str) -> int | None:
-    if value == "all":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or all, got {value!r}") from None
-
-
-def _classify(args) -> int:
-    model = _load(args)
-    if args.pair is not None and len(args.pair) != len(args.texts):
-        raise HotrodError(f"--pair was given {len(args.pair)} times for {len(args.texts)} texts; give one per text")
-    inputs = list(zip(args.texts, args.pair)) if args.pair else list(args.texts)
-    results = model.classify(inputs, top_k=args.top_k, function_to_apply=args.function, truncate=args.truncate)
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    for text, result in zip(args.texts, results):
-        labels = result if isinstance(result, list) else [result]
-        print("  ".join(f"{r['label']} {r['score']:.4f}" for r in labels) + f"\t{text}")
-    return 0
-
-
-def _rerank(args) -> int:
-    ranked = _load(args).rerank(args.query, args.documents, top_n=args.top_n, truncate=args.truncate)
-    if args.json:
-        print(json.dumps(ranked))
-        return 0
-    for entry in ranked:
-        print(f"{entry['score']:.4f}\t[{entry['index']}] {args.documents[entry['index']]}")
-    return 0
-
-
-def _tag(args) -> int:
-    results = _load(args).tag(list(args.texts), aggregation_strategy=args.aggregation, truncate=args.truncate)
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    for text, entities in zip(args.texts, results):
-        print(text)
-        for e in entities:
-            label = e.get("entity_group") or e.get("entity")
-            if e["start"] is None:  # a slow tokenizer: no characters, the tokens' own text
-                print(f"  {label:<10} {e['score']:.4f}  -  {e['word']}")
-            else:
-                print(f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}")
-    return 0
-
-
-def _answer(args) -> int:
-    context = args.context if args.context is not None else _read_text(args.context_file)
-    result = _load(args).answer(args.question, context, top_k=args.top_k, max_answer_len=args.max_answer_len,
-                                max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
-                                handle_impossible_answer=args.impossible, align_to_words=args.align_to_words)
+def _run_task(command, args) -> int:
+    if not getattr(args, "truncate", True):
+        args.truncate = False
+    result = command.call(_load(args), args)
     if args.json:
         print(json.dumps(result))
         return 0
-    for a in result if isinstance(result, list) else [result]:
-        print(f"{a['score']:.4f}\t{a['start']}-{a['end']}\t{a['answer']}")
+    for line in command.show(args, result):
+        print(line)
     return 0
-
-
-def _read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise HotrodError(f"{path} is not UTF-8 text") from None
 
 
 def _info(args) -> int:
-    from hotrod.artifact import open_artifact
+    from hotrod.describe import describe
 
-    manifest = open_artifact(args.artifact).manifest
-    if args.json:
-        print(json.dumps(manifest, indent=2))
-        return 0
-    source = manifest["source"]
-    print(f"artifact    {Path(args.artifact).resolve()}")
-    print(f"made by     hotrod {manifest['hotrod_version']} on {manifest['created']}")
-    print(f"source      {source['origin']} (weights sha256 {source['weights_sha256'][:16]}...)")
-    print(f"model       {manifest['model_type']} ({manifest['family']} family, {manifest['kind']})")
-    print("dims        " + ", ".join(f"{k}={v}" for k, v in manifest["dims"].items() if v))
-    if manifest.get("task"):
-        labels = manifest.get("labels") or {}
-        labels = [labels[k] for k in sorted(labels, key=int)] if isinstance(labels, dict) else labels
-        print(f"task        {manifest['task']}" + (f" (labels: {', '.join(map(str, labels))})" if labels else ""))
-    print("options     " + ", ".join(f"{k}={v}" for k, v in manifest["options"].items()))
-    print("versions    " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
-    for name, graph in manifest["graphs"].items():
-        size = graph["bytes"] + (graph["external_data"]["bytes"] if graph.get("external_data") else 0)
-        ins = ", ".join(i["name"] for i in graph["inputs"] if "past_key_values" not in i["name"] and "cross" not in i["name"])
-        print(f"graph       {name:<13} {size / 1e6:8.1f} MB  inputs: {ins}{_cache_note(graph)}")
-        fused = graph.get("fused_ops") or {}
-        print("  fused     " + (", ".join(f"{op} x{n}" for op, n in fused.items()) or "none"))
-        print("\n".join(_fusion_lines(manifest, graph, Path(args.artifact) / graph["file"])))
-    if manifest.get("engine"):
-        print("\n".join(_engine_lines(manifest["engine"], Path(args.artifact))))
-    if "weights" in manifest:
-        print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
-    verification = manifest.get("verification")
-    print("verified    " + (_figures_line(verification) if verification else "no (run `hotrod verify`)"))
-    if manifest.get("auto"):
-        from hotrod.auto import format_table
-
-        section = manifest["auto"]
-        print(f"auto        kept {section['chosen']}: fastest whose {section.get('score') or 'score'} "
-              f"drops at most {section['max_drop']} below the source's")
-        print(format_table(manifest["auto"]["candidates"]))
+    describe(args.artifact, args.json)
     return 0
-
-
-def _engine_lines(section: dict, path: Path) -> list[str]:
-    """A torch engine artifact's weights and fp16's fp32 islands."""
-    size = (path / section["weights"]).stat().st_size
-    islands = section.get("islands") or []
-    return [f"engine      torch static engine, {section['precision']} weights: {section['weights']} "
-            f"{size / 1e6:8.1f} MB",
-            "islands     " + (", ".join(islands) + " (kept in fp32)" if islands else "none")]
-
-
-def _cache_note(graph: dict) -> str:
-    caches = sum(1 for i in graph["inputs"] if "past_key_values" in i["name"] or "cross" in i["name"])
-    return f" + {caches} cache tensors" if caches else ""
 
 
 def _bench(args) -> int:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from hotrod import tasks
 from hotrod.registry import Dims, Kind
-from hotrod.tasks import ANSWER, CLASSIFY, TOKENS
 
 INT64 = "int64"
 INT32 = "int32"
@@ -64,7 +64,8 @@ def _lengths() -> tuple[TensorSpec, ...]:
 
 
 def encoder_io(dims: Dims) -> dict[str, GraphIO]:
-    """One graph; its outputs are what the task's head returns, named as transformers' output fields."""
+    """One graph; its outputs are what the task's head returns (its spec's `outputs`), named as transformers'
+    output fields."""
     inputs = [_ids("input_ids"), _ids("attention_mask")]
     if dims.type_vocab_size:
         inputs.append(_ids("token_type_ids"))
@@ -72,13 +73,9 @@ def encoder_io(dims: Dims) -> dict[str, GraphIO]:
 
 
 def _head_outputs(dims: Dims) -> tuple[TensorSpec, ...]:
-    if dims.task == CLASSIFY:
-        return (TensorSpec("logits", FLOAT32, ("batch", dims.num_labels)),)
-    if dims.task == TOKENS:
-        return (TensorSpec("logits", FLOAT32, ("batch", "sequence", dims.num_labels)),)
-    if dims.task == ANSWER:
-        return tuple(TensorSpec(name, FLOAT32, ("batch", "sequence")) for name in ("start_logits", "end_logits"))
-    return (TensorSpec("last_hidden_state", FLOAT32, ("batch", "sequence", dims.hidden_size)),)
+    """The outputs the task's spec declares, with this model's sizes."""
+    spec = tasks.get(dims.task) if dims.task else tasks.bare("encoder")  # sizes alone: the bare encoder's
+    return tuple(TensorSpec(out.name, FLOAT32, out.shape(dims)) for out in spec.outputs)
 
 
 def decoder_io(dims: Dims) -> dict[str, GraphIO]:

@@ -205,13 +205,16 @@ def _chart(results: Sequence[DemoResult], path: Path) -> Path | None:
     plt = pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    names = [r.name for r in results]
-    bars = ax.bar(names, [r.speedup for r in results], color="#d9480f")
-    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    # Horizontal bars, one row per result: long model names stay legible, however many there are.
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(results)))
+    rows = range(len(results))
+    bars = ax.barh(list(rows), [r.speedup for r in results], color="#d9480f")
+    ax.set_yticks(list(rows), [f"{r.name} ({r.precision})" for r in results], fontsize=8)
+    ax.invert_yaxis()  # the report's order, top to bottom
+    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--")
     for bar, r in zip(bars, results):
-        ax.annotate(f"{r.speedup:.1f}x\n{r.precision}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(f" {r.speedup:.1f}x", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                    ha="left", va="center", fontsize=8)
     ax.set_title("hotrod --precision auto vs PyTorch eager")
-    ax.set_ylim(0, max(r.speedup for r in results) * 1.3)
+    ax.set_xlim(0, max(r.speedup for r in results) * 1.2)
     return save_chart(plt, fig, ax, "speedup over PyTorch", path, legend=False)

@@ -19,7 +19,7 @@ from hotrod.build import code_fingerprint
 from hotrod.demo_models import DemoModel
 from hotrod.load import weights_sha256
 from hotrod.pipelines.base import Row
-from hotrod.tasks import CLASSIFY, TOKENS
+from hotrod.tasks.constants import CLASSIFY, TOKENS
 from hotrod.timing import interleaved, median
 
 PRECISIONS = ("fp32", "int8")
@@ -84,9 +84,7 @@ def reference_pipeline(source: Path, task: str):
     """transformers' pipeline for the head: the reference answers, and the time hotrod is set against."""
     from transformers import pipeline
 
-    if task == TOKENS:
-        return pipeline(task, model=str(source), aggregation_strategy="simple", device="cpu")
-    return pipeline(task, model=str(source), device="cpu")
+    return pipeline(task, model=str(source), device="cpu", **TASKS[task].options)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -151,13 +149,14 @@ def entity_f1(predicted: Sequence[str], targets: Sequence[str]) -> float:
 
 
 class _Answer:
-    def __init__(self, measure: str, pipeline: Callable, hotrod: Callable, score: Callable):
+    def __init__(self, measure: str, pipeline: Callable, hotrod: Callable, score: Callable, **options):
         self.measure, self.pipeline, self.hotrod, self.score = measure, pipeline, hotrod, score
+        self.options = options  # the reference pipeline's
 
 
 TASKS = {
     CLASSIFY: _Answer("held-out intent accuracy", classify_pipeline, classify_hotrod, accuracy),
-    TOKENS: _Answer("held-out entity F1", tag_pipeline, tag_hotrod, entity_f1),
+    TOKENS: _Answer("held-out entity F1", tag_pipeline, tag_hotrod, entity_f1, aggregation_strategy="simple"),
 }
 
 

@@ -23,16 +23,17 @@ import torch
 from hotrod import artifact as art
 from hotrod import build, precisions
 from hotrod.errors import HotrodError, first_line
+from hotrod.files import inside
 from hotrod.kinds import spec as kind_spec
 from hotrod.load import Source, load_generation_config, load_tokenizer, read_config
 from hotrod.model import HotrodModel
+from hotrod.models import get_family
 from hotrod.options import ExportOptions, OptimizeOptions
-from hotrod.registry import Family, get_family
+from hotrod.registry import Family
 from hotrod.runtime.base import cpu_threads
 from hotrod.runtime.static import EngineOptions, StaticBackend, prepare
 
 WEIGHTS = "engine.safetensors"
-ISLANDS = "fp16"  # the precision whose fp32 islands are measured
 ISLAND_TEXTS = 16  # the calibration texts they are measured on, at most
 
 
@@ -79,7 +80,7 @@ class EngineBuild(build.Builder):
 
     def apply(self, precision: str, directory: Path) -> dict:
         """Write `precision`'s weights in `directory`; returns the manifest's "engine" section."""
-        islands = self.islands() if precision == ISLANDS else []
+        islands = self.islands() if precisions.get(precision).measures_islands else []
         options = EngineOptions(device="cpu", precision=precision, keep_fp32=tuple(islands))
         write_weights(prepare(build.build_module(self.src), options), directory / WEIGHTS)
         return {"weights": WEIGHTS, "precision": precision, "islands": islands}
@@ -134,7 +135,7 @@ def engine_model(directory: Path, section: dict, device: str, threads: int = 0,
     """The static engine over the weights `section` (a manifest's "engine") names in `directory`."""
     try:
         options = EngineOptions(device=device, precision=section["precision"], keep_fp32=tuple(section["islands"]))
-        file = art.inside(directory, section["weights"], f"the manifest of {directory}")
+        file = inside(directory, section["weights"], f"the manifest of {directory}")
     except (KeyError, TypeError) as exc:
         raise HotrodError(f"{directory}'s engine section is incomplete: {exc}") from None
     refusal = precisions.get(options.precision).engine_refusal(device)

@@ -19,7 +19,8 @@ import torch
 
 from hotrod.contracts import GraphIO, graph_contracts
 from hotrod.errors import HotrodError, check_choice
-from hotrod.generation.cache import DecoderState, DecodingState, Seq2SeqState
+from hotrod.generation.cache import DecoderState, Seq2SeqState
+from hotrod.generation.state import DecodingState
 from hotrod.registry import Dims, Kind
 
 
@@ -29,6 +30,7 @@ class KindSpec:
     generates: bool  # has generate(); served with continuous batching (else with dynamic batching)
     encodes: bool  # has an encoder: embed() applies, and a forward reads encoder inputs
     continues_prompt: bool  # generated rows begin with the prompt (else with the decoder's start token)
+    auto_class: str  # transformers' auto class of its bare model (the benchmark's baseline)
 
     @property
     def pads_left(self) -> bool:
@@ -94,9 +96,9 @@ class KindSpec:
 
 
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in (
-    KindSpec("encoder", generates=False, encodes=True, continues_prompt=False),
-    KindSpec("decoder", generates=True, encodes=False, continues_prompt=True),
-    KindSpec("seq2seq", generates=True, encodes=True, continues_prompt=False),
+    KindSpec("encoder", generates=False, encodes=True, continues_prompt=False, auto_class="AutoModel"),
+    KindSpec("decoder", generates=True, encodes=False, continues_prompt=True, auto_class="AutoModelForCausalLM"),
+    KindSpec("seq2seq", generates=True, encodes=True, continues_prompt=False, auto_class="AutoModelForSeq2SeqLM"),
 )}
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 
 from hotrod.errors import HotrodError, first_line
-from hotrod.registry import Family, get_family
+from hotrod.files import file_sha256, inside
+from hotrod.models import get_family
+from hotrod.registry import Family
 from hotrod.tasks import TASK_KEY, check_task
 
 SAFETENSORS = "model.safetensors"
@@ -99,8 +101,6 @@ def weight_files(path: Path) -> list[Path]:
 
 def _shards(path: Path, index: Path) -> list[Path]:
     """The shard files an index names, each a file of the checkpoint itself (never a path leading elsewhere)."""
-    from hotrod.artifact import inside
-
     try:
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -164,14 +164,6 @@ def source_fingerprint(path: Path) -> str:
         if file.is_file() and file.suffix in (".json", ".txt", ".model") and not file.name.endswith(".index.json"):
             digest.update(file.name.encode())
             digest.update(file_sha256(file).encode())
-    return digest.hexdigest()
-
-
-def file_sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -9,6 +9,7 @@ or a backend.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,13 +21,16 @@ from hotrod import precisions, tasks
 from hotrod.batching import plan, trailing_lengths
 from hotrod.errors import HotrodError, check_count
 from hotrod.generation import config as gen_config
-from hotrod.generation.assist import DEFAULT_DRAFT_TOKENS, Assist
-from hotrod.generation.cache import DecodingState, SelfCache, compact_prompts
-from hotrod.generation.drafts import MAX_DRAFT_TOKENS
+from hotrod.generation import draft_rules
+from hotrod.generation.assist import Assist
+from hotrod.generation.feeds import compact_prompts
 from hotrod.generation.lookup import Lookup
 from hotrod.generation.search import generate as run_search
+from hotrod.generation.self_cache import SelfCache
 from hotrod.generation.spares import Spares
+from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
+from hotrod.model_inputs import as_long, check_row, embed_rows, token_ids, token_types
 from hotrod.pipelines.base import Row
 from hotrod.registry import Family
 
@@ -61,6 +65,7 @@ class HotrodModel:
         self.kind = family.kind
         self.spec = kind_spec(family.kind)
         self.task = self.dims.task
+        self.task_spec = tasks.of_model(self.task, self.dims.num_labels)  # what it answers (a variant, if one fits)
         self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
         self._vocabulary_of: tuple[Any, int] | None = None  # the tokenizer and size `_vocabulary_hash` is of
         self._spares = Spares(SPARE_CACHE_BYTES)  # finished generate() calls' states (`_generation_state`)
@@ -86,11 +91,11 @@ class HotrodModel:
             raise HotrodError(f"{self.config.model_type} is an encoder; it has no generate(), use embed() or call it")
         if input_ids is None:  # transformers' first argument is also called `inputs`
             input_ids = kwargs.pop("inputs", None)
-        input_ids = self._ids(input_ids)
-        lookup, assistant, assistant_tokens = self._draft_arguments(kwargs)
+        input_ids = token_ids(input_ids, self.dims)
+        lookup, assistant, assistant_tokens = draft_rules.draft_arguments(self, kwargs)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
-            attention_mask = self._as_long(attention_mask, input_ids.shape)
+            attention_mask = as_long(attention_mask, input_ids.shape)
         elif self.spec.infers_padding:
             attention_mask = _infer_mask(input_ids, values)
         else:  # transformers infers padding only for decoder-only models
@@ -98,10 +103,10 @@ class HotrodModel:
         settings = self.settings(input_ids.shape[1], values)
         with self._generation_state(settings) as state, torch_threads(self.backend.loop_threads):
             if lookup:
-                self._check_drafting("prompt_lookup_num_tokens", input_ids, settings)
+                draft_rules.check_drafting("prompt_lookup_num_tokens", self, input_ids.shape[0], settings)
                 return Lookup(state, settings, lookup).generate(input_ids, attention_mask)
             if assistant is not None:
-                self._check_drafting("assistant_model", input_ids, settings, assistant)
+                draft_rules.check_drafting("assistant_model", self, input_ids.shape[0], settings, assistant)
                 # The assistant's rows begin as the model's do (an encoder-decoder's with the same start token).
                 settings = dataclasses.replace(settings, decoder_start_token_id=self._start_token(settings))
                 with assistant._generation_state(settings) as drafts:
@@ -133,62 +138,15 @@ class HotrodModel:
         `SPARE_CACHE_BYTES` in all): the memory goes back before a long idle spell."""
         self._spares.clear()
 
-    def _draft_arguments(self, kwargs: dict) -> tuple[int, HotrodModel | None, int]:
-        """`prompt_lookup_num_tokens` (0: off), `assistant_model` and `num_assistant_tokens`, taken out of
-        transformers' arguments and checked."""
-        lookup = kwargs.pop("prompt_lookup_num_tokens", None)
-        assistant = kwargs.pop("assistant_model", None)
-        assistant_tokens = kwargs.pop("num_assistant_tokens", None)
-        if assistant is not None and lookup is not None:
-            raise HotrodError("pass assistant_model or prompt_lookup_num_tokens, not both: each drafts the tokens")
-        if assistant is None and assistant_tokens is not None:
-            raise HotrodError("num_assistant_tokens is the assistant's draft length; pass assistant_model too")
-        if assistant is not None:
-            self._check_assistant(assistant)
-        return (0 if lookup is None else _draft_count("prompt_lookup_num_tokens", lookup), assistant,
-                DEFAULT_DRAFT_TOKENS if assistant_tokens is None else _draft_count("num_assistant_tokens",
-                                                                                   assistant_tokens))
-
-    def _check_assistant(self, assistant: Any) -> None:
-        """An assistant drafts this model's tokens: a hotrod model of its kind, over the same vocabulary."""
-        if not isinstance(assistant, HotrodModel):
-            raise HotrodError(f"assistant_model must be a model loaded with hotrod.load, got {type(assistant).__name__}")
-        if assistant.spec != self.spec:
-            raise HotrodError(f"assistant_model is a model of kind {assistant.spec.name}; this model, of kind "
-                              f"{self.spec.name}, takes drafts from a model of its own kind")
-        if assistant.dims.vocab_size != self.dims.vocab_size:
-            raise HotrodError(f"assistant_model has {assistant.dims.vocab_size} tokens in its vocabulary, this model "
-                              f"{self.dims.vocab_size}: its drafts would not be this model's tokens")
-        mine, theirs = self._vocabulary(), assistant._vocabulary()
-        if mine is not None and theirs is not None and mine != theirs:
-            raise HotrodError("assistant_model's tokenizer differs from this model's: its drafts would not be this "
-                              "model's tokens")
-
     def _vocabulary(self) -> int | None:
         """A fingerprint of the tokenizer's vocabulary (None without a tokenizer), taken again only when the
-        tokenizer or its size changes: reading GPT-2's 50,257 entries takes about 60 ms, a call's worth."""
+        tokenizer or its size changes: reading a large vocabulary costs as much as a generate() call."""
         if self.tokenizer is None:
             return None
         seen = (self.tokenizer, len(self.tokenizer))
         if self._vocabulary_of is None or self._vocabulary_of[0] is not seen[0] or self._vocabulary_of[1] != seen[1]:
             self._vocabulary_of, self._vocabulary_hash = seen, hash(frozenset(self.tokenizer.get_vocab().items()))
         return self._vocabulary_hash
-
-    def _check_drafting(self, name: str, input_ids: torch.Tensor, settings: gen_config.Settings,
-                        assistant: HotrodModel | None = None) -> None:
-        """Drafting (argument `name`) runs greedy decoding or sampling of one row; the rest is refused."""
-        if settings.num_beams > 1:
-            raise HotrodError(f"{name} runs with greedy decoding or sampling, not beam search")
-        if input_ids.shape[0] != 1 or settings.num_return_sequences > 1:
-            raise HotrodError(f"{name} decodes one row at a time; got {input_ids.shape[0]}")
-        for whose, model in (("this model's", self), ("the assistant's", assistant)):
-            if model is not None and not model.backend.verifies_drafts:
-                raise HotrodError(f"{name} needs backends that verify drafts in one pass; {whose} static engine "
-                                  "steps one token at a time (load with static=False)")
-        positions = assistant.dims.max_positions if assistant is not None else None
-        if positions is not None and settings.max_length > positions:
-            raise HotrodError(f"assistant_model has {positions} positions, fewer than the {settings.max_length} "
-                              "this generation needs")
 
     def settings(self, prompt_length: int, values: dict[str, Any]) -> gen_config.Settings:
         """Checked settings for a prompt of `prompt_length` tokens, from `gen_config.merge`'s values."""
@@ -221,16 +179,16 @@ class HotrodModel:
     def _forward(self, input_ids, attention_mask, token_type_ids, decoder_input_ids) -> ModelOutput:
         # Outputs go where the inputs came from, as transformers' do (its inputs are on the model's device).
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
-        input_ids = self._ids(input_ids)
-        mask = torch.ones_like(input_ids) if attention_mask is None else self._as_long(attention_mask, input_ids.shape)
+        input_ids = token_ids(input_ids, self.dims)
+        mask = torch.ones_like(input_ids) if attention_mask is None else as_long(attention_mask, input_ids.shape)
         if not self.spec.generates:
-            types = torch.zeros_like(input_ids) if token_type_ids is None else self._types(token_type_ids, input_ids.shape)
+            types = torch.zeros_like(input_ids) if token_type_ids is None else token_types(token_type_ids, input_ids.shape, self.dims)
             return ModelOutput(**self._encode(input_ids, mask, types, device))
         if not self.spec.encodes:
             return ModelOutput(logits=self._decoder_logits(input_ids, mask).to(device))
         if decoder_input_ids is None:
             raise HotrodError("an encoder-decoder forward needs decoder_input_ids")
-        decoder_ids = self._ids(decoder_input_ids, check_length=False)
+        decoder_ids = token_ids(decoder_input_ids, self.dims, check_length=False)
         hidden = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": mask})["encoder_hidden_states"]
         out = self.backend.run(
             "decoder_init",
@@ -271,12 +229,12 @@ class HotrodModel:
             raise HotrodError(f"unknown pooling {pooling!r}; choose from mean, cls")
         if not self.spec.encodes:
             raise HotrodError(f"{self.config.model_type} is a decoder-only model; embed() needs an encoder")
-        if self.task not in (tasks.FEATURES, tasks.TEXT2TEXT):
+        if not tasks.get(self.task).embeds:
             raise HotrodError(f"this model ends in its {self.task} head, so it has no embeddings; build it with "
-                              f"--task {tasks.FEATURES} (task=) for the bare encoder")
+                              f"--task {tasks.bare(self.kind).name} (task=) for the bare encoder")
         if batch_size < 1:
             raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
-        rows = self._rows(texts_or_ids)
+        rows = embed_rows(texts_or_ids, self.tokenizer, self.dims)
         result = torch.empty(len(rows), self.dims.hidden_size)
         with torch_threads(self.backend.loop_threads):
             for group in plan([len(r) for r in rows], batch_size):
@@ -298,7 +256,7 @@ class HotrodModel:
                 members = [rows[i] for i in group]
                 width = max(len(r) for r in members)
                 for row in members:
-                    self._check_row(row.input_ids)
+                    check_row(row.input_ids, self.dims)
                 ids = torch.tensor([r.input_ids + [pad] * (width - len(r)) for r in members], dtype=torch.long)
                 mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in members], dtype=torch.long)
                 types = torch.tensor([(r.token_type_ids or [0] * len(r)) + [0] * (width - len(r)) for r in members],
@@ -309,45 +267,22 @@ class HotrodModel:
                                       else out[spec.name][position] for spec in io.outputs}
         return results
 
-    def classify(self, texts_or_pairs, top_k: int | None = 1, function_to_apply: str | None = None,
-                 truncate: bool = False) -> list:
-        """Labels and scores as transformers' `pipeline("text-classification")` gives them (`top_k=1`: as
-        it answers without top_k; None: every label). Inputs: a text, a (text, text_pair) pair, or a list."""
-        from hotrod.pipelines import classify
+    def run_task(self, task: str, *args: Any, **kwargs: Any) -> Any:
+        """The answer of `task`'s pipeline (`hotrod.pipelines`) to the arguments of its `prepare`: the task
+        methods (`classify`, `rerank`, `tag`, `answer`, and any registered task's) call this."""
+        spec = tasks.get(task)
+        refusal = spec.refusal(self.task, self.dims.num_labels)
+        if refusal:
+            raise HotrodError(refusal)
+        prepared = spec.pipeline.prepare(self, *args, **kwargs)
+        return spec.pipeline.finish(self, prepared, self.run_rows(prepared.rows))
 
-        prepared = classify.prepare(self, texts_or_pairs, top_k, function_to_apply, truncate)
-        return classify.finish(self, prepared, self.run_rows(prepared.rows))
-
-    def rerank(self, query: str, documents: Sequence[str], top_n: int | None = None,
-               truncate: bool = False) -> list[dict]:
-        """Documents by a cross-encoder's score for (query, document), best first: [{"index", "score"}], the
-        score as sentence-transformers' `CrossEncoder.predict` gives it (`hotrod.pipelines.rerank`)."""
-        from hotrod.pipelines import rerank
-
-        prepared = rerank.prepare(self, query, documents, top_n, truncate)
-        return rerank.finish(self, prepared, self.run_rows(prepared.rows))
-
-    def tag(self, texts: str | Sequence[str], aggregation_strategy: str = "simple",
-            ignore_labels: Sequence[str] | str | None = ("O",), truncate: bool = False) -> list:
-        """Entities as transformers' `pipeline("token-classification")` gives them, for aggregation none,
-        simple, first, average or max: a list for one text, a list of lists for several."""
-        from hotrod.pipelines import tag
-
-        prepared = tag.prepare(self, texts, aggregation_strategy, ignore_labels, truncate)
-        return tag.finish(self, prepared, self.run_rows(prepared.rows))
-
-    def answer(self, question, context: str | None = None, top_k: int = 1, doc_stride: int | None = None,
-               max_answer_len: int = 15, max_seq_len: int | None = None, max_question_len: int = 64,
-               handle_impossible_answer: bool = False, align_to_words: bool = True) -> Any:
-        """The answer span as transformers 4.x's `pipeline("question-answering")` gave it: {"answer",
-        "score", "start", "end"} (a list of the top_k when top_k > 1, unless only one was found); several
-        questions (a list, with one context or a list of them, or a list of (question, context) pairs) give
-        one per question. Every window of a long context runs in one batch (`hotrod.pipelines.answer`)."""
-        from hotrod.pipelines import answer
-
-        prepared = answer.prepare(self, question, context, top_k, doc_stride, max_answer_len, max_seq_len,
-                                  max_question_len, handle_impossible_answer, align_to_words)
-        return answer.finish(self, prepared, self.run_rows(prepared.rows))
+    def __getattr__(self, name: str) -> Any:
+        """A task's method (`TaskSpec.method`): its pipeline's `prepare`, documented there, run by `run_task`."""
+        spec = tasks.by_method(name) if not name.startswith("_") else None
+        if spec is None or spec.pipeline is None:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        return _TaskMethod(self, spec)
 
     def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor,
                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
@@ -390,75 +325,6 @@ class HotrodModel:
         weights = mask[:, :, None].to(hidden.dtype)
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
-    def _rows(self, texts_or_ids) -> list[list[int]]:
-        if isinstance(texts_or_ids, str):
-            texts_or_ids = [texts_or_ids]
-        if isinstance(texts_or_ids, torch.Tensor):
-            texts_or_ids = texts_or_ids.tolist() if texts_or_ids.dim() == 2 else [texts_or_ids.tolist()]
-        items = list(texts_or_ids)
-        if items and all(isinstance(t, int) for t in items):  # one row of ids
-            items = [items]
-        if not items:
-            raise HotrodError("nothing to embed")
-        if all(isinstance(t, str) for t in items):
-            if self.tokenizer is None:
-                raise HotrodError("this model has no tokenizer; pass token ids instead of text")
-            if any(not t.strip() for t in items):
-                raise HotrodError("empty text")
-            limit = self.dims.max_positions or None
-            items = self.tokenizer(items, truncation=limit is not None, max_length=limit)["input_ids"]
-        rows = [list(map(int, r)) for r in items]
-        for row in rows:
-            self._check_row(row)
-        return rows
-
-    # -- input checks ---------------------------------------------------------------------------
-
-    def _ids(self, input_ids, check_length: bool = True) -> torch.Tensor:
-        if input_ids is None:
-            raise HotrodError("input_ids is required")
-        try:
-            ids = torch.as_tensor(input_ids)
-        except (TypeError, ValueError, RuntimeError):
-            raise HotrodError("input_ids must be a rectangular batch of token ids (pad shorter prompts)") from None
-        if ids.dim() == 1:
-            ids = ids[None, :]
-        if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise HotrodError(f"input_ids must be a 2-D tensor of token ids, got shape {tuple(ids.shape)} {ids.dtype}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise HotrodError("empty prompt")
-        ids = ids.long().cpu()
-        if int(ids.min()) < 0 or int(ids.max()) >= self.dims.vocab_size:
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise HotrodError(f"token id {bad} is outside the vocabulary (0..{self.dims.vocab_size - 1})")
-        if check_length and self.dims.max_positions is not None and ids.shape[1] > self.dims.max_positions:
-            raise HotrodError(
-                f"prompt of {ids.shape[1]} tokens is longer than the model's {self.dims.max_positions} positions"
-            )
-        return ids
-
-    def _check_row(self, row: Sequence[int]) -> None:
-        self._ids(torch.tensor([row], dtype=torch.long) if row else torch.zeros(1, 0, dtype=torch.long))
-
-    @staticmethod
-    def _as_long(tensor, shape) -> torch.Tensor:
-        tensor = torch.as_tensor(tensor).long().cpu()
-        if tensor.dim() == 1:
-            tensor = tensor[None, :]
-        if tuple(tensor.shape) != tuple(shape):
-            raise HotrodError(f"mask shape {tuple(tensor.shape)} does not match input_ids {tuple(shape)}")
-        return tensor
-
-    def _types(self, token_type_ids, shape) -> torch.Tensor:
-        """Token types within the model's table; a model without one (type_vocab_size 0) takes only zeros."""
-        types = self._as_long(token_type_ids, shape)
-        count = max(self.dims.type_vocab_size, 1)
-        outside = types[(types < 0) | (types >= count)]
-        if outside.numel():
-            takes = f"token types 0 .. {count - 1}" if count > 1 else "token type 0 only"
-            raise HotrodError(f"token_type_ids holds {int(outside[0])}, but this model takes {takes}")
-        return types
-
     def _host(self, value, device: torch.device | None = None) -> torch.Tensor:
         """A backend output as the caller gets it: a torch tensor where the inputs were (the CPU unless
         the caller's tensors were on a GPU)."""
@@ -469,11 +335,21 @@ class HotrodModel:
         return int(pad) if pad is not None else 0
 
 
-def _draft_count(name: str, value: Any) -> int:
-    """A number of tokens to draft a pass, from 1 to MAX_DRAFT_TOKENS (each is a position of the verifying pass)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
-        raise HotrodError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, got {value!r}")
-    return value
+class _TaskMethod:
+    """`model.<method>(...)`: the task's pipeline with the model bound, its `prepare`'s signature shown."""
+
+    def __init__(self, model: HotrodModel, spec: Any):
+        self.model, self.spec = model, spec
+        prepare = spec.pipeline.prepare
+        self.__doc__, self.__name__ = prepare.__doc__, spec.method
+        self.__signature__ = _without_model(inspect.signature(prepare))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.run_task(self.spec.name, *args, **kwargs)
+
+
+def _without_model(signature: inspect.Signature) -> inspect.Signature:
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _infer_mask(input_ids: torch.Tensor, values: dict) -> torch.Tensor:

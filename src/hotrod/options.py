@@ -6,10 +6,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from hotrod import precisions
+from hotrod import precisions, tasks
 from hotrod.errors import HotrodError, check_choice, check_number
 from hotrod.export.onnx import OPSET
-from hotrod.tasks import TASKS
 
 # The lists are the registry's (`hotrod.precisions`); named here for the CLI and the scripts.
 PRECISIONS = precisions.names(lambda p: p.onnx)  # onnxruntime's graphs
@@ -85,7 +84,7 @@ class OptimizeOptions:
             raise HotrodError(f"verify_examples must be a whole number, got {self.verify_examples!r}")
         check_number("max_drop", self.max_drop, 0, 1)
         if self.task is not None:
-            check_choice("task", self.task, TASKS)
+            check_choice("task", self.task, tasks.names())
 
     def _check_engine(self) -> None:
         """What the torch engine's build reads: no graphs to fuse, nothing calibrated but fp16's islands."""
@@ -97,8 +96,9 @@ class OptimizeOptions:
         if self.calibration_method != "minmax":
             raise HotrodError("--calibration-method is int8-static's (onnxruntime); the torch engine calibrates "
                               "no activation ranges")
-        if self.calibration is not None and not (self.auto or self.precision == "fp16"):
-            raise HotrodError(f"--calibration texts are where the torch engine measures fp16's fp32 islands; "
+        if self.calibration is not None and not (self.auto or precisions.get(self.precision).measures_islands):
+            islanded = "/".join(precisions.names(lambda p: p.measures_islands))
+            raise HotrodError(f"--calibration texts are where the torch engine measures {islanded}'s fp32 islands; "
                               f"precision {self.precision} reads none")
 
     @classmethod

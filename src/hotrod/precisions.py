@@ -18,8 +18,10 @@ static engine's list and the benchmark's hardware floor all read this registry.
   torch._scaled_mm, on GPUs with fp8 tensor cores (`runtime/fp8.py`).
 
 The torch backend's static engine (`runtime/static.py`) runs the precisions marked `engine`; for it a
-precision says what its artifact's weights are (`describe_engine`) and whether torch here has its kernels
-on a device (`engine_refusal`).
+precision says the torch dtype it casts to (`torch_dtype`), how it stores its linear weights
+(`engine_linears`, one of LINEAR_FORMATS, each a layer in `runtime/static.py`), whether a build measures
+the modules to keep in fp32 (`measures_islands`), what its artifact's weights are (`describe_engine`) and
+whether torch here has its kernels on a device (`engine_refusal`). Generic code asks these, never a name.
 
 The graph passes are imported when a graph is lowered, so this module stays cheap for the options, the
 CLI and the static engine.
@@ -44,6 +46,14 @@ Feed = dict[str, np.ndarray]
 
 _PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
 
+# How the static engine stores a precision's linear weights (`Precision.engine_linears`); the runtime maps
+# each to the layer that quantizes a linear into it (`hotrod.runtime.static.QUANTIZERS`).
+CAST = ""  # cast with the rest of the weights, to `torch_dtype`
+INT8_PER_CHANNEL = "int8-per-channel"  # int8, one scale per output channel (`runtime.cast.Int8Linear`)
+FP8_PER_CHANNEL = "fp8-e4m3-per-channel"  # e4m3, one scale per output channel (`runtime.fp8.Fp8Linear`)
+LINEAR_FORMATS = (CAST, INT8_PER_CHANNEL, FP8_PER_CHANNEL)
+TORCH_DTYPES = ("float32", "float16", "bfloat16")  # names of torch dtypes (`getattr(torch, name)`)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Precision:
@@ -61,6 +71,15 @@ class Precision:
     activations: str = ""
     engine_weights: str = ""  # the engine's linear weights, for its artifact's manifest (the name when empty)
     engine_dtype: str = ""  # the engine's activations and other weights (the name when empty)
+    torch_dtype: str = ""  # the engine's activations and other weights, a TORCH_DTYPES name (engine only)
+    engine_linears: str = CAST  # how the engine stores its linear weights: one of LINEAR_FORMATS
+    measures_islands: bool = False  # an engine build keeps the modules this precision overflows in fp32
+
+    def __post_init__(self):
+        if self.engine and self.torch_dtype not in TORCH_DTYPES:
+            raise ValueError(f"engine precision {self.name} needs a torch_dtype among {TORCH_DTYPES}")
+        if self.engine_linears not in LINEAR_FORMATS:
+            raise ValueError(f"precision {self.name}: engine_linears {self.engine_linears!r} not in {LINEAR_FORMATS}")
 
     @property
     def invariant_rows(self) -> int:
@@ -138,13 +157,13 @@ class Half(Precision):
               name: str | None = None) -> tuple[onnx.ModelProto, dict]:
         from hotrod.optimize.mixed import to_half
 
-        model, report = to_half(model, self.name, feeds, name=name)
+        model, report = to_half(model, self, feeds, name=name)
         return model, {"mixed_precision": report}
 
     def has_kernels(self, device: str) -> bool:
         from hotrod.runtime.kernels import half_supported
 
-        return half_supported(self.name, device)
+        return half_supported(self, device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,14 +249,15 @@ class Fp8(Precision):
 
 
 REGISTRY: dict[str, Precision] = {p.name: p for p in (
-    Full(name="fp32", weight_bytes=4.0, engine=True),
+    Full(name="fp32", weight_bytes=4.0, engine=True, torch_dtype="float32"),
+    # fp16 tops out at 65504 (T5's feed-forward blocks pass it): the engine keeps those modules in fp32.
     Half(name="fp16", weight_bytes=2.0, onnx_type=TensorProto.FLOAT16, numpy_type=np.float16,
-         max_finite=65504.0, rtol=1e-2, atol=1e-3),
+         max_finite=65504.0, rtol=1e-2, atol=1e-3, torch_dtype="float16", measures_islands=True),
     Half(name="bf16", weight_bytes=2.0, onnx_type=TensorProto.BFLOAT16, numpy_type=ml_dtypes.bfloat16,
-         max_finite=float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), rtol=5e-2, atol=1e-2),
+         max_finite=float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), rtol=5e-2, atol=1e-2, torch_dtype="bfloat16"),
     # Activations per row (one symmetric scale per token): batch-invariant, and on real weights at least as
-    # close to fp32 as one scale per call (the demo's MiniLM tagger: entity F1 0.946 against 0.938), at
-    # 1.01-1.08x int8-call's CPU time (benchmarks/results/int8-rows-cpu.json).
+    # close to fp32 as one scale per call (the demo's MiniLM tagger: entity F1 0.946 against 0.938), for
+    # about int8-call's CPU time (benchmarks/results/int8-rows-cpu.json).
     Int8Dynamic(name="int8", weight_bytes=1.0, per_row=True, weights="int8 per-channel, 7-bit range (dynamic)",
                 activations="uint8 per row, symmetric, range measured on every call (dynamic)"),
     # onnxruntime's own dynamic quantization, one activation range per call: a row's answer depends on its
@@ -250,17 +270,18 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
     WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,
                weights="int8 block-32 symmetric (int8-weight, MatMulNBits)",
-               engine_weights="int8 per output channel, symmetric, bf16 scales", engine_dtype="bf16"),
+               engine_weights="int8 per output channel, symmetric, bf16 scales", engine_dtype="bf16",
+               torch_dtype="bfloat16", engine_linears=INT8_PER_CHANNEL),
     WeightOnly(name="int4", weight_bytes=0.5 + 4 / 32, bits=4, weights="int4 block-32 symmetric (MatMulNBits)"),
     # Fewer, larger blocks: fewer scales to read and apply per weight (MatMulNBits' int8 kernel spends per
-    # block), for a coarser fit. GPT-2's batch-1 decoding (W1), interleaved: int4 0.416 s, int4-b128 0.325 s;
-    # int4-b128 0.301 s, int4-b256 0.260 s. Each is kept only where the accuracy gate allows it.
+    # block), for a coarser fit: batch-1 decoding reads fewer bytes a weight (benchmarks/README.md has the
+    # figures). Each is kept only where the accuracy gate allows it.
     WeightOnly(name="int4-b128", weight_bytes=0.5 + 4 / 128, bits=4, block_size=128,
                weights="int4 block-128 symmetric (int4-b128, MatMulNBits)"),
     WeightOnly(name="int4-b256", weight_bytes=0.5 + 4 / 256, bits=4, block_size=256,
                weights="int4 block-256 symmetric (int4-b256, MatMulNBits)"),
     Fp8(name="fp8", weight_bytes=1.0, engine_weights="fp8 e4m3 per output channel, fp32 scales (torch._scaled_mm)",
-        engine_dtype="bf16"),
+        engine_dtype="bf16", torch_dtype="bfloat16", engine_linears=FP8_PER_CHANNEL),
 )}
 
 

@@ -1,7 +1,8 @@
-"""Families, keyed by Hugging Face `model_type`.
+"""Families, keyed by Hugging Face `model_type`: the registry each `hotrod.models` module adds itself to.
 
 A family is the only place that knows an architecture: how to build its lean module from a config,
-how to map checkpoint weights onto it, and its dimensions. Generic code asks the registry, never
+how to map checkpoint weights onto it, its dimensions and its own task heads. Generic code asks the
+registry (through `hotrod.models.get_family`, which registers every family first), never
 `if model_type == ...`. The three *kinds* (encoder, decoder, seq2seq) are generic contracts: which
 graphs exist and what their inputs and outputs are called (see `hotrod.contracts`).
 """
@@ -9,11 +10,9 @@ graphs exist and what their inputs and outputs are called (see `hotrod.contracts
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
-
-from hotrod.errors import HotrodError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,7 +48,10 @@ class Family:
     kind: Kind
     sizes: Callable[[object], Dims]  # config -> the architecture's sizes (`dims` adds the task's)
     build: Callable[[object], nn.Module]  # config -> lean module with `graphs()` and `load_hf()`
-    tasks: tuple[str, ...] = ()  # the heads it runs (`hotrod.tasks`); the first is the bare model's
+    # The tasks it runs (`hotrod.tasks`), the bare model's first; empty: every task of its kind it has a head
+    # for (`hotrod.tasks.family_tasks`).
+    tasks: tuple[str, ...] = ()
+    heads: Mapping[str, Callable[[object], nn.Module]] | None = field(default=None, compare=False)  # task -> its own head
     onnx_optimizer: str | None = None  # model type for ONNX Runtime's transformer optimizer (fusion)
     # Operators this family's graphs keep in fp32 under fp16/bf16, beyond the list every graph keeps
     # (`hotrod.optimize.mixed.KEEP_FP32_OPS`); each graph carries them in its metadata.
@@ -74,25 +76,11 @@ def register(family: Family) -> Family:
     return family
 
 
-def supported_model_types() -> list[str]:
-    _ensure_loaded()
-    return sorted(_FAMILIES)
+def registered(model_type: str) -> Family | None:
+    """The family registered for `model_type`, if any (`hotrod.models.get_family` registers them all first)."""
+    return _FAMILIES.get(model_type)
 
 
-def get_family(model_type: str | None) -> Family:
-    _ensure_loaded()
-    family = _FAMILIES.get(model_type or "")
-    if family is None:
-        raise HotrodError(
-            f"unsupported model_type {model_type!r}; supported: {', '.join(supported_model_types())}"
-        )
-    return family
-
-
-def all_families() -> list[Family]:
-    _ensure_loaded()
+def registered_families() -> list[Family]:
+    """Each registered family once, in registration order."""
     return list({f.name: f for f in _FAMILIES.values()}.values())
-
-
-def _ensure_loaded() -> None:
-    import hotrod.models  # noqa: F401  (registers the families)

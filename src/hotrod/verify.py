@@ -10,7 +10,8 @@ What is measured is what the model's task measures (`hotrod.verification`):
 - feature-extraction encoders: last hidden state max-abs and cosine, mean-pooled embedding cosine;
 - text-classification: label agreement and score differences; one-output heads (cross-encoders): rank
   agreement per query; token-classification: entity F1; question-answering: answer exact match and F1.
-`score` is the one number `--precision auto` budgets against (`score_name` names it): task exact match
+Each task's spec names its measure (`hotrod.verification.measures`). `score` is the one number
+`--precision auto` budgets against (`score_name` names it): task exact match
 when a language model's examples have targets, else agreement with the source on the task's measure.
 """
 
@@ -22,38 +23,55 @@ from typing import Any
 
 import torch
 
+from hotrod import tasks
 from hotrod.errors import HotrodError
-from hotrod.optimize.calibration import token_rows
 from hotrod.verification import examples as task_examples
-from hotrod.verification.answers import compare_answers
-from hotrod.verification.classification import compare_labels, compare_ranking
-from hotrod.verification.embeddings import compare_embeddings
 from hotrod.verification.examples import Example
-from hotrod.verification.generation import compare_generations
-from hotrod.verification.tokens import compare_entities
+from hotrod.verification.inputs import builtin_texts
+from hotrod.verification.measures import GENERATION, Measure
 
-__all__ = ["DEFAULT_EXAMPLES", "Example", "Remembered", "builtin_examples", "compare", "measure", "read_examples"]
+__all__ = ["DEFAULT_EXAMPLES", "Example", "Remembered", "builtin_examples", "compare", "examples_for", "measure",
+           "measure_of", "read_examples"]
 
 DEFAULT_EXAMPLES = 100
-_TASK_COMPARERS = {task_examples.LABELS: compare_labels, task_examples.RANKING: compare_ranking,
-                   task_examples.ENTITIES: compare_entities, task_examples.ANSWERS: compare_answers}
 
 
-def measure(model: Any) -> str:
-    """What verification measures for `model` (`hotrod.verification.examples.measure_of`)."""
-    return task_examples.measure_of(model.task, model.dims.num_labels, model.spec.generates)
+def measure(model: Any) -> Measure:
+    """What verification measures for `model`: its task's measure (`hotrod.verification.measures`)."""
+    return model.task_spec.measure
+
+
+def measure_of(family: Any, config: Any) -> tuple[Measure, list[str]]:
+    """What verification measures for a checkpoint of `family` before it is built, and its head's labels."""
+    dims = family.dims(config)
+    return tasks.of_model(dims.task, dims.num_labels).measure, list(tasks.labels(config, dims.task).values())
 
 
 def read_examples(path: str | Path, model: Any = None) -> list[Example]:
     """A task file's examples in `model`'s format (a language model's, `input[<TAB>target]`, without one)."""
     if model is None:
-        return task_examples.read_examples(path)
-    return task_examples.read_examples(path, measure(model), list(model.labels.values()))
+        return task_examples.read_examples(path, GENERATION.parse)
+    return task_examples.read_examples(path, measure(model).parse, list(model.labels.values()))
 
 
 def builtin_examples(model: Any = None) -> list[Example]:
     """The built-in examples for `model`'s measure (plain texts without one)."""
-    return task_examples.builtin_examples(task_examples.GENERATION if model is None else measure(model))
+    return (GENERATION if model is None else measure(model)).from_texts(builtin_texts())
+
+
+def examples_for(given: Any, found: Measure, labels: Sequence[str]) -> list[Example]:
+    """The examples for `found`: a task file, given examples or texts, or the built-in ones (None)."""
+    if given is None:
+        return found.from_texts(builtin_texts())
+    if isinstance(given, (str, Path)):
+        return task_examples.read_examples(given, found.parse, labels)
+    items = list(given)
+    if items and all(isinstance(e, str) for e in items):
+        items = found.from_texts(items)
+    chosen = [e if isinstance(e, Example) else Example(str(e)) for e in items]
+    if not chosen:
+        raise HotrodError("verification examples are empty")
+    return chosen
 
 
 @torch.inference_mode()
@@ -62,20 +80,7 @@ def compare(candidate: Any, reference: Any, examples: Sequence[Example], max_new
     """Run both HotrodModels on each example and return the figures for the manifest."""
     if not examples:
         raise HotrodError("verification needs at least one example")
-    comparer = _TASK_COMPARERS.get(measure(candidate))
-    if comparer is not None:
-        return comparer(candidate, reference, examples)
-    room = candidate.spec.room(max_new_tokens or 20)
-    pairs = [(torch.tensor([row], dtype=torch.long), example)
-             for row, example in zip(token_rows(candidate, [e.text for e in examples], room, seed), examples) if row]
-    rows, examples = [ids for ids, _ in pairs], [example for _, example in pairs]  # targets stay with their rows
-    if not rows:
-        raise HotrodError("none of the verification examples has any token")
-    if not candidate.spec.generates:
-        figures = compare_embeddings(candidate, reference, rows)
-    else:
-        figures = compare_generations(candidate, reference, rows, examples, max_new_tokens)
-    return {"examples": len(rows), **figures}
+    return measure(candidate).compare(candidate, reference, examples, max_new_tokens, seed)
 
 
 class Remembered:

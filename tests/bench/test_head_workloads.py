@@ -12,8 +12,8 @@ import torch
 
 from hotrod import timing
 from hotrod.bench import harness, infinity_peer, openvino_peer, workloads
-from hotrod.bench.runners import best_spans, span_f1
 from hotrod.cli import main
+from hotrod.tasks.answer import best_spans, span_f1
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "vocab_size": 120, "max_position_embeddings": 64, "initializer_range": 0.5}  # scores far apart: ranks are stable
@@ -112,7 +112,7 @@ def test_rerankers_skip_other_workloads_with_a_reason(tiny_workloads, tmp_path):
 def test_w7_rows_come_back_as_the_same_text(tiny_workloads):
     from transformers import AutoTokenizer
 
-    from hotrod.bench.rerank import texts
+    from hotrod.bench.vocab import texts
 
     [case] = harness.workload_cases(["W7"])
     ids, mask = case.inputs(TINY["vocab_size"])

@@ -14,7 +14,7 @@ import transformers
 
 from hotrod.bench import gguf_file
 from hotrod.bench.case import Case
-from hotrod.bench.runners import AUTO_CLASSES
+from hotrod.kinds import spec as kind_spec
 from tests.zoo import CASES
 
 gguf = pytest.importorskip("gguf")
@@ -25,7 +25,7 @@ SUPPORTED = ["gpt2", "t5", "mt5", "bert"]
 
 def _model(zoo, name: str):
     kind = CASES[name].kind
-    return getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(zoo.checkpoint(name)).eval()
+    return getattr(transformers, kind_spec(kind).auto_class).from_pretrained(zoo.checkpoint(name)).eval()
 
 
 @pytest.mark.parametrize("name", SUPPORTED)

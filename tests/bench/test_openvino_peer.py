@@ -16,7 +16,8 @@ import transformers
 from hotrod.bench import openvino_peer, peers
 from hotrod.bench.case import Case
 from hotrod.bench.remote import RemoteError
-from hotrod.bench.runners import AUTO_CLASSES, pytorch_runner
+from hotrod.bench.runners import pytorch_runner
+from hotrod.kinds import spec as kind_spec
 from tests.zoo import CASES, HEAD_CASES, TASK_HEADS
 
 OPENVINO_PYTHON = os.environ.get(openvino_peer.ENVIRONMENT)
@@ -45,7 +46,7 @@ def test_openvino_is_timed_on_the_cpu_only():
 
 def _case(zoo, name: str, lengths=(6,)) -> tuple[Case, torch.nn.Module]:
     kind = CASES[name].kind
-    model = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(zoo.checkpoint(name)).eval()
+    model = getattr(transformers, kind_spec(kind).auto_class).from_pretrained(zoo.checkpoint(name)).eval()
     return Case(name, str(zoo.checkpoint(name)), kind, lengths, 0 if kind == "encoder" else 4), model
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.generation.cache import ROUND_POSITIONS, SelfCache
+from hotrod.generation.self_cache import ROUND_POSITIONS, SelfCache
 from hotrod.registry import Dims
 
 
@@ -87,10 +87,10 @@ def test_replacing_the_buffers_lets_the_held_set_made_of_them_go():
 
 
 def test_a_passes_spans_are_arrays_of_their_own():
-    from hotrod.generation.cache import _spans
+    from hotrod.generation.feeds import position_spans
 
     for rows in (1, 3):
-        spans = _spans(rows, 4)
+        spans = position_spans(rows, 4)
         assert spans.flags.writeable and spans.flags.c_contiguous and spans.tolist() == [[0, 1, 2, 3]] * rows
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.models.common import multi_head_attention
+from hotrod.models import get_family
+from hotrod.models.attention import multi_head_attention
 from hotrod.models.packing import Packing, packed_attention
-from hotrod.registry import get_family
 from tests.zoo import CASES, ENCODER_CASES, prompt_batch
 
 LENGTHS = (7, 3, 5, 1)

@@ -1,4 +1,4 @@
-"""Rotary embeddings (`hotrod.models.common.RotaryEmbedding`): transformers' rotate-half rotation in PyTorch,
+"""Rotary embeddings (`hotrod.models.rotary.RotaryEmbedding`): transformers' rotate-half rotation in PyTorch,
 and one ONNX Runtime RotaryEmbedding node computing the same on export."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_
 
 from hotrod.contracts import FLOAT32, GraphIO, TensorSpec
 from hotrod.export.onnx import export_graph
-from hotrod.models.common import RotaryEmbedding, rotary_tables
+from hotrod.models.rotary import RotaryEmbedding, rotary_tables
 
 HEADS, HEAD_DIM, THETA = 4, 8, 10_000.0
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hotrod.errors import HotrodError
-from hotrod.optimize.calibration import builtin_texts, capture_feeds, read_texts
+from hotrod.optimize.calibration import capture_feeds
+from hotrod.verification.inputs import builtin_texts, read_texts
 
 
 def test_builtin_texts_are_varied_sentences():

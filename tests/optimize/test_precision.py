@@ -98,7 +98,7 @@ def test_plain_fp16_of_the_hot_t5_overflows(recorded, graph):
 @pytest.mark.parametrize("graph", GRAPHS["t5"])
 def test_search_keeps_the_overflowing_nodes_of_t5_in_fp32(recorded, graph):
     models, feeds = recorded("t5")
-    half, report = to_half(models[graph], "fp16", feeds[graph])
+    half, report = to_half(models[graph], precisions.half("fp16"), feeds[graph])
     assert report["dtype"] == "fp16" and report["kept_node_count"] == len(report["kept_nodes"]) > 0
     assert any("DenseReluDense/wo" in node for node in report["kept_nodes"]), report["kept_nodes"]
     assert "Relu" in report["kept_op_types"]  # softmax now runs inside the fused attention op
@@ -116,7 +116,7 @@ def test_index_arithmetic_stays_fp32(recorded, dtype):
     """T5's relative-position buckets truncate float arithmetic to an index: half rounding would move
     distances to the next bucket, so everything feeding such a Cast stays fp32."""
     models, feeds = recorded("t5")
-    half, report = to_half(models["encoder"], dtype, feeds["encoder"])
+    half, report = to_half(models["encoder"], precisions.half(dtype), feeds["encoder"])
     assert report["index_math_nodes"] > 0
     types = {v.name: v.type.tensor_type.elem_type for v in half.graph.value_info}
     read = [types.get(n.input[0]) for n in half.graph.node if n.op_type == "Cast" and n.attribute[0].i == TensorProto.INT64]
@@ -125,7 +125,7 @@ def test_index_arithmetic_stays_fp32(recorded, dtype):
 
 def test_bf16_has_the_range_fp16_lacks(recorded):
     models, feeds = recorded("t5")
-    half, report = to_half(models["encoder"], "bf16", feeds["encoder"])
+    half, report = to_half(models["encoder"], precisions.half("bf16"), feeds["encoder"])
     assert report["kept_node_count"] == 0 and report["rounds"] == 1
     assert any(t.data_type == TensorProto.BFLOAT16 for t in half.graph.initializer)
     assert _io_types(half) == _io_types(models["encoder"])
@@ -138,7 +138,7 @@ def test_bf16_has_the_range_fp16_lacks(recorded):
 def test_ordinary_models_convert_with_few_kept_nodes(recorded, name, dtype):
     models, feeds = recorded(name)
     (graph,) = GRAPHS[name]
-    half, report = to_half(models[graph], dtype, feeds[graph])
+    half, report = to_half(models[graph], precisions.half(dtype), feeds[graph])
     assert report["kept_node_count"] <= 2 and report["rounds"] <= 2
     assert report["cosine"] > 0.999
     assert _within(_run(models[graph], feeds[graph]), _run(emulate(half, precisions.half(dtype))[0], feeds[graph]), report)
@@ -147,7 +147,7 @@ def test_ordinary_models_convert_with_few_kept_nodes(recorded, name, dtype):
 def test_a_search_that_cannot_finish_names_what_fails(recorded):
     models, feeds = recorded("t5")
     with pytest.raises(hotrod.HotrodError, match="fp16 encoder: values still overflow: .*after 1 round"):
-        to_half(models["encoder"], "fp16", feeds["encoder"], max_rounds=1, name="encoder")
+        to_half(models["encoder"], precisions.half("fp16"), feeds["encoder"], max_rounds=1, name="encoder")
 
 
 def _io_types(model: onnx.ModelProto) -> list[tuple[str, int]]:
@@ -180,27 +180,27 @@ def test_half_supported_tells_the_truth_about_this_onnxruntime():
     # fp16 on the CPU: a real half MatMul stores 80000 as Inf; onnxruntime's fp32 fallback returns 20000.
     session = _session(_chain(TensorProto.FLOAT16))
     (y,) = session.run(None, {k: v.astype(np.float16) for k, v in CHAIN_FEED.items()})
-    assert half_supported("fp16", "cpu", ["MatMul", "Add"]) == bool(np.isinf(y).all())
+    assert half_supported(precisions.half("fp16"), "cpu", ["MatMul", "Add"]) == bool(np.isinf(y).all())
     # bf16 on the CPU: supported exactly when such a graph loads at all.
     try:
         _session(_chain(TensorProto.BFLOAT16))
         loads = True
     except Exception:  # noqa: BLE001
         loads = False
-    assert half_supported("bf16", "cpu", ["MatMul", "Add"]) == loads
-    for dtype in ("fp16", "bf16"):  # the graphs' whole op set is supported only where each part is
-        assert half_supported(dtype, "cpu") <= half_supported(dtype, "cpu", ["MatMul", "Add"])
+    assert half_supported(precisions.half("bf16"), "cpu", ["MatMul", "Add"]) == loads
+    for half in (precisions.half("fp16"), precisions.half("bf16")):  # the whole op set only where each part
+        assert half_supported(half, "cpu") <= half_supported(half, "cpu", ["MatMul", "Add"])
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        assert not half_supported("fp16", "cuda") and not half_supported("bf16", "cuda")
+        assert not any(half_supported(precisions.half(name), "cuda") for name in ("fp16", "bf16"))
 
 
 @pytest.mark.parametrize("call", [
-    lambda m, f: to_half(m, "fp8", f),
-    lambda m, f: to_half(m, "float16", f),
-    lambda m, f: to_half(m, "fp16", []),
-    lambda m, f: to_half(m, "fp16", [{}]),
-    lambda m, f: half_supported("int8", "cpu"),
-    lambda m, f: half_supported("fp16", "tpu"),
+    lambda m, f: precisions.half("fp8"),  # the passes take a spec; its name is checked where it is looked up
+    lambda m, f: precisions.half("float16"),
+    lambda m, f: precisions.half("int8"),
+    lambda m, f: to_half(m, precisions.half("fp16"), []),
+    lambda m, f: to_half(m, precisions.half("fp16"), [{}]),
+    lambda m, f: half_supported(precisions.half("fp16"), "tpu"),
 ])
 def test_bad_input_is_a_hotrod_error(recorded, call):
     models, feeds = recorded("bert")

@@ -18,9 +18,10 @@ from hotrod import precisions
 from hotrod.errors import HotrodError
 from hotrod.export import onnx as exporter
 from hotrod.optimize import quantize
-from hotrod.optimize.calibration import builtin_texts, capture_feeds
+from hotrod.optimize.calibration import capture_feeds
 from hotrod.optimize.quantize import MAX_CALIBRATION_FEEDS
 from hotrod.options import CALIBRATION_METHODS
+from hotrod.verification.inputs import builtin_texts
 
 CASES = ("gpt2", "t5", "bert")
 # Cosine of the first output (logits / hidden states) to fp32 over the held-out feeds, on these random

@@ -66,7 +66,7 @@ def test_a_cast_of_the_model_keeps_the_fp8_formats():
 
 
 def test_fp8_weights_survive_the_engine_artifacts_file(tmp_path):
-    from hotrod.registry import get_family
+    from hotrod.models import get_family
     from tests.zoo import CASES
 
     config = CASES["gpt2"].config()

@@ -15,6 +15,18 @@ from tests.zoo import CASES, assert_same_tokens, prompt_batch
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def test_each_engine_precision_has_its_dtype_and_linear_layers_here():
+    """The engine maps the registry's fields (`hotrod.precisions`) to torch: a dtype for each engine
+    precision, a quantizing layer for every way of storing linears but a plain cast."""
+    from hotrod import precisions
+    from hotrod.runtime.static import QUANTIZERS, EngineOptions
+
+    assert set(QUANTIZERS) == set(precisions.LINEAR_FORMATS) - {precisions.CAST}
+    dtypes = {name: EngineOptions(device="cpu", precision=name).dtype for name in precisions.names(lambda p: p.engine)}
+    assert dtypes == {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                      "int8-weight": torch.bfloat16, "fp8": torch.bfloat16}
+
+
 def _logits(model, case_name):
     ids, mask = prompt_batch(CASES[case_name], (7, 3, 5))
     if CASES[case_name].kind == "seq2seq":

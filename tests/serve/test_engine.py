@@ -15,7 +15,7 @@ import torch
 
 from hotrod.errors import HotrodError
 from hotrod.pipelines.base import Row
-from hotrod.serve import runner as runner_module
+from hotrod.serve import picks as picks_module
 from hotrod.serve.app import create_app
 from hotrod.serve.engine import ModelEngine, ServeOptions
 from hotrod.serve.protocol import BatchFailed, EngineDown, Params, QueueFull, ShuttingDown
@@ -255,14 +255,14 @@ def test_beam_requests_end_at_their_first_eos(seq2seq_case, engine_for):
 
 def test_a_row_whose_draw_fails_does_not_fail_its_batch_mates(engine_for, monkeypatch):
     engine = engine_for("gpt2")
-    real_pick = runner_module.pick
+    real_pick = picks_module.pick
 
     def pick(logits, sequence, settings, skip, generator):
         if settings.temperature == 0.5 and sequence.shape[1] >= 5:  # at a step, with its batch-mates running
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return real_pick(logits, sequence, settings, skip, generator)
 
-    monkeypatch.setattr(runner_module, "pick", pick)
+    monkeypatch.setattr(picks_module, "pick", pick)
     good = Params(max_new_tokens=6, do_sample=True, temperature=0.8, seed=3)
     bad = Params(max_new_tokens=6, do_sample=True, temperature=0.5, seed=3)
     greedy = Params(max_new_tokens=6)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hotrod.generation import cache
+from hotrod.generation.feeds import compact_prompts
 from hotrod.serve.protocol import Params
 from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import ContinuousScheduler, Request
@@ -138,10 +139,10 @@ class _Keeping:
     ([None, 1, None, 1, 1, None], 1, [1, 3, 4]),
 ])
 def test_compacting_keeps_a_multiple_of_the_invariant_rows(rows, least, kept):
-    from hotrod.serve.runner import Group, _compact
+    from hotrod.serve.slots import Group, compact
 
     group = Group(_Keeping(), [object() if r else None for r in rows])
-    _compact(group, least=least)
+    compact(group, least=least)
     assert group.state.kept == kept and len(group.rows) == len(kept)
 
 
@@ -155,7 +156,7 @@ def test_prompts_are_padded_to_a_multiple_of_columns():
 
 
 def test_compacted_prompts_are_a_multiple_of_columns_wide():
-    ids, columns, lengths = cache.compact_prompts(torch.tensor([[0, 5, 6], [7, 8, 9]]),
-                                                  torch.tensor([[0, 1, 1], [1, 1, 1]]), multiple=2)
+    ids, columns, lengths = compact_prompts(torch.tensor([[0, 5, 6], [7, 8, 9]]),
+                                            torch.tensor([[0, 1, 1], [1, 1, 1]]), multiple=2)
     assert ids.tolist() == [[5, 6, 0, 0], [7, 8, 9, 0]] and lengths.tolist() == [2, 3]
     assert columns[:, :3].tolist() == [[1, 2, 0], [0, 1, 2]]

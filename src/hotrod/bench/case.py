@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hotrod.bench.vocab import CLS, FIRST_WORD, SEP
 from hotrod.kinds import KindSpec
 from hotrod.kinds import spec as kind_spec
 
@@ -58,9 +59,7 @@ class Case:
     def _pairs(self, ids: torch.Tensor, mask: torch.Tensor, vocab_size: int,
                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """One query against every row's document, in BERT's pair layout with the bench vocabulary's special
-        ids (`hotrod.bench.rerank`), right-padded: the text peers get the same rows back as text."""
-        from hotrod.bench.rerank import CLS, FIRST_WORD, SEP
-
+        ids (`hotrod.bench.vocab`), right-padded: the text peers get the same rows back as text."""
         query = torch.randint(FIRST_WORD, vocab_size, (self.query,), generator=generator)
         for row, length in enumerate(self.lengths):
             document = torch.randint(FIRST_WORD, vocab_size, (length - self.query - 3,), generator=generator)

@@ -20,7 +20,7 @@ def check_device(device: str) -> None:
 
 def ort_has_cuda() -> bool:
     """Whether this onnxruntime is a GPU build; without one, hotrod runs on CUDA through its torch backend."""
-    from hotrod.runtime.ort import providers_for
+    from hotrod.runtime.ort_sessions import providers_for
 
     try:
         providers_for("cuda")

@@ -126,7 +126,7 @@ def _tf32_rate(size: int) -> float:
 
 def _int8_rate(size: int = 2048, device: str = "cpu") -> float | None:
     """The int8 GEMM rate (int32 accumulate). On the CPU through onnxruntime's MatMulInteger (uint8 x int8),
-    the kernel hotrod's int8 graphs run: torch's CPU int8 product is a reference loop some 50x slower, which
+    the kernel hotrod's int8 graphs run: torch's CPU int8 product is a reference loop, far slower, which
     would put the floor under what any real build reaches."""
     if device == "cpu":
         return _onnxruntime_int8_rate(size, torch.get_num_threads())

@@ -1,6 +1,6 @@
 """`hotrod bench`: hotrod's precisions side by side with its peers on the same weights, in one run.
 
-A run is a list of cases (the workloads of WORKLOADS.md, or a batch x sequence sweep over any model)
+A run is a list of cases (the workloads of benchmarks/WORKLOADS.md, or a batch x sequence sweep over any model)
 and a list of systems (PyTorch eager, the baseline; hotrod at each precision; the peers of
 `hotrod.bench.peers`), on the CPU or a CUDA GPU. Every case builds and warms up every system, then times
 them interleaved, with the machine left to settle between calls, and reports latency percentiles, time
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from hotrod import precisions
 from hotrod.bench import peers as peer_systems
 from hotrod.bench.case import Case
 from hotrod.bench.device import check_device, gpu_figures, gpu_start, ort_has_cuda
@@ -205,7 +206,7 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
     import hotrod
 
     if plan.device == "cuda" and not ort_has_cuda():
-        if precision != "fp32":
+        if precisions.get(precision).converts:  # that backend runs the checkpoint's own weights
             raise HotrodError("this onnxruntime has no CUDAExecutionProvider, and hotrod's torch backend runs "
                               "fp32 only")
         model, path, backend = hotrod.load(case.source, backend="torch", device="cuda"), Path(case.source), "torch"

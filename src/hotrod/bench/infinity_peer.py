@@ -41,7 +41,7 @@ def problem(device: str) -> str | None:
 
 def system(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) -> System:
     """Infinity's engine reranking the case's documents for its query, timed from this side of the pipe."""
-    from hotrod.bench.rerank import texts
+    from hotrod.bench.vocab import texts
 
     query, documents = texts(ids, mask, case.query)
     worker = Worker(python(), "infinity_worker.py", cache_dir() / "bench" / "infinity" / "worker.log")

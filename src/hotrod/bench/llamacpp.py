@@ -23,7 +23,8 @@ import torch
 from hotrod.bench import gguf_file
 from hotrod.bench.case import Case
 from hotrod.bench.remote import Worker
-from hotrod.bench.runners import AUTO_CLASSES, System
+from hotrod.bench.runners import System
+from hotrod.kinds import spec as kind_spec
 from hotrod.load import cache_dir, source_fingerprint
 
 # Each format, and the hotrod precision whose hardware floor it is held to.
@@ -84,7 +85,7 @@ def _whole(path: Path, write: Callable[[Path], None]) -> None:
 def _transformers_model(source: str, kind: str) -> torch.nn.Module:
     import transformers
 
-    return getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(source).eval()
+    return getattr(transformers, kind_spec(kind).auto_class).from_pretrained(source).eval()
 
 
 def _quantize(source: Path, target: Path, name: str, threads: int) -> None:

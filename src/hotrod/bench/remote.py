@@ -4,8 +4,7 @@ Some peers pin other versions of libraries hotrod needs (optimum-intel pins an o
 they cannot be imported in hotrod's process. Such a peer is a worker script under
 `hotrod/bench/workers/`, started with the other environment's Python; the harness times each `call`
 from its own side, so a remote system's time includes one round trip over the pipe: a pickled token
-tensor, or for encoders the hidden states (a few MB, about a millisecond) or a head's logits, small against
-the calls timed.
+tensor, or for encoders the hidden states (a few MB) or a head's logits, small against the calls timed.
 """
 
 from __future__ import annotations

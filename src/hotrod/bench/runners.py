@@ -14,12 +14,8 @@ from typing import Any
 
 import torch
 
+from hotrod import tasks
 from hotrod.kinds import spec as kind_spec
-
-AUTO_CLASSES = {"decoder": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM", "encoder": "AutoModel"}
-HEAD_CLASSES = {"question-answering": "AutoModelForQuestionAnswering",
-                "text-classification": "AutoModelForSequenceClassification"}
-MAX_ANSWER_TOKENS = 30  # the span search's longest answer, as transformers' QA pipeline's max_answer_len
 
 
 @dataclass
@@ -51,7 +47,7 @@ def pytorch_model(source: str | Path, kind: str, device: str = "cpu", task: str 
     """transformers' own model for `source` (with its `task` head), in eval mode on `device`: the baseline."""
     import transformers
 
-    name = HEAD_CLASSES[task] if task else AUTO_CLASSES[kind]
+    name = tasks.get(task).bench.auto_class if task else kind_spec(kind).auto_class
     model = getattr(transformers, name).from_pretrained(source).eval().to(device)
     # from_pretrained maps safetensors files into memory; on a machine that reclaims cold file pages
     # between runs, PyTorch would be timed on page faults. Private copies keep the baseline honest.
@@ -103,35 +99,11 @@ def hotrod_runner(model: Any, ids: torch.Tensor, mask: torch.Tensor, generate_kw
 
 
 def head_answer(out: Any, task: str | None, mask: torch.Tensor) -> torch.Tensor:
-    """The last hidden state (bare encoders), a classifier's logits, or each row's best answer span."""
+    """The last hidden state (bare encoders), or what the head's task compares (`TaskSpec.bench`): a
+    classifier's logits, each row's best answer span."""
     if task is None:
         return out.last_hidden_state
-    if task == "question-answering":
-        return best_spans(out.start_logits.float(), out.end_logits.float(), mask)
-    return out.logits.float()
-
-
-def best_spans(start: torch.Tensor, end: torch.Tensor, mask: torch.Tensor,
-               longest: int = MAX_ANSWER_TOKENS) -> torch.Tensor:
-    """[rows, 2] start and end token of each row's best span: start <= end < start + `longest`, both on
-    real tokens, the highest start + end logit (the search of transformers' QA pipeline, without its
-    question masking: the bench's rows are not split into question and context)."""
-    real = mask.bool()
-    scores = start[:, :, None] + end[:, None, :]
-    width = scores.shape[-1]
-    allowed = torch.ones(width, width, dtype=torch.bool).triu().tril(longest - 1)
-    allowed = allowed[None] & real[:, :, None] & real[:, None, :]
-    best = scores.masked_fill(~allowed, float("-inf")).flatten(1).argmax(dim=1)
-    return torch.stack([best // width, best % width], dim=1)
-
-
-def span_f1(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    """Mean token-overlap F1 of two [rows, 2] span sets (SQuAD's F1, over token positions)."""
-    scores = []
-    for (a, b), (c, d) in zip(ours.tolist(), theirs.tolist()):
-        overlap = max(0, min(b, d) - max(a, c) + 1)
-        scores.append(0.0 if not overlap else 2 * overlap / ((b - a + 1) + (d - c + 1)))
-    return sum(scores) / len(scores)
+    return tasks.get(task).bench.answer(out, mask)
 
 
 def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.Tensor,
@@ -139,12 +111,8 @@ def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.T
     """Share of generated tokens that agree (LMs), hidden-state cosine over real tokens (encoders), answer
     F1 against PyTorch's spans (question answering), or the share of rows ranked alike (classifiers)."""
     spec = kind_spec(kind)
-    if task == "question-answering":
-        return span_f1(ours, theirs)
     if task is not None:
-        from hotrod.bench.rerank import rank_agreement
-
-        return rank_agreement(ours, theirs)
+        return tasks.get(task).bench.agreement(ours, theirs)
     if not spec.generates:
         keep = mask.bool()
         cosine = torch.nn.functional.cosine_similarity(ours.float()[keep], theirs.float()[keep], dim=-1)

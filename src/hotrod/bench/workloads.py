@@ -1,4 +1,4 @@
-"""The workloads of WORKLOADS.md, defined in code.
+"""The workloads of benchmarks/WORKLOADS.md, defined in code.
 
 Speed does not depend on weight values, so each workload builds its architecture with seeded random
 weights (transformers' own initialisation) and saves it as an ordinary checkpoint; generation length is
@@ -109,7 +109,7 @@ def checkpoint(workload: Workload, root: Path | None = None) -> Path:
         model = workload.build().eval()
         model.save_pretrained(path)
         if workload.query:  # the reranking peers take text: a tokenizer over the bench's word vocabulary
-            from hotrod.bench.rerank import save_tokenizer
+            from hotrod.bench.vocab import save_tokenizer
 
             save_tokenizer(path, model.config.vocab_size, model.config.max_position_embeddings)
     return path

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS, Drafting
 from hotrod.generation.sampling import process
+from hotrod.generation.state import DecodingState
 
 DEFAULT_DRAFT_TOKENS = 5  # transformers' first draft length under its heuristic schedule (its default now: 20, constant)
 

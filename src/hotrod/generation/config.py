@@ -115,8 +115,8 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
 
 def _settings_of(config: Any) -> dict[str, Any]:
     """The settings of a GenerationConfig that hotrod reads or refuses, read as its attributes: its
-    to_dict() deep-copies every attribute, about 0.25 ms a generate() call (a short generation's steps
-    take 0.1-1 ms each)."""
+    to_dict() deep-copies every attribute, a cost a generate() call would pay on top of its steps, as
+    large as one of a short generation's."""
     return {name: getattr(config, name) for name in (*DEFAULTS, *UNSUPPORTED) if hasattr(config, name)}
 
 

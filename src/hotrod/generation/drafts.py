@@ -13,10 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hotrod.generation.cache import DecodingState, on_host
 from hotrod.generation.config import Settings
+from hotrod.generation.feeds import on_host
 from hotrod.generation.sampling import argmax_ids, plain_argmax
 from hotrod.generation.search import HostScores, greedy, greedy_only, pick, prompt_padding
+from hotrod.generation.state import DecodingState
 
 MAX_DRAFT_TOKENS = 64  # drafted tokens a pass at most: each is a position of the verifying pass
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hotrod.generation.cache import DecodingState
 from hotrod.generation.config import Settings
 from hotrod.generation.sampling import argmax, process, suppress
+from hotrod.generation.state import DecodingState
 
 NEG = -1.0e9
 
@@ -56,7 +56,7 @@ def greedy_only(s: Settings) -> bool:
 def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
     """Greedy choice after rows of `length` tokens, where the only processor holds EOS back (`min_length`):
     the raw argmax wherever it is none of the held-back ids, which is the choice over the suppressed
-    scores, and no vocabulary-sized copy of the scores at every step (about 30 us with its page faults);
+    scores, and no vocabulary-sized copy of the scores at every step (a fresh allocation, page faults and all);
     the rows that chose a held-back id (rare) are chosen again over the suppressed scores."""
     tokens = argmax(logits)
     held_back = s.eos_token_ids if length < s.min_length else ()

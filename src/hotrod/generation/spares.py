@@ -1,7 +1,7 @@
 """Finished generations' decoding states, whose cache buffers the next generate() calls start in.
 
-Making a state's cache buffers, zeroing them and binding them to the graph cost about 0.2 ms a call on a
-small model (the demo GPT-2: a fifth of a short call's time outside its graph runs). A finished call gives
+Making a state's cache buffers, zeroing them and binding them to the graph is a sizeable share of a short
+call's time outside its graph runs on a small model. A finished call gives
 its state here; the next call takes the latest one given and starts in its buffers where they fit
 (`DecodingState.recycle`), zeroed where the last call wrote, still bound on the thread that ran it. The
 states kept hold at most `budget` bytes in all (the oldest let go first), whatever the number of threads
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from hotrod.generation.cache import DecodingState
+from hotrod.generation.state import DecodingState
 
 
 class Spares:

@@ -14,7 +14,6 @@ from transformers.activations import ACT2FN
 from hotrod.models.common import FusedProjection, standard_dims
 from hotrod.models.encoder import EncoderStack, attend
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks import ENCODER_TASKS
 
 
 class BertEmbeddings(nn.Module):
@@ -130,5 +129,5 @@ def bert_dims(config) -> Dims:
 
 FAMILY = register(
     Family(name="bert", model_types=("bert",), kind="encoder", sizes=bert_dims, build=BertEncoder,
-           onnx_optimizer="bert", tasks=ENCODER_TASKS)
+           onnx_optimizer="bert")
 )

@@ -14,9 +14,9 @@ from transformers.activations import ACT2FN
 
 from hotrod.models.common import FusedProjection, standard_dims
 from hotrod.models.encoder import EncoderStack, attend
-from hotrod.models.heads import STANDARD_HEADS, PreClassifier
+from hotrod.models.heads import PreClassifier
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks import CLASSIFY, ENCODER_TASKS
+from hotrod.tasks.constants import CLASSIFY
 
 EPS = 1e-12
 
@@ -82,7 +82,6 @@ class DistilBertEncoder(EncoderStack):
     """(input_ids, attention_mask) -> the last hidden state or the head's outputs."""
 
     checkpoint_prefixes = ("distilbert.",)
-    heads = {**STANDARD_HEADS, CLASSIFY: PreClassifier}
 
     def __init__(self, config):
         super().__init__(config, embeddings=Embeddings(config), transformer=Transformer(config))
@@ -104,5 +103,6 @@ def distilbert_dims(config) -> Dims:
 
 FAMILY = register(
     Family(name="distilbert", model_types=("distilbert",), kind="encoder", sizes=distilbert_dims,
-           build=DistilBertEncoder, onnx_optimizer="bert", tasks=ENCODER_TASKS)
+           build=DistilBertEncoder, onnx_optimizer="bert",
+           heads={CLASSIFY: PreClassifier})
 )

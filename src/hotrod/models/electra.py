@@ -9,9 +9,9 @@ import functools
 from torch import nn
 
 from hotrod.models.bert import BertEmbeddings, BertEncoder, bert_dims
-from hotrod.models.heads import STANDARD_HEADS, ProjectedClassifier
+from hotrod.models.heads import ProjectedClassifier
 from hotrod.registry import Family, register
-from hotrod.tasks import CLASSIFY, ENCODER_TASKS
+from hotrod.tasks.constants import CLASSIFY
 
 
 class ElectraEmbeddings(BertEmbeddings):
@@ -22,7 +22,6 @@ class ElectraEmbeddings(BertEmbeddings):
 class ElectraEncoder(BertEncoder):
     embeddings_class = ElectraEmbeddings
     checkpoint_prefixes = ("electra.",)
-    heads = {**STANDARD_HEADS, CLASSIFY: functools.partial(ProjectedClassifier, activation="gelu")}
 
     def __init__(self, config):
         super().__init__(config)
@@ -35,5 +34,6 @@ class ElectraEncoder(BertEncoder):
 
 FAMILY = register(
     Family(name="electra", model_types=("electra",), kind="encoder", sizes=bert_dims, build=ElectraEncoder,
-           onnx_optimizer="bert", tasks=ENCODER_TASKS)
+           onnx_optimizer="bert",
+           heads={CLASSIFY: functools.partial(ProjectedClassifier, activation="gelu")})
 )

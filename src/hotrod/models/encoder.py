@@ -13,9 +13,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hotrod.models.common import additive_mask, multi_head_attention, padding_mask
-from hotrod.models.heads import STANDARD_HEADS, Head, build_head, load_with_head
+from hotrod.models.attention import additive_mask, multi_head_attention, padding_mask
+from hotrod.models.heads import load_with_head
 from hotrod.models.packing import Packing, packed_attention
+from hotrod.registry import registered
+from hotrod.tasks import build_head
 
 
 def attend(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
@@ -28,10 +30,9 @@ def attend(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
 
 class EncoderStack(nn.Module):
     """The encoder-kind graph: its inputs -> last_hidden_state, or the outputs of the head the
-    checkpoint's task names (`heads`)."""
+    checkpoint's task names (the family's own, else the task's standard one)."""
 
     checkpoint_prefixes: tuple[str, ...] = ()
-    heads: dict[str, Head] = STANDARD_HEADS
 
     def __init__(self, config, **backbone: nn.Module):
         """`backbone`: the family's modules by their checkpoint names (embeddings, layers, ...)."""
@@ -39,7 +40,7 @@ class EncoderStack(nn.Module):
         for name, module in backbone.items():
             setattr(self, name, module)
         self.num_labels = config.num_labels
-        self.head = build_head(config, self.heads)
+        self.head = build_head(config, registered(config.model_type))
 
     def layers(self) -> nn.ModuleList:
         """The family's layers, in order (each family names their place in its checkpoint)."""

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import Conv1D, attention_in_place, layers_span, load_weights, rows_at, standard_dims
+from hotrod.models.attention import attention_in_place, layers_span
+from hotrod.models.common import Conv1D, load_weights, rows_at, standard_dims
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks import GENERATE
 
 
 class GPT2Attention(nn.Module):
@@ -105,4 +105,4 @@ def gpt2_dims(config) -> Dims:
 
 
 FAMILY = register(Family(name="gpt2", model_types=("gpt2",), kind="decoder", sizes=gpt2_dims, build=GPT2LM,
-                         onnx_optimizer="gpt2", tasks=(GENERATE,)))
+                         onnx_optimizer="gpt2"))

@@ -10,7 +10,7 @@ own, both ways. That window is one more boolean term of the layer's attention ma
 attention is the same fused attention node as a global layer's, with another additive bias: the graph
 keeps one attention op for every layer. Rotary embeddings turn the queries and keys at positions 0 .. S-1
 of each row, with the base of the layer's type (`rope_parameters`), as one node each
-(`hotrod.models.common.RotaryEmbedding`).
+(`hotrod.models.rotary.RotaryEmbedding`).
 
 There is no padding-free (`packed_graphs`) way through this family: the packed path's attention runs on
 nested variable-length rows, which take no mask, and a sliding window is a mask. Without `packed_graphs`
@@ -24,11 +24,13 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from hotrod.errors import HotrodError
+from hotrod.models.attention import additive_mask, multi_head_attention, padding_mask
 from hotrod.models.bert import bert_dims
-from hotrod.models.common import RotaryEmbedding, additive_mask, multi_head_attention, padding_mask
-from hotrod.models.heads import build_head, load_with_head
-from hotrod.registry import Dims, Family, register
-from hotrod.tasks import ANSWER, CLASSIFY, ENCODER_TASKS, TOKENS
+from hotrod.models.heads import load_with_head
+from hotrod.models.rotary import RotaryEmbedding
+from hotrod.registry import Dims, Family, register, registered
+from hotrod.tasks import build_head
+from hotrod.tasks.constants import ANSWER, CLASSIFY, TOKENS
 
 GLOBAL = "full_attention"
 LOCAL = "sliding_attention"
@@ -156,10 +158,9 @@ class SpanHeadClassifier(TokenHeadClassifier):
 
 class ModernBertEncoder(nn.Module):
     """The encoder-kind graph: (input_ids, attention_mask) -> last_hidden_state, or the outputs of the
-    head the checkpoint's task names (`heads`)."""
+    head the checkpoint's task names (the family's `heads`)."""
 
     checkpoint_prefixes = ("model.",)
-    heads = {CLASSIFY: PooledHeadClassifier, TOKENS: TokenHeadClassifier, ANSWER: SpanHeadClassifier}
 
     def __init__(self, config):
         super().__init__()
@@ -171,7 +172,7 @@ class ModernBertEncoder(nn.Module):
         self.layers = nn.ModuleList(ModernBertLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = _norm(config)
         self.num_labels = config.num_labels
-        self.head = build_head(config, self.heads)
+        self.head = build_head(config, registered(config.model_type))
 
     def forward(self, input_ids, attention_mask):
         x = self.embeddings(input_ids)
@@ -220,5 +221,6 @@ def modernbert_dims(config) -> Dims:
 # fused), and needs not: it fuses the GELU of each feed-forward block and folds the shape arithmetic.
 FAMILY = register(
     Family(name="modernbert", model_types=("modernbert",), kind="encoder", sizes=modernbert_dims,
-           build=ModernBertEncoder, onnx_optimizer="bert", tasks=ENCODER_TASKS)
+           build=ModernBertEncoder, onnx_optimizer="bert",
+           heads={CLASSIFY: PooledHeadClassifier, TOKENS: TokenHeadClassifier, ANSWER: SpanHeadClassifier})
 )

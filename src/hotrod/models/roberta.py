@@ -10,9 +10,9 @@ import dataclasses
 import torch
 
 from hotrod.models.bert import BertEmbeddings, BertEncoder, bert_dims
-from hotrod.models.heads import STANDARD_HEADS, ProjectedClassifier
+from hotrod.models.heads import ProjectedClassifier
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks import CLASSIFY, ENCODER_TASKS
+from hotrod.tasks.constants import CLASSIFY
 
 
 class RobertaEmbeddings(BertEmbeddings):
@@ -28,7 +28,6 @@ class RobertaEmbeddings(BertEmbeddings):
 class RobertaEncoder(BertEncoder):
     embeddings_class = RobertaEmbeddings
     checkpoint_prefixes = ("roberta.",)
-    heads = {**STANDARD_HEADS, CLASSIFY: ProjectedClassifier}
 
 
 def roberta_dims(config) -> Dims:
@@ -37,11 +36,12 @@ def roberta_dims(config) -> Dims:
     return dataclasses.replace(dims, max_positions=config.max_position_embeddings - config.pad_token_id - 1)
 
 
+HEADS = {CLASSIFY: ProjectedClassifier}  # RoBERTa's and XLM-R's classification head
 FAMILY = register(
     Family(name="roberta", model_types=("roberta",), kind="encoder", sizes=roberta_dims, build=RobertaEncoder,
-           onnx_optimizer="bert", tasks=ENCODER_TASKS)
+           onnx_optimizer="bert", heads=HEADS)
 )
 XLM_ROBERTA = register(
     Family(name="xlm-roberta", model_types=("xlm-roberta",), kind="encoder", sizes=roberta_dims,
-           build=RobertaEncoder, onnx_optimizer="bert", tasks=ENCODER_TASKS)
+           build=RobertaEncoder, onnx_optimizer="bert", heads=HEADS)
 )

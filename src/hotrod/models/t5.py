@@ -13,20 +13,18 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from hotrod.models.common import (
-    FusedProjection,
+from hotrod.models.attention import (
     additive_mask,
     attention_in_place,
     causal_mask,
     key_positions,
     layers_span,
-    load_weights,
     multi_head_attention,
     padding_mask,
     split_heads,
 )
+from hotrod.models.common import FusedProjection, load_weights
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks import TEXT2TEXT
 
 # Kept in fp32 under half precision, beyond what every graph keeps:
 T5_FP32_OPS = (
@@ -374,9 +372,9 @@ def mt5_model(config) -> T5Model:
 
 FAMILY = register(
     Family(name="t5", model_types=("t5",), kind="seq2seq", sizes=t5_dims, build=T5Model, onnx_optimizer="t5",
-           fp32_ops=T5_FP32_OPS, tasks=(TEXT2TEXT,))
+           fp32_ops=T5_FP32_OPS)
 )
 MT5 = register(
     Family(name="mt5", model_types=("mt5",), kind="seq2seq", sizes=t5_dims, build=mt5_model, onnx_optimizer="t5",
-           fp32_ops=T5_FP32_OPS, tasks=(TEXT2TEXT,))
+           fp32_ops=T5_FP32_OPS)
 )

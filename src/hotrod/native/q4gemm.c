@@ -1,8 +1,7 @@
 /* Int4 weight-only matrix products for rows of activations, the kernel behind hotrod's Q4MatMul op.
  *
- * onnxruntime's MatMulNBits reaches about 42 G weights/s a core on one row (a decoding step); this kernel
- * streams the weights at the cache's bandwidth (a t5-small step's 19 MB: 0.66 ms at one thread and 0.36 ms
- * at two by themselves, 0.48 ms at two inside onnxruntime, against MatMulNBits' 0.69 ms).
+ * onnxruntime's MatMulNBits is compute bound on one row (a decoding step), short of the memory's bandwidth;
+ * this kernel streams the weights at the cache's bandwidth, so a step's products take less time in it.
  *
  * Weights: 4-bit symmetric (zero point 8), one fp32 scale per column and block of `block` rows of K.
  * Packed for AVX-512 VNNI: for each group of 16 columns and each 8 consecutive k, 64 bytes; byte b of
@@ -151,8 +150,8 @@ static void run_columns(const Job* job, int64_t c0, int64_t c1) {
 
 /* -- threads -------------------------------------------------------------------------------------- */
 
-/* Helpers spin between jobs for a while (a decoding step's products come every few microseconds, and
- * waking a sleeping thread costs tens of them), then sleep until the next job. */
+/* Helpers spin between jobs for a while (a decoding step's products come in quick succession, and waking
+ * a sleeping thread costs more than the gap between them), then sleep until the next job. */
 #define MAX_HELPERS 63
 #define SPIN_NS 2000000L
 
@@ -222,7 +221,7 @@ static int ensure_helpers(int wanted) {
 /* -- entry point ---------------------------------------------------------------------------------- */
 
 /* Each thread's buffers (its rows' int8 activations, their scales and sums, the tail tile), kept from
- * call to call (a step's products come every few us) and freed when the thread ends. */
+ * call to call (a step's products come in quick succession) and freed when the thread ends. */
 typedef struct {
   int8_t* q;
   float* scale;

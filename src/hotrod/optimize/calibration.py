@@ -9,7 +9,6 @@ encoders) with a backend wrapper that records each graph's feeds as numpy arrays
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,39 +16,13 @@ import torch
 
 from hotrod.errors import HotrodError
 from hotrod.pipelines.base import Row
+from hotrod.verification.inputs import token_rows
+from hotrod.verification.rows import task_rows
 
 if TYPE_CHECKING:
     from hotrod.runtime.base import Held
 
 Feeds = dict[str, list[dict[str, np.ndarray]]]  # graph name -> recorded input dicts
-BUILTIN = Path(__file__).with_name("calibration.txt")
-
-
-def builtin_texts() -> list[str]:
-    """A few dozen varied English sentences, used when the user gives no calibration file."""
-    return read_texts(BUILTIN)
-
-
-def read_lines(path: str | Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file; one that cannot be read, or is not UTF-8, is one line naming `what`."""
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise HotrodError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise HotrodError(f"cannot read {what} {path}: it is not UTF-8 text") from None
-
-
-def read_texts(path: str | Path, what: str = "calibration file") -> list[str]:
-    """Non-empty lines of a UTF-8 text file, one example per line."""
-    path = Path(path)
-    texts = [line.strip() for line in read_lines(path, what) if line.strip()]
-    if not texts:
-        raise HotrodError(f"{what} {path} has no text (one example per line)")
-    return texts
-
-
 class _Recorder:
     """A backend that forwards every call and keeps a numpy copy of each graph's feeds."""
 
@@ -116,27 +89,10 @@ def _generate_all(model: Any, texts: Sequence[str], max_new_tokens: int, seed: i
 def _encode_all(model: Any, texts: Sequence[str]) -> None:
     """One forward per input as the encoder's task builds it: texts, text pairs, question + context
     windows (`hotrod.verification.rows.task_rows`), with their token types."""
-    from hotrod.verification.rows import task_rows
-
     for row in task_rows(model, texts) or [Row([0])]:
         ids = torch.tensor([row.input_ids], dtype=torch.long)
         types = None if row.token_type_ids is None else torch.tensor([row.token_type_ids], dtype=torch.long)
         model(ids, token_type_ids=types)
-
-
-def token_rows(model: Any, texts: Sequence[str], room: int = 0, seed: int = 0) -> list[list[int]]:
-    """Each text as the token ids `model` (a HotrodModel) would see, one row per text, in order.
-
-    Rows are cut to leave `room` positions for generated tokens (and at 512). A model without a tokenizer
-    gets seeded random ids, one per word of the text: calibration, verification and auto's timing all
-    run such models on the same stand-in inputs. A row may be empty if its text has no tokens.
-    """
-    limit = max(1, min(model.dims.max_positions or 512, 512) - room)
-    if model.tokenizer is not None:
-        return [list(r) for r in model.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]]
-    generator = torch.Generator().manual_seed(seed)
-    lengths = [max(1, min(limit, len(t.split()))) for t in texts]
-    return [torch.randint(0, model.dims.vocab_size, (n,), generator=generator).tolist() for n in lengths]
 
 
 def spread(items: list, count: int) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -18,7 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.errors import HotrodError, first_line
 from hotrod.optimize.emulate import Runner, copy_model
-from hotrod.precisions import Half
+
+if TYPE_CHECKING:  # specs are passed in: `hotrod.precisions` lowers through these passes, never the reverse
+    from hotrod.precisions import Half
 
 
 def converter_default_blocks() -> set[str]:

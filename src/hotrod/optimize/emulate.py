@@ -19,12 +19,14 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hotrod.precisions import Half
+if TYPE_CHECKING:  # specs are passed in: `hotrod.precisions` lowers through these passes, never the reverse
+    from hotrod.precisions import Half
 
 # fp32 values beyond this are masking sentinels (finfo(float32).min), not activations; the converter
 # clamps them to the half range on purpose, and a softmax reads either as "minus infinity".

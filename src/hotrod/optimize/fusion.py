@@ -1,6 +1,6 @@
 """Kernel fusion: attention from the exporter, everything else from ONNX Runtime's transformer optimizer.
 
-Attention is emitted fused by the exporter itself (`hotrod.models.common`): each attention block is one
+Attention is emitted fused by the exporter itself (`hotrod.models.attention`): each attention block is one
 QKV MatMul, a Split and one attention node, `MultiHeadAttention` (which adds the relative-position or
 mask bias and appends T5's KV cache) or, for decoder-only models, `GroupQueryAttention` (which writes
 the KV cache buffers in place). Matching a traced attention subgraph afterwards is fragile (ONNX
@@ -10,19 +10,17 @@ norm (SkipLayerNormalization, SkipSimplifiedLayerNormalization) and bias + GELU 
 hotrod runs it with the family's optimizer model type.
 
 On the CPU, two of those fusions are left out of the graphs that read whole inputs (encoders, prompts)
-because ONNX Runtime's CPU kernels for them are slower than the standard ops they replace (measured in one
-process on onnxruntime 1.31 and 1.32, 2 Zen 4 cores, bert-base at 128 tokens): SkipLayerNormalization took
-260 us a call where Add + Add + LayerNormalization took 70, and BiasGelu 360 us where Add + Gelu took 160
-(bert-base's int8 encoder: 51 -> 45 ms; t5-small's int8 generation of 64 tokens: 0.303 -> 0.280 s). ONNX
-Runtime does not fuse the first back when the session starts, but its own BiasGeluFusion does fuse the
-second, so CPU sessions turn that pass off (`hotrod.runtime.ort.CPU_DISABLED_OPTIMIZERS`). On a GPU the
-fused kernels are the fast ones, and stay.
+because ONNX Runtime's CPU kernels for them (SkipLayerNormalization, BiasGelu) are slower than the
+standard ops they replace (Add + Add + LayerNormalization, Add + Gelu), and so are the encoders and
+generations that run them. ONNX Runtime does not fuse the first back when the session
+starts, but its own BiasGeluFusion does fuse the second, so CPU sessions turn that pass off
+(`hotrod.runtime.ort_sessions.CPU_DISABLED_OPTIMIZERS`). On a GPU the fused kernels are the fast ones,
+and stay.
 
 A decoding step's graph fuses the residual add and RMS norm on the CPU too (SkipSimplifiedLayerNormalization):
-a step reads one token a row, where every node's dispatch counts (t5-small int4-b256, 64 greedy tokens on 2
-AVX-512 cores: 18 nodes fewer a step, 81.0 -> 78.2 ms a generation, medians of 25 interleaved). LayerNorm's
-fusion stays off there too: SkipLayerNormalization was the slower even at one token (GPT-2 int4-b256, the
-same work: 173.5 -> 180.1 ms in one interleaved comparison, 161.6 -> 167.3 in another).
+a step reads one token a row, where every node's dispatch counts (t5-small: 18 nodes fewer a step, and
+a faster generation for it). LayerNorm's fusion stays off there too: SkipLayerNormalization was the slower
+even at one token (GPT-2, in interleaved comparisons).
 
 Where ONNX Runtime's own GroupQueryAttention kernel runs the in-place attention (`kernel_runs`), the Split
 of each layer's QKV projection is folded into the op's packed-QKV input: one node fewer per layer in a
@@ -31,9 +29,9 @@ decoding step where every node's dispatch counts (GPT-2 at batch 1: 12 of 146 no
 For the CPU, once a graph has its precision, an encoder's self-attention (a MultiHeadAttention fed by
 one Split of the QKV projection, its query and key perhaps turned by rotary embeddings, with at most an
 additive bias) becomes ONNX's own Attention (opset 23),
-whose CPU kernel (onnxruntime 1.23 and later) computes the same numbers faster: bert-base's int8 encoder
-at 128 tokens spent 6.8 ms a forward in MultiHeadAttention and 5.0 in Attention, outputs identical to the
-last bit (onnxruntime 1.32, 2 Zen 4 cores). It comes last because the tools before it read opset 17:
+whose CPU kernel (onnxruntime 1.23 and later) computes the same numbers faster, outputs identical to the
+last bit (bert-base's int8 encoder spends less of a forward in Attention than in MultiHeadAttention). It
+comes last because the tools before it read opset 17:
 onnxruntime's shape inference (which half precision needs) takes any op named Attention for its own, and
 its QDQ fusions of static int8 match QuantizeLinear / DequantizeLinear only up to some opset in some
 releases. So the graph moves to opset 23 only where none of its standard ops changes meaning on the way
@@ -236,7 +234,7 @@ def _as_onnx_attention(node: onnx.NodeProto, producer: dict, constants: dict) ->
 
 
 def _unrotated(name: str, producer: dict) -> str:
-    """The input of the rotary embedding (`hotrod.models.common.RotaryEmbedding`) that makes `name`, or `name`
+    """The input of the rotary embedding (`hotrod.models.rotary.RotaryEmbedding`) that makes `name`, or `name`
     itself: the op turns a [B, S, H*D] projection in place, shape and all."""
     node = producer.get(name)
     if node is not None and node.op_type == "RotaryEmbedding" and node.domain == "com.microsoft":

@@ -20,17 +20,19 @@ model (`hotrod.optimize.calibration.capture_feeds`):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
-from hotrod import precisions
 from hotrod.errors import HotrodError, check_number
 from hotrod.optimize.calibration import graph_feed
 from hotrod.optimize.convert import convert, converter_default_blocks
 from hotrod.optimize.emulate import Comparison, GraphInfo, Runner, cast_target, compare, copy_model
-from hotrod.precisions import Half
+
+if TYPE_CHECKING:  # specs are passed in: `hotrod.precisions` lowers through these passes, never the reverse
+    from hotrod.precisions import Half
 
 KEEP_FP32_OPS: tuple[str, ...] = (
     "Pow",  # x**2 of a hand-written norm overflows fp16 once |x| > 256
@@ -53,11 +55,11 @@ _INTEGER_TYPES = {
 }
 
 
-def to_half(model: onnx.ModelProto, dtype: str, feeds: Sequence[Mapping[str, np.ndarray]],
+def to_half(model: onnx.ModelProto, half: Half, feeds: Sequence[Mapping[str, np.ndarray]],
             rtol: float | None = None, atol: float | None = None, max_rounds: int = MAX_ROUNDS, *,
             name: str | None = None) -> tuple[onnx.ModelProto, dict]:
-    """Convert a (fused, fp32) graph to fp16 or bf16 ("fp16"|"bf16"), keeping KEEP_FP32_OPS and every node the
-    search finds in fp32.
+    """Convert a (fused, fp32) graph to `half` (fp16 or bf16: `hotrod.precisions.half`), keeping KEEP_FP32_OPS
+    and every node the search finds in fp32.
 
     `feeds` are real inputs of this graph; the search keeps nodes until every output is finite and each
     output's largest difference from fp32 is within `atol + rtol * (its largest magnitude)` on all of
@@ -65,7 +67,6 @@ def to_half(model: onnx.ModelProto, dtype: str, feeds: Sequence[Mapping[str, np.
     report for the manifest; raises HotrodError, naming the graph `name`, when `max_rounds` rounds do not
     get there.
     """
-    half = precisions.half(dtype)
     rtol = half.rtol if rtol is None else rtol
     atol = half.atol if atol is None else atol
     if not feeds:

@@ -8,14 +8,17 @@ rewrites the file in place and returns its external data file (if any) and what 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from hotrod.export.onnx import save_model
 from hotrod.optimize.fusion import fuse
-from hotrod.precisions import Precision
 from hotrod.registry import Dims
+
+if TYPE_CHECKING:  # specs are passed in: `hotrod.precisions` lowers through these passes, never the reverse
+    from hotrod.precisions import Precision
 
 
 def fuse_graph(path: Path, optimizer_model_type: str, dims: Dims, device: str = "cpu",

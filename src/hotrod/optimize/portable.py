@@ -1,7 +1,7 @@
 """In-place decoder attention for GPUs: GroupQueryAttention rewritten into ops every provider has in fp32.
 
 Decoder-only graphs update their KV cache buffers in place with ONNX Runtime's `GroupQueryAttention`
-(`hotrod.models.common`). The CPU provider runs it in fp32; the CUDA provider has it only in fp16/bf16,
+(`hotrod.models.attention`). The CPU provider runs it in fp32; the CUDA provider has it only in fp16/bf16,
 and would move an fp32 node to the CPU, copying every cache across the bus at every step; the CPU
 kernel refuses head sizes that are not a multiple of 8. A graph built for a GPU, or for such heads,
 therefore has each such node rewritten, keeping the same graph contract:

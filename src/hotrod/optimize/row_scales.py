@@ -11,7 +11,7 @@ symmetric quantization per row (per token, along the last axis):
 with the zero point fixed at 128, so the MatMulInteger downstream is unchanged: a scalar zero point, and
 the row scales broadcast where the quantizer multiplied its one scale by the weights' (ONNX Runtime still
 fuses the pair into MatMulIntegerToFloat). uint8 rather than int8 activations: onnxruntime's x86 integer
-kernels multiply u8 by s8, and s8 x s8 ran 3.6x slower here. |q - 128| <= 127 with weights in 7 bits
+kernels multiply u8 by s8, and s8 x s8 ran several times slower here. |q - 128| <= 127 with weights in 7 bits
 keeps the u8 x s8 pair sums within int16 on CPUs without VNNI (`hotrod.optimize.quantize`).
 
 onnxruntime fuses MatMulInteger, its Cast, the scale's Mul and a following bias Add into one
@@ -21,20 +21,18 @@ tagger fell from entity F1 0.94 to 0.31 against fp32 that way). The bias is ther
 (`Sub` is not fused), after the fused product: the same sum, one elementwise pass more.
 
 The maximum of |x| is ReduceMax(Abs(x)): at a decoding step, where a row is a few KB, the op count is what
-costs, and this is two ops where max(ReduceMax(x), -ReduceMin(x)) is four (GPT-2 124M's batch-1 decoding:
-1.046x the per-call build's CPU time that way, 1.037x this way, in one run). An all-zero row gets the
+costs, and this is two ops where max(ReduceMax(x), -ReduceMin(x)) is four. An all-zero row gets the
 scale 0 and no guard: whatever integers its 0/0 quantizes to, the product is multiplied by that scale, so
 the row's output is exactly zero (plus the bias), as in float.
 
 From opset 21 the quantization is one QuantizeLinear whose block is the whole row, so the graph is raised
 to opset 21 where that changes no other op's meaning (`hotrod.optimize.fusion.raise_opset`; hotrod exports
 at 17); a graph that cannot be raised spells it out (divide, round, shift, cast). Where the product feeds a
-FastGelu (GPT-2's MLP), the bias goes into the FastGelu's bias input instead of a Sub. With these, against
-the per-call build in one run of `benchmarks/int8_rows.py --threads 1 --clock cpu`: GPT-2 124M greedy
-decoding 1.008x at batch 1 and 1.047x at batch 8, bert-base at 128 tokens 1.036x at batch 1 and 1.084x
-at batch 8 (before them, by the wall clock at two threads: 1.10-1.13x). What is left is passes over memory
-at many rows: the range and quantize passes over each input, onnxruntime's separate pass scaling a
-product by per-row scales, and the bias's pass where no GELU takes it.
+FastGelu (GPT-2's MLP), the bias goes into the FastGelu's bias input instead of a Sub. With these, the
+per-row build costs little more than the per-call build, the gap growing with a batch's rows
+(`benchmarks/int8_rows.py` measures the two side by side). What is left is passes over memory at many rows:
+the range and quantize passes over each input, onnxruntime's separate pass scaling a product by per-row
+scales, and the bias's pass where no GELU takes it.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from hotrod.errors import HotrodError, check_count
-from hotrod.pipelines.base import Prepared, Row, check_text, require_task, require_tokenizer
-from hotrod.tasks import ANSWER
+from hotrod.pipelines.base import Prepared, Row, check_text, require_tokenizer
 
 MAX_SEQ_LEN = 384  # the pipeline's longest window, when the tokenizer and the model allow as much
 MAX_STRIDE = 128
@@ -42,11 +41,14 @@ class Window:
 def prepare(model: Any, question: Any, context: Any = None, top_k: int = 1, doc_stride: int | None = None,
             max_answer_len: int = 15, max_seq_len: int | None = None, max_question_len: int = 64,
             handle_impossible_answer: bool = False, align_to_words: bool = True) -> Prepared:
-    """Rows of every window of one (question, context), or of several (see `examples`).
+    """`model.answer(...)`: the answer span as transformers 4.x's `pipeline("question-answering")` gave it,
+    {"answer", "score", "start", "end"} (a list of the top_k when top_k > 1, unless only one was found);
+    several questions (a list, with one context or a list of them, or a list of (question, context) pairs)
+    give one per question. This makes the rows of every window of one (question, context), or of several
+    (see `examples`), which run in one batch.
 
     As the pipeline: max_seq_len defaults to min(the tokenizer's longest, 384) tokens within the model's
     positions, and doc_stride to min(max_seq_len / 2, 128), lowered to fit beside a long question."""
-    require_task(model, ANSWER, "answer")
     tokenizer = require_tokenizer(model, "answer")
     if not getattr(tokenizer, "is_fast", False):
         raise HotrodError("answer() needs a fast tokenizer: answers are located through its offsets")

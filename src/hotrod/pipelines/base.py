@@ -30,12 +30,6 @@ class Prepared:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def require_task(model: Any, task: str, method: str) -> None:
-    """A task method on a model built for another task is one line naming both."""
-    if model.task != task:
-        raise HotrodError(f"{method}() needs a {task} model; this one is built for {model.task or 'no task'}")
-
-
 def require_tokenizer(model: Any, method: str) -> Any:
     if model.tokenizer is None:
         raise HotrodError(f"{method}() needs the model's tokenizer, and this model has none")

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from hotrod.errors import HotrodError, check_choice
-from hotrod.pipelines.base import Prepared, check_text, encode, require_task, require_tokenizer
-from hotrod.tasks import CLASSIFY
+from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
@@ -23,8 +22,9 @@ Input = str | Sequence[str] | dict  # a text, a (text, text_pair) pair, or {"tex
 
 def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = 1,
             function_to_apply: str | None = None, truncate: bool = False) -> Prepared:
-    """Rows of `inputs`: one text, one pair, or a list of either."""
-    require_task(model, CLASSIFY, "classify")
+    """`model.classify(...)`: labels and scores as transformers' `pipeline("text-classification")` gives them
+    (`top_k=1`: as it answers without top_k; None: every label). Inputs: a text, a (text, text_pair) pair, or
+    a list of either; this makes their rows."""
     require_tokenizer(model, "classify")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise HotrodError(f"top_k must be a whole number >= 1 or None, got {top_k!r}")

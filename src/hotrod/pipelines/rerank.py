@@ -19,21 +19,18 @@ import torch
 
 from hotrod.errors import HotrodError, check_choice
 from hotrod.pipelines import classify
-from hotrod.pipelines.base import Prepared, check_text, encode, require_task, require_tokenizer
-from hotrod.tasks import CLASSIFY
+from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
 def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None = None,
             truncate: bool = False, function: str | None = None) -> Prepared:
-    """One row per (query, document) pair. `function` replaces the cross-encoder's own activation with one
+    """`model.rerank(...)`: documents by a cross-encoder's score for (query, document), best first, as
+    [{"index", "score"}], the score as sentence-transformers' `CrossEncoder.predict` gives it; this makes
+    one row per (query, document) pair. `function` replaces the cross-encoder's own activation with one
     of classify's (softmax, sigmoid, none), for callers that promise another score (TEI's raw scores)."""
-    require_task(model, CLASSIFY, "rerank")
     require_tokenizer(model, "rerank")
-    if model.dims.num_labels != 1:
-        raise HotrodError(f"rerank() needs a cross-encoder (a head with one output); this one has "
-                          f"{model.dims.num_labels} labels: use classify()")
     check_text(query, "the query")
     if isinstance(documents, str) or not isinstance(documents, Sequence):
         raise HotrodError("documents must be a list of texts")

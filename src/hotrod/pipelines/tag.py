@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from hotrod.errors import HotrodError, check_choice
-from hotrod.pipelines.base import Prepared, Row, check_text, require_task, require_tokenizer
-from hotrod.tasks import TOKENS
+from hotrod.pipelines.base import Prepared, Row, check_text, require_tokenizer
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 _WORD_STRATEGIES = ("first", "average", "max")  # need words, so a tokenizer that maps tokens to characters
@@ -35,8 +34,10 @@ class _Text:
 
 def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str = "simple",
             ignore_labels: Sequence[str] | str | None = ("O",), truncate: bool = False) -> Prepared:
-    """Rows of one text or a list of texts; a text past the model's positions is refused unless `truncate`."""
-    require_task(model, TOKENS, "tag")
+    """`model.tag(...)`: entities as transformers' `pipeline("token-classification")` gives them, for
+    aggregation none, simple, first, average or max: a list for one text, a list of lists for several.
+    This makes the rows of one text or a list of texts; a text past the model's positions is refused
+    unless `truncate`."""
     tokenizer = require_tokenizer(model, "tag")
     strategy = check_choice("aggregation_strategy", str(aggregation_strategy).lower(), STRATEGIES)
     fast = bool(getattr(tokenizer, "is_fast", False))

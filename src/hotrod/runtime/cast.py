@@ -20,7 +20,6 @@ from torch import nn
 
 from hotrod.errors import HotrodError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Values past a quarter of fp16's range count as overflowing: sample inputs are a sample, and unseen
 # inputs run larger.
 FP16_LIMIT = torch.finfo(torch.float16).max / 4

@@ -10,14 +10,16 @@ import tempfile
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hotrod import precisions
 from hotrod.errors import HotrodError, check_choice
-from hotrod.precisions import Half
+
+if TYPE_CHECKING:  # the spec is passed in (`hotrod.precisions.Half.has_kernels` asks here)
+    from hotrod.precisions import Half
 
 # The compute ops of hotrod's fused graphs; the data movement ops (Gather, Reshape, ...) run in any type.
 GRAPH_OPS = ("MatMul", "Add", "Mul", "Where", "FastGelu", "LayerNormalization", "SkipLayerNormalization",
@@ -27,25 +29,25 @@ _PROBE_CASTS = ("probe_input", "probe_output")
 _WIDTH = 8
 
 
-def half_supported(dtype: str, device: str, ops: Sequence[str] = GRAPH_OPS) -> bool:
-    """Whether onnxruntime on `device` ("cpu" or "cuda") runs `ops` in `dtype` with its own half kernels.
+def half_supported(half: Half, device: str, ops: Sequence[str] = GRAPH_OPS) -> bool:
+    """Whether onnxruntime on `device` ("cpu" or "cuda") runs `ops` in `half` (fp16 or bf16:
+    `hotrod.precisions.half`) with its own half kernels.
 
     A session that loads but has onnxruntime wrap nodes in Casts to fp32 (its CPU provider with fp16)
     does not count: the graph then computes in fp32, slower than the fp32 graph.
     """
-    half = precisions.half(dtype)
     check_choice("device", device, tuple(_PROVIDERS))
-    return _probe(half.name, device, tuple(sorted(set(ops))))
+    return _probe(half, device, tuple(sorted(set(ops))))
 
 
 @cache
-def _probe(dtype: str, device: str, ops: tuple[str, ...]) -> bool:
+def _probe(half: Half, device: str, ops: tuple[str, ...]) -> bool:
     import onnxruntime as ort
 
     provider = _PROVIDERS[device]
     if provider not in ort.get_available_providers():
         return False
-    model, feed = _probe_graph(precisions.half(dtype), ops)
+    model, feed = _probe_graph(half, ops)
     with tempfile.TemporaryDirectory(prefix="hotrod-probe-") as scratch:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -1,9 +1,9 @@
 """hotrod's int4 kernel on the CPU: onnxruntime's int4 products (MatMulNBits) as hotrod's Q4MatMul.
 
-MatMulNBits' CPU kernel reaches about 42 G weights/s a core on one row, where a decoding step is one row
-per sequence. hotrod's kernel (`hotrod/native/q4gemm.c`, AVX-512 VNNI) streams the weights at the cache's
-bandwidth instead; in onnxruntime, two threads, interleaved: a t5-small step's 37 products (19 MB) 0.69 ->
-0.48 ms, GPT-2's 49 (62 MB) 1.73 -> 1.39 ms at one row and 6.9 -> 3.0 ms at eight. It computes what
+MatMulNBits' CPU kernel is compute bound on one row, well short of the memory's bandwidth, where a
+decoding step is one row per sequence. hotrod's kernel (`hotrod/native/q4gemm.c`, AVX-512 VNNI) streams
+the weights at the cache's bandwidth instead, so a decoding step's products take less time in it, at one
+row and more so at several. It computes what
 MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per row and block,
 int32 dot products with the 4-bit weights, one fp32 scale a block. So an artifact stays portable (its
 graphs keep MatMulNBits) and is rewritten as it is loaded, where this CPU and the built library allow;

@@ -31,15 +31,15 @@ from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError
 from hotrod.models.common import FusedProjection
-from hotrod.options import ENGINE_PRECISIONS
 from hotrod.runtime.base import Held, contract_of, merged
-from hotrod.runtime.cast import DTYPES, Int8Linear, cast_module, quantize_linears, replace_submodule
+from hotrod.runtime.cast import Int8Linear, cast_module, quantize_linears, replace_submodule
 from hotrod.runtime.fp8 import Fp8Linear
 from hotrod.runtime.graphs import Graphs
 from hotrod.runtime.pool import CachePool, batch_bucket
 
 SPAN = "total_sequence_length"
-QUANTIZED = {"int8-weight": Int8Linear.quantize, "fp8": Fp8Linear.quantize}  # precision -> the linears' layer
+# `Precision.engine_linears` -> the layer a linear is quantized into (its scales measured on the fp32 weights)
+QUANTIZERS = {precisions.INT8_PER_CHANNEL: Int8Linear.quantize, precisions.FP8_PER_CHANNEL: Fp8Linear.quantize}
 
 
 @dataclass(frozen=True)
@@ -52,21 +52,27 @@ class EngineOptions:
     graphs: int = 32  # recorded calls kept (CUDA graphs on a GPU); 0: every call eager
     compile: bool = False  # torch.compile each graph before recording it
     # Encoder batches with padding run on their real tokens only (models/packing.py) when True. Off by
-    # default: on an H200 the nested-tensor attention it goes through is host-bound and is never recorded
-    # (bert-base, 16 rows of 16..128 tokens: 353 ms a batch against 1.4 ms padded and replayed), and on a
-    # CPU torch's fallback loops over rows.
+    # default: on a GPU the nested-tensor attention it goes through is host-bound and is never recorded
+    # (padded and replayed batches are far faster; benchmarks/README.md has the figures), and on a CPU
+    # torch's fallback loops over rows.
     packed: bool | None = None
 
     def __post_init__(self):
-        if self.precision not in ENGINE_PRECISIONS:
-            raise HotrodError(f"unknown engine precision {self.precision!r}; choose from {', '.join(ENGINE_PRECISIONS)}")
+        engine = precisions.names(lambda p: p.engine)
+        if self.precision not in engine:
+            raise HotrodError(f"unknown engine precision {self.precision!r}; choose from {', '.join(engine)}")
         if self.graphs < 0:
             raise HotrodError(f"graphs must be >= 0, got {self.graphs}")
 
     @property
+    def spec(self) -> precisions.Precision:
+        """The precision's registry entry: what the engine casts to, quantizes and keeps in fp32."""
+        return precisions.get(self.precision)
+
+    @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype (int8-weight and fp8 compute in bf16)."""
-        return DTYPES[precisions.get(self.precision).engine_dtype or self.precision]
+        """The activations' dtype (the precision's `torch_dtype`: int8-weight and fp8 compute in bf16)."""
+        return getattr(torch, self.spec.torch_dtype)
 
 
 class StaticBackend:
@@ -79,7 +85,7 @@ class StaticBackend:
         self.contracts, self.options = contracts, options
         self.torch_device = torch.device(options.device)
         self.device = self.torch_device.type
-        refusal = precisions.get(options.precision).engine_refusal(self.device)
+        refusal = options.spec.engine_refusal(self.device)
         if refusal:
             raise HotrodError(refusal)
         self.loop_threads = None
@@ -207,11 +213,12 @@ def _has_padding(feeds: Mapping[str, Any]) -> bool:
 
 
 def prepare(module: torch.nn.Module, options: EngineOptions) -> torch.nn.Module:
-    """`module` in the engine's precision: cast, fp32 islands kept, linears quantized for int8-weight and
-    fp8 (their scales measured on the fp32 weights, before the cast)."""
+    """`module` in the engine's precision: cast, fp32 islands kept, linears quantized where the precision
+    stores them its own way (int8-weight, fp8: their scales measured on the fp32 weights, before the cast)."""
     module = module.eval()
-    if options.precision in QUANTIZED:
-        quantize_linears(module, options.dtype, make=QUANTIZED[options.precision])
+    linears = options.spec.engine_linears
+    if linears != precisions.CAST:
+        quantize_linears(module, options.dtype, make=QUANTIZERS[linears])
     return cast_module(module, options.dtype, options.keep_fp32)
 
 

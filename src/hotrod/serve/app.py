@@ -23,7 +23,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hotrod.serve import completions, endpoints, heads, inference_protocol, tei
+from hotrod.serve import completions, endpoints, inference_protocol, task_routes, tei
 from hotrod.serve.gate import Gate
 from hotrod.serve.http_errors import ApiError, install_error_handlers
 from hotrod.serve.limits import Access, ServeLimits
@@ -76,8 +76,9 @@ def create_app(engines: dict[str, Engine], options: ServeLimits | None = None,
     if access.cors_origins:  # outside the gate, so that preflights and refusals carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", HEADER], expose_headers=[HEADER])
-    for module in (endpoints, completions, heads, tei, inference_protocol):
+    for module in (endpoints, completions, tei, inference_protocol):
         app.include_router(module.router)
+    app.include_router(task_routes.router())
     app.include_router(router)
     return app
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from hotrod import kinds
+from hotrod import kinds, tasks
 from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, prompt_lookup, token_ids
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
 from hotrod.serve.protocol import Engine, Params
@@ -28,7 +28,6 @@ from hotrod.serve.schemas import (
     Usage,
 )
 from hotrod.serve.sse import collect, stream, submit
-from hotrod.tasks import FEATURES
 
 GENERATORS = kinds.names(lambda kind: kind.generates)  # the kinds each route serves
 ENCODERS = kinds.names(lambda kind: not kind.generates)
@@ -89,9 +88,10 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
 def check_embeds(engine: Engine) -> None:
     """An encoder that ends in a task head has no embeddings: a 400 naming its task and its routes."""
     task = engine.info.task
-    if task is not None and task != FEATURES:
+    if task is not None and not tasks.get(task).embeds:
+        routes = [s.route.path for s in tasks.all_specs() if s.route and s.refusal(task, len(engine.info.labels)) is None]
         raise ApiError(400, f"model: '{engine.info.name}' is a {task} model, which has no embeddings; use "
-                            f"/v1/classify, /v1/rerank or /v2 infer", "model")
+                            f"{', '.join(routes + ['/v2 infer'])}", "model")
 
 
 async def embed_vectors(request: Request, engine: Engine, rows: list[list[int]], pooling: str,

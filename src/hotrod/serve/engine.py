@@ -21,16 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hotrod import tasks
 from hotrod.errors import HotrodError, check_number, first_line
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 from hotrod.model import HotrodModel
 from hotrod.pipelines.base import Row
 from hotrod.runtime.base import RuntimeOptions
+from hotrod.serve.encoder_runner import ROWS, EncoderRunner
 from hotrod.serve.metrics import Metrics
+from hotrod.serve.picks import Outcome, Pick
 from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import NO_VERIFY, ROWS, EncoderRunner, GenerationRunner, Outcome, Pick, position_bytes
+from hotrod.serve.runner import NO_VERIFY, GenerationRunner
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
-from hotrod.tasks import FEATURES
+from hotrod.serve.slots import position_bytes
 
 log = logging.getLogger("hotrod.serve")
 
@@ -165,7 +168,7 @@ class ModelEngine:
     def _warm_up(self) -> None:
         if self.model.spec.generates:
             self.model.generate([[1, 2, 3]], max_new_tokens=2)
-        elif self.model.task == FEATURES:
+        elif tasks.get(self.model.task).embeds:
             self.model.embed([[1, 2, 3]])
         else:  # a head has no embeddings: its rows' forward is what it serves
             self.model.run_rows([Row([1, 2, 3])])

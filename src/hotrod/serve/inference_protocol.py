@@ -32,7 +32,7 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
-from hotrod import kinds
+from hotrod import kinds, tasks
 from hotrod.pipelines.base import Row
 from hotrod.serve import tensors
 from hotrod.serve.checks import input_limit, new_tokens, token_rows
@@ -43,7 +43,6 @@ from hotrod.serve.rows import run as run_rows
 from hotrod.serve.schemas import Pooling, Sampling, _Request
 from hotrod.serve.sse import collect_all, submit_all
 from hotrod.serve.tensors import Input, Output, bad
-from hotrod.tasks import ANSWER, CLASSIFY, TOKENS
 from hotrod.version import __version__
 
 VERSION = "1"  # hotrod serves one version of each model
@@ -72,12 +71,18 @@ class NoParameters(_Request):
 
 
 def head_outputs(task: str, labels: int) -> Tensors:
-    """The outputs of a head of `task`: what `HotrodModel.run_rows` gives per row, batched."""
-    per_token = {TOKENS: {"logits": ("FP32", [-1, -1, labels])},
-                 ANSWER: {"start_logits": ("FP32", [-1, -1]), "end_logits": ("FP32", [-1, -1])}}
-    if task in per_token:
-        return {**per_token[task], LENGTHS: ("INT64", [-1])}
-    return {"logits": ("FP32", [-1, labels])}
+    """The outputs of a head of `task` (its spec's `outputs`): what `HotrodModel.run_rows` gives per row,
+    batched, with each row's `lengths` where an output is per token."""
+    outputs = tasks.get(task).outputs
+    found: Tensors = {out.name: ("FP32", [_axis(a, labels) for a in out.axes]) for out in outputs}
+    return {**found, LENGTHS: ("INT64", [-1])} if any(out.per_token for out in outputs) else found
+
+
+def _axis(axis: str | int, labels: int) -> int:
+    """A symbolic axis as the protocol has it: the label count, a number, or -1 where it varies."""
+    if axis == "labels":
+        return labels
+    return axis if isinstance(axis, int) else -1
 
 
 class V2Error(BaseModel):
@@ -102,7 +107,7 @@ def signature(engine: Engine) -> Signature:
     if kinds.spec(engine.info.kind).generates:
         return GENERATOR
     task = engine.info.task
-    if task in (CLASSIFY, TOKENS, ANSWER):
+    if task is not None and not tasks.get(task).bare:
         return Signature(ENCODER.inputs, head_outputs(task, len(engine.info.labels)), NoParameters)
     return ENCODER
 

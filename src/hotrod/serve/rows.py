@@ -1,8 +1,8 @@
 """A task's rows through a served encoder head: checked at the door, prepared off the event loop, run in the
 engine's dynamic batches with every other request's rows.
 
-The routes of `heads.py` and `tei.py` are each four steps over `hotrod.pipelines`: resolve a model of the
-task (`head_engine`), check what needs no tokenizer (counts, emptiness, bytes), `prepare` (the pipeline's
+The routes of `task_routes.py` and `tei.py` are each four steps over `hotrod.pipelines`: resolve a model the
+task runs on (`task_engine`), check what needs no tokenizer (counts, emptiness, bytes), `prepare` (the pipeline's
 own checks and tokenization, on the model's tokenizer thread), `run` (the engine batches the rows with
 other requests'; the scheduler sees only their lengths) and `finish` (the pipeline's answer, on the same
 thread). A pipeline's HotrodError is the client's fault by construction (an empty text, a pair missing a
@@ -27,29 +27,28 @@ from hotrod.serve.http_errors import ApiError, Recorder, resolve
 from hotrod.serve.protocol import Engine
 from hotrod.serve.sse import collect, submit
 
-MAX_DOCUMENTS = 10_000  # documents per rerank whatever --max-batch-inputs says, as Cohere's API bounds them
+
+class FieldError(HotrodError):
+    """A pipeline's refusal about one field of the request other than the route's main one."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
-def head_engine(request: Request, endpoint: str, name: str | None, task: str) -> tuple[Engine, Recorder]:
-    """The served model a request names, refused (400, naming its task) unless it ends in a `task` head."""
+def task_engine(request: Request, spec: Any, endpoint: str, name: str | None) -> tuple[Engine, Recorder]:
+    """The served model a request names, refused (400, naming its task) unless `spec` runs on it
+    (`hotrod.tasks.TaskSpec.refusal`)."""
     engine, recorder = resolve(request, endpoint, name, ENCODERS)
-    check_task(engine, task, request.url.path)
-    return engine, recorder
-
-
-def check_task(engine: Engine, task: str, route: str) -> None:
     found = engine.info.task or engine.info.kind
-    if found != task:
-        raise ApiError(400, f"model: '{engine.info.name}' is a {found} model; {route} needs a {task} model",
-                       "model")
-
-
-def check_one_label(engine: Engine) -> None:
-    """Reranking reads one score per pair: a cross-encoder's one-label head."""
     labels = len(engine.info.labels)
-    if labels != 1:
-        raise ApiError(400, f"model: '{engine.info.name}' has {labels} labels; reranking needs a one-label "
-                            f"(cross-encoder) head", "model")
+    if spec.refusal(found, labels) is None:
+        return engine, recorder
+    route = request.url.path
+    if found != spec.base:
+        raise ApiError(400, f"model: '{engine.info.name}' is a {found} model; {route} needs a {spec.base} model",
+                       "model")
+    raise ApiError(400, f"model: '{engine.info.name}' has {labels} labels; {route} needs {spec.needs}", "model")
 
 
 def check_count(request: Request, count: int, param: str, most: int | None = None) -> None:
@@ -79,10 +78,13 @@ def check_texts(request: Request, engine: Engine, texts: Sequence[tuple[str, Any
 
 
 async def prepare(request: Request, engine: Engine, step: Callable[..., Prepared], *args: Any,
-                  param: str) -> Prepared:
+                  param: str, bounded: bool = True) -> Prepared:
     """A pipeline's `prepare(model, *args)` on the model's tokenizer thread, its rows bounded by the server's
-    input limit (which --max-input-tokens may set below the model's positions)."""
+    input limit (which --max-input-tokens may set below the model's positions) unless the request sizes
+    them itself (`bounded` False: a question's windows)."""
     prepared = await on_tokenizer(request, engine, step, *args, param=param)
+    if not bounded:
+        return prepared
     limit = input_limit(request, engine)
     for i, row in enumerate(prepared.rows):
         if len(row) > limit:
@@ -97,6 +99,8 @@ async def on_tokenizer(request: Request, engine: Engine, step: Callable[..., Any
     call = functools.partial(step, engine.pipeline_model(), *args)
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, call)
+    except FieldError as exc:
+        raise ApiError(400, f"{exc.field}: {first_line(exc)}", exc.field) from None
     except HotrodError as exc:
         raise ApiError(400, f"{param}: {first_line(exc)}", param) from None
 

@@ -2,17 +2,17 @@
 
 `GenerationRunner` executes the scheduler's plan: it frees the slots of the requests the plan releases,
 steps the rows the plan names, and prefills those it admits. Which requests run is the scheduler's to
-know; the runner only maps them to the slots of its decoding state. Each row's token is chosen on its
-own, so a row whose choice fails (its outcome is the exception) fails alone, never its batch-mates.
+know; the runner only maps them to the slots of its decoding state (`hotrod.serve.slots`). Each row's
+tokens are chosen as its request would get them alone (`hotrod.serve.picks`); a row whose choice fails
+fails alone, never its batch-mates. Encoders' requests run in `hotrod.serve.encoder_runner`.
 
 The running batch is one decoding state whose rows are slots. Joining
 requests are prefilled in sub-batches of similar length; their rows take free slots, and the rest are
 appended to the batch. Every step runs the batch once, feeding each row its last token; finished rows
-leave at once. Token choice is the decoding loop's own (`hotrod.generation.search.pick`), row by row
-where requests differ in settings, so a request gets the tokens it would get alone.
+leave at once.
 
 The batch needs no padding: every row keeps its own length in cache buffers the graph updates in place
-(`hotrod.generation.cache.SelfCache`), so rows that arrived at different steps share one call.
+(`hotrod.generation.self_cache.SelfCache`), so rows that arrived at different steps share one call.
 
 A request that speculates (`hotrod.serve.speculation`) drafts tokens from its own text. When any row of
 the batch has a draft, the step is one verifying pass instead: every row is fed its last token and its
@@ -21,18 +21,11 @@ plus that choice, and the cache gives back the rest by each row's length alone. 
 tokens plain decoding gives them, several a step where the text repeats itself; a step where no row
 drafts is the plain step, unchanged. onnxruntime's attention verifies drafts of a lone row only: there,
 a request speculates while it runs alone (which is when a step leaves the most bandwidth unused).
-
-Why slots: copying the whole batch's cache for every arrival and departure would cost as much as the
-steps themselves. A finished row leaves a free slot (released: it runs on at length 0, unread, until
-reused); a newcomer takes a free slot in place, copying only its own cache. The batch is compacted (one
-copy) once most of its slots are free, and its buffers shrink when the longest request has left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+import functools
 
 import torch
 
@@ -40,56 +33,18 @@ from hotrod.batching import plan
 from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
 from hotrod.generation import search
-from hotrod.generation.cache import DecodingState
-from hotrod.generation.config import Settings
-from hotrod.generation.lookup import Drafter
-from hotrod.generation.sampling import argmax
-from hotrod.generation.search import pick
+from hotrod.generation.state import DecodingState
 from hotrod.model import HotrodModel, torch_threads
-from hotrod.serve.protocol import Params, TokenLogprobs
+from hotrod.serve.picks import Outcome, RowOptions, accept
+from hotrod.serve.protocol import Params
 from hotrod.serve.scheduler import Request
-from hotrod.serve.speculation import agreed, drafts_of
-
-
-@dataclass(frozen=True)
-class Pick:
-    """A row's next token, with its logprobs when its request asked for them."""
-
-    token: int
-    logprobs: TokenLogprobs | None = None
-
+from hotrod.serve.slots import Group, compact, wanted_positions
+from hotrod.serve.speculation import drafts_of
 
 # Positions one verifying pass feeds at most, over all its rows: its logits are as many vocab-sized rows
 # (GPT-2, 32 rows of 16: 100 MB), and a large batch's pass is already compute bound on a CPU.
 PASS_POSITIONS = 512
 NO_VERIFY = "its backend cannot verify drafts in one pass (the static engine steps one token at a time)"
-Outcome = list[Pick] | BaseException  # a row's next tokens (one, or more when a draft was kept), or why it has none
-
-
-class RowOptions:
-    """What one request needs at each step: its settings and, when sampling, its own random stream."""
-
-    def __init__(self, settings: Settings, seed: int | None, prompt_lookup: int = 0, prompt: int = 0):
-        """`prompt`: the request's prompt tokens, which begin the row it drafts from (an encoder-decoder's
-        source, which its decoder's own prompt, the start token, is not)."""
-        self.settings = settings
-        self.drafter = Drafter(prompt_lookup, prompt=prompt) if prompt_lookup else None
-        self.generator = None
-        if settings.do_sample:
-            self.generator = torch.Generator()
-            self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        # Plain greedy rows need no score processing: the whole batch takes one argmax.
-        self.plain = (not settings.do_sample and settings.repetition_penalty == 1.0
-                      and settings.min_length <= settings.prompt_length)
-
-
-@dataclass
-class Group:
-    state: DecodingState
-    rows: list[Request | None]  # None: a free slot
-
-    def free(self) -> list[int]:
-        return [i for i, r in enumerate(self.rows) if r is None]
 
 
 class GenerationRunner:
@@ -141,7 +96,7 @@ class GenerationRunner:
 
     def _prefill(self, requests: list[Request]) -> list[Outcome]:
         # Up to a multiple of the model's invariant rows, copies of the first prompt fill the batch: they
-        # become free slots, so every request runs on the same kernels alone or among others (`_compact`
+        # become free slots, so every request runs on the same kernels alone or among others (`slots.compact`
         # keeps the multiple); prompts are as many columns wide as a multiple of it too.
         multiple = self.model.invariant_rows
         spare = -len(requests) % multiple
@@ -149,7 +104,7 @@ class GenerationRunner:
         ids, mask = _padded(prompts, left=self.model.spec.pads_left, multiple=multiple)
         # A cache as wide as the prompts: these rows are copied into the running batch, whose buffers are
         # sized for what every row will need. Sizing the prefill's own for that too doubled the fresh
-        # memory the first burst of clients touches (W5: 1.3 GB, 2.4 s of a 9.4 s cell in page faults).
+        # memory the first burst of clients touches, its page faults a large part of the burst's time.
         state = self.model.decoding_state(requests[0].options.settings, capacity=0)
         state.width_multiple = multiple
         with torch_threads(self.model.backend.loop_threads):
@@ -212,7 +167,7 @@ class GenerationRunner:
         logits = group.state.verify(fed)
         if len(live) < len(group.rows):
             logits = logits[live]
-        found = self._accept(logits, rows, [drafts[i] for i in live])
+        found = accept(logits, rows, [drafts[i] for i in live], functools.partial(self._history, first=False))
         back = torch.full((len(group.rows),), width)
         for i, row, outcome in zip(live, rows, found):
             back[i] -= len(outcome) if isinstance(outcome, list) else 1
@@ -222,39 +177,6 @@ class GenerationRunner:
                 self.accepted += len(outcome) - 1
         group.state.rewind(back)
         return found
-
-    def _accept(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]],
-                first: bool = False) -> list[Outcome]:
-        """Each row's tokens from the logits after its last token and each drafted one [rows, k, vocab]:
-        plain greedy rows by one argmax over every position, the others drawn position by position. A
-        row whose choice raises gets the exception, the others their tokens."""
-        plain = [i for i, r in enumerate(requests) if r.options.plain]
-        tokens: list[list[int] | BaseException] = [[] for _ in requests]
-        if plain:
-            chosen = logits if len(plain) == len(requests) else logits[plain]
-            for i, row in zip(plain, argmax(chosen).tolist()):
-                tokens[i] = agreed(drafts[i], row)
-        for i, r in enumerate(requests):
-            if not r.options.plain:
-                tokens[i] = self._drawn(logits[i], r, drafts[i], first)
-        return [t if isinstance(t, BaseException)
-                else [Pick(token, _logprobs(logits[i, j], token, r.params.logprobs)) for j, token in enumerate(t)]
-                for i, (r, t) in enumerate(zip(requests, tokens))]
-
-    def _drawn(self, logits: torch.Tensor, request: Request, draft: list[int],
-               first: bool) -> list[int] | BaseException:
-        """A row's tokens chosen one position at a time, each given those before it, while they match
-        its draft. A sampled choice that differs from the draft is the row's next token as it stands: it
-        was drawn from the distribution plain sampling would draw from there, with one draw per token."""
-        history, tokens = self._history(request, first), []
-        for j in range(len(draft) + 1):
-            token = self._pick_one(logits[j : j + 1], request, history + tokens)
-            if isinstance(token, BaseException):
-                return token
-            tokens.append(token)
-            if j == len(draft) or token != draft[j]:
-                break
-        return tokens
 
     @torch.inference_mode()
     def release(self, requests: list[Request]) -> None:
@@ -270,7 +192,7 @@ class GenerationRunner:
             lone = (len(live) == 1 and live[0].options.drafter is not None and self.model.invariant_rows == 1
                     and not self.model.backend.verifies_batches)
             if 2 * len(group.free()) > len(group.rows) or (lone and group.free()):
-                _compact(group, force=True, least=self.model.invariant_rows)
+                compact(group, force=True, least=self.model.invariant_rows)
             if leaving and live:
                 group.state.fit(max(r.options.settings.max_length for r in group.rows if r is not None))
         self.groups = [g for g in self.groups if g.rows]
@@ -282,12 +204,12 @@ class GenerationRunner:
             pairs = list(zip(group.free(), range(len(new.rows))))
             if not pairs or not group.state.room_for(new.state):
                 continue
-            group.state.reserve(_wanted(new.rows[row] for _, row in pairs))
+            group.state.reserve(wanted_positions(new.rows[row] for _, row in pairs))
             group.state.place(new.state, pairs)
             for slot, row in pairs:
                 group.rows[slot] = new.rows[row]
                 new.rows[row] = None
-            _compact(new, least=self.model.invariant_rows)
+            compact(new, least=self.model.invariant_rows)
             if not new.rows:
                 break
         return new
@@ -301,12 +223,12 @@ class GenerationRunner:
         rows at every join: with 32 clients arriving together, most of the server's time)."""
         if not self.groups:
             return
-        wanted = _wanted(row for group in self.groups for row in group.rows)
+        wanted = wanted_positions(row for group in self.groups for row in group.rows)
         if len(self.groups) == 1:
             self.groups[0].state.join([], wanted)  # rows prefilled with their prompts' room only
             return
         for group in self.groups:  # a join copies the cache anyway: leave the free slots behind
-            _compact(group, least=self.model.invariant_rows)
+            compact(group, least=self.model.invariant_rows)
         first, others = self.groups[0], self.groups[1:]
         first.state.join([other.state for other in others], wanted)
         first.rows += [row for other in others for row in other.rows]
@@ -328,28 +250,12 @@ class GenerationRunner:
 
     def _pick(self, logits: torch.Tensor, requests: list[Request], first: bool = False) -> list[Outcome]:
         """Each row's next token from its logits [rows, vocab]: a verifying pass with no draft."""
-        return self._accept(logits[:, None], requests, [[] for _ in requests], first)
-
-    def _pick_one(self, logits: torch.Tensor, request: Request, history: list[int]) -> int | BaseException:
-        try:
-            sequence = torch.tensor([history])
-            return int(pick(logits, sequence, request.options.settings, None, request.options.generator)[0])
-        except Exception as exc:  # noqa: BLE001  (this row's failure is its own: the batch goes on)
-            return exc
+        history = functools.partial(self._history, first=first)
+        return accept(logits[:, None], requests, [[] for _ in requests], history)
 
     def _history(self, request: Request, first: bool) -> list[int]:
         """The row as the decoding loop would hold it: prompt (or start token) plus what was generated."""
         return self.model.spec.history(request.prompt, [] if first else request.tokens, self.start_token)
-
-
-def _logprobs(logits: torch.Tensor, token: int, top: int | None) -> TokenLogprobs | None:
-    """The model's own log-probabilities (raw logits, before temperature or filtering), as vLLM reports."""
-    if top is None:
-        return None
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    best = torch.topk(logprobs, top) if top else None
-    pairs = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
-    return TokenLogprobs(float(logprobs[token]), pairs)
 
 
 class _Cancelled(Exception):
@@ -372,34 +278,6 @@ class _Cancellable:
         return getattr(self._state, name)
 
 
-def _wanted(rows: Iterable[Request | None]) -> int:
-    """Cache positions per row that `rows` will need at most (free slots need none)."""
-    return max((row.options.settings.max_length for row in rows if row is not None), default=0)
-
-
-def _compact(group: Group, force: bool = False, least: int = 1) -> None:
-    """Drop the free slots of `group` (one copy; seq2seq states also drop encoder columns none use), but
-    keep a multiple of `least` slots while any row is live (the model's invariant rows). A group starts
-    with such a multiple and this keeps it, so there are always free slots enough."""
-    keep = [i for i, r in enumerate(group.rows) if r is not None]
-    if keep and len(keep) % least:
-        keep = sorted(keep + group.free()[: -len(keep) % least])
-    if force or len(keep) < len(group.rows):
-        group.rows = [group.rows[i] for i in keep]
-        if keep:
-            group.state.keep(torch.tensor(keep, dtype=torch.long))
-
-
-def position_bytes(model: HotrodModel) -> int:
-    """Bytes one cached position of one row takes: key and value of every decoder layer, fp32."""
-    dims = model.dims
-    return 2 * _cache_layers(model) * dims.num_heads * dims.head_dim * 4
-
-
-def _cache_layers(model: HotrodModel) -> int:
-    return model.spec.cache_layers(model.dims)
-
-
 def _padded(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     width += -width % multiple
@@ -410,53 +288,3 @@ def _padded(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch
         ids[i, span] = torch.tensor(row)
         mask[i, span] = 1
     return ids, mask
-
-
-ROWS = "rows"  # the options of a submission of task rows, beside an embedding's (pooling, normalize)
-
-
-class EncoderRunner:
-    """One dynamic batch of encoder requests: embeddings through the model's padding-free forward, task rows
-    through its head (`HotrodModel.run_rows`). Every request's rows of one sort share one call, so a
-    100-document rerank and a 3-text classification run as one batch."""
-
-    def __init__(self, model: HotrodModel):
-        self.model = model
-
-    @torch.inference_mode()
-    def run(self, requests: list[Request]) -> list[Any]:
-        """Each request's result, in order: its embeddings [rows, hidden], or its rows' outputs by name."""
-        results: dict[int, Any] = {}
-        heads = [r for r in requests if r.options == ROWS]
-        if heads:
-            results.update(zip((r.id for r in heads), self.run_rows(heads)))
-        embeds = [r for r in requests if r.options != ROWS]
-        if embeds:
-            results.update(zip((r.id for r in embeds), self.embed(embeds)))
-        return [results[r.id] for r in requests]
-
-    def run_rows(self, requests: list[Request]) -> list[list[dict[str, torch.Tensor]]]:
-        """Each request's rows' outputs, from one call over every request's rows."""
-        rows = [row for r in requests for row in r.rows]
-        outputs = self.model.run_rows(rows, batch_size=max(len(rows), 1))
-        return _split(outputs, [len(r.rows) for r in requests])
-
-    @torch.inference_mode()
-    def embed(self, requests: list[Request]) -> list[torch.Tensor]:
-        """Embeddings per request; requests with the same (pooling, normalize) share one call."""
-        results: dict[int, torch.Tensor] = {}
-        for pooling, normalize in {r.options for r in requests}:
-            group = [r for r in requests if r.options == (pooling, normalize)]
-            rows = [row for r in group for row in r.rows]
-            vectors = self.model.embed(rows, pooling=pooling, normalize=normalize, batch_size=max(len(rows), 1))
-            results.update(zip((r.id for r in group), _split(vectors, [len(r.rows) for r in group])))
-        return [results[r.id] for r in requests]
-
-
-def _split(items, counts: list[int]) -> list:
-    """`items` cut into consecutive parts of `counts` items each."""
-    parts, start = [], 0
-    for count in counts:
-        parts.append(items[start : start + count])
-        start += count
-    return parts

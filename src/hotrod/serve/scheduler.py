@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotrod.generation.cache import rounded_positions
+from hotrod.generation.self_cache import rounded_positions
 from hotrod.serve.protocol import Params, QueueFull
 
 POLICIES = ("continuous", "request", "none")

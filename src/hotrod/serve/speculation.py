@@ -8,7 +8,7 @@ the first token decoding would not have chosen (`GenerationRunner.step`). A draf
 pauses the request's drafting for a while, doubling while drafts keep failing, so that text which never
 repeats decodes at plain decoding's pace.
 
-The state is the request's own (`RowOptions.drafter`, the `Drafter` that `generate()` drafts with too),
+The state is the request's own (`hotrod.serve.picks.RowOptions.drafter`, the `Drafter` that `generate()` drafts with too),
 never the scheduler's.
 """
 

@@ -12,11 +12,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from hotrod import tasks
 from hotrod.pipelines import classify
+from hotrod.pipelines import rerank as rerank_pipeline
 from hotrod.pipelines.base import Prepared
 from hotrod.serve import rows
 from hotrod.serve.endpoints import ENCODERS, ERRORS
-from hotrod.serve.head_schemas import (
+from hotrod.serve.http_errors import ApiError, resolve
+from hotrod.serve.protocol import Engine
+from hotrod.serve.task_routes import json_response
+from hotrod.serve.task_schemas import (
     Prediction,
     PredictRequest,
     PredictResponse,
@@ -24,22 +29,21 @@ from hotrod.serve.head_schemas import (
     TeiRerankRequest,
     TeiRerankResponse,
 )
-from hotrod.serve.heads import json_response, relevance
-from hotrod.serve.http_errors import ApiError, resolve
-from hotrod.serve.protocol import Engine
-from hotrod.tasks import CLASSIFY
+from hotrod.tasks.constants import CLASSIFY, RERANK
+from hotrod.tasks.rerank import MAX_DOCUMENTS
 
 router = APIRouter()
 _NAMED = {"predict": "/v1/classify", "rerank": "/v1/rerank"}  # the route of each that names its model
 Item = str | list[str]  # one text, or a [text, text_pair]
 
 
-def served_head(request: Request, endpoint: str, one_label: bool) -> tuple[Engine, Any]:
-    """The one served text-classification model (with one label, for reranking), as TEI serves one."""
+def served_head(request: Request, endpoint: str, task: str) -> tuple[Engine, Any]:
+    """The one served model that `task` (classification, or its reranking variant) runs on, as TEI serves one."""
     engines = request.app.state.engines
-    fits = [name for name, engine in engines.items() if engine.info.task == CLASSIFY
-            and (not one_label or len(engine.info.labels) == 1)]
-    wanted = f"{CLASSIFY} model" + (" with one label (a cross-encoder)" if one_label else "")
+    spec = tasks.get(task)
+    fits = [name for name, engine in engines.items()
+            if spec.refusal(engine.info.task, len(engine.info.labels)) is None]
+    wanted = f"{spec.base} model" + (f" fit for {spec.name}: {spec.needs}" if spec.variant_of else "")
     if not fits:
         served = ", ".join(f"{name} ({engine.info.task or engine.info.kind}, {len(engine.info.labels)} labels)"
                            for name, engine in engines.items())
@@ -79,7 +83,7 @@ def tei_function(engine: Engine, raw_scores: bool) -> str:
 @router.post("/predict", response_model=PredictResponse, responses=ERRORS)
 async def predict(body: PredictRequest, request: Request) -> Response:
     """Every label's score of each input, best first (TEI's /predict)."""
-    engine, recorder = served_head(request, "predict", one_label=False)
+    engine, recorder = served_head(request, "predict", CLASSIFY)
     items, single = predict_items(body.inputs)
     rows.check_count(request, len(items), "inputs")
     texts = [(f"inputs[{i}]" if isinstance(item, str) else f"inputs[{i}][{j}]", text)
@@ -104,13 +108,14 @@ async def _prepare_mixed(request: Request, engine: Engine, items: list[Item], fu
 @router.post("/rerank", response_model=TeiRerankResponse, responses=ERRORS)
 async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     """The texts by relevance to the query, best first (TEI's /rerank)."""
-    engine, recorder = served_head(request, "rerank", one_label=True)
-    rows.check_count(request, len(body.texts), "texts", rows.MAX_DOCUMENTS)
+    engine, recorder = served_head(request, "rerank", RERANK)
+    rows.check_count(request, len(body.texts), "texts", MAX_DOCUMENTS)
     rows.check_texts(request, engine, [("query", body.query)], "query", body.truncate)
     rows.check_texts(request, engine, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
                      body.truncate)
-    ranking, _ = await relevance(request, engine, body.query, body.texts, tei_function(engine, body.raw_scores),
-                                 body.truncate, "texts")
+    prepared = await rows.prepare(request, engine, rerank_pipeline.prepare, body.query, body.texts, None,
+                                  body.truncate, tei_function(engine, body.raw_scores), param="texts")
+    ranking = await rows.answer(request, engine, rerank_pipeline, prepared, "texts")
     ranks = [Rank(index=r["index"], text=body.texts[r["index"]] if body.return_text else None, score=r["score"])
              for r in ranking]
     return json_response(TeiRerankResponse(ranks), recorder)

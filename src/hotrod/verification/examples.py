@@ -1,6 +1,6 @@
 """Verification examples: what each task is checked on, read from a task file or built from plain texts.
 
-One file format per measure (`measure_of` picks it from the model's task and head):
+One file format per measure (`hotrod.verification.measures`; a task's spec names its measure):
 
 - generation, embeddings: `input[<TAB>target]`;
 - labels (text-classification): `text[<TAB>label]`, or `text<TAB>text_pair<TAB>label`; the label must be
@@ -16,17 +16,13 @@ made from the built-in sentences (`from_texts`), so any checkpoint verifies on w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotrod import tasks
 from hotrod.errors import HotrodError
-from hotrod.optimize.calibration import builtin_texts, read_lines
+from hotrod.verification.inputs import read_lines
 
-GENERATION, EMBEDDINGS, LABELS, RANKING, ENTITIES, ANSWERS = (
-    "generation", "embeddings", "labels", "ranking", "entities", "answers")
-PAIRED = (RANKING, ANSWERS)  # measures whose every example is a pair of texts
 DOCUMENTS_PER_QUERY = 4  # built-in reranking groups: one query, this many documents
 
 
@@ -40,18 +36,12 @@ class Example:
     pair: str | None = None
 
 
-def measure_of(task: str | None, label_count: int, generates: bool) -> str:
-    """What verification measures for a model: its task's own figures."""
-    if generates:
-        return GENERATION
-    if task == tasks.CLASSIFY:
-        return RANKING if label_count == 1 else LABELS
-    return {tasks.TOKENS: ENTITIES, tasks.ANSWER: ANSWERS}.get(task, EMBEDDINGS)
+Parser = Callable[[list[str], Sequence[str]], Example]  # a line's fields and the model's labels -> Example
 
 
-def read_examples(path: str | Path, measure: str = GENERATION, labels: Sequence[str] = ()) -> list[Example]:
-    """The examples of a task file for `measure`; `labels` are the model's, which a labelled line must name."""
-    parse = _PARSERS[measure]
+def read_examples(path: str | Path, parse: Parser, labels: Sequence[str] = ()) -> list[Example]:
+    """The examples of a task file, each line read by `parse`; `labels` are the model's, which a labelled
+    line must name."""
     examples = []
     for number, line in _numbered_lines(path):
         try:
@@ -63,22 +53,37 @@ def read_examples(path: str | Path, measure: str = GENERATION, labels: Sequence[
     return examples
 
 
-def builtin_examples(measure: str = GENERATION) -> list[Example]:
-    return from_texts(builtin_texts(), measure)
+def cleaned(texts: Sequence[str]) -> list[str]:
+    return [t.strip() for t in texts if t.strip()]
 
 
-def from_texts(texts: Sequence[str], measure: str) -> list[Example]:
-    """Examples for `measure` from plain texts: pair measures pair them up (`text<TAB>pair` lines are kept
-    as the pairs they are); the others take each text as it is."""
-    texts = [t.strip() for t in texts if t.strip()]
-    if measure in (*PAIRED, LABELS) and texts and all("\t" in t for t in texts):
+def tab_pairs(texts: Sequence[str]) -> list[Example] | None:
+    """`text<TAB>pair` lines as the pairs they are, when every text is one."""
+    if texts and all("\t" in t for t in texts):
         return [Example(a.strip(), pair=b.strip()) for a, _, b in (t.partition("\t") for t in texts)]
-    if measure == RANKING:
-        return _ranking_groups(texts)
-    if measure == ANSWERS:
-        return [Example(_question_about(texts[i + 1]), pair=f"{texts[i]} {texts[i + 1]}")
-                for i in range(len(texts) - 1)] or [Example(_question_about(t), pair=t) for t in texts]
-    return [Example(t) for t in texts]
+    return None
+
+
+def singles(texts: Sequence[str]) -> list[Example]:
+    return [Example(t) for t in cleaned(texts)]
+
+
+def labelled_texts(texts: Sequence[str]) -> list[Example]:
+    texts = cleaned(texts)
+    return tab_pairs(texts) or [Example(t) for t in texts]
+
+
+def ranking_texts(texts: Sequence[str]) -> list[Example]:
+    texts = cleaned(texts)
+    return tab_pairs(texts) or _ranking_groups(texts)
+
+
+def answer_texts(texts: Sequence[str]) -> list[Example]:
+    """Question + context examples: each sentence asked about within it and the sentence before."""
+    texts = cleaned(texts)
+    return tab_pairs(texts) or ([Example(_question_about(texts[i + 1]), pair=f"{texts[i]} {texts[i + 1]}")
+                                 for i in range(len(texts) - 1)] or [Example(_question_about(t), pair=t)
+                                                                     for t in texts])
 
 
 def _ranking_groups(texts: list[str]) -> list[Example]:
@@ -98,13 +103,13 @@ def _question_about(sentence: str) -> str:
 # -- one parser per measure: fields of one line -> Example, or ValueError naming what is wrong ---------
 
 
-def _plain(fields: list[str], labels: Sequence[str]) -> Example:
+def plain(fields: list[str], labels: Sequence[str]) -> Example:
     text, target = fields[0].strip(), "\t".join(fields[1:]).strip()
     _require(text, "the input is empty")
     return Example(text, target or None)
 
 
-def _labelled(fields: list[str], labels: Sequence[str]) -> Example:
+def labelled(fields: list[str], labels: Sequence[str]) -> Example:
     if len(fields) > 3:
         raise ValueError(f"expected text<TAB>label or text<TAB>text_pair<TAB>label, got {len(fields)} fields")
     text, pair = fields[0].strip(), fields[1].strip() if len(fields) == 3 else None
@@ -115,7 +120,7 @@ def _labelled(fields: list[str], labels: Sequence[str]) -> Example:
     return Example(text, label or None, pair)
 
 
-def _ranked(fields: list[str], labels: Sequence[str]) -> Example:
+def ranked(fields: list[str], labels: Sequence[str]) -> Example:
     if len(fields) not in (2, 3):
         raise ValueError(f"expected query<TAB>document[<TAB>score], got {len(fields)} field(s)")
     query, document = fields[0].strip(), fields[1].strip()
@@ -129,13 +134,13 @@ def _ranked(fields: list[str], labels: Sequence[str]) -> Example:
     return Example(query, score or None, document)
 
 
-def _tagged(fields: list[str], labels: Sequence[str]) -> Example:
+def tagged(fields: list[str], labels: Sequence[str]) -> Example:
     if len(fields) != 1:
         raise ValueError("token-classification examples are plain texts, one per line, without tabs")
     return Example(fields[0].strip())
 
 
-def _answered(fields: list[str], labels: Sequence[str]) -> Example:
+def answered(fields: list[str], labels: Sequence[str]) -> Example:
     if len(fields) not in (2, 3):
         raise ValueError(f"expected question<TAB>context[<TAB>answer], got {len(fields)} field(s)")
     question, context = fields[0].strip(), fields[1].strip()
@@ -147,10 +152,6 @@ def _answered(fields: list[str], labels: Sequence[str]) -> Example:
 def _require(condition, message: str) -> None:
     if not condition:
         raise ValueError(message)
-
-
-_PARSERS = {GENERATION: _plain, EMBEDDINGS: _plain, LABELS: _labelled, RANKING: _ranked, ENTITIES: _tagged,
-            ANSWERS: _answered}
 
 
 def _numbered_lines(path: str | Path) -> list[tuple[int, str]]:

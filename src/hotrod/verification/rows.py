@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hotrod.errors import HotrodError
-from hotrod.optimize.calibration import token_rows
 from hotrod.pipelines import answer
-from hotrod.pipelines.base import Row
+from hotrod.pipelines.base import Row, encode
+from hotrod.verification.inputs import token_rows
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,6 @@ def example_rows(model, examples: Sequence) -> list[Row]:
         raise HotrodError("the examples mix single texts and text pairs; verify one kind at a time")
     texts = [e.text for e in examples]
     if model.tokenizer is not None:
-        from hotrod.pipelines.base import encode
-
         return encode(model, texts, None if pairs[0] is None else pairs, truncate=True)
     if pairs[0] is None:
         return [Row(ids) for ids in token_rows(model, texts)]
@@ -70,12 +68,7 @@ def _joined(model, first: list[int], second: list[int]) -> Row:
 
 
 def task_rows(model, texts: Sequence[str]) -> list[Row]:
-    """The rows of plain `texts` as the model's task sees them (`examples.from_texts`): calibration's
+    """The rows of plain `texts` as the model's task sees them (its measure's examples of them): calibration's
     inputs for encoder heads (pairs for cross-encoders, question + context windows for readers)."""
-    from hotrod.verification.examples import ANSWERS, from_texts, measure_of
-
-    measure = measure_of(model.task, model.dims.num_labels, model.spec.generates)
-    examples = from_texts(texts, measure)
-    if measure == ANSWERS:
-        return answer_rows(model, examples)
-    return [row for row in example_rows(model, examples) if len(row)]
+    measure = model.task_spec.measure
+    return [row for row in measure.rows(model, measure.from_texts(texts)) if len(row)]

@@ -1,8 +1,8 @@
 """llama.cpp as a bench peer, in a process of its own (started with hotrod's own Python).
 
 llama.cpp runs its threads with GNU OpenMP, and CTranslate2 brings Intel's OpenMP runtime: once both
-are loaded in one process, llama.cpp's parallel regions ran about 2.5x slower on a 2-core machine
-(0.32 s against 0.80 s for W1 at Q4_0, with nothing else running). Each peer with a native runtime of its
+are loaded in one process, llama.cpp's parallel regions ran several times slower (the two runtimes'
+threads contend for the same cores). Each peer with a native runtime of its
 own is therefore timed in its own process, as the OpenVINO worker is.
 """
 

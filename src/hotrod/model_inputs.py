@@ -1,0 +1,84 @@
+"""What a HotrodModel takes as input, checked before any graph runs: token id batches, masks, token types
+and the rows `embed` reads, each refusal one line naming what is wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hotrod.errors import HotrodError
+from hotrod.registry import Dims
+
+
+def token_ids(input_ids: Any, dims: Dims, check_length: bool = True) -> torch.Tensor:
+    """A [batch, length] LongTensor on the CPU of ids within the vocabulary (and the positions)."""
+    if input_ids is None:
+        raise HotrodError("input_ids is required")
+    try:
+        ids = torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError):
+        raise HotrodError("input_ids must be a rectangular batch of token ids (pad shorter prompts)") from None
+    if ids.dim() == 1:
+        ids = ids[None, :]
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise HotrodError(f"input_ids must be a 2-D tensor of token ids, got shape {tuple(ids.shape)} {ids.dtype}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise HotrodError("empty prompt")
+    ids = ids.long().cpu()
+    if int(ids.min()) < 0 or int(ids.max()) >= dims.vocab_size:
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise HotrodError(f"token id {bad} is outside the vocabulary (0..{dims.vocab_size - 1})")
+    if check_length and dims.max_positions is not None and ids.shape[1] > dims.max_positions:
+        raise HotrodError(f"prompt of {ids.shape[1]} tokens is longer than the model's {dims.max_positions} positions")
+    return ids
+
+
+def check_row(row: Sequence[int], dims: Dims) -> None:
+    token_ids(torch.tensor([row], dtype=torch.long) if row else torch.zeros(1, 0, dtype=torch.long), dims)
+
+
+def as_long(tensor: Any, shape: Sequence[int]) -> torch.Tensor:
+    """A mask (or token types) of `shape`, as a LongTensor on the CPU."""
+    tensor = torch.as_tensor(tensor).long().cpu()
+    if tensor.dim() == 1:
+        tensor = tensor[None, :]
+    if tuple(tensor.shape) != tuple(shape):
+        raise HotrodError(f"mask shape {tuple(tensor.shape)} does not match input_ids {tuple(shape)}")
+    return tensor
+
+
+def token_types(token_type_ids: Any, shape: Sequence[int], dims: Dims) -> torch.Tensor:
+    """Token types within the model's table; a model without one (type_vocab_size 0) takes only zeros."""
+    types = as_long(token_type_ids, shape)
+    count = max(dims.type_vocab_size, 1)
+    outside = types[(types < 0) | (types >= count)]
+    if outside.numel():
+        takes = f"token types 0 .. {count - 1}" if count > 1 else "token type 0 only"
+        raise HotrodError(f"token_type_ids holds {int(outside[0])}, but this model takes {takes}")
+    return types
+
+
+def embed_rows(texts_or_ids: Any, tokenizer: Any, dims: Dims) -> list[list[int]]:
+    """The token rows `embed` reads: texts (tokenized, cut to the positions), one row of ids, or rows."""
+    if isinstance(texts_or_ids, str):
+        texts_or_ids = [texts_or_ids]
+    if isinstance(texts_or_ids, torch.Tensor):
+        texts_or_ids = texts_or_ids.tolist() if texts_or_ids.dim() == 2 else [texts_or_ids.tolist()]
+    items = list(texts_or_ids)
+    if items and all(isinstance(t, int) for t in items):  # one row of ids
+        items = [items]
+    if not items:
+        raise HotrodError("nothing to embed")
+    if all(isinstance(t, str) for t in items):
+        if tokenizer is None:
+            raise HotrodError("this model has no tokenizer; pass token ids instead of text")
+        if any(not t.strip() for t in items):
+            raise HotrodError("empty text")
+        limit = dims.max_positions or None
+        items = tokenizer(items, truncation=limit is not None, max_length=limit)["input_ids"]
+    rows = [list(map(int, r)) for r in items]
+    for row in rows:
+        check_row(row, dims)
+    return rows
