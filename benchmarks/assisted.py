@@ -1,5 +1,5 @@
 """Prompt lookup decoding on an input-grounded workload with real weights: the generating demo models
-(`hotrod.demo_models`: GPT-2 writing a sentence's numbers in digits, which copies the rest of the sentence;
+(`hotrod.demo.models`: GPT-2 writing a sentence's numbers in digits, which copies the rest of the sentence;
 GPT-2 turning number words into digits and T5 rewriting dates, which copy little), greedy at batch 1 over
 their held-out examples, with and without drafting.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import hotrod
-from hotrod.demo_models import DEMO_MODELS, demo_model
+from hotrod.demo.models import DEMO_MODELS, demo_model
 from hotrod.generation import config as gen_config
 from hotrod.generation.lookup import Lookup
 from hotrod.model import torch_threads

@@ -30,14 +30,14 @@ from hotrod.artifact import MANIFEST
 from hotrod.bench import harness
 from hotrod.bench.floor import machine
 from hotrod.bench.workloads import WORKLOADS, Workload
-from hotrod.load import cache_dir
 from hotrod.runtime.base import cpu_threads
+from hotrod.source import cache_dir
 
 
 def passing_precisions(workload: Workload, max_drop: float) -> tuple[list[str], str]:
     """Precisions that met the accuracy budget on the workload family's trained demo model."""
-    from hotrod.demo import demo_artifact
-    from hotrod.demo_models import demo_model
+    from hotrod.demo.models import demo_model
+    from hotrod.demo.run import demo_artifact
 
     artifact = demo_artifact(demo_model(workload.accuracy_model), cache_dir() / "demo", max_drop)
     rows = json.loads((artifact / MANIFEST).read_text())["auto"]["candidates"]

@@ -46,7 +46,7 @@ def w7_texts() -> tuple[Path, str, list[str]]:
     from hotrod.bench.case import Case
     from hotrod.bench.vocab import texts
     from hotrod.bench.workloads import WORKLOADS, checkpoint
-    from hotrod.load import cache_dir
+    from hotrod.source import cache_dir
 
     w = WORKLOADS["W7"]
     source = checkpoint(w, cache_dir() / "bench" / "checkpoints")

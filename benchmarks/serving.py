@@ -88,7 +88,7 @@ def build_artifact(precision: str) -> Path:
     `hotrod bench` keeps its builds (`hotrod.bench.harness.cached_artifact`), so either reuses the other's."""
     from hotrod.bench.harness import cached_artifact
     from hotrod.bench.workloads import WORKLOADS, checkpoint
-    from hotrod.load import cache_dir
+    from hotrod.source import cache_dir
 
     return cached_artifact(checkpoint(WORKLOADS["W1"], cache_dir() / "bench" / "checkpoints"), precision,
                            progress=True)

@@ -3,7 +3,7 @@
   minilm-intents  BertForSequenceClassification: a short request to an assistant -> one of ten intents
   minilm-ner      BertForTokenClassification: people and places in a sentence (O, B/I-PER, B/I-LOC)
 
-The backbone is frozen except its last layer, so what ships (`hotrod.demo_models.heads`) is that layer and
+The backbone is frozen except its last layer, so what ships (`hotrod.demo.models.head_weights`) is that layer and
 the head: a few MB instead of the package's 90. The data comes from `demo_head_data.py`, seeded; the held-out
 set's names, cities, songs... never occur in training. Accuracy is measured in fp32 with transformers'
 pipeline, the reference `hotrod demo` compares hotrod with, and recorded in demo.json.
@@ -23,8 +23,8 @@ from pathlib import Path
 import demo_head_data as data
 import torch
 
-from hotrod.demo_models import DEMO_MODELS
-from hotrod.demo_models.heads import HEAD_WEIGHTS, assemble, changed_tensors
+from hotrod.demo.models import DEMO_MODELS
+from hotrod.demo.models.head_weights import HEAD_WEIGHTS, assemble, changed_tensors
 from hotrod.tasks.constants import CLASSIFY
 
 TRAINABLE = ("bert.encoder.layer.5.", "bert.pooler.", "classifier.")  # the last layer and the head
@@ -145,7 +145,7 @@ def _cycle(items: list, size: int) -> Callable[[int], list]:
 
 def heldout_scores(checkpoint: Path, task: str, pairs: list[tuple[str, str]]) -> dict[str, float]:
     """Intent accuracy, or the tagger's entity F1 and sentences with every entity right, from the pipeline."""
-    from hotrod import demo_heads
+    from hotrod.demo import trained_heads as demo_heads
 
     texts, targets = [t for t, _ in pairs], [t for _, t in pairs]
     pipe = demo_heads.reference_pipeline(checkpoint, task)
@@ -166,7 +166,7 @@ def build_head(key: str, out_root: Path, seed: int, steps: int | None, heldout_s
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer, BertForSequenceClassification, BertForTokenClassification
 
-    from hotrod.load import weights_sha256
+    from hotrod.source import weights_sha256
 
     recipe = HEAD_RECIPES[key]
     recipe = HeadRecipe(recipe.name, recipe.architecture, steps or recipe.steps, recipe.batch_size, recipe.lr)

@@ -1,4 +1,4 @@
-"""Train the small demo models that ship in `src/hotrod/demo_models/`.
+"""Train the small demo models that ship in `src/hotrod/demo/models/`.
 
 Accuracy can only be judged on trained weights, and the demo must work offline, so hotrod ships three tiny
 models trained on synthetic tasks whose answers can be checked exactly:
@@ -41,7 +41,7 @@ import itn_sentences
 import torch
 from train_demo_heads import HEAD_RECIPES, build_head
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "src" / "hotrod" / "demo_models"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "src" / "hotrod" / "demo" / "models"
 
 # ---------------------------------------------------------------------------------------------------------
 # English number words, shared by both tasks

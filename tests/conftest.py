@@ -53,9 +53,9 @@ def fill_disk(monkeypatch):
     import errno
     import os
 
-    import hotrod.build
+    import hotrod.build.graphs
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    return lambda: monkeypatch.setattr(hotrod.build, "write_configs", full)
+    return lambda: monkeypatch.setattr(hotrod.build.graphs, "write_configs", full)

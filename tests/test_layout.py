@@ -1,4 +1,4 @@
-"""The code's shape: no module imports itself back, directly or through others.
+"""The code's shape: no module imports itself back, directly or through others, and none is long.
 
 The graph is read from the source with `ast`, nothing imported: every `.py` under src/hotrod and
 benchmarks/, and every import in it, those inside functions too (they run, only later), but not those
@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "hotrod"
@@ -171,22 +169,45 @@ def test_the_checker_sees_imports_inside_functions_but_not_type_checking_blocks(
     assert a_cycle(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
 
 
-# Modules being untangled elsewhere in the same refactor: a cycle through one of them is reported as an
-# expected failure until it is gone; any other cycle fails. Empty this when they are.
-UNTANGLING = ("hotrod.tasks", "hotrod.registry", "hotrod.models", "hotrod.kinds", "hotrod.contracts",
-              "hotrod.verification", "hotrod.optimize.calibration", "hotrod.demo", "hotrod.demo_heads",
-              "hotrod.pipelines")
-
-
-def _untangling(module: str) -> bool:
-    return any(module == name or module.startswith(name + ".") for name in UNTANGLING)
-
-
 def test_no_import_cycles():
     graph = import_graph()
     assert "hotrod.runtime.static" in graph and "benchmarks.serve_load" in graph
-    components = strongly_connected(graph)
-    found = "modules that import each other:\n" + "\n".join(cycles_report(graph))
-    assert all(any(_untangling(m) for m in c) for c in components), found
-    if components:
-        pytest.xfail(f"cycles through modules still being untangled ({', '.join(UNTANGLING)}); {found}")
+    assert not strongly_connected(graph), "modules that import each other:\n" + "\n".join(cycles_report(graph))
+
+
+LONGEST = 400  # lines a module of the package may have: past it, it holds more than one thing
+
+
+def test_every_module_is_short():
+    long = {str(path.relative_to(ROOT)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > LONGEST}
+    assert not long, f"modules over {LONGEST} lines: {long}"
+
+
+# Where a task's, a kind's or a precision's name may be compared: their registries, and the peers' workers,
+# which run in environments of their own and map hotrod's names to their tools' formats.
+REGISTRIES = ("tasks", "kinds.py", "precisions.py", "registry.py", "bench/workers", "bench/openvino_peer.py",
+              "bench/llamacpp.py", "bench/floor.py")
+
+
+def _names_compared(tree: ast.AST, names: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, name) of every comparison of a value with a registered name (or a tuple/list/set of them)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            items = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+            for item in items:
+                if isinstance(item, ast.Constant) and item.value in names:
+                    yield node.lineno, item.value
+
+
+def test_names_are_compared_only_in_their_registries():
+    from hotrod import kinds, precisions, tasks
+
+    names = {*tasks.names(lambda spec: True), *kinds.KINDS, *precisions.names()}
+    found = [f"{path.relative_to(PACKAGE)}:{line} compares {name!r}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if not str(path.relative_to(PACKAGE)).startswith(REGISTRIES)
+             for line, name in _names_compared(ast.parse(path.read_text(encoding="utf-8")), names)]
+    assert not found, "\n".join(found)

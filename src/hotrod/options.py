@@ -58,7 +58,7 @@ class OptimizeOptions:
     """
 
     precision: str = "fp32"
-    backend: str = "onnxruntime"  # or "torch": the static engine's weights (`hotrod.engine`)
+    backend: str = "onnxruntime"  # or "torch": the static engine's weights (`hotrod.build.static_engine`)
     device: str = "cpu"
     fusion: bool = True
     calibration: Texts = None

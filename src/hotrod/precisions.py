@@ -248,6 +248,7 @@ class Fp8(Precision):
         return refusal(device)
 
 
+REFERENCE = "fp32"  # the precision every other is measured against: the export as it is, converted to nothing
 REGISTRY: dict[str, Precision] = {p.name: p for p in (
     Full(name="fp32", weight_bytes=4.0, engine=True, torch_dtype="float32"),
     # fp16 tops out at 65504 (T5's feed-forward blocks pass it): the engine keeps those modules in fp32.

@@ -4,7 +4,7 @@ Between two timed calls the machine is left idle for a moment: thread pools (Ope
 keep spinning for a while after their work ends, and without the pause one system's spinning threads
 would be timed as part of the next system's run.
 
-It sits below both `hotrod.auto` (which times its candidates) and `hotrod.bench` (which times hotrod
+It sits below both `hotrod.build.auto` (which times its candidates) and `hotrod.bench` (which times hotrod
 against its peers), so that choosing a precision does not import the benchmark.
 """
 

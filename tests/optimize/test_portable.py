@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.load import cache_dir
 from hotrod.serve.protocol import Params
 from hotrod.serve.runner import GenerationRunner
+from hotrod.source import cache_dir
 from tests.zoo import CASES, LM_CASES, assert_same_tokens, build_checkpoint, prompt_batch
 
 DECODERS = [name for name, case in CASES.items() if case.kind == "decoder"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hotrod import engine
+from hotrod.build import static_engine
 from hotrod.runtime import fp8
 from hotrod.runtime.cast import quantize_linears
 from hotrod.runtime.fp8 import E4M3, E4M3_MAX, Fp8Linear, dequantize, quantize, reference_linear
@@ -79,8 +79,8 @@ def test_fp8_weights_survive_the_engine_artifacts_file(tmp_path):
         nn.init.normal_(parameter, std=0.05)
     module = prepare(module, options)
     assert isinstance(module.transformer.h[0].mlp.c_fc, Fp8Linear)
-    engine.write_weights(module, tmp_path / engine.WEIGHTS)
-    read = engine.read_weights(tmp_path / engine.WEIGHTS, family, config, options)
+    static_engine.write_weights(module, tmp_path / static_engine.WEIGHTS)
+    read = static_engine.read_weights(tmp_path / static_engine.WEIGHTS, family, config, options)
     for (name, stored), (_, back) in zip(module.state_dict().items(), read.state_dict().items(), strict=True):
         assert back.dtype == stored.dtype and torch.equal(back.float(), stored.float()), name
 

@@ -60,8 +60,8 @@ def test_a_repeated_generate_replays_what_it_recorded(zoo, lm_case):
 
 
 def test_fp16_islands_of_an_overflowing_t5_are_measured_and_kept(zoo, tmp_path):
-    from hotrod.build import build_module
-    from hotrod.load import open_source
+    from hotrod.build.graphs import build_module
+    from hotrod.source import open_source
 
     module = build_module(open_source(zoo.checkpoint("t5_v1_1")))
     block = module.decoder.block[1].layer[-1].DenseReluDense

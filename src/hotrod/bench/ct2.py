@@ -20,7 +20,7 @@ import torch
 
 from hotrod.bench.case import Case
 from hotrod.bench.runners import System, dir_size
-from hotrod.load import cache_dir, source_fingerprint
+from hotrod.source import cache_dir, source_fingerprint
 
 QUANTIZATIONS = {"fp32": "float32", "int8": "int8"}
 GPU_QUANTIZATIONS = {**QUANTIZATIONS, "fp16": "float16"}  # CTranslate2 has fp16 kernels on CUDA only

@@ -22,7 +22,7 @@ import torch
 
 from hotrod import precisions
 from hotrod.kinds import spec as kind_spec
-from hotrod.load import cache_dir
+from hotrod.source import cache_dir
 
 EMBEDDING_NAMES = ("embed", "wte", "wpe", "shared", "relative_attention_bias")
 

@@ -32,8 +32,8 @@ from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pyt
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError, first_line
 from hotrod.kinds import spec as kind_spec
-from hotrod.load import cache_dir, open_source
 from hotrod.options import PRECISIONS, check_choice
+from hotrod.source import cache_dir, open_source
 from hotrod.timing import interleaved, synchronized
 
 PEERS = peer_systems.PEERS
@@ -238,7 +238,7 @@ def cached_artifact(source: str | Path, precision: str, device: str = "cpu", pro
     import hashlib
 
     import hotrod
-    from hotrod.build import code_fingerprint
+    from hotrod.build.graphs import code_fingerprint
 
     built_for = "" if device == "cpu" else f"|{device}"
     tag = hashlib.sha256(f"{source}|{precision}{built_for}|{code_fingerprint()}".encode()).hexdigest()[:16]

@@ -18,7 +18,7 @@ import torch
 from hotrod.bench.case import Case
 from hotrod.bench.remote import Worker, environment_problem
 from hotrod.bench.runners import System, dir_size
-from hotrod.load import cache_dir
+from hotrod.source import cache_dir
 
 ENVIRONMENT = "HOTROD_INFINITY_PYTHON"
 

@@ -25,7 +25,7 @@ from hotrod.bench.case import Case
 from hotrod.bench.remote import Worker
 from hotrod.bench.runners import System
 from hotrod.kinds import spec as kind_spec
-from hotrod.load import cache_dir, source_fingerprint
+from hotrod.source import cache_dir, source_fingerprint
 
 # Each format, and the hotrod precision whose hardware floor it is held to.
 FORMATS = {"Q8_0": "int8-weight", "Q4_0": "int4", "Q4_K_M": "int4"}

@@ -27,7 +27,7 @@ import torch
 from hotrod.bench.case import Case
 from hotrod.bench.remote import Worker, environment_problem
 from hotrod.bench.runners import System, head_answer
-from hotrod.load import cache_dir, source_fingerprint
+from hotrod.source import cache_dir, source_fingerprint
 
 ENVIRONMENT = "HOTROD_OPENVINO_PYTHON"
 # Each format, and the hotrod precision whose hardware floor it is held to. The bench times, for language

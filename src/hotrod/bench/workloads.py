@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hotrod.load import cache_dir
+from hotrod.source import cache_dir
 
 
 def _gpt2():

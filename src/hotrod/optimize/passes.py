@@ -1,4 +1,4 @@
-"""The pass pipeline for one exported graph, in the order the design fixes.
+"""The passes one exported graph goes through; `hotrod.build.graphs` runs them, in its one pass order.
 
 `fuse_graph` runs on the fp32 export; `lower_graph` then applies the precision (`hotrod.precisions`):
 mixed precision (fp16/bf16) or quantization (int8 dynamic or static, int8/int4 weight-only). Each

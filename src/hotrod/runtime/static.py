@@ -81,7 +81,7 @@ class StaticBackend:
     def __init__(self, module: torch.nn.Module, contracts: dict[str, GraphIO], options: EngineOptions,
                  prepared: bool = False):
         """`module` in fp32, or already in the options' precision when `prepared` (read from an engine
-        artifact, `hotrod.engine`)."""
+        artifact, `hotrod.build.static_engine`)."""
         self.contracts, self.options = contracts, options
         self.torch_device = torch.device(options.device)
         self.device = self.torch_device.type

@@ -8,5 +8,5 @@
 
 `examples` reads the task files and builds the built-in examples, `rows` turns examples into the rows
 a head sees (shared with int8-static calibration), `metrics` holds the pure task metrics.
-`hotrod.verify.compare` picks the comparer.
+`compare.compare` runs the model's measure; `measures` holds one per task.
 """

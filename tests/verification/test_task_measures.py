@@ -11,9 +11,9 @@ import torch
 import hotrod
 from hotrod.cli import main
 from hotrod.verification import metrics
+from hotrod.verification.compare import compare
 from hotrod.verification.inputs import builtin_texts
 from hotrod.verification.measures import ANSWERS, ENTITIES, LABELS, RANKING
-from hotrod.verify import compare
 from tests.zoo import CASES, HEAD_CASES, build_checkpoint, head_case
 
 SCORE_NAMES = {"text-classification": "label agreement", "token-classification": "entity F1",
@@ -148,7 +148,7 @@ def test_calibration_sees_the_task_inputs(checkpoints):
 
 def test_auto_budgets_on_the_task_score(checkpoints, tmp_path):
     """A candidate whose labels are wrong is rejected by label agreement and never kept, however fast."""
-    from hotrod import auto
+    from hotrod.build import auto
 
     model = hotrod.load(checkpoints["labels"])
     reference = hotrod.load(checkpoints["labels"], backend="torch")

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from hotrod import demo_heads
-from hotrod.demo_models import DEMO_MODELS, demo_model
-from hotrod.demo_models.heads import HEAD_WEIGHTS, check_base
+from hotrod.demo import trained_heads as demo_heads
+from hotrod.demo.models import DEMO_MODELS, demo_model
+from hotrod.demo.models.head_weights import HEAD_WEIGHTS, check_base
 from hotrod.errors import HotrodError
 
 HEADS = [name for name, model in DEMO_MODELS.items() if model.task]

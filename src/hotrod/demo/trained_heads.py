@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hotrod.artifact import MANIFEST, is_artifact
-from hotrod.build import code_fingerprint
-from hotrod.demo_models import DemoModel
-from hotrod.load import weights_sha256
+from hotrod.build.graphs import code_fingerprint
+from hotrod.demo.models import DemoModel
+from hotrod.demo.report import DemoResult
 from hotrod.pipelines.base import Row
+from hotrod.source import weights_sha256
 from hotrod.tasks.constants import CLASSIFY, TOKENS
 from hotrod.timing import interleaved, median
 
@@ -29,8 +30,7 @@ SHOWN = 3  # answers printed side by side
 
 
 def run_head(demo: DemoModel, root: Path, runs: int, progress: bool = True) -> list:
-    """One DemoResult per precision (`hotrod.demo.DemoResult`): accuracy and time against the pipeline."""
-    from hotrod.demo import DemoResult
+    """One DemoResult per precision (`hotrod.demo.report.DemoResult`): accuracy and time against the pipeline."""
 
     source = demo.path()
     pairs = demo.examples()

@@ -7,7 +7,7 @@ modules that overflow it stay in fp32: they are measured once, on the fp32 model
 texts (`hotrod.runtime.cast.overflowing_modules`), and the manifest names them, so a load measures
 nothing again: the module is rebuilt in the stored shape and the stored tensors go into it.
 
-`EngineBuild` is what `hotrod.api.optimize` drives for the torch backend, as it drives `api._Lowering`
+`EngineBuild` is what `hotrod.build.optimize` drives for the torch backend, as it drives `hotrod.build.onnx.OnnxBuild`
 for onnxruntime's graphs: both write a precision into a directory, give a model over it (for
 verification and `--precision auto`), keep the chosen one and describe it for the manifest.
 """
@@ -21,17 +21,18 @@ from pathlib import Path
 import torch
 
 from hotrod import artifact as art
-from hotrod import build, precisions
+from hotrod import precisions
+from hotrod.build import graphs
 from hotrod.errors import HotrodError, first_line
 from hotrod.files import inside
 from hotrod.kinds import spec as kind_spec
-from hotrod.load import Source, load_generation_config, load_tokenizer, read_config
 from hotrod.model import HotrodModel
 from hotrod.models import get_family
 from hotrod.options import ExportOptions, OptimizeOptions
 from hotrod.registry import Family
 from hotrod.runtime.base import cpu_threads
 from hotrod.runtime.static import EngineOptions, StaticBackend, prepare
+from hotrod.source import Source, load_generation_config, load_tokenizer, read_config
 
 WEIGHTS = "engine.safetensors"
 ISLAND_TEXTS = 16  # the calibration texts they are measured on, at most
@@ -59,7 +60,7 @@ def has_device(device: str) -> bool:
     return device == "cpu" or (device == "cuda" and torch.cuda.is_available())
 
 
-class EngineBuild(build.Builder):
+class EngineBuild(graphs.Builder):
     """The torch engine's weights for `src`, in any engine precision, built in `base` (the staging directory).
 
     `fp32` gives the fp32 model the islands are measured on (the verification reference, where there is one).
@@ -68,8 +69,8 @@ class EngineBuild(build.Builder):
     def __init__(self, src: Source, options: OptimizeOptions, base: Path, texts: list[str],
                  fp32: Callable[[], HotrodModel]):
         self.src, self.options, self.base, self.texts = src, options, base, texts
-        self.files = build.write_configs(src, base)
-        self.described = build.describe_source(src)
+        self.files = graphs.write_configs(src, base)
+        self.described = graphs.describe_source(src)
         self._fp32 = fp32
         self._islands: list[str] | None = None
 
@@ -82,7 +83,7 @@ class EngineBuild(build.Builder):
         """Write `precision`'s weights in `directory`; returns the manifest's "engine" section."""
         islands = self.islands() if precisions.get(precision).measures_islands else []
         options = EngineOptions(device="cpu", precision=precision, keep_fp32=tuple(islands))
-        write_weights(prepare(build.build_module(self.src), options), directory / WEIGHTS)
+        write_weights(prepare(graphs.build_module(self.src), options), directory / WEIGHTS)
         return {"weights": WEIGHTS, "precision": precision, "islands": islands}
 
     def model(self, directory: Path, section: dict, device: str) -> HotrodModel:
@@ -97,7 +98,7 @@ class EngineBuild(build.Builder):
 
     def manifest(self, export: ExportOptions, section: dict, **extra) -> dict:
         files = {**self.files, WEIGHTS: art.file_entry(self.base, WEIGHTS)}
-        return build.manifest(self.described, export, {}, files, engine=section, **extra)
+        return graphs.manifest(self.described, export, {}, files, engine=section, **extra)
 
 
 def write_weights(module: torch.nn.Module, file: Path) -> None:

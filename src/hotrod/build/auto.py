@@ -2,7 +2,7 @@
 
 For onnxruntime the fp32 export is built once and each candidate is that export lowered to one precision
 in its own directory; for the torch engine a candidate is the engine's weights in one precision
-(`hotrod.engine`). Each is verified against the source (`hotrod.verify`) and timed on this machine,
+(`hotrod.build.static_engine`). Each is verified against the source (`hotrod.verification.compare`) and timed on this machine,
 interleaved with the others so drift hits all alike. A candidate passes when its score drops by at most `max_drop` below the
 source's own (task exact match when a language model's examples carry targets, else agreement with the
 source on the task's measure: generations, embeddings, labels, rankings, entities or answers). The
@@ -22,10 +22,10 @@ import torch
 
 from hotrod import tasks
 from hotrod.errors import HotrodError, first_line
-from hotrod.precisions import REGISTRY
+from hotrod.precisions import REFERENCE, REGISTRY
 from hotrod.timing import interleaved, median
+from hotrod.verification.compare import Example, Remembered, compare, measure
 from hotrod.verification.inputs import token_rows
-from hotrod.verify import Example, Remembered, compare, measure
 
 TIMING_RUNS = 3
 TIMED_EXAMPLES = 4
@@ -83,7 +83,7 @@ def _time(models: dict[str, Any], table: list[Candidate], examples: Sequence[Exa
         raise HotrodError("no candidate precision could be built")
     workload = _workload(next(iter(models.values())), examples)
     times = interleaved({p: (lambda m=m: workload(m)) for p, m in models.items()}, runs=TIMING_RUNS, settle=0.05)
-    base = median(times["fp32"]) if "fp32" in times else None
+    base = median(times[REFERENCE]) if REFERENCE in times else None
     for candidate in table:
         if candidate.precision in times:
             candidate.seconds = median(times[candidate.precision])
@@ -132,11 +132,11 @@ def _pick(table: list[Candidate], max_drop: float) -> Candidate:
         return winner
     measured = [c for c in table if c.drop is not None]
     closest = min(measured, key=lambda c: c.drop) if measured else None
-    fallback = next((c for c in table if c.precision == "fp32" and c.figures is not None), None)
+    fallback = next((c for c in table if c.precision == REFERENCE and c.figures is not None), None)
     if fallback is None:
-        raise HotrodError("no candidate precision could be built and verified, not even fp32")
+        raise HotrodError(f"no candidate precision could be built and verified, not even {REFERENCE}")
     note = f"; closest was {closest.precision} (drop {closest.drop:.4f})" if closest else ""
-    warnings.warn(f"no candidate met --max-drop {max_drop}{note}; keeping fp32", stacklevel=2)
+    warnings.warn(f"no candidate met --max-drop {max_drop}{note}; keeping {REFERENCE}", stacklevel=2)
     fallback.status, fallback.reason = "kept", f"no candidate met the budget{note}"
     return fallback
 

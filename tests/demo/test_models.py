@@ -1,4 +1,4 @@
-"""The demo models: the trained checkpoints shipped in hotrod/demo_models still give their measured answers.
+"""The demo models: the trained checkpoints shipped in hotrod/demo/models still give their measured answers.
 
 They are what the quantized precisions are judged on, so a checkpoint that no longer loads, grew past the
 size budget, or stopped answering its held-out examples must fail here rather than in `hotrod demo`.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.demo_models import DEMO_MODELS, demo_model
+from hotrod.demo.models import DEMO_MODELS, demo_model
 from hotrod.errors import HotrodError
 
 TRAINED = [name for name, model in DEMO_MODELS.items() if model.kind != "encoder"]

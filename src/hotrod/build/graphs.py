@@ -1,6 +1,6 @@
 """The steps that build an artifact directory, in order: export + fuse, lower precision, describe.
 
-`hotrod.api.optimize` strings them together (and `--precision auto` runs the last steps once per
+`hotrod.build.optimize` strings them together (and `--precision auto` runs the last steps once per
 candidate); each step works on a directory and returns the manifest entries it produced.
 """
 
@@ -20,12 +20,12 @@ from hotrod import artifact as art
 from hotrod import precisions
 from hotrod.export import export_graph
 from hotrod.kinds import spec as kind_spec
-from hotrod.load import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.optimize import cpu_attention_graph, fuse_graph, lower_graph, note_fp32_ops, portable_graph
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts, kernel_runs
 from hotrod.options import ExportOptions, OptimizeOptions
 from hotrod.precisions import Precision
+from hotrod.source import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.tasks import TASK_KEY, labels
 
 GRAPH_SUFFIXES = (".onnx", ".onnx.data")
@@ -184,9 +184,9 @@ def manifest(described: dict, options: ExportOptions, entries: dict[str, dict], 
 
 
 class Builder:
-    """What `hotrod.api.optimize` drives to build an artifact in `base` (its staging directory), with or
-    without `--precision auto`: onnxruntime's graphs (`api._Lowering`) or the torch engine's weights
-    (`hotrod.engine.EngineBuild`). Each writes a precision into a directory and returns its manifest
+    """What `hotrod.build.optimize` drives to build an artifact in `base` (its staging directory), with or
+    without `--precision auto`: onnxruntime's graphs (`hotrod.build.onnx.OnnxBuild`) or the torch engine's weights
+    (`hotrod.build.static_engine.EngineBuild`). Each writes a precision into a directory and returns its manifest
     entries (`apply`), gives a model over them (`model`: verification, auto's timing), keeps a
     candidate's files as the artifact's (`keep`) and writes its manifest (`manifest`)."""
 
@@ -216,7 +216,7 @@ class Builder:
 
     def candidates(self) -> list[str]:
         """`--precision auto`'s candidates for the device and backend built for."""
-        from hotrod import auto
+        from hotrod.build import auto
 
         return auto.candidates(self.options.device, self.options.backend)
 

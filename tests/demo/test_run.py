@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hotrod import demo
 from hotrod.cli import main
+from hotrod.demo import run as demo
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_demo_optimizes_verifies_times_and_reports(quick_demo, tmp_path, capsys)
 
 
 def test_demo_reuses_an_unchanged_artifact(quick_demo, tmp_path):
-    from hotrod.demo_models import demo_model
+    from hotrod.demo.models import demo_model
 
     model = demo_model("gpt2-numbers")
     first = demo.demo_artifact(model, tmp_path, 0.01, progress=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError
 from hotrod.files import file_sha256
-from hotrod.load import cache_dir, weights_sha256
+from hotrod.source import cache_dir, weights_sha256
 
 HEAD_WEIGHTS = "head.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hotrod
-from hotrod import auto, engine
+from hotrod.build import auto, static_engine
 from hotrod.errors import HotrodError
 from tests.test_artifact import leftovers
 from tests.test_cli import assert_one_error_line, ok, run
@@ -40,7 +40,7 @@ def _small_runs(monkeypatch):
     """fp16's islands measured on 4 texts, by a build and a checkpoint's load alike (these overflow on any),
     and one thread: the models are tiny, and a second thread only waits on a busy machine (the session's
     fixture restores the count)."""
-    monkeypatch.setattr(engine, "ISLAND_TEXTS", 4)
+    monkeypatch.setattr(static_engine, "ISLAND_TEXTS", 4)
     torch.set_num_threads(1)
 
 
@@ -99,10 +99,10 @@ def test_the_manifest_records_backend_precision_islands_weights_and_verification
     path = built(name, precision)
     data = manifest(path)
     assert data["options"] == {"backend": "torch", "precision": precision, "device": "cpu"}
-    assert data["engine"] == {"weights": engine.WEIGHTS, "precision": precision,
+    assert data["engine"] == {"weights": static_engine.WEIGHTS, "precision": precision,
                               "islands": [ISLAND] if name == "t5" else []}
     assert data["graphs"] == {} and not list(path.glob("*.onnx"))
-    assert {engine.WEIGHTS, "config.json"} <= set(data["files"]) and (path / engine.WEIGHTS).is_file()
+    assert {static_engine.WEIGHTS, "config.json"} <= set(data["files"]) and (path / static_engine.WEIGHTS).is_file()
     assert data["weights"]["linear_weights"].startswith("int8" if precision == "int8-weight" else precision)
     verification = data["verification"]
     assert verification["device"] == "cpu" and verification["examples"] == 2 and 0 <= verification["score"] <= 1
@@ -114,7 +114,7 @@ def test_fp16_islands_stay_fp32_and_are_not_measured_again(built, monkeypatch):
     def measured(*args, **kwargs):
         raise AssertionError("an engine artifact's islands are read, not measured")
 
-    monkeypatch.setattr(engine, "measure_islands", measured)
+    monkeypatch.setattr(static_engine, "measure_islands", measured)
     model = hotrod.load(path)
     island = model.backend.module.get_submodule(ISLAND)
     assert island.wo.weight.dtype == torch.float32
@@ -126,7 +126,7 @@ def test_fp16_islands_stay_fp32_and_are_not_measured_again(built, monkeypatch):
 def test_int8_weights_are_stored_as_int8_with_per_channel_scales(built):
     from safetensors import safe_open
 
-    with safe_open(str(built("gpt2", "int8-weight") / engine.WEIGHTS), "pt") as stored:
+    with safe_open(str(built("gpt2", "int8-weight") / static_engine.WEIGHTS), "pt") as stored:
         weight, scales = (stored.get_tensor(f"transformer.h.0.mlp.c_fc.{n}") for n in ("weight", "scales"))
     assert weight.dtype == torch.int8 and scales.dtype == torch.bfloat16 and scales.shape == weight.shape[:1]
 
@@ -221,7 +221,7 @@ def test_a_failed_build_leaves_nothing(sources, tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(engine, "write_weights", full)
+    monkeypatch.setattr(static_engine, "write_weights", full)
     with pytest.raises(HotrodError, match="No space left on device"):
         hotrod.optimize(sources["gpt2"], tmp_path / "out", backend="torch", precision="bf16", verify_examples=0,
                         progress=False)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import hotrod
-from hotrod import auto
-from hotrod.auto import Candidate, _pick
+from hotrod.build import auto
+from hotrod.build.auto import Candidate, _pick
 from hotrod.cli import main
 
 

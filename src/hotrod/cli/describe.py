@@ -70,7 +70,7 @@ def describe(path: str, as_json: bool = False) -> None:
     verification = manifest.get("verification")
     print("verified    " + (figures_line(verification) if verification else "no (run `hotrod verify`)"))
     if manifest.get("auto"):
-        from hotrod.auto import format_table
+        from hotrod.build.auto import format_table
 
         section = manifest["auto"]
         print(f"auto        kept {section['chosen']}: fastest whose {section.get('score') or 'score'} "

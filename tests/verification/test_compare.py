@@ -9,7 +9,7 @@ import pytest
 import hotrod
 from hotrod.cli import main
 from hotrod.errors import HotrodError
-from hotrod.verify import Example, read_examples
+from hotrod.verification.compare import Example, read_examples
 from tests.zoo import VERIFY_EXAMPLES
 
 LM_FIGURES = {"logits_max_abs", "logits_cosine", "token_agreement", "exact_match", "score"}
