@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from hotrod.errors import HotrodError, first_line
+from hotrod.generation import draft_rules
 from hotrod.kinds import spec
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
@@ -121,10 +122,9 @@ def prompt_lookup(engine: Engine, speculate: Speculate | None, num_beams: int, p
     speculation cannot run: with beams, or on a model whose backend cannot verify drafts."""
     if speculate is None:
         return None
-    if speculate.prompt_lookup and num_beams > 1:
-        raise ApiError(400, f"{param}: prompt lookup runs with greedy decoding or sampling, not with "
-                            f"num_beams={num_beams}", param)
-    if speculate.prompt_lookup and not engine.info.verifies_drafts:
-        raise ApiError(400, f"{param}: model '{engine.info.name}' cannot speculate: its backend cannot verify "
-                            f"drafts in one pass", param)
+    refusal = draft_rules.refusal(num_beams, engine.info.verifies_drafts)
+    if speculate.prompt_lookup and refusal:
+        said = (f"prompt lookup {refusal} (num_beams={num_beams})" if refusal == draft_rules.BEAMS
+                else f"model '{engine.info.name}' cannot speculate: {refusal}")
+        raise ApiError(400, f"{param}: {said}", param)
     return speculate.prompt_lookup

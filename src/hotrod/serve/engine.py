@@ -23,7 +23,7 @@ from typing import Any
 
 from hotrod import tasks
 from hotrod.errors import HotrodError, check_number, first_line
-from hotrod.generation.drafts import MAX_DRAFT_TOKENS
+from hotrod.generation import draft_rules
 from hotrod.model import HotrodModel
 from hotrod.pipelines.base import Row
 from hotrod.runtime.base import RuntimeOptions
@@ -31,7 +31,7 @@ from hotrod.serve.encoder_runner import ROWS, EncoderRunner
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.picks import Outcome, Pick
 from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
-from hotrod.serve.runner import NO_VERIFY, GenerationRunner
+from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
 from hotrod.serve.slots import position_bytes
 
@@ -57,10 +57,7 @@ class ServeOptions:
                 raise HotrodError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_number("max_queue_delay_ms", self.max_queue_delay_ms, 0, 60_000)
         check_number("kv_cache_mb", self.kv_cache_mb, 0, 2**30)
-        if isinstance(self.prompt_lookup, bool) or not isinstance(self.prompt_lookup, int) \
-                or not 0 <= self.prompt_lookup <= MAX_DRAFT_TOKENS:
-            raise HotrodError(f"prompt_lookup must be a whole number from 0 to {MAX_DRAFT_TOKENS}, "
-                              f"got {self.prompt_lookup!r}")
+        draft_rules.draft_count("prompt_lookup", self.prompt_lookup, least=0)
         if self.batching not in POLICIES:
             raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")
 
@@ -88,7 +85,7 @@ class ModelEngine:
         else:
             if options.prompt_lookup and not verifies:
                 raise HotrodError(f"model {name!r} cannot speculate (prompt lookup of {options.prompt_lookup} "
-                                  f"tokens): {NO_VERIFY}; serve it without --speculate")
+                                  f"tokens): {draft_rules.NO_VERIFY}; serve it without --speculate")
             self.runner = GenerationRunner(model, options.prompt_lookup)
             budget = int(options.kv_cache_mb * 2**20 // position_bytes(model))
             self.scheduler = ContinuousScheduler(options.max_batch_size, budget, options.max_queue,

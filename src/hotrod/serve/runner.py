@@ -32,7 +32,7 @@ import torch
 from hotrod.batching import plan
 from hotrod.errors import HotrodError
 from hotrod.generation import config as gen_config
-from hotrod.generation import search
+from hotrod.generation import draft_rules, search
 from hotrod.generation.state import DecodingState
 from hotrod.model import HotrodModel, torch_threads
 from hotrod.serve.picks import Outcome, RowOptions, accept
@@ -44,7 +44,6 @@ from hotrod.serve.speculation import drafts_of
 # Positions one verifying pass feeds at most, over all its rows: its logits are as many vocab-sized rows
 # (GPT-2, 32 rows of 16: 100 MB), and a large batch's pass is already compute bound on a CPU.
 PASS_POSITIONS = 512
-NO_VERIFY = "its backend cannot verify drafts in one pass (the static engine steps one token at a time)"
 
 
 class GenerationRunner:
@@ -69,10 +68,9 @@ class GenerationRunner:
         """The tokens a request drafts a step: its own choice, else the server's (which beams ignore)."""
         if params.prompt_lookup is None:
             return self.prompt_lookup if params.num_beams == 1 else 0
-        if params.prompt_lookup and params.num_beams > 1:
-            raise HotrodError("speculate: prompt lookup runs with greedy decoding or sampling, not beam search")
-        if params.prompt_lookup and not self.model.backend.verifies_drafts:
-            raise HotrodError(f"speculate: this model cannot speculate: {NO_VERIFY}")
+        refusal = draft_rules.refusal(params.num_beams, self.model.backend.verifies_drafts)
+        if params.prompt_lookup and refusal:
+            raise HotrodError(f"speculate: prompt lookup {refusal}")
         return params.prompt_lookup
 
     def speculated(self) -> tuple[int, int]:
