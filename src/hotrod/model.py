@@ -284,6 +284,9 @@ class HotrodModel:
             raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
         return _TaskMethod(self, spec)
 
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *(s.method for s in tasks.all_specs() if s.method and s.pipeline)})
+
     def _encode(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor,
                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
         """The encoder graph's outputs by name, on `device` (the CPU by default); a right-padded batch runs

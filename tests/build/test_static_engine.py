@@ -232,15 +232,15 @@ def test_the_server_runs_an_engine_artifact_as_built_unless_told_otherwise(built
     """`hotrod serve` with no --backend or --engine-precision loads an engine artifact as it was built; a
     choice the user made is passed on (and refused where it does not fit)."""
     from hotrod.runtime.base import RuntimeOptions
-    from hotrod.serve.engine import ServeOptions, load_engines
     from hotrod.serve.metrics import Metrics
+    from hotrod.serve.worker import ServeOptions, load_workers
 
     path = str(built("gpt2", "bf16"))
-    engines = load_engines([path], ServeOptions(), RuntimeOptions(), Metrics(), told=())
-    backend = next(iter(engines.values())).model.backend
+    workers = load_workers([path], ServeOptions(), RuntimeOptions(), Metrics(), told=())
+    backend = next(iter(workers.values())).model.backend
     assert type(backend).__name__ == "StaticBackend" and backend.options.precision == "bf16"
     with pytest.raises(hotrod.HotrodError, match="onnxruntime"):
-        load_engines([path], ServeOptions(), RuntimeOptions(), Metrics(), told=("backend",))
+        load_workers([path], ServeOptions(), RuntimeOptions(), Metrics(), told=("backend",))
 
 
 @pytest.mark.parametrize("name", ["bert-ner", "bert-qa", "distilbert-cls", "electra-qa", "modernbert-ner",

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.serve.protocol import Params
+from hotrod.serve.messages import Params
 from hotrod.serve.runner import GenerationRunner
 from hotrod.source import cache_dir
 from tests.zoo import CASES, LM_CASES, assert_same_tokens, build_checkpoint, prompt_batch

@@ -1,4 +1,4 @@
-"""Started engines, stopped after each test: fake ones of each kind for the tests of the HTTP layer."""
+"""Started workers, stopped after each test: fake ones of each kind for the tests of the HTTP layer."""
 
 from __future__ import annotations
 
@@ -6,32 +6,32 @@ from typing import TypeVar
 
 import pytest
 
-from hotrod.serve.protocol import Engine
-from tests.serve.fake import FakeEngine
+from hotrod.serve.messages import Worker
+from tests.serve.fake import FakeWorker
 
-E = TypeVar("E", bound=Engine)
+W = TypeVar("W", bound=Worker)
 
 
 @pytest.fixture
 def started():
-    """Starts the engines given to it, and stops them after the test."""
-    engines: list[Engine] = []
+    """Starts the workers given to it, and stops them after the test."""
+    workers: list[Worker] = []
 
-    def start(engine: E) -> E:
-        engine.start()
-        engines.append(engine)
-        return engine
+    def start(worker: W) -> W:
+        worker.start()
+        workers.append(worker)
+        return worker
 
     yield start
-    for engine in engines:
-        engine.stop(drain=False)
+    for worker in workers:
+        worker.stop(drain=False)
 
 
 @pytest.fixture
 def gpt(started):
-    return started(FakeEngine(name="gpt"))
+    return started(FakeWorker(name="gpt"))
 
 
 @pytest.fixture
 def bert(started):
-    return started(FakeEngine(name="bert", kind="encoder"))
+    return started(FakeWorker(name="bert", kind="encoder"))

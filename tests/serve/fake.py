@@ -1,7 +1,7 @@
-"""A model-free `Engine` for testing the HTTP layer: deterministic tokens from a thread of its own.
+"""A model-free `Worker` for testing the HTTP layer: deterministic tokens from a thread of its own.
 
-It behaves like a real engine where the app can tell: tickets are fed from another thread through
-`Ticket.push`, the queue has a bound (QueueFull), a batch can fail (BatchFailed), a stopping engine refuses
+It behaves like a real worker where the app can tell: tickets are fed from another thread through
+`Ticket.push`, the queue has a bound (QueueFull), a batch can fail (BatchFailed), a stopping worker refuses
 work (ShuttingDown), and a cancelled ticket ends with finish_reason "cancelled" at the next step. What it
 generates is arithmetic, so a test can predict every token: token i of a prompt is (sum(prompt) + i) % vocab.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotrod import kinds
-from hotrod.serve.protocol import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket, TokenLogprobs
+from hotrod.serve.messages import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket, TokenLogprobs
 
 FAIL_TOKEN = 66  # a prompt holding this id fails its batch ("B" encodes to it)
 _ALPHABET = string.ascii_letters + string.digits + " .,;:!?-_()[]{}<>/\\|@#$%^&*+=~'\""
@@ -54,7 +54,7 @@ class _Job:
 
 
 @dataclass
-class FakeEngine:
+class FakeWorker:
     """`delay` is the time of one decoding step; `max_pending` bounds running + waiting requests."""
 
     name: str = "fake"

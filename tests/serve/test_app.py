@@ -1,4 +1,4 @@
-"""The HTTP layer against a fake engine: shapes, streaming, every refusal, overload, failures, cancellation."""
+"""The HTTP layer against a fake worker: shapes, streaming, every refusal, overload, failures, cancellation."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from hotrod.errors import HotrodError
 from hotrod.serve.app import StartupFailed, _Server, create_app, serve
 from hotrod.serve.limits import ServeLimits
 from hotrod.serve.sse import Detokenizer
-from tests.serve.fake import FakeEngine, expected_embedding, expected_tokens
+from tests.serve.fake import FakeWorker, expected_embedding, expected_tokens
 
 LIMITS = ServeLimits(max_new_tokens_limit=40, request_timeout_s=5.0)
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def test_streaming_yields_the_same_tokens_and_text(client):
     assert chunks[-1]["usage"] == whole["usage"]
 
 
-def test_sampling_parameters_reach_the_engine(client, gpt):
+def test_sampling_parameters_reach_the_worker(client, gpt):
     client.post("/v1/generate", json={"model": "gpt", "text": "a", "do_sample": True, "temperature": 0.5,
                                       "top_k": 7, "top_p": 0.9, "seed": 3, "num_beams": 2})
     params = gpt.submitted[-1][1]
@@ -150,15 +150,15 @@ def test_models_health_and_metrics(client):
 
 
 def test_ready_only_after_start():
-    engine = FakeEngine()
-    with TestClient(create_app({"fake": engine})) as client:
+    worker = FakeWorker()
+    with TestClient(create_app({"fake": worker})) as client:
         assert client.get("/health").status_code == 200
         assert client.get("/ready").status_code == 503
         assert client.post("/v1/generate", json={"text": "a"}).status_code == 503
-        engine.start()
+        worker.start()
         assert client.get("/ready").status_code == 200
         assert client.post("/v1/generate", json={"text": "a"}).status_code == 200  # model optional: one served
-    assert engine.stopped_with == [True]  # the lifespan drained it
+    assert worker.stopped_with == [True]  # the lifespan drained it
 
 
 def test_openapi_lists_endpoints_and_fields(client):
@@ -267,7 +267,7 @@ def test_unknown_routes_answer_in_the_error_shape(client):
 
 def test_shutting_down_gives_503(client, gpt):
     with gpt._lock:
-        gpt._accepting = False  # the engine refuses (ShuttingDown) though it still says ready
+        gpt._accepting = False  # the worker refuses (ShuttingDown) though it still says ready
     response = client.post("/v1/generate", json={"model": "gpt", "text": "a"})
     assert response.status_code == 503 and "shutting down" in response.json()["error"]["message"]
     client.app.state.shutting_down = True
@@ -276,7 +276,7 @@ def test_shutting_down_gives_503(client, gpt):
 
 
 def test_handle_exit_flags_the_app_before_uvicorn_stops():
-    app = create_app({"fake": FakeEngine()})
+    app = create_app({"fake": FakeWorker()})
     server = _Server(uvicorn.Config(app), app)
     server.handle_exit(signal.SIGTERM, None)
     assert app.state.shutting_down and server.should_exit
@@ -306,9 +306,9 @@ def test_a_failure_mid_stream_ends_the_stream_with_an_error_event(client, gpt):
 
 @pytest.mark.anyio
 async def test_overload_is_429_with_retry_after_and_nothing_hangs():
-    engine = FakeEngine(delay=0.01, max_pending=4)
-    engine.start()
-    app = create_app({"fake": engine}, LIMITS)
+    worker = FakeWorker(delay=0.01, max_pending=4)
+    worker.start()
+    app = create_app({"fake": worker}, LIMITS)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
             body = {"text": "load", "max_new_tokens": 5}
@@ -321,29 +321,29 @@ async def test_overload_is_429_with_retry_after_and_nothing_hangs():
                     assert int(response.headers["retry-after"]) >= 1
                     assert response.json()["error"]["type"] == "rate_limit_error"
                 else:
-                    assert response.json()["token_ids"] == expected_tokens(engine.encode("load"), 5)
+                    assert response.json()["token_ids"] == expected_tokens(worker.encode("load"), 5)
             assert (await client.post("/v1/generate", json=body)).status_code == 200
             metrics = (await client.get("/metrics")).text
         assert f'outcome="rejected"}} {float(statuses.count(429))}' in metrics
-        assert engine.queue_depth() == 0
+        assert worker.queue_depth() == 0
     finally:
-        engine.stop(drain=False)
+        worker.stop(drain=False)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_timeout_is_504_and_cancels_the_ticket(stream):
-    engine = FakeEngine(delay=0.15)
-    engine.start()
-    with TestClient(create_app({"fake": engine}, ServeLimits(request_timeout_s=0.5))) as client:
+    worker = FakeWorker(delay=0.15)
+    worker.start()
+    with TestClient(create_app({"fake": worker}, ServeLimits(request_timeout_s=0.5))) as client:
         response = client.post("/v1/generate", json={"text": "slow", "max_new_tokens": 20, "stream": stream})
         if stream:  # the first token came in time: the stream ends with a timeout event
             assert response.status_code == 200 and events(response)[-1]["error"]["type"] == "timeout_error"
         else:
             assert response.status_code == 504 and response.json()["error"]["type"] == "timeout_error"
-        assert engine.tickets[-1].cancelled
-        assert wait_for(lambda: engine.tickets[-1] in engine.cancelled)
+        assert worker.tickets[-1].cancelled
+        assert wait_for(lambda: worker.tickets[-1] in worker.cancelled)
         assert 'outcome="timeout"} 1.0' in client.get("/metrics").text
-    engine.stop(drain=False)
+    worker.stop(drain=False)
 
 
 # -- clients that go away ---------------------------------------------------------------------------------
@@ -380,34 +380,34 @@ async def _call(app, path: str, body: dict, spec: str, leave_after_chunks: int |
 @pytest.mark.anyio
 @pytest.mark.parametrize("spec", ["2.3", "2.4"])
 async def test_a_disconnected_stream_cancels_its_ticket(spec):
-    engine = FakeEngine(delay=0.02)
-    engine.start()
-    app = create_app({"fake": engine})
+    worker = FakeWorker(delay=0.02)
+    worker.start()
+    app = create_app({"fake": worker})
     try:
         body = {"text": "bye", "max_new_tokens": 40, "stream": True}
         sent = await _call(app, "/v1/generate", body, spec, leave_after_chunks=2)
         assert sent[0]["status"] == 200
-        ticket = engine.tickets[-1]
+        ticket = worker.tickets[-1]
         assert ticket.cancelled
-        await asyncio.to_thread(wait_for, lambda: ticket in engine.cancelled)
+        await asyncio.to_thread(wait_for, lambda: ticket in worker.cancelled)
         assert 'outcome="cancelled"} 1.0' in app.state.metrics.render().decode()
     finally:
-        engine.stop(drain=False)
+        worker.stop(drain=False)
 
 
 @pytest.mark.anyio
 async def test_a_disconnected_request_cancels_its_ticket():
-    engine = FakeEngine(delay=0.02)
-    engine.start()
-    app = create_app({"fake": engine})
+    worker = FakeWorker(delay=0.02)
+    worker.start()
+    app = create_app({"fake": worker})
     try:
         await _call(app, "/v1/generate", {"text": "bye", "max_new_tokens": 40}, "2.3", leave_after_s=0.1)
-        ticket = engine.tickets[-1]
+        ticket = worker.tickets[-1]
         assert ticket.cancelled
-        await asyncio.to_thread(wait_for, lambda: ticket in engine.cancelled)
+        await asyncio.to_thread(wait_for, lambda: ticket in worker.cancelled)
         assert 'outcome="cancelled"} 1.0' in app.state.metrics.render().decode()
     finally:
-        engine.stop(drain=False)
+        worker.stop(drain=False)
 
 
 def test_detokenizer_holds_back_split_characters_and_keeps_spaces():
@@ -436,10 +436,10 @@ def _free_port() -> int:
 
 
 def test_over_real_http_a_closed_stream_cancels_its_ticket():
-    engine = FakeEngine(delay=0.02)
-    engine.start()
+    worker = FakeWorker(delay=0.02)
+    worker.start()
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app({"fake": engine}), port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app({"fake": worker}), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -449,19 +449,19 @@ def test_over_real_http_a_closed_stream_cancels_its_ticket():
             with client.stream("POST", "/v1/generate", json=body) as response:
                 first = next(response.iter_lines())
                 assert first.startswith("data: ")
-            assert wait_for(lambda: engine.tickets and engine.tickets[-1] in engine.cancelled)
+            assert wait_for(lambda: worker.tickets and worker.tickets[-1] in worker.cancelled)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-        engine.stop(drain=False)
+        worker.stop(drain=False)
 
 
 def test_a_model_that_fails_to_start_stops_the_server():
-    class Broken(FakeEngine):
+    class Broken(FakeWorker):
         def start(self) -> None:
             raise HotrodError("no weights in /nowhere")
 
-    healthy, broken = FakeEngine(name="ok"), Broken(name="broken")
+    healthy, broken = FakeWorker(name="ok"), Broken(name="broken")
     with pytest.raises(StartupFailed, match="broken failed to start: no weights"):
         serve({"ok": healthy, "broken": broken}, port=_free_port(), log_level="critical")
     assert healthy.stopped_with == [True] and broken.stopped_with == [True]
@@ -470,8 +470,8 @@ def test_a_model_that_fails_to_start_stops_the_server():
 _SERVER = """
 import sys
 from hotrod.serve.app import serve
-from tests.serve.fake import FakeEngine
-serve({"fake": FakeEngine(delay=0.03)}, port=int(sys.argv[1]), log_level="warning")
+from tests.serve.fake import FakeWorker
+serve({"fake": FakeWorker(delay=0.03)}, port=int(sys.argv[1]), log_level="warning")
 """
 
 
@@ -504,7 +504,7 @@ def test_sigterm_lets_open_streams_finish_then_exits():
 
 # -- a model that dies, and the bounds of the server itself -------------------------------------------------
 
-def test_a_dead_engine_turns_ready_and_its_requests_to_503(client, gpt):
+def test_a_dead_worker_turns_ready_and_its_requests_to_503(client, gpt):
     gpt.died = "the worker died: RuntimeError"
     ready = client.get("/ready")
     assert ready.status_code == 503 and "gpt has failed" in ready.json()["error"]["message"]
@@ -514,7 +514,7 @@ def test_a_dead_engine_turns_ready_and_its_requests_to_503(client, gpt):
 
 
 def test_a_model_that_dies_while_serving_stops_the_server():
-    class Dying(FakeEngine):
+    class Dying(FakeWorker):
         def start(self) -> None:
             super().start()
             self.died = "the worker died: RuntimeError"
@@ -530,5 +530,5 @@ def test_serve_bounds_connections_and_shutdown(monkeypatch):
         seen.update(limit=self.config.limit_concurrency, grace=self.config.timeout_graceful_shutdown)
 
     monkeypatch.setattr(_Server, "run", run)
-    serve({"fake": FakeEngine()}, ServeLimits(max_connections=7, shutdown_timeout_s=3.0), port=_free_port())
+    serve({"fake": FakeWorker()}, ServeLimits(max_connections=7, shutdown_timeout_s=3.0), port=_free_port())
     assert seen == {"limit": 7, "grace": 3.0}

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import hotrod
-from hotrod.serve.engine import ModelEngine, ServeOptions
-from hotrod.serve.protocol import Params
+from hotrod.serve.messages import Params
+from hotrod.serve.worker import ModelWorker, ServeOptions
 
 PRECISIONS = ("fp32", "int8", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256")
 NEIGHBOURS = (1, 7, 31)
@@ -38,9 +38,9 @@ def artifacts(zoo, tmp_path_factory):
 
 
 @pytest.fixture
-def engine(artifacts, started):
-    def make(case: str, precision: str) -> ModelEngine:
-        return started(ModelEngine(case, hotrod.load(artifacts(case, precision)), OPTIONS))
+def worker(artifacts, started):
+    def make(case: str, precision: str) -> ModelWorker:
+        return started(ModelWorker(case, hotrod.load(artifacts(case, precision)), OPTIONS))
 
     return make
 
@@ -51,9 +51,9 @@ def _prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
     return [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in lengths]
 
 
-async def _generate(engine: ModelEngine, prompt: list[int]):
+async def _generate(worker: ModelWorker, prompt: list[int]):
     tokens, logprobs = [], []
-    async for event in engine.submit_generate(prompt, PARAMS).events():
+    async for event in worker.submit_generate(prompt, PARAMS).events():
         assert event.error is None
         tokens += event.tokens
         logprobs += [(p.logprob, p.top) for p in event.logprobs or []]
@@ -62,14 +62,14 @@ async def _generate(engine: ModelEngine, prompt: list[int]):
     raise AssertionError("the ticket ended without a finish reason")
 
 
-async def _among(engine: ModelEngine, target: list[int], others: list[list[int]], submit):
+async def _among(worker: ModelWorker, target: list[int], others: list[list[int]], submit):
     """`target`'s answer, submitted in the middle of `others` (half before it, half after, staggered)."""
     half = len(others) // 2
     order = [*others[:half], target, *others[half:]]
 
     async def one(i, prompt):
         await asyncio.sleep(0.002 * i)
-        return await submit(engine, prompt)
+        return await submit(worker, prompt)
 
     results = await asyncio.gather(*(one(i, p) for i, p in enumerate(order)))
     return results[half]
@@ -77,16 +77,16 @@ async def _among(engine: ModelEngine, target: list[int], others: list[list[int]]
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("lm", ["gpt2", "t5"])
-def test_tokens_and_logprobs_do_not_depend_on_batch_mates(engine, lm, precision):
-    served = engine(lm, precision)
+def test_tokens_and_logprobs_do_not_depend_on_batch_mates(worker, lm, precision):
+    served = worker(lm, precision)
     target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=3)
     alone = asyncio.run(_generate(served, target))
     for count in NEIGHBOURS:
         assert asyncio.run(_among(served, target, others[:count], _generate)) == alone, f"beside {count} others"
 
 
-async def _embed(engine: ModelEngine, row: list[int]) -> torch.Tensor:
-    async for event in engine.submit_embed([row], "mean", True).events():
+async def _embed(worker: ModelWorker, row: list[int]) -> torch.Tensor:
+    async for event in worker.submit_embed([row], "mean", True).events():
         assert event.error is None
         if event.result is not None:
             return event.result
@@ -94,8 +94,8 @@ async def _embed(engine: ModelEngine, row: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_embeddings_do_not_depend_on_batch_mates(engine, precision):
-    served = engine("bert", precision)
+def test_embeddings_do_not_depend_on_batch_mates(worker, precision):
+    served = worker("bert", precision)
     target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=4)
     alone = asyncio.run(_embed(served, target))
     for count in NEIGHBOURS:

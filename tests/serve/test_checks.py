@@ -9,10 +9,10 @@ from fastapi.testclient import TestClient
 
 from hotrod.serve.app import create_app
 from hotrod.serve.limits import BYTES_PER_TOKEN, RELATIVE_POSITIONS_DEFAULT, ServeLimits
-from tests.serve.fake import FakeEngine
+from tests.serve.fake import FakeWorker
 
 
-class Watched(FakeEngine):
+class Watched(FakeWorker):
     """Records which thread tokenizes, and how much text it was given."""
 
     def __post_init__(self) -> None:
@@ -25,14 +25,14 @@ class Watched(FakeEngine):
 
 
 @pytest.fixture
-def engines():
+def workers():
     made = {"t5": Watched(name="t5", kind="seq2seq", max_positions=None),
             "bert": Watched(name="bert", kind="encoder", max_positions=None)}
-    for engine in made.values():
-        engine.start()
+    for worker in made.values():
+        worker.start()
     yield made
-    for engine in made.values():
-        engine.stop(drain=False)
+    for worker in made.values():
+        worker.stop(drain=False)
 
 
 def _post(client, path: str, body: dict):
@@ -40,48 +40,48 @@ def _post(client, path: str, body: dict):
     return response.status_code, response.json()
 
 
-def test_relative_position_models_get_a_default_input_limit(engines):
+def test_relative_position_models_get_a_default_input_limit(workers):
     limit = RELATIVE_POSITIONS_DEFAULT
-    with TestClient(create_app(engines)) as client:
+    with TestClient(create_app(workers)) as client:
         status, body = _post(client, "/v1/generate", {"model": "t5", "token_ids": [1] * (limit + 1)})
         assert status == 400 and body["error"]["param"] == "token_ids" and str(limit) in body["error"]["message"]
         assert _post(client, "/v1/generate", {"model": "t5", "token_ids": [1] * limit, "max_new_tokens": 1})[0] == 200
-    assert engines["t5"].submitted[-1][0] == [1] * limit and len(engines["t5"].submitted) == 1
+    assert workers["t5"].submitted[-1][0] == [1] * limit and len(workers["t5"].submitted) == 1
 
 
-def test_the_input_limit_can_be_set_and_applies_to_embeddings(engines):
-    with TestClient(create_app(engines, ServeLimits(max_input_tokens=8))) as client:
+def test_the_input_limit_can_be_set_and_applies_to_embeddings(workers):
+    with TestClient(create_app(workers, ServeLimits(max_input_tokens=8))) as client:
         status, body = _post(client, "/v1/generate", {"model": "t5", "text": "123456789"})
         assert status == 400 and "at most 8 tokens" in body["error"]["message"]
         status, body = _post(client, "/v1/embeddings", {"model": "bert", "input": ["ok", "x" * 9]})
         assert status == 400 and body["error"]["message"].startswith("input[1]: 9 tokens")
-    assert engines["t5"].submitted == [] and engines["bert"].submitted == []
+    assert workers["t5"].submitted == [] and workers["bert"].submitted == []
 
 
-def test_text_past_the_byte_budget_is_refused_without_tokenizing(engines):
+def test_text_past_the_byte_budget_is_refused_without_tokenizing(workers):
     budget = 8 * BYTES_PER_TOKEN
-    with TestClient(create_app(engines, ServeLimits(max_input_tokens=8))) as client:
+    with TestClient(create_app(workers, ServeLimits(max_input_tokens=8))) as client:
         status, body = _post(client, "/v1/generate", {"model": "t5", "text": "a" * (budget + 1)})
         assert status == 400 and f"{budget} bytes" in body["error"]["message"]
         multibyte = "é" * (budget // 2 + 1)  # fewer characters than bytes
         assert _post(client, "/v1/completions", {"model": "t5", "prompt": multibyte})[0] == 400
         assert _post(client, "/v1/embed", {"model": "bert", "texts": ["a", "a" * (budget + 1)]})[0] == 400
-    assert engines["t5"].encoded == [] and engines["bert"].encoded == []
+    assert workers["t5"].encoded == [] and workers["bert"].encoded == []
 
 
-def test_embedding_requests_have_a_bound_on_inputs(engines):
-    with TestClient(create_app(engines, ServeLimits(max_batch_inputs=3))) as client:
+def test_embedding_requests_have_a_bound_on_inputs(workers):
+    with TestClient(create_app(workers, ServeLimits(max_batch_inputs=3))) as client:
         status, body = _post(client, "/v1/embeddings", {"model": "bert", "input": ["a"] * 4})
         assert status == 400 and body["error"]["param"] == "input" and "at most 3" in body["error"]["message"]
         assert _post(client, "/v1/embed", {"model": "bert", "token_ids": [[1]] * 4})[0] == 400
         assert _post(client, "/v1/embeddings", {"model": "bert", "input": ["a"] * 3})[0] == 200
-    assert engines["bert"].encoded == [(engines["bert"].encoded[0][0], 1)] * 3
+    assert workers["bert"].encoded == [(workers["bert"].encoded[0][0], 1)] * 3
 
 
-def test_tokenizing_runs_off_the_event_loop_on_one_thread_per_model(engines):
-    with TestClient(create_app(engines)) as client:
+def test_tokenizing_runs_off_the_event_loop_on_one_thread_per_model(workers):
+    with TestClient(create_app(workers)) as client:
         for text in ("one", "two"):
             assert _post(client, "/v1/generate", {"model": "t5", "text": text, "max_new_tokens": 1})[0] == 200
         assert _post(client, "/v1/embed", {"model": "bert", "texts": ["x", "y"]})[0] == 200
-    assert {name for name, _ in engines["t5"].encoded} == {"hotrod-tokenize-t5_0"}
-    assert {name for name, _ in engines["bert"].encoded} == {"hotrod-tokenize-bert_0"}
+    assert {name for name, _ in workers["t5"].encoded} == {"hotrod-tokenize-t5_0"}
+    assert {name for name, _ in workers["bert"].encoded} == {"hotrod-tokenize-bert_0"}

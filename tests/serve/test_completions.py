@@ -1,4 +1,4 @@
-"""OpenAI's completions fields against the fake engine: stop, n, seed, logprobs, echo, include_usage."""
+"""OpenAI's completions fields against the fake worker: stop, n, seed, logprobs, echo, include_usage."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from hotrod.serve.app import create_app
 from hotrod.serve.choices import Choice
 from hotrod.serve.limits import ServeLimits
-from hotrod.serve.protocol import TokenLogprobs
+from hotrod.serve.messages import TokenLogprobs
 from tests.serve.fake import expected_tokens
 from tests.serve.test_app import events
 

@@ -1,6 +1,6 @@
 """The task routes on real tiny heads: /v1/classify, /v1/rerank (Cohere's shape), TEI's /predict and /rerank,
 and /v2 infer on heads. Each answers what the Python API answers, refuses what it must with a 4xx naming
-the field, and runs its rows in the engine's dynamic batches with other requests' rows.
+the field, and runs its rows in the worker's dynamic batches with other requests' rows.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 import hotrod
 from hotrod.pipelines.base import Row
 from hotrod.serve.app import create_app
-from hotrod.serve.engine import ModelEngine, ServeOptions
 from hotrod.serve.limits import Access, ServeLimits
+from hotrod.serve.worker import ModelWorker, ServeOptions
 from tests.zoo import CASES, build_checkpoint, head_case
 
 OPTIONS = ServeOptions(max_batch_size=64, max_queue_delay_ms=1.0)
@@ -43,13 +43,13 @@ def reranker(zoo) -> hotrod.HotrodModel:
 
 @pytest.fixture
 def serve(started):
-    """A TestClient over engines of the given models, named by the dict's keys."""
+    """A TestClient over workers of the given models, named by the dict's keys."""
     clients: list[TestClient] = []
 
     def make(models: dict, limits: ServeLimits | None = None, options: ServeOptions = OPTIONS,
              access: Access | None = None) -> TestClient:
-        engines = {name: started(ModelEngine(name, model, options)) for name, model in models.items()}
-        client = TestClient(create_app(engines, limits, access=access))
+        workers = {name: started(ModelWorker(name, model, options)) for name, model in models.items()}
+        client = TestClient(create_app(workers, limits, access=access))
         clients.append(client.__enter__())
         return client
 
@@ -256,10 +256,10 @@ def test_tei_routes_need_one_model_of_their_task(serve, zoo, classifier, reranke
     tei_error(two.post("/predict", json={"inputs": "hello"}), 400, "several", "/v1/classify")
 
 
-# -- the engine: rows of concurrent requests share one model call ----------------------------------------
+# -- the worker: rows of concurrent requests share one model call ----------------------------------------
 
 def test_concurrent_requests_rows_share_one_model_call(started, reranker, classifier, monkeypatch):
-    engine = started(ModelEngine("rank", reranker, ServeOptions(max_batch_size=64, max_queue_delay_ms=300)))
+    worker = started(ModelWorker("rank", reranker, ServeOptions(max_batch_size=64, max_queue_delay_ms=300)))
     calls: list[int] = []
     original = reranker.run_rows
 
@@ -268,7 +268,7 @@ def test_concurrent_requests_rows_share_one_model_call(started, reranker, classi
         return original(rows, batch_size)
 
     monkeypatch.setattr(reranker, "run_rows", counted)
-    app = create_app({"rank": engine})
+    app = create_app({"rank": worker})
 
     async def both():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:

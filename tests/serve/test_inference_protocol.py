@@ -1,4 +1,4 @@
-"""The Open Inference Protocol (/v2) against a fake engine: every route, JSON and binary tensors, every
+"""The Open Inference Protocol (/v2) against a fake worker: every route, JSON and binary tensors, every
 refusal; and end to end, Triton's own HTTP client against a real server on tiny real models."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from fastapi.testclient import TestClient
 
 from hotrod.serve.app import create_app
 from hotrod.serve.limits import Access, ServeLimits
-from hotrod.serve.protocol import Event
-from tests.serve.fake import FAIL_TOKEN, FakeEngine, expected_embedding, expected_tokens
+from hotrod.serve.messages import Event
+from tests.serve.fake import FAIL_TOKEN, FakeWorker, expected_embedding, expected_tokens
 from tests.serve.test_app import _free_port, wait_for
 
 LIMITS = ServeLimits(max_new_tokens_limit=40, request_timeout_s=5.0, max_batch_inputs=4)
 HEADER = "Inference-Header-Content-Length"
 
 
-class ShortRows(FakeEngine):
+class ShortRows(FakeWorker):
     """A prompt starting with id 1 ends after two tokens, as at an end-of-text."""
 
     def _step(self, job) -> bool:
@@ -102,12 +102,12 @@ def _decode(blob: bytes, datatype: str) -> np.ndarray:
 # -- probes and metadata ----------------------------------------------------------------------------------
 
 def test_health_and_server_metadata(started):
-    engine = FakeEngine()
-    with TestClient(create_app({"fake": engine})) as client:
+    worker = FakeWorker()
+    with TestClient(create_app({"fake": worker})) as client:
         assert client.get("/v2/health/live").json() == {"live": True}
         loading = client.get("/v2/health/ready")
         assert loading.status_code == 503 and "still loading fake" in loading.json()["error"]
-        started(engine)
+        started(worker)
         assert client.get("/v2/health/ready").json() == {"ready": True}
         assert client.get("/v2").json() == {"name": "hotrod", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
         assert client.get("/v2/nothing").json() == {"error": "Not Found"}
@@ -132,7 +132,7 @@ def test_model_metadata_names_every_tensor(client):
         assert missing.status_code == 404 and list(missing.json()) == ["error"], path
 
 
-def test_model_ready_follows_the_engine(client, gpt):
+def test_model_ready_follows_the_worker(client, gpt):
     assert client.get("/v2/models/gpt/ready").json() == {"name": "gpt", "ready": True}
     assert client.get("/v2/models/gpt/versions/1/ready").status_code == 200
     gpt.died = "the worker died"
@@ -178,7 +178,7 @@ def test_one_row_shapes(client):
     assert out["output_lengths"].tolist() == [32, 32]
 
 
-def test_parameters_reach_the_engine_as_from_v1_generate(client, gpt):
+def test_parameters_reach_the_worker_as_from_v1_generate(client, gpt):
     parameters = {"do_sample": True, "temperature": 0.5, "top_k": 7, "top_p": 0.9, "seed": 3, "num_beams": 2,
                   "repetition_penalty": 1.2, "max_new_tokens": 2}
     client.post("/v2/models/gpt/infer", json={"inputs": [ids([[5], [6]])], "parameters": parameters})
@@ -340,13 +340,13 @@ def test_the_door_guards_v2_and_reads_what_tritonclient_sends(gpt):
 # -- overload, failures, timeouts -------------------------------------------------------------------------
 
 def test_a_full_queue_is_429_and_lets_the_rows_it_took_go(started):
-    engine = started(FakeEngine(max_pending=2, delay=0.05))
-    with TestClient(create_app({"fake": engine}, LIMITS)) as client:
+    worker = started(FakeWorker(max_pending=2, delay=0.05))
+    with TestClient(create_app({"fake": worker}, LIMITS)) as client:
         response = client.post("/v2/models/fake/infer", json={"inputs": [ids([[5], [6], [7]])]})
         assert response.status_code == 429 and int(response.headers["retry-after"]) >= 1
         assert list(response.json()) == ["error"]
-        assert len(engine.tickets) == 2 and all(t.cancelled for t in engine.tickets)
-        assert wait_for(lambda: engine.queue_depth() == 0)
+        assert len(worker.tickets) == 2 and all(t.cancelled for t in worker.tickets)
+        assert wait_for(lambda: worker.queue_depth() == 0)
 
 
 def test_a_failed_row_fails_the_request_and_cancels_its_other_rows(client, gpt):
@@ -381,12 +381,12 @@ def test_openapi_lists_the_v2_routes(client):
 
 def test_tritonclient_against_a_real_server(zoo, started):
     http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
-    from hotrod.serve.engine import ModelEngine, ServeOptions
+    from hotrod.serve.worker import ModelWorker, ServeOptions
 
     options = ServeOptions(max_batch_size=4, max_queue_delay_ms=2.0, max_queue=64)
-    engines = {name: started(ModelEngine(name, zoo.model(name, "torch"), options)) for name in ("gpt2", "bert")}
+    workers = {name: started(ModelWorker(name, zoo.model(name, "torch"), options)) for name in ("gpt2", "bert")}
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engines), port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(workers), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

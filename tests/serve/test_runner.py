@@ -9,7 +9,7 @@ import torch
 
 from hotrod.generation import cache
 from hotrod.generation.feeds import compact_prompts
-from hotrod.serve.protocol import Params
+from hotrod.serve.messages import Params
 from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import ContinuousScheduler, Request
 
@@ -73,7 +73,7 @@ def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, c
 
 
 def _execute(scheduler, runner, plan) -> None:
-    """The engine's iteration: the runner executes the plan, the scheduler records every token."""
+    """The worker's iteration: the runner executes the plan, the scheduler records every token."""
     runner.release(plan.release)
     for rows, tokens in ((plan.step, runner.step(plan.step) if plan.step else []),
                          (plan.admit, runner.admit(plan.admit) if plan.admit else [])):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hotrod.serve.protocol import Params, QueueFull
+from hotrod.serve.messages import Params, QueueFull
 from hotrod.serve.scheduler import ContinuousScheduler, DynamicBatcher, Request
 
 EOS = 99
@@ -49,7 +49,7 @@ def _request(first: int, new: int, prompt_len: int = 4, beams: int = 1) -> Reque
 
 
 def _drive(scheduler, runner, arrivals: dict[int, list[Request]], steps: int = 200) -> list[Request]:
-    """The engine's iteration: step the running rows, then admit; `arrivals[i]` arrive before iteration i."""
+    """The worker's iteration: step the running rows, then admit; `arrivals[i]` arrive before iteration i."""
     whole = []
     for i in range(steps):
         for request in arrivals.get(i, []):

@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from hotrod.errors import HotrodError
 from hotrod.generation.lookup import Drafter, find_draft
 from hotrod.serve.app import create_app
-from hotrod.serve.engine import ModelEngine, ServeOptions
 from hotrod.serve.limits import ServeLimits
-from hotrod.serve.protocol import Params
+from hotrod.serve.messages import Params
 from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import ContinuousScheduler, Request
-from tests.serve.fake import FakeEngine
+from hotrod.serve.worker import ModelWorker, ServeOptions
+from tests.serve.fake import FakeWorker
 from tests.serve.test_runner import _execute
 from tests.test_cli import assert_one_error_line, run
 
@@ -56,22 +56,22 @@ async def _collect(ticket):
             return tokens, logprobs, events
 
 
-async def _serve_all(engine, requests, spacing: float = 0.003):
+async def _serve_all(worker, requests, spacing: float = 0.003):
     async def one(i, prompt, params):
         await asyncio.sleep(i * spacing)
-        return await _collect(engine.submit_generate(prompt, params))
+        return await _collect(worker.submit_generate(prompt, params))
 
     return await asyncio.gather(*(one(i, prompt, params) for i, (prompt, params) in enumerate(requests)))
 
 
-def _counted(engine, name: str) -> float:
-    return sum(s.value for s in getattr(engine.metrics, name).collect()[0].samples if s.name.endswith("_total"))
+def _counted(worker, name: str) -> float:
+    return sum(s.value for s in getattr(worker.metrics, name).collect()[0].samples if s.name.endswith("_total"))
 
 
 @pytest.fixture
-def engine_for(zoo, started):
-    def make(name: str, backend: str, options: ServeOptions = OPTIONS) -> ModelEngine:
-        return started(ModelEngine(name, zoo.model(name, backend), options))
+def worker_for(zoo, started):
+    def make(name: str, backend: str, options: ServeOptions = OPTIONS) -> ModelWorker:
+        return started(ModelWorker(name, zoo.model(name, backend), options))
 
     return make
 
@@ -149,81 +149,81 @@ def test_verifying_steps_leave_every_slot_at_its_length(zoo, name):
         step += 1
     for request in requests:
         assert request.tokens == _greedy(model, request.prompt, request.params.max_new_tokens, runner.eos_ids)
-    assert runner.accepted > 0  # counted until an engine reads them
+    assert runner.accepted > 0  # counted until a worker reads them
 
 
-# -- the engine --------------------------------------------------------------------------------------------
+# -- the worker --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
-def test_greedy_tokens_are_plain_greedys_alone_and_beside_others(engine_for, name, runtime):
+def test_greedy_tokens_are_plain_greedys_alone_and_beside_others(worker_for, name, runtime):
     """On torch every row speculates in the batch's pass; on onnxruntime a request speculates while it
     runs alone. Either way a request's tokens are what plain greedy decoding gives it."""
-    engine = engine_for(name, runtime)
-    prompts = _prompts(engine.info.vocab_size)
+    worker = worker_for(name, runtime)
+    prompts = _prompts(worker.info.vocab_size)
     target, others = prompts[0], prompts[1:] * 2
-    plain = _greedy(engine.model, target, 24, engine.runner.eos_ids)
-    alone = asyncio.run(_serve_all(engine, [(target, Params(max_new_tokens=24))]))[0][0]
-    assert alone == plain and _counted(engine, "accepted") > 0
+    plain = _greedy(worker.model, target, 24, worker.runner.eos_ids)
+    alone = asyncio.run(_serve_all(worker, [(target, Params(max_new_tokens=24))]))[0][0]
+    assert alone == plain and _counted(worker, "accepted") > 0
     mixed = [Params(max_new_tokens=n, prompt_lookup=k) for n, k in zip((17, 9, 20, 5, 13, 24), (None, 3, 0, 1, 8, 2))]
     half = len(others) // 2
     requests = [*zip(others[:half], mixed), (target, Params(max_new_tokens=24)), *zip(others[half:], mixed[half:])]
-    results = asyncio.run(_serve_all(engine, requests))
+    results = asyncio.run(_serve_all(worker, requests))
     for (prompt, params), (tokens, _, _) in zip(requests, results):
-        assert tokens == _greedy(engine.model, prompt, params.max_new_tokens, engine.runner.eos_ids)
+        assert tokens == _greedy(worker.model, prompt, params.max_new_tokens, worker.runner.eos_ids)
 
 
-def test_a_request_ends_at_its_last_token_within_a_kept_draft(engine_for):
-    engine = engine_for("gpt2", "torch")
-    prompt = _prompts(engine.info.vocab_size)[0]
+def test_a_request_ends_at_its_last_token_within_a_kept_draft(worker_for):
+    worker = worker_for("gpt2", "torch")
+    prompt = _prompts(worker.info.vocab_size)[0]
     for new in (1, 2, 3, 7):
-        tokens, _, events = asyncio.run(_serve_all(engine, [(prompt, Params(max_new_tokens=new))]))[0]
-        assert tokens == _greedy(engine.model, prompt, new, engine.runner.eos_ids)
+        tokens, _, events = asyncio.run(_serve_all(worker, [(prompt, Params(max_new_tokens=new))]))[0]
+        assert tokens == _greedy(worker.model, prompt, new, worker.runner.eos_ids)
         assert events == len(tokens)  # one event per token, as plain steps send them
 
 
-def test_logprobs_come_with_every_token(engine_for):
-    engine = engine_for("gpt2", "torch")
-    prompt = _prompts(engine.info.vocab_size)[0]
-    tokens, logprobs, _ = asyncio.run(_serve_all(engine, [(prompt, Params(max_new_tokens=16, logprobs=2))]))[0]
-    plain, plain_logprobs, _ = asyncio.run(_serve_all(engine, [(prompt, Params(max_new_tokens=16, logprobs=2,
+def test_logprobs_come_with_every_token(worker_for):
+    worker = worker_for("gpt2", "torch")
+    prompt = _prompts(worker.info.vocab_size)[0]
+    tokens, logprobs, _ = asyncio.run(_serve_all(worker, [(prompt, Params(max_new_tokens=16, logprobs=2))]))[0]
+    plain, plain_logprobs, _ = asyncio.run(_serve_all(worker, [(prompt, Params(max_new_tokens=16, logprobs=2,
                                                                                   prompt_lookup=0))]))[0]
-    assert tokens == plain and len(logprobs) == len(tokens) and _counted(engine, "accepted") > 0
+    assert tokens == plain and len(logprobs) == len(tokens) and _counted(worker, "accepted") > 0
     for mine, theirs in zip(logprobs, plain_logprobs):
         assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
         assert [t for t, _ in mine.top] == [t for t, _ in theirs.top]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
-def test_a_seeded_sample_repeats_and_is_plain_samplings(engine_for, name):
+def test_a_seeded_sample_repeats_and_is_plain_samplings(worker_for, name):
     """One draw per token, each from the distribution plain sampling draws from: the same tokens."""
-    engine = engine_for(name, "torch")
-    prompts = _prompts(engine.info.vocab_size)
+    worker = worker_for(name, "torch")
+    prompts = _prompts(worker.info.vocab_size)
     sampled = [Params(max_new_tokens=20, do_sample=True, temperature=0.7, top_k=20, seed=s) for s in (3, 4)]
     requests = [(prompts[0], sampled[0]), (prompts[1], sampled[1]), (prompts[2], Params(max_new_tokens=20))]
-    first = asyncio.run(_serve_all(engine, requests))
-    again = asyncio.run(_serve_all(engine, requests))
+    first = asyncio.run(_serve_all(worker, requests))
+    again = asyncio.run(_serve_all(worker, requests))
     assert [r[0] for r in first] == [r[0] for r in again]
     off = [(prompt, replace(params, prompt_lookup=0)) for prompt, params in requests]
-    assert [r[0] for r in asyncio.run(_serve_all(engine, off))] == [r[0] for r in first]
+    assert [r[0] for r in asyncio.run(_serve_all(worker, off))] == [r[0] for r in first]
 
 
-def test_a_request_turns_the_servers_default_off(engine_for):
-    engine = engine_for("gpt2", "torch")
-    prompt = _prompts(engine.info.vocab_size)[0]
-    asyncio.run(_serve_all(engine, [(prompt, Params(max_new_tokens=16, prompt_lookup=0))]))
-    assert _counted(engine, "drafted") == 0
-    asyncio.run(_serve_all(engine, [(prompt, Params(max_new_tokens=16))]))
-    assert _counted(engine, "accepted") > 0
+def test_a_request_turns_the_servers_default_off(worker_for):
+    worker = worker_for("gpt2", "torch")
+    prompt = _prompts(worker.info.vocab_size)[0]
+    asyncio.run(_serve_all(worker, [(prompt, Params(max_new_tokens=16, prompt_lookup=0))]))
+    assert _counted(worker, "drafted") == 0
+    asyncio.run(_serve_all(worker, [(prompt, Params(max_new_tokens=16))]))
+    assert _counted(worker, "accepted") > 0
 
 
-def test_beams_ignore_the_default_and_refuse_their_own(engine_for):
-    engine = engine_for("gpt2", "torch")
-    tokens = asyncio.run(_serve_all(engine, [([5, 6, 5, 6], Params(max_new_tokens=4, num_beams=2))]))[0][0]
+def test_beams_ignore_the_default_and_refuse_their_own(worker_for):
+    worker = worker_for("gpt2", "torch")
+    tokens = asyncio.run(_serve_all(worker, [([5, 6, 5, 6], Params(max_new_tokens=4, num_beams=2))]))[0][0]
     assert len(tokens) <= 4
 
     async def own():
-        engine.submit_generate([5, 6], Params(max_new_tokens=4, num_beams=2, prompt_lookup=3))
+        worker.submit_generate([5, 6], Params(max_new_tokens=4, num_beams=2, prompt_lookup=3))
 
     with pytest.raises(HotrodError, match="speculate: .*not beam search"):
         asyncio.run(own())
@@ -231,9 +231,9 @@ def test_beams_ignore_the_default_and_refuse_their_own(engine_for):
 
 def test_a_model_that_cannot_verify_refuses_the_default_at_startup(zoo):
     model = zoo.model("gpt2", "static")
-    assert not ModelEngine("gpt2", model, ServeOptions()).info.verifies_drafts
+    assert not ModelWorker("gpt2", model, ServeOptions()).info.verifies_drafts
     with pytest.raises(HotrodError, match="model 'gpt2' cannot speculate .*static engine"):
-        ModelEngine("gpt2", model, ServeOptions(prompt_lookup=4))
+        ModelWorker("gpt2", model, ServeOptions(prompt_lookup=4))
     with pytest.raises(HotrodError, match="prompt_lookup must be a whole number from 0 to 64"):
         ServeOptions(prompt_lookup=65)
 
@@ -245,10 +245,10 @@ LIMITS = ServeLimits(max_new_tokens_limit=40, request_timeout_s=5.0)
 
 @pytest.fixture
 def client(started):
-    engines = {"gpt": started(FakeEngine(name="gpt")), "static": started(FakeEngine(name="static",
+    workers = {"gpt": started(FakeWorker(name="gpt")), "static": started(FakeWorker(name="static",
                                                                                     verifies_drafts=False))}
-    with TestClient(create_app(engines, LIMITS)) as client:
-        yield client, engines
+    with TestClient(create_app(workers, LIMITS)) as client:
+        yield client, workers
 
 
 @pytest.mark.parametrize("path, body", [
@@ -258,11 +258,11 @@ def client(started):
                                           "data": [1, 2]}], "parameters": {"speculate": {"prompt_lookup": 3}}}),
 ])
 def test_each_generating_route_takes_speculate(client, path, body):
-    client, engines = client
+    client, workers = client
     assert client.post(path, json=body).status_code == 200
-    assert engines["gpt"].submitted[-1][1].prompt_lookup == 3
+    assert workers["gpt"].submitted[-1][1].prompt_lookup == 3
     assert client.post(path, json=_without_speculate(body)).status_code == 200
-    assert engines["gpt"].submitted[-1][1].prompt_lookup is None  # the server's default
+    assert workers["gpt"].submitted[-1][1].prompt_lookup is None  # the server's default
 
 
 def _without_speculate(body: dict) -> dict:
@@ -285,13 +285,13 @@ def _without_speculate(body: dict) -> dict:
     ("/v1/completions", {"speculate": {"prompt_lookup": 2, "ngram": 2}}, 422, "speculate: unknown field"),
 ])
 def test_bad_speculation_is_refused_naming_the_field(client, path, body, status, message):
-    client, engines = client
+    client, workers = client
     prompt = {"token_ids": [1, 2]} if path == "/v1/generate" else {"prompt": [1, 2]}
     response = client.post(path, json={"model": "gpt", **prompt, **body})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == "speculate" and message in error["message"], error
-    assert not engines["gpt"].submitted and not engines["static"].submitted
+    assert not workers["gpt"].submitted and not workers["static"].submitted
     off = {**body, "speculate": {"prompt_lookup": 0}}  # off is always allowed
     if status == 400:
         assert client.post(path, json={"model": "gpt", **prompt, **off}).status_code == 200

@@ -126,12 +126,12 @@ def test_the_server_has_the_new_task_route(built):
     from fastapi.testclient import TestClient
 
     from hotrod.serve.app import create_app
-    from hotrod.serve.engine import ModelEngine, ServeOptions
+    from hotrod.serve.worker import ModelWorker, ServeOptions
 
-    engine = ModelEngine("mean", hotrod.load(built), ServeOptions())
-    engine.start()
+    worker = ModelWorker("mean", hotrod.load(built), ServeOptions())
+    worker.start()
     try:
-        with TestClient(create_app({"mean": engine})) as client:
+        with TestClient(create_app({"mean": worker})) as client:
             body = client.post("/v1/token-mean", json={"input": ["hello world", "a tiny model"]}).json()
             expected = hotrod.load(built).token_mean(["hello world", "a tiny model"])
             assert torch.allclose(torch.tensor(body["vectors"]), torch.tensor(expected), atol=1e-5)
@@ -139,4 +139,4 @@ def test_the_server_has_the_new_task_route(built):
             refused = client.post("/v1/token-mean", json={"input": ["hello", " "]})
             assert refused.status_code == 400 and "input[1]" in refused.json()["error"]["message"]
     finally:
-        engine.stop(drain=False)
+        worker.stop(drain=False)

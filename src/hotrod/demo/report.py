@@ -99,4 +99,5 @@ def _chart(results: Sequence[DemoResult], path: Path) -> Path | None:
                     ha="left", va="center", fontsize=8)
     ax.set_title("hotrod --precision auto vs PyTorch eager")
     ax.set_xlim(0, max(r.speedup for r in results) * 1.2)
-    return save_chart(plt, fig, ax, "speedup over PyTorch", path, legend=False)
+    ax.set_xlabel("speedup over PyTorch")
+    return save_chart(plt, fig, ax, "", path, legend=False)

@@ -1,6 +1,6 @@
 """The HTTP face of `hotrod serve`: the app, its probes, and running it under uvicorn.
 
-Everything model-specific sits behind the `Engine` protocol, so the HTTP layer knows models only by their
+Everything model-specific sits behind the `Worker` protocol, so the HTTP layer knows models only by their
 `ModelInfo`. A request passes the gate (key, media type, size: `gate.py`), then its endpoint's checks
 (`checks.py`), and only then takes a slot; it lets go of the slot as soon as nobody wants the answer.
 hotrod's own and OpenAI's routes are under /v1; the Open Inference Protocol's under /v2
@@ -27,8 +27,8 @@ from hotrod.serve import completions, endpoints, inference_protocol, task_routes
 from hotrod.serve.gate import Gate
 from hotrod.serve.http_errors import ApiError, install_error_handlers
 from hotrod.serve.limits import Access, ServeLimits
+from hotrod.serve.messages import Worker
 from hotrod.serve.metrics import Metrics
-from hotrod.serve.protocol import Engine
 from hotrod.serve.schemas import ErrorBody, ModelCard, ModelList
 from hotrod.serve.tensors import HEADER
 from hotrod.version import __version__
@@ -41,11 +41,11 @@ _ENDPOINTS = {"/v1/generate": "generate", "/v1/embed": "embed", "/v1/completions
 router = APIRouter()
 
 
-def create_app(engines: dict[str, Engine], options: ServeLimits | None = None,
+def create_app(workers: dict[str, Worker], options: ServeLimits | None = None,
                metrics: Metrics | None = None, access: Access | None = None) -> FastAPI:
-    """An app serving `engines` under their dict keys. It does not start them: `serve()` does."""
-    if not engines:
-        raise ValueError("create_app needs at least one engine")
+    """An app serving `workers` under their dict keys. It does not start them: `serve()` does."""
+    if not workers:
+        raise ValueError("create_app needs at least one worker")
     access = access or Access()
 
     @asynccontextmanager
@@ -62,15 +62,15 @@ def create_app(engines: dict[str, Engine], options: ServeLimits | None = None,
     docs = {} if access.docs else {"docs_url": None, "redoc_url": None}
     app = FastAPI(title="hotrod", version=__version__, lifespan=lifespan, **docs,
                   description="Fast T5, GPT-2 and BERT models, with OpenAI-compatible endpoints.")
-    app.state.engines = dict(engines)
+    app.state.workers = dict(workers)
     app.state.limits = options or ServeLimits()
     app.state.metrics = metrics or Metrics()
     app.state.endpoints = _ENDPOINTS
     app.state.shutting_down = False
-    app.state.starter = None  # serve() puts the thread that starts the engines here
+    app.state.starter = None  # serve() puts the thread that starts the workers here
     # One thread per model's tokenizer: off the event loop, and never two threads in one tokenizer.
     app.state.tokenizers = {name: ThreadPoolExecutor(1, thread_name_prefix=f"hotrod-tokenize-{name}")
-                            for name in engines}
+                            for name in workers}
     install_error_handlers(app)
     app.add_middleware(Gate, api_key=access.api_key, max_bytes=app.state.limits.max_request_bytes)
     if access.cors_origins:  # outside the gate, so that preflights and refusals carry CORS headers
@@ -84,16 +84,16 @@ def create_app(engines: dict[str, Engine], options: ServeLimits | None = None,
 
 
 async def _drain(app: FastAPI) -> None:
-    """At shutdown: refuse new work, let the engines finish what they hold (within the shutdown timeout),
+    """At shutdown: refuse new work, let the workers finish what they hold (within the shutdown timeout),
     then stop them; past the timeout what is left is failed, so shutting down never hangs."""
     app.state.shutting_down = True
     timeout = app.state.limits.shutdown_timeout_s
     if app.state.starter is not None and app.state.starter.is_alive():
         await asyncio.to_thread(app.state.starter.join, timeout)
-    engines = app.state.engines
-    stops = [asyncio.to_thread(functools.partial(engine.stop, drain=True, timeout=timeout))
-             for engine in engines.values()]
-    for name, result in zip(engines, await asyncio.gather(*stops, return_exceptions=True)):
+    workers = app.state.workers
+    stops = [asyncio.to_thread(functools.partial(worker.stop, drain=True, timeout=timeout))
+             for worker in workers.values()]
+    for name, result in zip(workers, await asyncio.gather(*stops, return_exceptions=True)):
         if isinstance(result, BaseException):
             log.error("model %s did not stop cleanly: %r", name, result)
 
@@ -101,8 +101,8 @@ async def _drain(app: FastAPI) -> None:
 @router.get("/v1/models", response_model=ModelList)
 async def models(request: Request) -> ModelList:
     """The served models, in OpenAI's list shape (plus each one's kind)."""
-    return ModelList(data=[ModelCard(id=name, created=engine.info.created, kind=engine.info.kind)
-                           for name, engine in request.app.state.engines.items()])
+    return ModelList(data=[ModelCard(id=name, created=worker.info.created, kind=worker.info.kind)
+                           for name, worker in request.app.state.workers.items()])
 
 
 @router.get("/health")
@@ -115,15 +115,15 @@ async def health() -> dict[str, str]:
 async def ready(request: Request) -> dict[str, Any]:
     """Readiness: 200 once every model is started, 503 while loading, shutting down or after a model failed."""
     state = request.app.state
-    failed = [name for name, engine in state.engines.items() if engine.failure()]
+    failed = [name for name, worker in state.workers.items() if worker.failure()]
     if failed:
         raise ApiError(503, f"not ready: model {', '.join(failed)} has failed; the server is exiting")
     if state.shutting_down:
         raise ApiError(503, "the server is shutting down")
-    loading = [name for name, engine in state.engines.items() if not engine.ready()]
+    loading = [name for name, worker in state.workers.items() if not worker.ready()]
     if loading:
         raise ApiError(503, f"not ready: still loading {', '.join(loading)}")
-    return {"status": "ready", "models": list(state.engines)}
+    return {"status": "ready", "models": list(state.workers)}
 
 
 @router.get("/v2/health/live")
@@ -152,7 +152,7 @@ class StartupFailed(RuntimeError):
     non-zero, so that a supervisor restarts it."""
 
 
-WATCH_S = 0.25  # how often the starter thread, once the engines run, checks that their workers live
+WATCH_S = 0.25  # how often the starter thread, once the workers run, checks that their threads live
 
 
 class _Server(uvicorn.Server):
@@ -167,21 +167,21 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(engines: dict[str, Engine], limits: ServeLimits | None = None, host: str = "127.0.0.1",
+def serve(workers: dict[str, Worker], limits: ServeLimits | None = None, host: str = "127.0.0.1",
           port: int = 8000, metrics: Metrics | None = None, *, log_level: str = "info",
           access_log: bool = True, access: Access | None = None) -> None:
-    """Serve `engines` over HTTP until SIGTERM or SIGINT, then drain and return.
+    """Serve `workers` over HTTP until SIGTERM or SIGINT, then drain and return.
 
-    The engines start on a thread while the server already answers /health; /ready turns 200 when they
+    The workers start on a thread while the server already answers /health; /ready turns 200 when they
     all have. The same thread then watches them: a model whose worker dies turns /ready 503 and shuts the
     server down, and `serve` raises StartupFailed. On a signal, new requests get 503, uvicorn waits up to
-    the shutdown timeout for open responses (streams included), and the lifespan stops each engine,
+    the shutdown timeout for open responses (streams included), and the lifespan stops each worker,
     draining within the same bound. uvicorn re-raises a captured SIGTERM once done, so the process ends
     with the signal's status, as under uvicorn's own CLI. Connections beyond `max_connections` get
     uvicorn's 503.
     """
     limits = limits or ServeLimits()
-    app = create_app(engines, limits, metrics, access)
+    app = create_app(workers, limits, metrics, access)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             lifespan="on", timeout_graceful_shutdown=limits.shutdown_timeout_s,
                             limit_concurrency=limits.max_connections)
@@ -195,16 +195,16 @@ def serve(engines: dict[str, Engine], limits: ServeLimits | None = None, host: s
         server.should_exit = True
 
     def start_and_watch() -> None:
-        for name, engine in engines.items():
+        for name, worker in workers.items():
             if app.state.shutting_down:
                 return
             try:
-                engine.start()
+                worker.start()
             except Exception as exc:  # a model that cannot load ends the server, with one line saying why
                 return fail(f"model {name} failed to start: {exc}")
             log.info("model %s is ready", name)
         while not app.state.shutting_down:
-            dead = next(((name, engine.failure()) for name, engine in engines.items() if engine.failure()), None)
+            dead = next(((name, worker.failure()) for name, worker in workers.items() if worker.failure()), None)
             if dead is not None:
                 return fail(f"model {dead[0]} stopped working: {dead[1]}")
             threading.Event().wait(WATCH_S)

@@ -20,7 +20,7 @@ from hotrod.generation import draft_rules
 from hotrod.kinds import spec
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
-from hotrod.serve.protocol import Engine
+from hotrod.serve.messages import Worker
 from hotrod.serve.schemas import Speculate
 
 DEFAULT_NEW_TOKENS = 32
@@ -34,32 +34,32 @@ def exactly_one(text: Any, ids: Any, text_param: str, ids_param: str) -> str:
     return text_param if text is not None else ids_param
 
 
-def input_limit(request: Request, engine: Engine) -> int:
+def input_limit(request: Request, worker: Worker) -> int:
     """The most tokens one prompt or embedding input may have on this server, for this model."""
-    return request.app.state.limits.input_tokens(engine.info.max_positions)
+    return request.app.state.limits.input_tokens(worker.info.max_positions)
 
 
-async def token_rows(request: Request, engine: Engine, items: Sequence[Item], param: str,
+async def token_rows(request: Request, worker: Worker, items: Sequence[Item], param: str,
                      wheres: Sequence[str] | None = None) -> list[list[int]]:
     """Token ids of texts or id rows, each refused when empty, too long or outside the vocabulary."""
     wheres = wheres or [param] * len(items)
-    limit = input_limit(request, engine)
+    limit = input_limit(request, worker)
     texts = {}
     for i, (item, where) in enumerate(zip(items, wheres)):
         if isinstance(item, str):
             check_bytes(item, limit, where, param)
             texts[i] = item
-    encoded = await _encode(request, engine, list(texts.values()), param) if texts else []
+    encoded = await _encode(request, worker, list(texts.values()), param) if texts else []
     by_index = dict(zip(texts, encoded))
     rows = [by_index.get(i, item) for i, item in enumerate(items)]
     for row, where in zip(rows, wheres):
-        _check_row(engine, row, limit, where, param)
+        _check_row(worker, row, limit, where, param)
     return rows  # type: ignore[return-value]
 
 
-async def token_ids(request: Request, engine: Engine, item: Item, param: str) -> list[int]:
+async def token_ids(request: Request, worker: Worker, item: Item, param: str) -> list[int]:
     """One prompt's token ids (see `token_rows`)."""
-    return (await token_rows(request, engine, [item], param))[0]
+    return (await token_rows(request, worker, [item], param))[0]
 
 
 def check_bytes(text: str, limit: int, where: str, param: str) -> None:
@@ -69,62 +69,62 @@ def check_bytes(text: str, limit: int, where: str, param: str) -> None:
                             f"{limit} tokens); shorten it", param)
 
 
-async def _encode(request: Request, engine: Engine, texts: list[str], param: str) -> list[list[int]]:
+async def _encode(request: Request, worker: Worker, texts: list[str], param: str) -> list[list[int]]:
     """Tokenize on the model's own tokenizer thread: off the event loop, and one thread per tokenizer."""
-    pool: Executor = request.app.state.tokenizers[engine.info.name]
+    pool: Executor = request.app.state.tokenizers[worker.info.name]
     try:
-        return await asyncio.get_running_loop().run_in_executor(pool, _encode_all, engine, texts)
+        return await asyncio.get_running_loop().run_in_executor(pool, _encode_all, worker, texts)
     except HotrodError as exc:
         raise ApiError(400, f"{param}: {first_line(exc)}", param) from None
 
 
-def _encode_all(engine: Engine, texts: list[str]) -> list[list[int]]:
-    return [engine.encode(text) if text else [] for text in texts]
+def _encode_all(worker: Worker, texts: list[str]) -> list[list[int]]:
+    return [worker.encode(text) if text else [] for text in texts]
 
 
-def _check_row(engine: Engine, ids: list[int], limit: int, where: str, param: str) -> None:
+def _check_row(worker: Worker, ids: list[int], limit: int, where: str, param: str) -> None:
     if not ids:
         raise ApiError(400, f"{where}: the input is empty", param)
     if len(ids) > limit:
         raise ApiError(400, f"{where}: {len(ids)} tokens; this server takes at most {limit} tokens per input "
                             f"for this model", param)
-    vocab = engine.info.vocab_size
+    vocab = worker.info.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
     if bad is not None:
         raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab})", param)
 
 
-def new_tokens(request: Request, engine: Engine, prompt: list[int], new: int | None, where: str, param: str) -> int:
+def new_tokens(request: Request, worker: Worker, prompt: list[int], new: int | None, where: str, param: str) -> int:
     """How many tokens to generate (default 32), refused above the server's limit or the model's positions."""
     limit = request.app.state.limits.max_new_tokens_limit
     new = min(DEFAULT_NEW_TOKENS, limit) if new is None else new
     if new > limit:
         raise ApiError(400, f"{param}: {new} is above this server's limit of {limit}", param)
-    positions = engine.info.max_positions
-    if positions is not None and spec(engine.info.kind).needs_positions(len(prompt), new) > positions:
+    positions = worker.info.max_positions
+    if positions is not None and spec(worker.info.kind).needs_positions(len(prompt), new) > positions:
         raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
                             f"{positions} positions", where)
     return new
 
 
-async def embed_rows(request: Request, engine: Engine, items: Sequence[Item], param: str) -> list[list[int]]:
+async def embed_rows(request: Request, worker: Worker, items: Sequence[Item], param: str) -> list[list[int]]:
     """Token id rows to embed: at most the server's number of inputs, each refused like a prompt."""
     if not items:
         raise ApiError(400, f"{param}: nothing to embed", param)
     limit = request.app.state.limits.max_batch_inputs
     if len(items) > limit:
         raise ApiError(400, f"{param}: {len(items)} inputs; this server takes at most {limit} per request", param)
-    return await token_rows(request, engine, items, param, [f"{param}[{i}]" for i in range(len(items))])
+    return await token_rows(request, worker, items, param, [f"{param}[{i}]" for i in range(len(items))])
 
 
-def prompt_lookup(engine: Engine, speculate: Speculate | None, num_beams: int, param: str = "speculate") -> int | None:
+def prompt_lookup(worker: Worker, speculate: Speculate | None, num_beams: int, param: str = "speculate") -> int | None:
     """A request's own prompt-lookup draft length (None: the server's default applies), refused where
     speculation cannot run: with beams, or on a model whose backend cannot verify drafts."""
     if speculate is None:
         return None
-    refusal = draft_rules.refusal(num_beams, engine.info.verifies_drafts)
+    refusal = draft_rules.refusal(num_beams, worker.info.verifies_drafts)
     if speculate.prompt_lookup and refusal:
         said = (f"prompt lookup {refusal} (num_beams={num_beams})" if refusal == draft_rules.BEAMS
-                else f"model '{engine.info.name}' cannot speculate: {refusal}")
+                else f"model '{worker.info.name}' cannot speculate: {refusal}")
         raise ApiError(400, f"{param}: {said}", param)
     return speculate.prompt_lookup

@@ -3,7 +3,7 @@
 Stop strings are matched on text, not tokens (a stop string may span tokens, or end inside one), so the
 text is held back while its end could still become a stop string; what is sent is never taken back.
 The text comes from the streaming `Detokenizer` (sse.py) rather than tokenizers' `DecodeStream`: it
-works through the `Engine.decode` protocol, so it serves tokenizer-less and fake engines alike, and it
+works through the `Worker.decode` protocol, so it serves tokenizer-less and fake workers alike, and it
 drops special tokens exactly as the whole-text decode does.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hotrod.serve.protocol import TokenLogprobs
+from hotrod.serve.messages import TokenLogprobs
 from hotrod.serve.sse import Detokenizer
 
 

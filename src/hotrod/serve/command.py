@@ -66,9 +66,9 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
 def run_serve(args) -> int:
     from hotrod.runtime.base import RuntimeOptions
     from hotrod.serve.app import StartupFailed, serve
-    from hotrod.serve.engine import ServeOptions, load_engines, told_choices
     from hotrod.serve.limits import Access, ServeLimits
     from hotrod.serve.metrics import Metrics
+    from hotrod.serve.worker import ServeOptions, load_workers, told_choices
 
     options = ServeOptions(args.max_batch_size, args.max_queue_delay_ms, args.max_queue, args.kv_cache_mb,
                            args.batching, speculation(args.speculate))
@@ -84,9 +84,9 @@ def run_serve(args) -> int:
         return _run_on_ray(args, options, limits, access, runtime)
     _check_listen(args.host, args.port)
     metrics = Metrics()
-    engines = load_engines(args.models, options, runtime, metrics, told_choices(vars(args).get))
+    workers = load_workers(args.models, options, runtime, metrics, told_choices(vars(args).get))
     try:
-        serve(engines, limits, args.host, args.port, metrics, access=access)
+        serve(workers, limits, args.host, args.port, metrics, access=access)
     except StartupFailed as exc:
         raise HotrodError(str(exc)) from None
     return 0
@@ -112,9 +112,9 @@ def speculation(value: str | None) -> int:
 
 
 def _run_on_ray(args, options, limits, access, runtime) -> int:
-    from hotrod.serve.engine import told_choices
     from hotrod.serve.on_ray import serve_on_ray
     from hotrod.serve.replicas import ReplicaSpec, Scaling
+    from hotrod.serve.worker import told_choices
 
     scaling = Scaling(args.replicas, args.min_replicas, args.max_replicas, num_cpus=args.num_cpus,
                       num_gpus=args.num_gpus)

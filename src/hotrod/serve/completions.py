@@ -1,7 +1,7 @@
 """OpenAI's completions endpoint: `n` choices of one prompt, with `stop`, `logprobs`, `echo`, `seed` and
 streaming (`stream_options.include_usage` adds a last chunk with the usage, as OpenAI's API does).
 
-Each choice is a request of its own to the engine (choice i of a seeded request samples with seed + i,
+Each choice is a request of its own to the worker (choice i of a seeded request samples with seed + i,
 so a request is repeatable and its choices differ); a stop string ends its choice and frees its slot.
 """
 
@@ -21,11 +21,11 @@ from hotrod.serve.endpoints import GENERATORS, STREAMED, json_response, sampling
 from hotrod.serve.http_errors import (
     ApiError,
     Recorder,
-    engine_error,
     request_id_of,
     resolve,
+    worker_error,
 )
-from hotrod.serve.protocol import Engine, Params
+from hotrod.serve.messages import Params, Worker
 from hotrod.serve.schemas import MAX_STOPS, CompletionChoice, CompletionRequest, CompletionResponse
 from hotrod.serve.sse import EventStream, TicketReader, check_end, sse, stream_failed, submit_all
 
@@ -36,18 +36,18 @@ Piece = tuple[str, Logprobs | None, str | None]  # text, its tokens' logprobs, f
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAMED)
 async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI's completions endpoint (legacy): `n` choices of one prompt, text or token ids."""
-    engine, recorder = resolve(request, "completions", body.model, GENERATORS)
+    worker, recorder = resolve(request, "completions", body.model, GENERATORS)
     stops = _stops(body.stop)
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options: only allowed with stream: true", "stream_options")
     if body.echo and body.logprobs is not None:
         raise ApiError(400, "echo: not supported together with logprobs (the prompt is not scored)", "echo")
-    prompt = await token_ids(request, engine, body.prompt, "prompt")
-    new = new_tokens(request, engine, prompt, body.max_tokens, "prompt", "max_tokens")
-    lookup = prompt_lookup(engine, body.speculate, num_beams=1)
-    readers = _submit_all(request, engine, prompt, body, new, lookup)
-    echo = (body.prompt if isinstance(body.prompt, str) else engine.decode(prompt)) if body.echo else ""
-    choices = [Choice(engine.decode, stops, body.logprobs, len(echo)) for _ in readers]
+    prompt = await token_ids(request, worker, body.prompt, "prompt")
+    new = new_tokens(request, worker, prompt, body.max_tokens, "prompt", "max_tokens")
+    lookup = prompt_lookup(worker, body.speculate, num_beams=1)
+    readers = _submit_all(request, worker, prompt, body, new, lookup)
+    echo = (body.prompt if isinstance(body.prompt, str) else worker.decode(prompt)) if body.echo else ""
+    choices = [Choice(worker.decode, stops, body.logprobs, len(echo)) for _ in readers]
     pieces = [_pieces(reader, choice) for reader, choice in zip(readers, choices)]
     head = {"id": f"cmpl-{request_id_of(request)}", "object": "text_completion", "created": int(time.time()),
             "model": recorder.model}
@@ -74,13 +74,13 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
-def _submit_all(request: Request, engine: Engine, prompt: list[int], body: CompletionRequest,
+def _submit_all(request: Request, worker: Worker, prompt: list[int], body: CompletionRequest,
                 new: int, lookup: int | None) -> list[TicketReader]:
     """One ticket per choice (choice i of a seeded request samples with seed + i)."""
     params = [Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
                      seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs, prompt_lookup=lookup,
                      **sampling(body.temperature, True)) for i in range(body.n)]
-    return submit_all(request, [functools.partial(engine.submit_generate, prompt, p) for p in params])
+    return submit_all(request, [functools.partial(worker.submit_generate, prompt, p) for p in params])
 
 
 async def _pieces(reader: TicketReader, choice: Choice) -> AsyncIterator[Piece]:
@@ -89,7 +89,7 @@ async def _pieces(reader: TicketReader, choice: Choice) -> AsyncIterator[Piece]:
         while True:
             event = await reader.next()
             if event.error is not None:
-                raise engine_error(event.error, reader.request_id)
+                raise worker_error(event.error, reader.request_id)
             check_end(event)
             text, logprobs = choice.add(event.tokens, event.logprobs)
             if choice.stopped:

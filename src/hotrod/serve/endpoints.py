@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 from hotrod import kinds, tasks
 from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, prompt_lookup, token_ids
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
-from hotrod.serve.protocol import Engine, Params
+from hotrod.serve.messages import Params, Worker
 from hotrod.serve.schemas import (
     EmbeddingData,
     EmbeddingsRequest,
@@ -55,49 +55,49 @@ def sampling(temperature: float | None, do_sample: bool) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature}
 
 
-def generation_params(body: Sampling, new: int, engine: Engine, where: str = "speculate") -> Params:
-    """The engine's parameters of a checked request that generates `new` tokens (`where` names its
+def generation_params(body: Sampling, new: int, worker: Worker, where: str = "speculate") -> Params:
+    """The worker's parameters of a checked request that generates `new` tokens (`where` names its
     speculate field in a refusal)."""
     return Params(max_new_tokens=new, top_k=body.top_k, top_p=body.top_p, num_beams=body.num_beams,
                   repetition_penalty=body.repetition_penalty, seed=body.seed,
-                  prompt_lookup=prompt_lookup(engine, body.speculate, body.num_beams, where),
+                  prompt_lookup=prompt_lookup(worker, body.speculate, body.num_beams, where),
                   **sampling(body.temperature, body.do_sample))
 
 
 @router.post("/v1/generate", response_model=GenerateResponse, responses=STREAMED)
 async def generate(body: GenerateRequest, request: Request) -> Response:
     """Generate from text or token ids; `stream: true` answers with one server-sent event per step."""
-    engine, recorder = resolve(request, "generate", body.model, GENERATORS)
+    worker, recorder = resolve(request, "generate", body.model, GENERATORS)
     where = exactly_one(body.text, body.token_ids, "text", "token_ids")
-    prompt = await token_ids(request, engine, body.text if body.text is not None else body.token_ids or [], where)
-    new = new_tokens(request, engine, prompt, body.max_new_tokens, where, "max_new_tokens")
-    reader = submit(request, functools.partial(engine.submit_generate, prompt, generation_params(body, new, engine)))
+    prompt = await token_ids(request, worker, body.text if body.text is not None else body.token_ids or [], where)
+    new = new_tokens(request, worker, prompt, body.max_new_tokens, where, "max_new_tokens")
+    reader = submit(request, functools.partial(worker.submit_generate, prompt, generation_params(body, new, worker)))
     name = recorder.model
     if body.stream:
         def chunk(text: str, ids: list[int], finish: str | None, usage: dict | None) -> dict[str, Any]:
             return {"model": name, "text": text, "token_ids": ids, "finish_reason": finish,
                     **({"usage": usage} if usage else {})}
 
-        return await stream(reader, recorder, engine.decode, len(prompt), chunk)
+        return await stream(reader, recorder, worker.decode, len(prompt), chunk)
     tokens, last = await collect(reader)
-    return json_response(GenerateResponse(model=name, text=engine.decode(tokens), token_ids=tokens,
+    return json_response(GenerateResponse(model=name, text=worker.decode(tokens), token_ids=tokens,
                                           finish_reason=last.finish_reason or "stop",
                                           usage=usage(len(prompt), len(tokens))), recorder)
 
 
-def check_embeds(engine: Engine) -> None:
+def check_embeds(worker: Worker) -> None:
     """An encoder that ends in a task head has no embeddings: a 400 naming its task and its routes."""
-    task = engine.info.task
+    task = worker.info.task
     if task is not None and not tasks.get(task).embeds:
-        routes = [s.route.path for s in tasks.all_specs() if s.route and s.refusal(task, len(engine.info.labels)) is None]
-        raise ApiError(400, f"model: '{engine.info.name}' is a {task} model, which has no embeddings; use "
+        routes = [s.route.path for s in tasks.all_specs() if s.route and s.refusal(task, len(worker.info.labels)) is None]
+        raise ApiError(400, f"model: '{worker.info.name}' is a {task} model, which has no embeddings; use "
                             f"{', '.join(routes + ['/v2 infer'])}", "model")
 
 
-async def embed_vectors(request: Request, engine: Engine, rows: list[list[int]], pooling: str,
+async def embed_vectors(request: Request, worker: Worker, rows: list[list[int]], pooling: str,
                         normalize: bool) -> list[list[float]]:
     """The embeddings of checked rows, one per row."""
-    reader = submit(request, functools.partial(engine.submit_embed, rows, pooling, normalize))
+    reader = submit(request, functools.partial(worker.submit_embed, rows, pooling, normalize))
     _, last = await collect(reader)
     vectors = last.result.tolist() if last.result is not None else []
     if len(vectors) != len(rows):
@@ -108,12 +108,12 @@ async def embed_vectors(request: Request, engine: Engine, rows: list[list[int]],
 @router.post("/v1/embed", response_model=EmbedResponse, responses=ERRORS)
 async def embed(body: EmbedRequest, request: Request) -> Response:
     """Embed texts or token id rows with an encoder model."""
-    engine, recorder = resolve(request, "embed", body.model, ENCODERS)
-    check_embeds(engine)
+    worker, recorder = resolve(request, "embed", body.model, ENCODERS)
+    check_embeds(worker)
     param = exactly_one(body.texts, body.token_ids, "texts", "token_ids")
     items = body.texts if body.texts is not None else body.token_ids or []
-    rows = await embed_rows(request, engine, items, param)
-    vectors = await embed_vectors(request, engine, rows, body.pooling, body.normalize)
+    rows = await embed_rows(request, worker, items, param)
+    vectors = await embed_vectors(request, worker, rows, body.pooling, body.normalize)
     return json_response(EmbedResponse(model=recorder.model, embeddings=vectors,
                                        usage=usage(sum(map(len, rows)))), recorder)
 
@@ -121,13 +121,13 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS)
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     """OpenAI's embeddings endpoint: mean-pooled, unit-length vectors."""
-    engine, recorder = resolve(request, "embeddings", body.model, ENCODERS)
-    check_embeds(engine)
+    worker, recorder = resolve(request, "embeddings", body.model, ENCODERS)
+    check_embeds(worker)
     items = body.input
     if isinstance(items, str) or (items and isinstance(items[0], int)):
         items = [items]  # one text, or one row of token ids
-    rows = await embed_rows(request, engine, items, "input")  # type: ignore[arg-type]
-    vectors = await embed_vectors(request, engine, rows, "mean", True)
+    rows = await embed_rows(request, worker, items, "input")  # type: ignore[arg-type]
+    vectors = await embed_vectors(request, worker, rows, "mean", True)
     data = [EmbeddingData(index=i, embedding=vector) for i, vector in enumerate(vectors)]
     return json_response(EmbeddingsResponse(data=data, model=recorder.model, usage=usage(sum(map(len, rows)))),
                          recorder)

@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hotrod.errors import HotrodError, first_line
+from hotrod.serve.messages import QueueFull, ShuttingDown, Worker, WorkerDown
 from hotrod.serve.metrics import Metrics
-from hotrod.serve.protocol import Engine, EngineDown, QueueFull, ShuttingDown
 
 log = logging.getLogger("hotrod.serve")
 
@@ -110,11 +110,11 @@ class Recorder:
             self.metrics.request(self.model, self.endpoint, outcome, time.perf_counter() - self.start)
 
 
-def model_label(engines: dict[str, Any], name: Any) -> str:
+def model_label(workers: dict[str, Any], name: Any) -> str:
     """The metrics label of a request for `name`: a served name, never a client's arbitrary string."""
-    if isinstance(name, str) and name in engines:
+    if isinstance(name, str) and name in workers:
         return name
-    return next(iter(engines)) if name is None and len(engines) == 1 else "unknown"
+    return next(iter(workers)) if name is None and len(workers) == 1 else "unknown"
 
 
 def record(request: Request, status: int, body: Any = None) -> None:
@@ -129,7 +129,7 @@ def record(request: Request, status: int, body: Any = None) -> None:
             endpoint, name = "infer", infer.group(1)
         if endpoint is None:  # not an API endpoint: /health, an unknown route...
             return
-        recorder = Recorder(request.app.state.metrics, endpoint, model_label(request.app.state.engines, name))
+        recorder = Recorder(request.app.state.metrics, endpoint, model_label(request.app.state.workers, name))
     recorder.done(outcome_of(status))
 
 
@@ -193,41 +193,41 @@ def request_id_of(request: Request) -> str:
 
 # -- the checks a request must pass before it takes a slot ------------------------------------------------
 
-def resolve(request: Request, endpoint: str, name: str | None, kinds: tuple[str, ...]) -> tuple[Engine, Recorder]:
-    """The engine a request names, once known to be served, of the right kind and ready; starts its record."""
+def resolve(request: Request, endpoint: str, name: str | None, kinds: tuple[str, ...]) -> tuple[Worker, Recorder]:
+    """The worker a request names, once known to be served, of the right kind and ready; starts its record."""
     state = request.app.state
-    recorder = Recorder(state.metrics, endpoint, model_label(state.engines, name))
+    recorder = Recorder(state.metrics, endpoint, model_label(state.workers, name))
     request.state.recorder = recorder
     if state.shutting_down:
         raise ApiError(503, "the server is shutting down")
-    served = ", ".join(state.engines)
+    served = ", ".join(state.workers)
     if name is None:
-        if len(state.engines) != 1:
+        if len(state.workers) != 1:
             raise ApiError(400, f"model: required when several models are served ({served})", "model")
-        name = next(iter(state.engines))
-    elif name not in state.engines:
+        name = next(iter(state.workers))
+    elif name not in state.workers:
         raise ApiError(404, f"model: '{name}' is not served here; served: {served}", "model")
-    engine = state.engines[name]
-    if engine.info.kind not in kinds:
-        raise ApiError(400, f"model: '{name}' is a model of kind {engine.info.kind}; /v1/{endpoint} needs "
+    worker = state.workers[name]
+    if worker.info.kind not in kinds:
+        raise ApiError(400, f"model: '{name}' is a model of kind {worker.info.kind}; /v1/{endpoint} needs "
                             f"one of kind {' or '.join(kinds)}", "model")
-    check_running(name, engine)
-    return engine, recorder
+    check_running(name, worker)
+    return worker, recorder
 
 
-def check_running(name: str, engine: Engine) -> None:
+def check_running(name: str, worker: Worker) -> None:
     """Refuse (503) a model that has failed or is still loading."""
-    if engine.failure():
+    if worker.failure():
         raise ApiError(503, f"model '{name}' has failed; the server is restarting")
-    if not engine.ready():
+    if not worker.ready():
         raise ApiError(503, f"model '{name}' is still loading")
 
 
-def engine_error(exc: BaseException, request_id: str) -> ApiError:
-    """The answer to an engine refusing a request at submission or failing it later."""
+def worker_error(exc: BaseException, request_id: str) -> ApiError:
+    """The answer to a worker refusing a request at submission or failing it later."""
     if isinstance(exc, QueueFull):
         return ApiError(429, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
-    if isinstance(exc, ShuttingDown | EngineDown):
+    if isinstance(exc, ShuttingDown | WorkerDown):
         return ApiError(503, str(exc))
     if isinstance(exc, HotrodError):
         return ApiError(400, first_line(exc))

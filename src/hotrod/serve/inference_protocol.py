@@ -9,7 +9,7 @@ Each served model is one v2 model with one version, "1". Its tensors (also in it
   and `finish_reason` (BYTES [n]: "length" or "stop"). Request parameters are /v1/generate's sampling
   fields (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, repetition_penalty, seed, and
   speculate, an object: {"prompt_lookup": N}),
-  checked the same way; each row is its own engine request, so rows batch with everyone else's.
+  checked the same way; each row is its own worker request, so rows batch with everyone else's.
 - encoder models take `text` or `input_ids` alike and answer `embeddings` (FP32 [n, hidden]);
   parameters pooling ("mean" or "cls") and normalize, as /v1/embed.
 - encoder heads (`hotrod.tasks`) take the same inputs and answer their head's outputs: a classifier its
@@ -38,10 +38,10 @@ from hotrod.serve import tensors
 from hotrod.serve.checks import input_limit, new_tokens, token_rows
 from hotrod.serve.endpoints import ENCODERS, GENERATORS, embed_vectors, generation_params
 from hotrod.serve.http_errors import ApiError, check_running, resolve
-from hotrod.serve.protocol import Engine
-from hotrod.serve.rows import run as run_rows
+from hotrod.serve.messages import Worker
 from hotrod.serve.schemas import Pooling, Sampling, _Request
 from hotrod.serve.sse import collect_all, submit_all
+from hotrod.serve.task_calls import run as run_rows
 from hotrod.serve.tensors import Input, Output, bad
 from hotrod.version import __version__
 
@@ -103,12 +103,12 @@ _BODY = {"requestBody": {"required": True, "content": {
 router = APIRouter()
 
 
-def signature(engine: Engine) -> Signature:
-    if kinds.spec(engine.info.kind).generates:
+def signature(worker: Worker) -> Signature:
+    if kinds.spec(worker.info.kind).generates:
         return GENERATOR
-    task = engine.info.task
+    task = worker.info.task
     if task is not None and not tasks.get(task).bare:
-        return Signature(ENCODER.inputs, head_outputs(task, len(engine.info.labels)), NoParameters)
+        return Signature(ENCODER.inputs, head_outputs(task, len(worker.info.labels)), NoParameters)
     return ENCODER
 
 
@@ -122,24 +122,24 @@ async def server_metadata() -> dict[str, Any]:
 @router.get("/v2/models/{name}/versions/{version}", responses=ERRORS)
 async def model_metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
     """A model's tensors, and the server's limits on them."""
-    engine = _served(request, name, version)
-    found, limits = signature(engine), request.app.state.limits
+    worker = _served(request, name, version)
+    found, limits = signature(worker), request.app.state.limits
     extra = ({"max_new_tokens_limit": limits.max_new_tokens_limit, "output_ids_pad": PAD}
              if found is GENERATOR else {})
     return {"name": name, "versions": [VERSION], "platform": "hotrod",
             "inputs": _described(found.inputs), "outputs": _described(found.outputs),
-            "parameters": {"kind": engine.info.kind, "max_batch_inputs": limits.max_batch_inputs,
-                           "max_input_tokens": input_limit(request, engine), **extra}}
+            "parameters": {"kind": worker.info.kind, "max_batch_inputs": limits.max_batch_inputs,
+                           "max_input_tokens": input_limit(request, worker), **extra}}
 
 
 @router.get("/v2/models/{name}/ready", responses=ERRORS)
 @router.get("/v2/models/{name}/versions/{version}/ready", responses=ERRORS)
 async def model_ready(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
     """200 while the model takes requests; 503 while it loads, after it failed, or at shutdown."""
-    engine = _served(request, name, version)
+    worker = _served(request, name, version)
     if request.app.state.shutting_down:
         raise ApiError(503, "the server is shutting down")
-    check_running(name, engine)
+    check_running(name, worker)
     return {"name": name, "ready": True}
 
 
@@ -147,22 +147,22 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
 @router.post("/v2/models/{name}/versions/{version}/infer", responses=ERRORS, openapi_extra=_BODY)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     """Generate or embed: JSON tensors, or the binary tensor data extension (in, out, or both)."""
-    engine, recorder = resolve(request, "infer", name, GENERATORS + ENCODERS)
+    worker, recorder = resolve(request, "infer", name, GENERATORS + ENCODERS)
     _check_version(name, version)
     if request.headers.get("content-encoding", "identity").strip().lower() != "identity":
         raise ApiError(415, "compressed request bodies are not supported; send the body uncompressed")
     call = tensors.read_request(await request.body(), request.headers.get(tensors.HEADER))
-    found = signature(engine)
+    found = signature(worker)
     options, binary = _options(call.parameters, found.parameters)
     wanted = _requested(call.outputs, found.outputs, binary)
-    source = _source(call.inputs, found.inputs, engine)
-    rows = await _rows(request, engine, source)
+    source = _source(call.inputs, found.inputs, worker)
+    rows = await _rows(request, worker, source)
     if found is GENERATOR:
-        built = await _generate(request, engine, rows, source.name, options)  # type: ignore[arg-type]
+        built = await _generate(request, worker, rows, source.name, options)  # type: ignore[arg-type]
     elif found is ENCODER:
-        built = await _embed(request, engine, rows, options)  # type: ignore[arg-type]
+        built = await _embed(request, worker, rows, options)  # type: ignore[arg-type]
     else:
-        built = await _heads(request, engine, rows, found.outputs)
+        built = await _heads(request, worker, rows, found.outputs)
     outputs = [Output(out, found.outputs[out][0], *built[out](), binary=as_binary) for out, as_binary in wanted]
     head = {"model_name": name, "model_version": VERSION, **({"id": call.id} if call.id is not None else {})}
     recorder.done("ok")
@@ -173,12 +173,12 @@ def _described(found: Tensors) -> list[dict[str, Any]]:
     return [{"name": name, "datatype": datatype, "shape": shape} for name, (datatype, shape) in found.items()]
 
 
-def _served(request: Request, name: str, version: str | None) -> Engine:
-    engines = request.app.state.engines
-    if name not in engines:
-        raise ApiError(404, f"model '{name}' is not served here; served: {', '.join(engines)}")
+def _served(request: Request, name: str, version: str | None) -> Worker:
+    workers = request.app.state.workers
+    if name not in workers:
+        raise ApiError(404, f"model '{name}' is not served here; served: {', '.join(workers)}")
     _check_version(name, version)
-    return engines[name]
+    return workers[name]
 
 
 def _check_version(name: str, version: str | None) -> None:
@@ -226,11 +226,11 @@ def _requested(outputs: list[dict[str, Any]] | None, found: Tensors, binary: boo
     return list(wanted.items())
 
 
-def _source(inputs: list[Input], found: Tensors, engine: Engine) -> Input:
+def _source(inputs: list[Input], found: Tensors, worker: Worker) -> Input:
     """The one input the request gives, of a name and datatype this model takes."""
     for tensor in inputs:
         if tensor.name not in found:
-            raise bad(f"{tensor.name}: not an input of model '{engine.info.name}' (kind {engine.info.kind}); "
+            raise bad(f"{tensor.name}: not an input of model '{worker.info.name}' (kind {worker.info.kind}); "
                       f"it takes one of {', '.join(found)}")
     if len(inputs) != 1:
         raise bad(f"inputs: give exactly one of {' and '.join(found)}")
@@ -240,7 +240,7 @@ def _source(inputs: list[Input], found: Tensors, engine: Engine) -> Input:
     return tensor
 
 
-async def _rows(request: Request, engine: Engine, tensor: Input) -> list[list[int]]:
+async def _rows(request: Request, worker: Worker, tensor: Input) -> list[list[int]]:
     """Token ids of each row, the shape checked against the server's limits before the data is decoded."""
     shape, name = tensor.shape, tensor.name
     if tensor.datatype == "BYTES":
@@ -251,7 +251,7 @@ async def _rows(request: Request, engine: Engine, tensor: Input) -> list[list[in
         if len(shape) not in (1, 2):
             raise bad(f"{name}: shape {shape}; token ids are [n, L], one prompt per row, or [L]")
         count, width = (shape[0] if len(shape) == 2 else 1), shape[-1]
-        limit = input_limit(request, engine)
+        limit = input_limit(request, worker)
         if width > limit:
             raise bad(f"{name}: rows of {width} tokens; this server takes at most {limit} tokens per input "
                       f"for this model")
@@ -260,17 +260,17 @@ async def _rows(request: Request, engine: Engine, tensor: Input) -> list[list[in
         raise bad(f"{name}: {count} rows; this server takes 1 to {most} per request")
     flat = tensors.values(tensor)
     items = flat if tensor.datatype == "BYTES" else [flat[i * width:(i + 1) * width] for i in range(count)]
-    return await token_rows(request, engine, items, name, [f"{name}[{i}]" for i in range(count)])
+    return await token_rows(request, worker, items, name, [f"{name}[{i}]" for i in range(count)])
 
 
 # -- running ----------------------------------------------------------------------------------------------
 
-async def _generate(request: Request, engine: Engine, prompts: list[list[int]], name: str,
+async def _generate(request: Request, worker: Worker, prompts: list[list[int]], name: str,
                     options: Sampling) -> Built:
-    """Each row as its own engine request, all at once; their answers in order."""
-    news = [new_tokens(request, engine, prompt, options.max_new_tokens, f"{name}[{i}]", "max_new_tokens")
+    """Each row as its own worker request, all at once; their answers in order."""
+    news = [new_tokens(request, worker, prompt, options.max_new_tokens, f"{name}[{i}]", "max_new_tokens")
             for i, prompt in enumerate(prompts)]
-    calls = [functools.partial(engine.submit_generate, prompt, generation_params(options, new, engine,
+    calls = [functools.partial(worker.submit_generate, prompt, generation_params(options, new, worker,
                                                                                  "parameters.speculate"))
              for prompt, new in zip(prompts, news)]
     results = await collect_all(submit_all(request, calls))
@@ -279,15 +279,15 @@ async def _generate(request: Request, engine: Engine, prompts: list[list[int]], 
     ids = np.full((rows, width), PAD, dtype=np.int64)
     for i, row in enumerate(tokens):
         ids[i, :len(row)] = row
-    return {"text_output": lambda: ([rows], [engine.decode(row) for row in tokens]),
+    return {"text_output": lambda: ([rows], [worker.decode(row) for row in tokens]),
             "output_ids": lambda: ([rows, width], ids),
             "output_lengths": lambda: ([rows], [len(row) for row in tokens]),
             "finish_reason": lambda: ([rows], [last.finish_reason or "stop" for _, last in results])}
 
 
-async def _heads(request: Request, engine: Engine, ids: list[list[int]], found: Tensors) -> Built:
-    """A head's outputs of each row, run in the engine's dynamic batches; per-token ones padded with 0."""
-    outputs = await run_rows(request, engine, [Row(row) for row in ids])
+async def _heads(request: Request, worker: Worker, ids: list[list[int]], found: Tensors) -> Built:
+    """A head's outputs of each row, run in the worker's dynamic batches; per-token ones padded with 0."""
+    outputs = await run_rows(request, worker, [Row(row) for row in ids])
     lengths = [len(row) for row in ids]
     built: Built = {LENGTHS: lambda: ([len(ids)], lengths)}
     for name in found:
@@ -305,7 +305,7 @@ def _stacked(values: list[Any]) -> tuple[list[int], np.ndarray]:
     return list(array.shape), array
 
 
-async def _embed(request: Request, engine: Engine, rows: list[list[int]], options: Pooling) -> Built:
-    vectors = np.asarray(await embed_vectors(request, engine, rows, options.pooling, options.normalize),
+async def _embed(request: Request, worker: Worker, rows: list[list[int]], options: Pooling) -> Built:
+    vectors = np.asarray(await embed_vectors(request, worker, rows, options.pooling, options.normalize),
                          dtype=np.float32)
     return {"embeddings": lambda: (list(vectors.shape), vectors)}

@@ -1,6 +1,6 @@
 """The server's Prometheus metrics, on a registry of its own so that two servers in one process don't mix.
 
-The engines record what the scheduler does (queue depth, batch sizes, queue wait, tokens); the app
+The workers record what the scheduler does (queue depth, batch sizes, queue wait, tokens); the app
 records what clients see (request latency and outcome).
 """
 

@@ -16,7 +16,7 @@ from hotrod.generation.config import Settings
 from hotrod.generation.lookup import Drafter
 from hotrod.generation.sampling import argmax
 from hotrod.generation.search import pick
-from hotrod.serve.protocol import TokenLogprobs
+from hotrod.serve.messages import TokenLogprobs
 from hotrod.serve.scheduler import Request
 from hotrod.serve.speculation import agreed
 

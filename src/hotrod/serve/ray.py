@@ -1,4 +1,4 @@
-"""hotrod on Ray Serve: each replica is a whole `hotrod serve` (its engines, batching and HTTP API) on one
+"""hotrod on Ray Serve: each replica is a whole `hotrod serve` (its workers, batching and HTTP API) on one
 node, and Ray runs as many as asked, routes requests to them, restarts the ones that die, and scales.
 
 A Serve config deploys it with the application builder `app`:
@@ -13,7 +13,7 @@ working directory, which a Serve config may set to a remote archive (`runtime_en
 "s3://bucket/artifacts.zip"}`) that each node downloads and caches once. `hotrod serve --ship` uploads
 local artifacts the same way, through the driver.
 
-Nothing here knows a model: a replica loads its artifacts with `load_engines` and serves them with
+Nothing here knows a model: a replica loads its artifacts with `load_workers` and serves them with
 `create_app`, the same two calls `hotrod serve` makes, so the endpoints (hotrod's, OpenAI's, the Open
 Inference Protocol) are the same on one machine and on a cluster. Ray's HTTP proxy on each node sends
 each request to a replica; hotrod's scheduler in that replica batches what it gets.
@@ -30,9 +30,9 @@ from ray.serve import metrics as ray_metrics
 from ray.serve.deployment import Application
 
 from hotrod.serve.app import create_app
-from hotrod.serve.engine import ModelEngine, load_engines
 from hotrod.serve.metrics import _RECORD, SPECS, Metrics, Spec
 from hotrod.serve.replicas import ReplicaSpec, spec_from_args
+from hotrod.serve.worker import ModelWorker, load_workers
 
 DEPLOYMENT = "hotrod"
 HEALTH_CHECK_PERIOD_S = 5.0
@@ -66,26 +66,26 @@ def _ray_metric(spec: Spec):
 
 
 class HotrodReplica:
-    """One replica: loads and warms its engines in the constructor (Ray counts it as started only once
-    they serve), then hands Ray the same app `hotrod serve` runs. Its lifespan drains the engines when
+    """One replica: loads and warms its workers in the constructor (Ray counts it as started only once
+    they serve), then hands Ray the same app `hotrod serve` runs. Its lifespan drains the workers when
     Ray stops the replica, after Ray's own wait for the requests in flight."""
 
     def __init__(self, spec: ReplicaSpec):
         self.spec = spec
         self.metrics = RayMetrics()
-        self.engines: dict[str, ModelEngine] = load_engines(spec.local_artifacts(), spec.options,
+        self.workers: dict[str, ModelWorker] = load_workers(spec.local_artifacts(), spec.options,
                                                             spec.replica_runtime(), self.metrics, spec.told)
-        for engine in self.engines.values():
-            engine.start()
+        for worker in self.workers.values():
+            worker.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.engines, self.spec.limits, self.metrics, self.spec.access)
+        return create_app(self.workers, self.spec.limits, self.metrics, self.spec.access)
 
     def check_health(self) -> None:
         """Ray's health check: a model whose worker died fails it, and Ray replaces the replica."""
-        for name, engine in self.engines.items():
-            if engine.failure():
-                raise RuntimeError(f"model {name} stopped working: {engine.failure()}")
+        for name, worker in self.workers.items():
+            if worker.failure():
+                raise RuntimeError(f"model {name} stopped working: {worker.failure()}")
 
 
 Replica = serve.deployment(name=DEPLOYMENT)(serve.ingress()(HotrodReplica))

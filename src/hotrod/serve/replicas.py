@@ -18,8 +18,8 @@ from typing import Any
 from hotrod.errors import HotrodError, check_count, check_number
 from hotrod.options import BACKENDS, DEVICES, ENGINE_PRECISIONS
 from hotrod.runtime.base import RuntimeOptions
-from hotrod.serve.engine import ServeOptions, served_names, told_choices
 from hotrod.serve.limits import API_KEY_ENV, Access, ServeLimits
+from hotrod.serve.worker import ServeOptions, served_names, told_choices
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ReplicaSpec:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     access: Access = field(default_factory=Access)
     scaling: Scaling = field(default_factory=Scaling)
-    # The fields of `runtime` the user chose (`hotrod.serve.engine.load_engines`); the others are left to
+    # The fields of `runtime` the user chose (`hotrod.serve.worker.load_workers`); the others are left to
     # each artifact, as `hotrod serve` leaves them.
     told: tuple[str, ...] = ()
 

@@ -35,8 +35,8 @@ from hotrod.generation import config as gen_config
 from hotrod.generation import draft_rules, search
 from hotrod.generation.state import DecodingState
 from hotrod.model import HotrodModel, torch_threads
+from hotrod.serve.messages import Params
 from hotrod.serve.picks import Outcome, RowOptions, accept
-from hotrod.serve.protocol import Params
 from hotrod.serve.scheduler import Request
 from hotrod.serve.slots import Group, compact, wanted_positions
 from hotrod.serve.speculation import drafts_of
@@ -74,7 +74,7 @@ class GenerationRunner:
         return params.prompt_lookup
 
     def speculated(self) -> tuple[int, int]:
-        """Tokens drafted, and those of them kept, since the last call (the engine's metrics read them)."""
+        """Tokens drafted, and those of them kept, since the last call (the worker's metrics read them)."""
         counts, self.drafted, self.accepted = (self.drafted, self.accepted), 0, 0
         return counts
 
@@ -108,7 +108,7 @@ class GenerationRunner:
         with torch_threads(self.model.backend.loop_threads):
             _, logits = state.start(ids, mask, 1)
             tokens = self._pick(logits[: len(requests)], requests, first=True)
-        # Cache copies run with all of torch's threads: the engine is idle meanwhile.
+        # Cache copies run with all of torch's threads: the worker does nothing else meanwhile.
         left = self._fill_slots(Group(state, [*requests, *[None] * spare]))
         if left.rows:
             self.groups.append(left)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hotrod.generation.self_cache import rounded_positions
-from hotrod.serve.protocol import Params, QueueFull
+from hotrod.serve.messages import Params, QueueFull
 
 POLICIES = ("continuous", "request", "none")
 _ids = itertools.count()
@@ -59,7 +59,7 @@ class Plan:
 
     `release`: rows whose cache slots the runner frees (they finished, failed or were cancelled since the
     last plan); `step`: the running rows, each decoded one token; `admit`: newcomers to prefill into the
-    batch; `whole`: a beam request, run alone between steps. `cancelled` are the requests the engine tells
+    batch; `whole`: a beam request, run alone between steps. `cancelled` are the requests the worker tells
     so (those that ran are in `release` too).
     """
 

@@ -20,13 +20,13 @@ from hotrod.serve.http_errors import (
     CLIENT_CLOSED,
     ApiError,
     Recorder,
-    engine_error,
     error_body,
     log,
     outcome_of,
     request_id_of,
+    worker_error,
 )
-from hotrod.serve.protocol import Event, Ticket
+from hotrod.serve.messages import Event, Ticket
 
 POLL_S = 0.05  # how often a waiting request asks whether its client is still there
 
@@ -35,8 +35,8 @@ def submit(request: Request, submit: Callable[[], Ticket]) -> TicketReader:
     """The ticket of a submitted request, read under the server's timeout; a refusal is its 4xx/5xx."""
     try:
         ticket = submit()
-    except Exception as exc:  # QueueFull 429, ShuttingDown/EngineDown 503, HotrodError 400, anything else 500
-        raise engine_error(exc, request_id_of(request)) from None
+    except Exception as exc:  # QueueFull 429, ShuttingDown/WorkerDown 503, HotrodError 400, anything else 500
+        raise worker_error(exc, request_id_of(request)) from None
     return TicketReader(ticket, request, request.app.state.limits.request_timeout_s)
 
 
@@ -57,7 +57,7 @@ class TicketReader:
     """Yields a ticket's events one by one; raises ApiError 504 at the deadline, 499 when the client left.
 
     Either way, and in `close()` when the final event was never read, the ticket is cancelled so that the
-    engine frees its slot at the next step.
+    worker frees its slot at the next step.
     """
 
     def __init__(self, ticket: Ticket, request: Request, timeout_s: float, poll_s: float = POLL_S):
@@ -181,7 +181,7 @@ async def collect(reader: TicketReader) -> tuple[list[int], Event]:
         while True:
             event = await reader.next()
             if event.error is not None:
-                raise engine_error(event.error, reader.request_id)
+                raise worker_error(event.error, reader.request_id)
             tokens.extend(event.tokens)
             if event.finish_reason is not None:
                 break
@@ -204,7 +204,7 @@ async def collect_all(readers: list[TicketReader]) -> list[tuple[list[int], Even
 
 
 def check_end(event: Event) -> None:
-    """Refuse an ending that is no answer: the engine cancelled the request, or it timed out there."""
+    """Refuse an ending that is no answer: the worker cancelled the request, or it timed out there."""
     if event.finish_reason == "cancelled":
         raise ApiError(503, "the server cancelled the request")
     if event.finish_reason == "timeout":
@@ -221,7 +221,7 @@ async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[lis
     try:
         first = await reader.next()
         if first.error is not None:
-            raise engine_error(first.error, reader.request_id)
+            raise worker_error(first.error, reader.request_id)
     except BaseException:
         reader.close()
         raise
@@ -242,7 +242,7 @@ async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[lis
                     return
                 yield sse(chunk(piece, event.tokens, None, None))
                 event = await reader.next()
-            raise engine_error(event.error, reader.request_id)
+            raise worker_error(event.error, reader.request_id)
         except Exception as exc:  # noqa: BLE001  (a stream ends with an error event, never a dropped connection)
             for line in stream_failed(exc, recorder, reader.request_id):
                 yield line

@@ -2,9 +2,9 @@
 /v1/rerank (Cohere's shape, Jina's too), /v1/tag and /v1/answer among them.
 
 Every route is the same five steps over the task's pipeline, so a route answers what the Python API
-answers: resolve a served model the task runs on (`rows.task_engine`); check at the door what needs no
+answers: resolve a served model the task runs on (`task_calls.task_worker`); check at the door what needs no
 tokenizer (the route's `Door`: counts, emptiness, bytes; and its own `check`); `prepare` on the model's
-tokenizer thread; run the rows in the engine's dynamic batches with other requests' rows (a 100-document
+tokenizer thread; run the rows in the worker's dynamic batches with other requests' rows (a 100-document
 rerank is one submission); `finish` on the same thread, and the route's `respond` shapes the body.
 text-embeddings-inference's routes are in `tei.py`.
 """
@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 
 from hotrod import tasks
 from hotrod.errors import HotrodError
-from hotrod.serve import rows
+from hotrod.serve import task_calls
 from hotrod.serve.endpoints import ERRORS, usage
 from hotrod.serve.http_errors import ApiError, Recorder
 from hotrod.serve.schemas import Usage
@@ -69,12 +69,12 @@ def _add(found: APIRouter, spec: tasks.TaskSpec) -> None:
 async def answer(spec: tasks.TaskSpec, body: Any, request: Request) -> Response:
     """A task route's answer to a validated request body."""
     route = spec.route
-    engine, recorder = rows.task_engine(request, spec, route.endpoint, getattr(body, "model", None))
+    worker, recorder = task_calls.task_worker(request, spec, route.endpoint, getattr(body, "model", None))
     door = route.door(body)
-    rows.check_count(request, door.count, door.param, door.most)
+    task_calls.check_count(request, door.count, door.param, door.most)
     for param, texts, truncate in door.other:
-        rows.check_texts(request, engine, texts, param, truncate)
-    rows.check_texts(request, engine, door.texts, door.param, door.truncate)
+        task_calls.check_texts(request, worker, texts, param, truncate)
+    task_calls.check_texts(request, worker, door.texts, door.param, door.truncate)
     if route.check is not None:
         try:
             route.check(body, request.app.state.limits)
@@ -82,14 +82,14 @@ async def answer(spec: tasks.TaskSpec, body: Any, request: Request) -> Response:
             field, _, _ = str(exc).partition(":")
             raise ApiError(400, str(exc), field) from None
     step = _named(spec.pipeline.prepare, route.fields)
-    prepared = await rows.prepare(request, engine, step, *route.arguments(body), param=door.param,
-                                  bounded=route.bounded_rows)
+    prepared = await task_calls.prepare(request, worker, step, *route.arguments(body), param=door.param,
+                                        bounded=route.bounded_rows)
     limit = request.app.state.limits.max_batch_inputs
     if len(prepared.rows) > limit:
         raise ApiError(400, f"{door.param}: it makes {len(prepared.rows)} {route.many}; this server runs at most "
                             f"{limit} per request (--max-batch-inputs)", door.param)
-    found = await rows.answer(request, engine, spec.pipeline, prepared, door.param)
-    reply = Reply(recorder.model, rows.tokens(prepared), len(prepared.rows))
+    found = await task_calls.answer(request, worker, spec.pipeline, prepared, door.param)
+    reply = Reply(recorder.model, task_calls.tokens(prepared), len(prepared.rows))
     return json_response(route.respond(body, found, reply), recorder)
 
 
@@ -106,6 +106,6 @@ def _named(prepare: Any, fields: tuple[str, ...]) -> Any:
             field = next((f for f in fields if message.startswith(("the " + f, f))), None)
             if field is None:
                 raise
-            raise rows.FieldError(field, message) from None
+            raise task_calls.FieldError(field, message) from None
 
     return step

@@ -16,10 +16,10 @@ from hotrod import tasks
 from hotrod.pipelines import classify
 from hotrod.pipelines import rerank as rerank_pipeline
 from hotrod.pipelines.base import Prepared
-from hotrod.serve import rows
+from hotrod.serve import task_calls
 from hotrod.serve.endpoints import ENCODERS, ERRORS
 from hotrod.serve.http_errors import ApiError, resolve
-from hotrod.serve.protocol import Engine
+from hotrod.serve.messages import Worker
 from hotrod.serve.task_routes import json_response
 from hotrod.serve.task_schemas import (
     Prediction,
@@ -37,16 +37,16 @@ _NAMED = {"predict": "/v1/classify", "rerank": "/v1/rerank"}  # the route of eac
 Item = str | list[str]  # one text, or a [text, text_pair]
 
 
-def served_head(request: Request, endpoint: str, task: str) -> tuple[Engine, Any]:
+def served_head(request: Request, endpoint: str, task: str) -> tuple[Worker, Any]:
     """The one served model that `task` (classification, or its reranking variant) runs on, as TEI serves one."""
-    engines = request.app.state.engines
+    workers = request.app.state.workers
     spec = tasks.get(task)
-    fits = [name for name, engine in engines.items()
-            if spec.refusal(engine.info.task, len(engine.info.labels)) is None]
+    fits = [name for name, worker in workers.items()
+            if spec.refusal(worker.info.task, len(worker.info.labels)) is None]
     wanted = f"{spec.base} model" + (f" fit for {spec.name}: {spec.needs}" if spec.variant_of else "")
     if not fits:
-        served = ", ".join(f"{name} ({engine.info.task or engine.info.kind}, {len(engine.info.labels)} labels)"
-                           for name, engine in engines.items())
+        served = ", ".join(f"{name} ({worker.info.task or worker.info.kind}, {len(worker.info.labels)} labels)"
+                           for name, worker in workers.items())
         raise ApiError(400, f"{request.url.path} needs a {wanted}; this server serves {served}")
     if len(fits) > 1:
         raise ApiError(400, f"{request.url.path} serves one {wanted}, and several are served ({', '.join(fits)}); "
@@ -74,48 +74,48 @@ def predict_items(inputs: str | list[str] | list[list[str]]) -> tuple[list[Item]
     return items, False
 
 
-def tei_function(engine: Engine, raw_scores: bool) -> str:
+def tei_function(worker: Worker, raw_scores: bool) -> str:
     if raw_scores:
         return "none"
-    return "sigmoid" if len(engine.info.labels) == 1 else "softmax"
+    return "sigmoid" if len(worker.info.labels) == 1 else "softmax"
 
 
 @router.post("/predict", response_model=PredictResponse, responses=ERRORS)
 async def predict(body: PredictRequest, request: Request) -> Response:
     """Every label's score of each input, best first (TEI's /predict)."""
-    engine, recorder = served_head(request, "predict", CLASSIFY)
+    worker, recorder = served_head(request, "predict", CLASSIFY)
     items, single = predict_items(body.inputs)
-    rows.check_count(request, len(items), "inputs")
+    task_calls.check_count(request, len(items), "inputs")
     texts = [(f"inputs[{i}]" if isinstance(item, str) else f"inputs[{i}][{j}]", text)
              for i, item in enumerate(items) for j, text in enumerate([item] if isinstance(item, str) else item)]
-    rows.check_texts(request, engine, texts, "inputs", body.truncate)
-    prepared = await _prepare_mixed(request, engine, items, tei_function(engine, body.raw_scores), body.truncate)
-    answers = await rows.answer(request, engine, classify, prepared, "inputs")
+    task_calls.check_texts(request, worker, texts, "inputs", body.truncate)
+    prepared = await _prepare_mixed(request, worker, items, tei_function(worker, body.raw_scores), body.truncate)
+    answers = await task_calls.answer(request, worker, classify, prepared, "inputs")
     predictions = [[Prediction(**label) for label in labels] for labels in answers]
     return json_response(PredictResponse(predictions[0] if single else predictions), recorder)
 
 
-async def _prepare_mixed(request: Request, engine: Engine, items: list[Item], function: str,
+async def _prepare_mixed(request: Request, worker: Worker, items: list[Item], function: str,
                          truncate: bool) -> Prepared:
     """The rows of every input, in order: classify's prepare takes texts or pairs, and a TEI batch may hold
     both, so a mixed batch is prepared input by input (every label of each, through `function`)."""
     parts = [items] if len({isinstance(item, str) for item in items}) == 1 else [[item] for item in items]
-    prepared = [await rows.prepare(request, engine, classify.prepare, part, None, function, truncate,
-                                   param="inputs") for part in parts]
+    prepared = [await task_calls.prepare(request, worker, classify.prepare, part, None, function, truncate,
+                                         param="inputs") for part in parts]
     return Prepared([row for part in prepared for row in part.rows], state=False, options=prepared[0].options)
 
 
 @router.post("/rerank", response_model=TeiRerankResponse, responses=ERRORS)
 async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     """The texts by relevance to the query, best first (TEI's /rerank)."""
-    engine, recorder = served_head(request, "rerank", RERANK)
-    rows.check_count(request, len(body.texts), "texts", MAX_DOCUMENTS)
-    rows.check_texts(request, engine, [("query", body.query)], "query", body.truncate)
-    rows.check_texts(request, engine, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
-                     body.truncate)
-    prepared = await rows.prepare(request, engine, rerank_pipeline.prepare, body.query, body.texts, None,
-                                  body.truncate, tei_function(engine, body.raw_scores), param="texts")
-    ranking = await rows.answer(request, engine, rerank_pipeline, prepared, "texts")
+    worker, recorder = served_head(request, "rerank", RERANK)
+    task_calls.check_count(request, len(body.texts), "texts", MAX_DOCUMENTS)
+    task_calls.check_texts(request, worker, [("query", body.query)], "query", body.truncate)
+    task_calls.check_texts(request, worker, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
+                           body.truncate)
+    prepared = await task_calls.prepare(request, worker, rerank_pipeline.prepare, body.query, body.texts, None,
+                                        body.truncate, tei_function(worker, body.raw_scores), param="texts")
+    ranking = await task_calls.answer(request, worker, rerank_pipeline, prepared, "texts")
     ranks = [Rank(index=r["index"], text=body.texts[r["index"]] if body.return_text else None, score=r["score"])
              for r in ranking]
     return json_response(TeiRerankResponse(ranks), recorder)

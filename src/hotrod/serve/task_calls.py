@@ -1,9 +1,9 @@
 """A task's rows through a served encoder head: checked at the door, prepared off the event loop, run in the
-engine's dynamic batches with every other request's rows.
+worker's dynamic batches with every other request's rows.
 
 The routes of `task_routes.py` and `tei.py` are each four steps over `hotrod.pipelines`: resolve a model the
-task runs on (`task_engine`), check what needs no tokenizer (counts, emptiness, bytes), `prepare` (the pipeline's
-own checks and tokenization, on the model's tokenizer thread), `run` (the engine batches the rows with
+task runs on (`task_worker`), check what needs no tokenizer (counts, emptiness, bytes), `prepare` (the pipeline's
+own checks and tokenization, on the model's tokenizer thread), `run` (the worker batches the rows with
 other requests'; the scheduler sees only their lengths) and `finish` (the pipeline's answer, on the same
 thread). A pipeline's HotrodError is the client's fault by construction (an empty text, a pair missing a
 side, an input past the model's positions without `truncate`), so it is a 400 naming the field.
@@ -24,7 +24,7 @@ from hotrod.pipelines.base import Prepared, Row
 from hotrod.serve.checks import check_bytes, input_limit
 from hotrod.serve.endpoints import ENCODERS
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
-from hotrod.serve.protocol import Engine
+from hotrod.serve.messages import Worker
 from hotrod.serve.sse import collect, submit
 
 
@@ -36,19 +36,19 @@ class FieldError(HotrodError):
         self.field = field
 
 
-def task_engine(request: Request, spec: Any, endpoint: str, name: str | None) -> tuple[Engine, Recorder]:
+def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) -> tuple[Worker, Recorder]:
     """The served model a request names, refused (400, naming its task) unless `spec` runs on it
     (`hotrod.tasks.TaskSpec.refusal`)."""
-    engine, recorder = resolve(request, endpoint, name, ENCODERS)
-    found = engine.info.task or engine.info.kind
-    labels = len(engine.info.labels)
+    worker, recorder = resolve(request, endpoint, name, ENCODERS)
+    found = worker.info.task or worker.info.kind
+    labels = len(worker.info.labels)
     if spec.refusal(found, labels) is None:
-        return engine, recorder
+        return worker, recorder
     route = request.url.path
     if found != spec.base:
-        raise ApiError(400, f"model: '{engine.info.name}' is a {found} model; {route} needs a {spec.base} model",
+        raise ApiError(400, f"model: '{worker.info.name}' is a {found} model; {route} needs a {spec.base} model",
                        "model")
-    raise ApiError(400, f"model: '{engine.info.name}' has {labels} labels; {route} needs {spec.needs}", "model")
+    raise ApiError(400, f"model: '{worker.info.name}' has {labels} labels; {route} needs {spec.needs}", "model")
 
 
 def check_count(request: Request, count: int, param: str, most: int | None = None) -> None:
@@ -64,10 +64,10 @@ def check_count(request: Request, count: int, param: str, most: int | None = Non
                        param)
 
 
-def check_texts(request: Request, engine: Engine, texts: Sequence[tuple[str, Any]], param: str,
+def check_texts(request: Request, worker: Worker, texts: Sequence[tuple[str, Any]], param: str,
                 truncate: bool) -> None:
     """Each (where, text) a non-empty string and, unless it will be truncated, short enough to tokenize."""
-    limit = input_limit(request, engine)
+    limit = input_limit(request, worker)
     for where, text in texts:
         if not isinstance(text, str):
             raise ApiError(400, f"{where}: must be a string", param)
@@ -77,15 +77,15 @@ def check_texts(request: Request, engine: Engine, texts: Sequence[tuple[str, Any
             check_bytes(text, limit, where, param)
 
 
-async def prepare(request: Request, engine: Engine, step: Callable[..., Prepared], *args: Any,
+async def prepare(request: Request, worker: Worker, step: Callable[..., Prepared], *args: Any,
                   param: str, bounded: bool = True) -> Prepared:
     """A pipeline's `prepare(model, *args)` on the model's tokenizer thread, its rows bounded by the server's
     input limit (which --max-input-tokens may set below the model's positions) unless the request sizes
     them itself (`bounded` False: a question's windows)."""
-    prepared = await on_tokenizer(request, engine, step, *args, param=param)
+    prepared = await on_tokenizer(request, worker, step, *args, param=param)
     if not bounded:
         return prepared
-    limit = input_limit(request, engine)
+    limit = input_limit(request, worker)
     for i, row in enumerate(prepared.rows):
         if len(row) > limit:
             raise ApiError(400, f"{param}: input {i} has {len(row)} tokens; this server takes at most {limit} per "
@@ -93,10 +93,10 @@ async def prepare(request: Request, engine: Engine, step: Callable[..., Prepared
     return prepared
 
 
-async def on_tokenizer(request: Request, engine: Engine, step: Callable[..., Any], *args: Any, param: str) -> Any:
+async def on_tokenizer(request: Request, worker: Worker, step: Callable[..., Any], *args: Any, param: str) -> Any:
     """`step(model, *args)` on the model's own tokenizer thread: off the event loop, one thread per tokenizer."""
-    pool = request.app.state.tokenizers[engine.info.name]
-    call = functools.partial(step, engine.pipeline_model(), *args)
+    pool = request.app.state.tokenizers[worker.info.name]
+    call = functools.partial(step, worker.pipeline_model(), *args)
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, call)
     except FieldError as exc:
@@ -105,9 +105,9 @@ async def on_tokenizer(request: Request, engine: Engine, step: Callable[..., Any
         raise ApiError(400, f"{param}: {first_line(exc)}", param) from None
 
 
-async def run(request: Request, engine: Engine, rows: list[Row]) -> list[dict[str, torch.Tensor]]:
-    """Each row's outputs, from the engine's dynamic batches (under the request's timeout and cancellation)."""
-    reader = submit(request, functools.partial(engine.submit_rows, rows))
+async def run(request: Request, worker: Worker, rows: list[Row]) -> list[dict[str, torch.Tensor]]:
+    """Each row's outputs, from the worker's dynamic batches (under the request's timeout and cancellation)."""
+    reader = submit(request, functools.partial(worker.submit_rows, rows))
     _, last = await collect(reader)
     outputs = last.result if last.result is not None else []
     if len(outputs) != len(rows):
@@ -115,11 +115,11 @@ async def run(request: Request, engine: Engine, rows: list[Row]) -> list[dict[st
     return outputs
 
 
-async def answer(request: Request, engine: Engine, module: Any, prepared: Prepared, param: str) -> Any:
+async def answer(request: Request, worker: Worker, module: Any, prepared: Prepared, param: str) -> Any:
     """A task's answer: its prepared rows run, then `module.finish` on the tokenizer thread (span searches
     and entity grouping are Python work that must not hold the event loop)."""
-    outputs = await run(request, engine, prepared.rows)
-    return await on_tokenizer(request, engine, module.finish, prepared, outputs, param=param)
+    outputs = await run(request, worker, prepared.rows)
+    return await on_tokenizer(request, worker, module.finish, prepared, outputs, param=param)
 
 
 def tokens(prepared: Prepared) -> int:

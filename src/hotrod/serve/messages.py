@@ -1,9 +1,9 @@
-"""What the HTTP layer and a served model's engine exchange: plain dataclasses and one Protocol.
+"""What the HTTP layer and a served model's worker exchange: plain dataclasses and one Protocol.
 
 The app validates a request, turns it into token ids and `Params`, and submits it to the model's
-`Engine`; the engine queues it, batches it with others (dynamic batching for encoders, continuous
+`Worker`; the worker queues it, batches it with others (dynamic batching for encoders, continuous
 batching for generation) and reports back through a `Ticket`. Neither side knows how the other works:
-the app is tested with a fake engine, the scheduler with a fake model runner.
+the app is tested with a fake worker, the scheduler with a fake model runner.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class BatchFailed(Exception):
     """Running this request failed (500); its message is for the log, never for the client."""
 
 
-class EngineDown(Exception):
+class WorkerDown(Exception):
     """The model's worker has died: nothing it holds or is sent will run (503, and the server exits)."""
 
     def __init__(self, reason: str = "the model's worker has stopped"):
@@ -87,9 +87,9 @@ class Event:
 
 
 class Ticket:
-    """A submitted request: events arrive from the engine's thread, the app reads them with `events()`.
+    """A submitted request: events arrive from the worker's thread, the app reads them with `events()`.
 
-    `cancel()` (a disconnected client, a timeout) tells the engine to free the request's slot at its next
+    `cancel()` (a disconnected client, a timeout) tells the worker to free the request's slot at its next
     step; the ticket then ends with finish_reason "cancelled".
     """
 
@@ -102,7 +102,7 @@ class Ticket:
         self.started: float | None = None  # when it first ran
 
     def push(self, event: Event) -> None:
-        """Called from the engine's thread."""
+        """Called from the worker's thread."""
         if event.finish_reason is not None or event.error is not None:
             self.done = True
         try:
@@ -136,7 +136,7 @@ class ModelInfo:
     verifies_drafts: bool = False  # checks several drafted tokens a row in one pass: speculative decoding runs
 
 
-class Engine(Protocol):
+class Worker(Protocol):
     """One served model: a tokenizer, a queue, a scheduler and a runner on a thread of its own."""
 
     info: ModelInfo

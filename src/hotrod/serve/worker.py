@@ -2,12 +2,12 @@
 
 The app submits requests from the event loop; the worker thread owns the model and runs the loop
 plan -> execute -> record. The scheduler alone knows which requests run; the runner executes its plan
-and returns an outcome per row, and the engine hands each outcome to its request's ticket as it happens
+and returns an outcome per row, and the worker hands each outcome to its request's ticket as it happens
 (a streaming client sees each token the step it is produced) and back to the scheduler.
 
 Failures stay as small as they can: a row whose token choice fails is failed alone; a failure of the
 batched forward itself fails the rows of that call; a worker that dies fails everything it holds with
-EngineDown, refuses what comes after, and says so through `failure()`, so the server can exit and be
+WorkerDown, refuses what comes after, and says so through `failure()`, so the server can exit and be
 restarted. Exception text goes to the log, never to a client.
 """
 
@@ -28,9 +28,9 @@ from hotrod.model import HotrodModel
 from hotrod.pipelines.base import Row
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.serve.encoder_runner import ROWS, EncoderRunner
+from hotrod.serve.messages import BatchFailed, Event, ModelInfo, Params, ShuttingDown, Ticket, WorkerDown
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.picks import Outcome, Pick
-from hotrod.serve.protocol import BatchFailed, EngineDown, Event, ModelInfo, Params, ShuttingDown, Ticket
 from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import POLICIES, ContinuousScheduler, DynamicBatcher, Plan, Request
 from hotrod.serve.slots import position_bytes
@@ -62,7 +62,7 @@ class ServeOptions:
             raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")
 
 
-class ModelEngine:
+class ModelWorker:
     def __init__(self, name: str, model: HotrodModel, options: ServeOptions, metrics: Metrics | None = None,
                  path: str = ""):
         self.model = model
@@ -122,7 +122,7 @@ class ModelEngine:
         request.ticket.submitted = request.arrived
         with self._cond:
             if self._failure is not None:
-                raise EngineDown(self._failure)
+                raise WorkerDown(self._failure)
             if not self._accepting:
                 raise ShuttingDown()
             self.scheduler.add(request)  # QueueFull past the bound
@@ -135,7 +135,7 @@ class ModelEngine:
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Warm up (the first runs build kernels and buffers), then start the worker."""
+        """Warm up (the first runs build kernels and buffers), then start the worker thread."""
         self._warm_up()
         self._thread = threading.Thread(target=self._loop, name=f"hotrod-{self.info.name}", daemon=True)
         self._thread.start()
@@ -171,7 +171,7 @@ class ModelEngine:
             self.model.run_rows([Row([1, 2, 3])])
 
     def _fail_all(self, error: BaseException) -> None:
-        """End every request the engine holds with `error` (under the lock)."""
+        """End every request the worker holds with `error` (under the lock)."""
         waiting = list(self.scheduler.waiting)
         self.scheduler.waiting.clear()
         running = self.scheduler.fail_running() if isinstance(self.scheduler, ContinuousScheduler) else []
@@ -179,7 +179,7 @@ class ModelEngine:
             if not request.ticket.done:
                 request.ticket.push(Event(error=error))
 
-    # -- the worker ------------------------------------------------------------------------------------
+    # -- the thread ------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         try:
@@ -189,7 +189,7 @@ class ModelEngine:
             with self._cond:
                 self._failure = first_line(exc)
                 self._accepting = False
-                self._fail_all(EngineDown(self._failure))
+                self._fail_all(WorkerDown(self._failure))
 
     def _serve_loop(self) -> None:
         iteration = self._generation_iteration if self.model.spec.generates else self._encoder_iteration
@@ -336,19 +336,19 @@ def told_choices(given: Callable[[str], Any]) -> tuple[str, ...]:
     return tuple(field for field in RUNTIME_CHOICES if given(_OPTION_OF[field]) is not None)
 
 
-def load_engines(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions, metrics: Metrics,
-                 told: tuple[str, ...] = RUNTIME_CHOICES) -> dict[str, ModelEngine]:
-    """One engine per artifact directory, named after the directory; names must be unique. `told` names the
+def load_workers(dirs: list[str], options: ServeOptions, runtime: RuntimeOptions, metrics: Metrics,
+                 told: tuple[str, ...] = RUNTIME_CHOICES) -> dict[str, ModelWorker]:
+    """One worker per artifact directory, named after the directory; names must be unique. `told` names the
     fields of `runtime` the user chose; the others are left to each artifact (an engine artifact runs on
     the torch backend, in the precision and on the device it was built for)."""
     import hotrod
 
-    engines: dict[str, ModelEngine] = {}
+    workers: dict[str, ModelWorker] = {}
     for name, directory in zip(served_names(dirs), dirs):
         precision = runtime.precision if runtime.backend == "torch" or "precision" in told else None
         chosen = {"backend": runtime.backend, "device": runtime.device, "precision": precision}
         model = hotrod.load(directory, threads=runtime.threads,
                             **{key: value if key in told else None for key, value in chosen.items()})
-        engines[name] = ModelEngine(name, model, options, metrics, str(directory))
-    return engines
+        workers[name] = ModelWorker(name, model, options, metrics, str(directory))
+    return workers
 
