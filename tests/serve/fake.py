@@ -76,7 +76,8 @@ class FakeWorker:
     def __post_init__(self) -> None:
         self.info = ModelInfo(name=self.name, kind=self.kind, vocab_size=self.vocab_size,
                               max_positions=self.max_positions, created=1_700_000_000, path=f"/models/{self.name}",
-                              verifies_drafts=self.verifies_drafts and kinds.spec(self.kind).generates)
+                              verifies_drafts=self.verifies_drafts and kinds.spec(self.kind).generates,
+                              width=0 if kinds.spec(self.kind).generates else self.hidden)
         self._jobs: list[_Job] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -174,7 +174,8 @@ def test_openapi_lists_endpoints_and_fields(client):
     assert generate["properties"]["temperature"]["minimum"] == 0
     assert generate["properties"]["num_beams"]["maximum"] == 8
     assert components["CompletionRequest"]["required"] == ["prompt"]
-    assert set(components["EmbeddingsRequest"]["properties"]) == {"model", "input", "encoding_format", "user"}
+    assert set(components["EmbeddingsRequest"]["properties"]) == {"model", "input", "encoding_format", "dimensions",
+                                                                   "user"}
     responses = schema["paths"]["/v1/generate"]["post"]["responses"]
     assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert "text/event-stream" in responses["200"]["content"]
@@ -227,7 +228,10 @@ BAD_REQUESTS = [
     ("/v1/embed", {"model": "bert", "texts": ["a"], "pooling": "max"}, 422, "pooling"),
     ("/v1/embeddings", {"model": "bert", "input": []}, 400, "input"),
     ("/v1/embeddings", {"model": "bert", "input": "a" * 65}, 400, "input"),
-    ("/v1/embeddings", {"model": "bert", "input": "a", "encoding_format": "base64"}, 422, "encoding_format"),
+    ("/v1/embeddings", {"model": "bert", "input": "a", "encoding_format": "int8"}, 422, "encoding_format"),
+    ("/v1/embeddings", {"model": "bert", "input": "a", "dimensions": 0}, 422, "dimensions"),
+    ("/v1/embeddings", {"model": "bert", "input": "a", "dimensions": 9}, 400, "dimensions"),
+    ("/v1/embeddings", {"model": "bert", "input": "a", "user": "u" * 257}, 422, "user"),
     ("/v1/embeddings", {"model": "bert"}, 422, "input"),
 ]
 

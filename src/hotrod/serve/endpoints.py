@@ -6,9 +6,12 @@ never takes a slot. OpenAI's completions endpoint, which has more to it, is in `
 
 from __future__ import annotations
 
+import base64
 import functools
+import logging
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from hotrod import kinds, tasks
@@ -36,6 +39,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody}
 STREAMED = {**ERRORS, 200: {"description": "JSON, or with `stream: true` server-sent events ending in "
                                            "`data: [DONE]`", "content": {"text/event-stream": {}}}}
 
+log = logging.getLogger("hotrod.serve")
 router = APIRouter()
 
 
@@ -94,6 +98,25 @@ def check_embeds(worker: Worker) -> None:
                             f"{', '.join(routes + ['/v2 infer'])}", "model")
 
 
+def check_dimensions(dimensions: int | None, width: int) -> None:
+    """`dimensions` at most the model's width (0: not known yet)."""
+    if dimensions is not None and width and dimensions > width:
+        raise ApiError(400, f"dimensions: {dimensions} is more than the {width} numbers of this model's vectors",
+                       "dimensions")
+
+
+def openai_vector(vector: list[float], dimensions: int | None, encoding_format: str) -> list[float] | str:
+    """One vector as OpenAI's API returns it: its first `dimensions` numbers made unit length again, as
+    numbers or as the base64 of their little-endian float32 bytes."""
+    values = np.asarray(vector, dtype=np.float32)
+    if dimensions is not None:
+        values = values[:dimensions]
+        values = values / max(float(np.linalg.norm(values)), 1e-12)
+    if encoding_format == "base64":
+        return base64.b64encode(values.astype("<f4").tobytes()).decode("ascii")
+    return values.tolist()
+
+
 async def embed_vectors(request: Request, worker: Worker, rows: list[list[int]], pooling: str,
                         normalize: bool) -> list[list[float]]:
     """The embeddings of checked rows, one per row."""
@@ -120,14 +143,20 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS)
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    """OpenAI's embeddings endpoint: mean-pooled, unit-length vectors."""
+    """OpenAI's embeddings endpoint: mean-pooled, unit-length vectors, as numbers or as base64 (what the
+    official client asks for by default), cut to `dimensions` and made unit length again where asked."""
     worker, recorder = resolve(request, "embeddings", body.model, ENCODERS)
     check_embeds(worker)
+    check_dimensions(body.dimensions, worker.info.width)
+    if body.user is not None:
+        log.info("embeddings for user %r on model %s", body.user, worker.info.name)
     items = body.input
     if isinstance(items, str) or (items and isinstance(items[0], int)):
         items = [items]  # one text, or one row of token ids
     rows = await embed_rows(request, worker, items, "input")  # type: ignore[arg-type]
     vectors = await embed_vectors(request, worker, rows, "mean", True)
-    data = [EmbeddingData(index=i, embedding=vector) for i, vector in enumerate(vectors)]
+    check_dimensions(body.dimensions, len(vectors[0]))
+    data = [EmbeddingData(index=i, embedding=openai_vector(vector, body.dimensions, body.encoding_format))
+            for i, vector in enumerate(vectors)]
     return json_response(EmbeddingsResponse(data=data, model=recorder.model, usage=usage(sum(map(len, rows)))),
                          recorder)

@@ -134,6 +134,7 @@ class ModelInfo:
     task: str | None = None  # an encoder's head (`hotrod.tasks`): which /v1 task routes it answers
     labels: tuple[str, ...] = ()  # a labelled head's label of each output index
     verifies_drafts: bool = False  # checks several drafted tokens a row in one pass: speculative decoding runs
+    width: int = 0  # an encoder's embedding size (0: not known before its first answer)
 
 
 class Worker(Protocol):

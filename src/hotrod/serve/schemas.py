@@ -100,12 +100,17 @@ class CompletionRequest(_Request):
 
 
 class EmbeddingsRequest(_Request):
-    """OpenAI's embeddings request (mean pooling, unit-length vectors)."""
+    """OpenAI's embeddings request (mean pooling, unit-length vectors). The official `openai` client asks for
+    `base64` unless told otherwise: each vector's little-endian float32 bytes, base64-encoded."""
 
     model: str | None = _MODEL
     input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float"] = "float"
-    user: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="The first N numbers of each vector, made unit length "
+                                                         "again (as OpenAI's Matryoshka models); at most the "
+                                                         "model's width.")
+    user: str | None = Field(None, max_length=256, description="The caller's end-user id, as OpenAI's API takes "
+                                                               "it: written to the server's log with the request.")
 
 
 class Usage(BaseModel):
@@ -154,7 +159,8 @@ class CompletionResponse(BaseModel):
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float]
+    embedding: list[float] | str = Field(description="The vector, or with encoding_format base64 its "
+                                                     "little-endian float32 bytes in base64")
 
 
 class EmbeddingsResponse(BaseModel):

@@ -71,7 +71,8 @@ class ModelWorker:
         dims = model.dims
         verifies = model.spec.generates and model.backend.verifies_drafts
         self.info = ModelInfo(name, model.kind, model.config.vocab_size, dims.max_positions, int(time.time()), path,
-                              model.task, tuple(model.labels[i] for i in sorted(model.labels)), verifies)
+                              model.task, tuple(model.labels[i] for i in sorted(model.labels)), verifies,
+                              dims.hidden_size if model.spec.encodes else 0)
         self._cond = threading.Condition()
         self._accepting = True
         self._ready = False
