@@ -79,10 +79,16 @@ def save_roberta_tokenizer(directory: Path) -> int:
     return len(wrapped)
 
 
-def save_bert_tokenizer(directory: Path, cls: type = transformers.BertTokenizer) -> int:
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MPNET_SPECIALS = ("<s>", "<pad>", "</s>", "[UNK]", "<mask>")  # bos 0, pad 1, eos 2: MPNet's config and tokenizer
+
+
+def save_bert_tokenizer(directory: Path, cls: type = transformers.BertTokenizer,
+                        specials: tuple[str, ...] = BERT_SPECIALS) -> int:
     """A WordPiece tokenizer whose vocabulary is exactly VOCAB entries (`cls`: BERT's, or a family's own
-    over the same vocabulary, such as DistilBERT's, which gives no token_type_ids)."""
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+    over the same vocabulary, such as DistilBERT's, which gives no token_type_ids; `specials` take the
+    first ids: MPNet's are its own)."""
+    words = [*specials, *"abcdefghijklmnopqrstuvwxyz"]
     words += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + BERT_WORDS
     words = list(dict.fromkeys(words))
     words += [f"[unused{i}]" for i in range(VOCAB - len(words))]
@@ -160,6 +166,10 @@ CASES: dict[str, Case] = {
                  max_position_embeddings=POSITIONS, classifier_pooling="mean", pad_token_id=0, bos_token_id=2,
                  cls_token_id=2, eos_token_id=3, sep_token_id=3),  # the WordPiece tokenizer's ids
              tokenizer=save_bert_tokenizer),
+        Case("mpnet", "mpnet", "mpnet", "encoder", transformers.MPNetModel,
+             lambda: transformers.MPNetConfig(**_ENCODER, max_position_embeddings=POSITIONS + 2),  # pad 1, bos 0, eos 2
+             tokenizer=functools.partial(save_bert_tokenizer, cls=transformers.MPNetTokenizer,
+                                         specials=MPNET_SPECIALS)),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]
