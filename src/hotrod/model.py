@@ -30,8 +30,10 @@ from hotrod.generation.self_cache import SelfCache
 from hotrod.generation.spares import Spares
 from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
-from hotrod.model_inputs import as_long, check_row, embed_rows, token_ids, token_types
+from hotrod.model_inputs import as_long, check_row, token_ids, token_types
+from hotrod.pipelines import sentence
 from hotrod.pipelines.base import Row
+from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.registry import Family
 
 # What finished generate() calls keep for the next ones at most, in all (`hotrod.generation.spares`):
@@ -54,8 +56,10 @@ class ModelOutput:
 
 
 class HotrodModel:
-    def __init__(self, family: Family, config, backend, generation_config, tokenizer=None, manifest: dict | None = None):
+    def __init__(self, family: Family, config, backend, generation_config, tokenizer=None, manifest: dict | None = None,
+                 sentence: SentencePipeline | None = None):
         self.family = family
+        self.sentence = sentence  # a sentence-transformers checkpoint's modules, which `embed` runs
         self.config = config
         self.backend = backend
         self.generation_config = generation_config
@@ -219,27 +223,30 @@ class HotrodModel:
     # -- embeddings -----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def embed(self, texts_or_ids, pooling: str = "mean", normalize: bool = False, batch_size: int = 32) -> torch.Tensor:
-        """Sentence embeddings [n, hidden] from the encoder's last hidden state.
+    def embed(self, texts_or_ids, pooling: str | None = None, normalize: bool | None = None, batch_size: int = 32, *,
+              prompt_name: str | None = None, prompt: str | None = None, truncate_dim: int | None = None) -> torch.Tensor:
+        """Sentence embeddings [n, width]: for a sentence-transformers checkpoint what
+        `SentenceTransformer(path).encode(texts, prompt_name=, prompt=, truncate_dim=)` gives (its pooling,
+        Dense, Normalize, prompts and max_seq_length; `hotrod.pipelines.sentence`), else mean pooling of
+        the last hidden state. `pooling` ("mean" | "cls") replaces the checkpoint's pooling modes;
+        `normalize` True normalizes the result (after truncate_dim, as encode's normalize_embeddings), False
+        leaves out the checkpoint's Normalize. Token ids take no prompt (not even the default one).
 
         Inputs are sorted by length and run in sub-batches padded only to their own longest member, so
         mixed lengths do not pay for each other's padding; rows come back in the caller's order.
         """
-        if pooling not in ("mean", "cls"):
-            raise HotrodError(f"unknown pooling {pooling!r}; choose from mean, cls")
         if not self.spec.encodes:
             raise HotrodError(f"{self.config.model_type} is a decoder-only model; embed() needs an encoder")
         if not tasks.get(self.task).embeds:
             raise HotrodError(f"this model ends in its {self.task} head, so it has no embeddings; build it with "
                               f"--task {tasks.bare(self.kind).name} (task=) for the bare encoder")
-        if batch_size < 1:
-            raise HotrodError(f"batch_size must be >= 1, got {batch_size}")
-        rows = embed_rows(texts_or_ids, self.tokenizer, self.dims)
-        result = torch.empty(len(rows), self.dims.hidden_size)
+        check_count("batch_size", batch_size)
         with torch_threads(self.backend.loop_threads):
-            for group in plan([len(r) for r in rows], batch_size):
-                result[group] = self._embed_batch([rows[i] for i in group], pooling)
-        return torch.nn.functional.normalize(result, dim=-1) if normalize else result
+            return sentence.embed(self, texts_or_ids, pooling, normalize, batch_size, prompt_name, prompt, truncate_dim)
+
+    def embedding_settings(self, pooling: str | None = None, normalize: bool | None = None) -> dict:
+        """What `embed(pooling=, normalize=)` applies: the pooling modes, and whether it normalizes."""
+        return sentence.settings(self, pooling, normalize)
 
     # -- task heads (`hotrod.pipelines`) -------------------------------------------------------------
 
@@ -315,18 +322,15 @@ class HotrodModel:
                 result[spec.name][group, :width] = value * real
         return result
 
-    def _embed_batch(self, rows: list[list[int]], pooling: str) -> torch.Tensor:
+    def hidden_states(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's last hidden state [B, S, H] (fp32, on the CPU) of `rows` padded on the right, and their mask."""
         width = max(len(r) for r in rows)
         pad = self._pad_id()
         ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
         out = self.backend.run("encoder", feeds)
-        hidden = self._host(next(iter(out.values()))).float()
-        if pooling == "cls":
-            return hidden[:, 0]
-        weights = mask[:, :, None].to(hidden.dtype)
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        return self._host(next(iter(out.values()))).float(), mask
 
     def _host(self, value, device: torch.device | None = None) -> torch.Tensor:
         """A backend output as the caller gets it: a torch tensor where the inputs were (the CPU unless

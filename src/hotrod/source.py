@@ -164,6 +164,13 @@ def source_fingerprint(path: Path) -> str:
         if file.is_file() and file.suffix in (".json", ".txt", ".model") and not file.name.endswith(".index.json"):
             digest.update(file.name.encode())
             digest.update(file_sha256(file).encode())
+    from hotrod.pipelines.sentence import SentencePipeline  # below source.py's readers, imported when needed
+
+    pipeline = SentencePipeline.read(path)  # its module folders' configs and weights change the vectors too
+    for name in pipeline.files if pipeline else ():
+        if "/" in name:
+            digest.update(name.encode())
+            digest.update(file_sha256(path / name).encode())
     return digest.hexdigest()
 
 

@@ -24,6 +24,7 @@ from hotrod.optimize import cpu_attention_graph, fuse_graph, lower_graph, note_f
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts, kernel_runs
 from hotrod.options import ExportOptions, OptimizeOptions
+from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.precisions import Precision
 from hotrod.source import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
 from hotrod.tasks import TASK_KEY, labels
@@ -136,10 +137,17 @@ def copy_graphs(source: Path, dest: Path) -> None:
     for file in source.iterdir():
         if file.is_file() and file.name != art.MANIFEST:
             shutil.copyfile(file, dest / file.name)
+    pipeline = SentencePipeline.read(source)  # its module folders' files (`write_configs`), and nothing else:
+    for name in pipeline.files if pipeline else ():  # `--precision auto`'s working folders live in `source` too
+        if "/" in name:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, dest / name)
 
 
 def write_configs(src: Source, out: Path) -> dict:
-    """Copy config.json, write generation_config.json and the tokenizer; returns their manifest entries."""
+    """Copy config.json, write generation_config.json and the tokenizer, and copy a sentence-transformers
+    checkpoint's module files (`hotrod.pipelines.sentence`: the artifact embeds as the checkpoint does);
+    returns their manifest entries."""
     shutil.copyfile(src.path / "config.json", out / "config.json")
     told = getattr(src.config, TASK_KEY, None)
     if told:  # the task given with --task, kept with the config so that the artifact reads back as built
@@ -149,7 +157,12 @@ def write_configs(src: Source, out: Path) -> dict:
     tokenizer = load_tokenizer(src.path)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    pipeline = SentencePipeline.read(src.path)
+    for name in pipeline.files if pipeline else ():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src.path / name, out / name)
     names = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.endswith(GRAPH_SUFFIXES))
+    names += [name for name in (pipeline.files if pipeline else ()) if name not in names]
     return {name: art.file_entry(out, name) for name in names if name != art.MANIFEST}
 
 
@@ -167,6 +180,7 @@ def describe_source(src: Source) -> dict:
         "dims": src.family.dims(src.config).to_dict(),
         "versions": versions(),
         "code": code_fingerprint(),
+        **({"sentence_transformers": pipeline.to_dict()} if (pipeline := SentencePipeline.read(src.path)) else {}),
     }
 
 

@@ -29,6 +29,7 @@ from hotrod.kinds import spec as kind_spec
 from hotrod.model import HotrodModel
 from hotrod.models import get_family
 from hotrod.options import ExportOptions, OptimizeOptions
+from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.registry import Family
 from hotrod.runtime.base import cpu_threads
 from hotrod.runtime.static import EngineOptions, StaticBackend, prepare
@@ -149,7 +150,7 @@ def engine_model(directory: Path, section: dict, device: str, threads: int = 0,
         torch.set_num_threads(cpu_threads(threads))
     backend = StaticBackend(read_weights(file, family, config, options), contracts, options, prepared=True)
     return HotrodModel(family, config, backend, load_generation_config(directory, config), load_tokenizer(directory),
-                       manifest=manifest)
+                       manifest=manifest, sentence=SentencePipeline.read(directory))
 
 
 def load_artifact(artifact: art.Artifact, backend: str | None, device: str | None, threads: int,

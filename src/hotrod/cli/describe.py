@@ -65,6 +65,8 @@ def describe(path: str, as_json: bool = False) -> None:
         print("\n".join(_fusion_lines(manifest, graph, Path(path) / graph["file"])))
     if manifest.get("engine"):
         print("\n".join(_engine_lines(manifest["engine"], Path(path))))
+    if manifest.get("sentence_transformers"):
+        print("embedding   " + embedding_line(manifest["sentence_transformers"]))
     if "weights" in manifest:
         print("weights     " + ", ".join(f"{k}: {v}" for k, v in manifest["weights"].items()))
     verification = manifest.get("verification")
@@ -76,6 +78,32 @@ def describe(path: str, as_json: bool = False) -> None:
         print(f"auto        kept {section['chosen']}: fastest whose {section.get('score') or 'score'} "
               f"drops at most {section['max_drop']} below the source's")
         print(format_table(manifest["auto"]["candidates"]))
+
+
+def embedding_line(section: dict) -> str:
+    """A sentence-transformers checkpoint's embedding (the manifest's "sentence_transformers" section,
+    `hotrod.pipelines.sentence`) in one line: its modules in order, its limits and its prompts."""
+    parts = []
+    for step in section.get("modules", []):
+        if step.get("type") == "pooling":
+            excluded = "" if step.get("include_prompt", True) else " (prompt excluded)"
+            parts.append("+".join(step.get("modes", [])) + " pooling" + excluded)
+        elif step.get("type") == "dense":
+            activation = str(step.get("activation", "")).rpartition(".")[2].lower()
+            parts.append(f"Dense {step.get('in_features')}->{step.get('out_features')} {activation}"
+                         + (" residual" if step.get("use_residual") else ""))
+        else:
+            parts.append("normalize")
+    if section.get("max_seq_length"):
+        parts.append(f"max {section['max_seq_length']} tokens")
+    if section.get("do_lower_case"):
+        parts.append("lowercased")
+    line = ", ".join(parts)
+    prompts = [name for name, text in (section.get("prompts") or {}).items() if text]
+    if prompts:
+        default = section.get("default_prompt_name")
+        line += "; prompts: " + ", ".join(prompts) + (f" (default {default})" if default else "")
+    return line
 
 
 def _engine_lines(section: dict, path: Path) -> list[str]:

@@ -114,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("embed", help="sentence embeddings as JSON")
     p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
     p.add_argument("texts", nargs="+", metavar="TEXT")
-    p.add_argument("--pooling", default="mean", choices=("mean", "cls"))
-    p.add_argument("--normalize", action="store_true")
+    p.add_argument("--pooling", choices=("mean", "cls"), help="default: the checkpoint's own")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, help="default: the checkpoint's own")
+    for flag, value in (("--prompt-name", str), ("--prompt", str), ("--truncate-dim", int)):
+        p.add_argument(flag, type=value, help="as SentenceTransformer.encode's")
     p.add_argument("--ids", action="store_true", help="texts are space-separated token ids")
     _runtime_args(p)
     p.set_defaults(handler=_embed)
@@ -290,9 +292,8 @@ def _tokenize(model, prompts: Sequence[str]):
 def _embed(args) -> int:
     model = _load(args)
     inputs = _parse_ids(args.texts) if args.ids else list(args.texts)
-    vectors = model.embed(inputs, pooling=args.pooling, normalize=args.normalize)
-    print(json.dumps({"pooling": args.pooling, "normalized": args.normalize, "dim": vectors.shape[1],
-                      "embeddings": vectors.tolist()}))
+    vectors = model.embed(inputs, args.pooling, args.normalize, prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim)
+    print(json.dumps({**model.embedding_settings(args.pooling, args.normalize), "dim": vectors.shape[1], "embeddings": vectors.tolist()}))
     return 0
 
 

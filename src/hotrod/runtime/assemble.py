@@ -19,6 +19,7 @@ from hotrod.model import HotrodModel
 from hotrod.models import get_family
 from hotrod.optimize.portable import IN_PLACE_OP
 from hotrod.options import ENGINE_PRECISIONS, check_choice
+from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.runtime.base import RuntimeOptions
 from hotrod.source import Source, load_generation_config, load_tokenizer, open_source, read_config, weights_sha256
 from hotrod.verification.inputs import builtin_texts
@@ -64,7 +65,7 @@ def ort_model(directory: Path, entries: dict[str, dict], device: str, threads: i
     backend = OrtBackend(art.graph_files(directory, entries), contracts,
                          RuntimeOptions(backend="onnxruntime", device=device, threads=threads, profile=profile))
     return HotrodModel(family, config, backend, load_generation_config(directory, config), load_tokenizer(directory),
-                       manifest=manifest)
+                       manifest=manifest, sentence=SentencePipeline.read(directory))
 
 
 def check_built_for(artifact: art.Artifact, device: str) -> None:
@@ -97,7 +98,7 @@ def torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel:
         backend = StaticBackend(module, contracts, options)
     else:
         backend = TorchBackend(build_module(src), contracts, options)
-    return HotrodModel(src.family, src.config, backend, generation, tokenizer)
+    return HotrodModel(src.family, src.config, backend, generation, tokenizer, sentence=SentencePipeline.read(src.path))
 
 
 def artifact_source(artifact: art.Artifact) -> Source:
