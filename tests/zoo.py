@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,6 +171,12 @@ CASES: dict[str, Case] = {
              lambda: transformers.MPNetConfig(**_ENCODER, max_position_embeddings=POSITIONS + 2),  # pad 1, bos 0, eos 2
              tokenizer=functools.partial(save_bert_tokenizer, cls=transformers.MPNetTokenizer,
                                          specials=MPNET_SPECIALS)),
+        Case("deberta_v2", "deberta-v2", "deberta-v2", "encoder", transformers.DebertaV2Model,
+             lambda: transformers.DebertaV2Config(  # v3's shape: relative positions only, no token types
+                 **_ENCODER, max_position_embeddings=POSITIONS, type_vocab_size=0, position_biased_input=False,
+                 relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+                 max_relative_positions=16, share_att_key=True, norm_rel_ebd="layer_norm"),
+             tokenizer=save_bert_tokenizer),
     ]
 }
 LM_CASES = [name for name, case in CASES.items() if case.is_lm]
@@ -351,3 +358,32 @@ def assert_same_tokens(actual: torch.Tensor, expected: torch.Tensor):
     assert actual.dtype == torch.long
     assert actual.shape == expected.shape, message
     assert torch.equal(actual, expected), message
+
+
+def assert_hidden_matches(built: tuple, backend: str, lengths: tuple[int, ...], seed: int = 4) -> None:
+    """The last hidden state of `built` (case, checkpoint, artifact, transformers' model) on `backend`
+    equals transformers' at every real position of a batch of `lengths`."""
+    case, checkpoint, artifact, reference = built
+    model = load_on(artifact if backend == "onnxruntime" else checkpoint, backend)
+    ids, mask = prompt_batch(case, lengths, seed=seed)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+    got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-4, rtol=0)
+
+
+def assert_int8_within_gate(case: Case, score: str, gate: float, directory: Path) -> None:
+    """An int8 build of `case`'s checkpoint verifies at `gate` or better on its task's `score`."""
+    checkpoint = build_checkpoint(case, directory / "checkpoint")
+    out = hotrod.optimize(checkpoint, directory / "int8", precision="int8", verify_examples=16, progress=False)
+    figures = json.loads((out / "manifest.json").read_text())["verification"]
+    assert figures["score"] == figures[score] >= gate
+
+
+def int8_gates(case: Case, **answer_changes) -> dict[str, tuple[Case, str, float]]:
+    """The heads of `case`'s family and the gates its int8 builds must keep, as the int8 test of the task
+    measures sets them for BERT (`answer_changes`: config changes of the question-answering head's case)."""
+    return {"labels": (head_case(case, "cls", initializer_range=0.4), "label_agreement", 0.9),
+            "ranking": (head_case(case, "cls", num_labels=1, initializer_range=0.2), "rank_agreement", 0.75),
+            "entities": (head_case(case, "ner", initializer_range=0.05), "entity_f1", 0.95),
+            "answers": (head_case(case, "qa", initializer_range=0.05, **answer_changes), "answer_f1", 0.9)}

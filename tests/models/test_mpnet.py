@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 
 import onnx
 import pytest
@@ -17,16 +16,19 @@ from transformers.models.mpnet.modeling_mpnet import MPNetEncoder as HFEncoder
 
 import hotrod
 from hotrod.models.mpnet import MAX_DISTANCE, Layers
-from tests.zoo import CASES, build_checkpoint, head_case, load_on, prompt_batch
+from tests.zoo import (
+    CASES,
+    assert_hidden_matches,
+    assert_int8_within_gate,
+    build_checkpoint,
+    int8_gates,
+    load_on,
+    prompt_batch,
+)
 
 CASE = CASES["mpnet"]
 # The heads and gates of tests/verification/test_task_measures.py's int8 test (which runs BERT's), on MPNet.
-GATED = {
-    "labels": (head_case(CASE, "cls", initializer_range=0.4), "label_agreement", 0.9),
-    "ranking": (head_case(CASE, "cls", num_labels=1, initializer_range=0.2), "rank_agreement", 0.75),
-    "entities": (head_case(CASE, "ner", initializer_range=0.05), "entity_f1", 0.95),
-    "answers": (head_case(CASE, "qa", initializer_range=0.05), "answer_f1", 0.9),
-}
+GATED = int8_gates(CASE)
 LONG = (300, 170)  # distances up to 299: every log-spaced bucket, and the last one past 128
 
 
@@ -57,13 +59,7 @@ def test_the_bucket_table_is_transformers_bucketing():
 
 
 def test_long_rows_match_transformers(long_case, backend):
-    case, checkpoint, artifact, reference = long_case
-    model = load_on(artifact if backend == "onnxruntime" else checkpoint, backend)
-    ids, mask = prompt_batch(case, LONG, seed=4)
-    with torch.no_grad():
-        expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
-    got = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-4, rtol=0)
+    assert_hidden_matches(long_case, backend, LONG)
 
 
 def test_the_fused_graph_reads_buckets_and_computes_no_logarithm(long_case):
@@ -101,8 +97,4 @@ def test_the_relative_bias_moves_the_hidden_states(long_case):
 
 @pytest.mark.parametrize("task", list(GATED))
 def test_int8_builds_of_every_head_keep_within_the_task_gate(tmp_path, task):
-    case, score, gate = GATED[task]
-    checkpoint = build_checkpoint(case, tmp_path / "checkpoint")
-    out = hotrod.optimize(checkpoint, tmp_path / "int8", precision="int8", verify_examples=16, progress=False)
-    figures = json.loads((out / "manifest.json").read_text())["verification"]
-    assert figures["score"] == figures[score] >= gate
+    assert_int8_within_gate(*GATED[task], tmp_path)

@@ -29,6 +29,7 @@ EXPECTED_FUSIONS = {
     "distilbert": {"LayerNormalization", "FastGelu"},
     "modernbert": {"LayerNormalization", "Gelu", "RotaryEmbedding"},
     "mpnet": {"LayerNormalization", "Gelu"},
+    "deberta-v2": {"LayerNormalization", "Gelu"},
 }
 SLOWER_ON_CPU = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasGelu"}
 # ... except in the graph that runs every decoding step, where residual + RMS norm are fused (fewer nodes a step).

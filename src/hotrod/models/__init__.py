@@ -1,7 +1,7 @@
 """Lean family definitions; importing this package registers every family (`hotrod.registry`)."""
 
 from hotrod.errors import HotrodError
-from hotrod.models import bert, distilbert, electra, gpt2, modernbert, mpnet, roberta, t5  # noqa: F401
+from hotrod.models import bert, deberta, distilbert, electra, gpt2, modernbert, mpnet, roberta, t5  # noqa: F401
 from hotrod.registry import Family, registered, registered_families
 
 
