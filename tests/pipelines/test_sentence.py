@@ -197,3 +197,20 @@ def test_bad_arguments_are_one_line(backbone, tmp_path):
     _one_line_error(lambda: model.embed([[2, 30, 3]], prompt="x "), "token ids")
     _one_line_error(lambda: model.embed([[2, 30, 3]], prompt_name="query"), "token ids")
     assert SentencePipeline.read(tmp_path) is None
+
+
+def test_verification_compares_the_checkpoints_own_embeddings(backbone, tmp_path):
+    """An embedder is verified on the vectors its users get (its pooling, Dense and Normalize): a broken
+    Dense layer in the candidate is caught even where the hidden states are the source's own."""
+    from hotrod.verification.compare import compare
+    from hotrod.verification.measures import EMBEDDINGS
+
+    source = st_checkpoint(backbone, tmp_path / "src", **CHECKPOINTS["dense_normalize"])
+    candidate, reference = hotrod.load(source), hotrod.load(source, backend="torch")
+    examples = EMBEDDINGS.from_texts(["the quick brown fox", "hello world this is a tiny model"])
+    assert compare(candidate, reference, examples)["embedding_cosine"] > 0.9999
+    dense = next(step for step in candidate.sentence.steps if step.type == "dense").tensors["linear.weight"]
+    assert dense is not next(step for step in reference.sentence.steps if step.type == "dense").tensors["linear.weight"]
+    dense.mul_(-1)  # the candidate's Dense broken, its encoder untouched
+    figures = compare(candidate, reference, examples)
+    assert figures["hidden_cosine"] > 0.9999 and figures["embedding_cosine"] < 0

@@ -1,4 +1,6 @@
-"""feature-extraction encoders: last hidden state max-abs and cosine, mean-pooled embedding cosine."""
+"""feature-extraction encoders: last hidden state max-abs and cosine, and the cosine of the embeddings the
+model gives (`HotrodModel.embed`: a sentence-transformers checkpoint's own pooling, Dense and normalization,
+else mean pooling), which is what its users compare."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ def compare_embeddings(candidate: Any, reference: Any, rows: list[torch.Tensor])
         theirs = reference(ids)[name].float()[0]
         max_abs = max(max_abs, float((ours - theirs).abs().max()))
         cosines.append(float(torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).mean()))
-        embeddings.append(float(torch.nn.functional.cosine_similarity(ours.mean(0), theirs.mean(0), dim=0)))
+        ours_vector, theirs_vector = candidate.embed(ids)[0].float(), reference.embed(ids)[0].float()
+        embeddings.append(float(torch.nn.functional.cosine_similarity(ours_vector, theirs_vector, dim=0)))
     return {
         "hidden_max_abs": max_abs,
         "hidden_cosine": _mean(cosines),
