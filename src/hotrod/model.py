@@ -347,16 +347,16 @@ class _TaskMethod:
 
     def __init__(self, model: HotrodModel, spec: Any):
         self.model, self.spec = model, spec
-        prepare = spec.pipeline.prepare
-        self.__doc__, self.__name__ = prepare.__doc__, spec.method
-        self.__signature__ = _without_model(inspect.signature(prepare))
+        self.__doc__, self.__name__ = spec.pipeline.prepare.__doc__, spec.method
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """Made when help() or inspect asks, not at every call of the method."""
+        signature = inspect.signature(self.spec.pipeline.prepare)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.run_task(self.spec.name, *args, **kwargs)
-
-
-def _without_model(signature: inspect.Signature) -> inspect.Signature:
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _infer_mask(input_ids: torch.Tensor, values: dict) -> torch.Tensor:

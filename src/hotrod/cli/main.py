@@ -314,8 +314,6 @@ def _task_commands(sub) -> None:
 
 
 def _run_task(command, args) -> int:
-    if not getattr(args, "truncate", True):
-        args.truncate = False
     result = command.call(_load(args), args)
     if args.json:
         print(json.dumps(result))

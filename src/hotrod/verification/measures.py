@@ -76,8 +76,7 @@ def _embeddings(candidate: Any, reference: Any, examples: Sequence[Example], max
 
 GENERATION = Measure("generation", "input[<TAB>target]", ex.plain, ex.singles, _generations,
                      shown=("logits_max_abs", "logits_cosine", "token_agreement"))
-EMBEDDINGS = Measure("embeddings", "input", ex.plain, ex.singles, _embeddings,
-                     rows=lambda model, examples: [r for r in example_rows(model, examples) if len(r)],
+EMBEDDINGS = Measure("embeddings", "input", ex.plain, ex.singles, _embeddings, rows=example_rows,
                      shown=("embedding_cosine", "hidden_max_abs"))
 LABELS = Measure("labels", "text<TAB>label or text<TAB>text_pair<TAB>label", ex.labelled, ex.labelled_texts,
                  on_rows(compare_labels), rows=example_rows,
