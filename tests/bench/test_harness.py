@@ -14,6 +14,7 @@ import torch
 from hotrod import timing
 from hotrod.bench import ct2, harness, peers
 from hotrod.cli import main
+from tests.zoo import TASK_HEADS
 
 
 @pytest.fixture(autouse=True)
@@ -166,3 +167,20 @@ def test_a_malformed_list_is_a_command_line_error(zoo, tmp_path, capsys, args, m
         main(["bench", str(zoo.checkpoint("gpt2")), "--out", str(tmp_path / "b"), *args])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("hotrod: error:") and message in err and "\n" not in err
+
+
+@pytest.mark.parametrize("head", sorted(TASK_HEADS))
+def test_every_head_task_runs_both_sides_and_agrees(zoo, head):
+    """Each head task the bench times has its `TaskSpec.bench` (transformers' class, the answer, the agreement):
+    hotrod's and PyTorch's answers agree fully at fp32, so a task without one fails here, not in a peer run."""
+    from hotrod import load
+    from hotrod.bench.case import Case
+    from hotrod.bench.runners import agreement, hotrod_runner, pytorch_model, pytorch_runner
+
+    task = TASK_HEADS[head][0]
+    case = Case(f"bert-{head}", str(zoo.checkpoint(f"bert-{head}")), "encoder", (9, 7), task=task)
+    reference = pytorch_model(case.source, case.kind, task=task)
+    ids, mask = case.inputs(reference.config.vocab_size)
+    theirs = pytorch_runner(reference, case.kind, ids, mask, task=task)()
+    ours = hotrod_runner(load(case.source, backend="torch"), ids, mask, task=task)()
+    assert agreement(ours, theirs, case.kind, mask, task) == pytest.approx(1.0)

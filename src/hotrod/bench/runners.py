@@ -109,10 +109,10 @@ def head_answer(out: Any, task: str | None, mask: torch.Tensor) -> torch.Tensor:
 def agreement(ours: torch.Tensor, theirs: torch.Tensor, kind: str, mask: torch.Tensor,
               task: str | None = None) -> float:
     """Share of generated tokens that agree (LMs), hidden-state cosine over real tokens (encoders), answer
-    F1 against PyTorch's spans (question answering), or the share of rows ranked alike (classifiers)."""
+    F1 against PyTorch's spans (question answering), or what the head's task compares (`TaskSpec.bench`)."""
     spec = kind_spec(kind)
     if task is not None:
-        return tasks.get(task).bench.agreement(ours, theirs)
+        return tasks.get(task).bench.agreement(ours, theirs, mask)
     if not spec.generates:
         keep = mask.bool()
         cosine = torch.nn.functional.cosine_similarity(ours.float()[keep], theirs.float()[keep], dim=-1)

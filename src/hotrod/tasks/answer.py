@@ -129,6 +129,7 @@ SPEC = register(TaskSpec(
     route=Route("/v1/answer", "answer", _schemas, _door, _arguments_of, _respond, check=_check,
                 fields=("question", "doc_stride", "max_seq_len"), bounded_rows=False, many="windows"),
     bench=Bench("AutoModelForQuestionAnswering",
-                lambda out, mask: best_spans(out.start_logits.float(), out.end_logits.float(), mask), span_f1),
+                lambda out, mask: best_spans(out.start_logits.float(), out.end_logits.float(), mask),
+                lambda ours, theirs, mask: span_f1(ours, theirs)),
     summary="the span of a context that answers a question",
 ))

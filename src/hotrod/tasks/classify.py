@@ -105,6 +105,7 @@ SPEC = register(TaskSpec(
     command=Command("classify", "labels of texts (or text pairs) from a text-classification model", _arguments,
                     _call, _show),
     route=Route("/v1/classify", "classify", _schemas, _door, _arguments_of, _respond),
-    bench=Bench("AutoModelForSequenceClassification", lambda out, mask: out.logits.float(), rank_agreement),
+    bench=Bench("AutoModelForSequenceClassification", lambda out, mask: out.logits.float(),
+                lambda ours, theirs, mask: rank_agreement(ours, theirs)),
     summary="labels and scores of texts or text pairs",
 ))

@@ -97,11 +97,11 @@ class Route:
 class Bench:
     """How `hotrod bench` runs a head in transformers and compares the systems' answers: `auto_class` is
     transformers' auto class of the head, `answer` makes what is compared of a forward's output (and the
-    mask), `agreement` the share of two systems' answers that agree."""
+    mask), `agreement` the share of two systems' answers that agree (ours, theirs, the mask)."""
 
     auto_class: str
     answer: Callable[[Any, Any], Any]
-    agreement: Callable[[Any, Any], float]
+    agreement: Callable[[Any, Any, Any], float]
 
 
 @dataclass(frozen=True)

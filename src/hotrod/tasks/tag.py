@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import torch
 from torch import nn
 
 from hotrod.pipelines import tag
 from hotrod.tasks.constants import TOKENS
-from hotrod.tasks.registry import Command, Door, Output, Route, TaskSpec, register
+from hotrod.tasks.registry import Bench, Command, Door, Output, Route, TaskSpec, register
 from hotrod.verification.measures import ENTITIES
 
 
@@ -45,6 +46,13 @@ def _show(args: argparse.Namespace, results: Any):
                 yield f"  {label:<10} {e['score']:.4f}  {e['start']}-{e['end']}  {text[e['start']:e['end']]}"
 
 
+def label_agreement(ours: torch.Tensor, theirs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Share of real tokens given the same label (the best logit): what a tagger's user sees of a logit
+    difference. Padding is no one's answer, so it is left out."""
+    real = mask.bool()
+    return float((ours.argmax(dim=-1)[real] == theirs.argmax(dim=-1)[real]).float().mean())
+
+
 def _schemas() -> tuple[type, type]:
     from hotrod.serve.task_schemas import TagRequest, TagResponse
 
@@ -73,5 +81,6 @@ SPEC = register(TaskSpec(
     method="tag", pipeline=tag, measure=ENTITIES,
     command=Command("tag", "entities of texts from a token-classification (NER) model", _arguments, _call, _show),
     route=Route("/v1/tag", "tag", _schemas, _door, _arguments_of, _respond),
+    bench=Bench("AutoModelForTokenClassification", lambda out, mask: out.logits.float(), label_agreement),
     summary="entities of texts",
 ))
