@@ -39,7 +39,8 @@ test-ray: $(STAMP) $(NATIVE)
 # The bench's native peers. llama.cpp (llama-cpp-python, compiled for this CPU: a few minutes) goes into
 # hotrod's environment; optimum-intel and infinity-emb pin an older transformers, so OpenVINO and Infinity
 # each get an environment of their own, with the same CPU build of torch (and without torchvision, whose
-# wheel is built for another torch).
+# wheel is built for another torch). sentence-transformers' own backends (W9) ride along: its OpenVINO
+# backend beside optimum-intel, its ONNX backend (optimum-onnx, which pins transformers 4) beside Infinity.
 COMMA := ,
 OV_VENV  := .venv-openvino
 OV_STAMP := $(OV_VENV)/.hotrod-installed
@@ -61,10 +62,10 @@ define peer_venv
 endef
 
 $(OV_STAMP):
-	$(call peer_venv,$(OV_VENV),"optimum-intel[openvino]>=2.2$(COMMA)<3")
+	$(call peer_venv,$(OV_VENV),"optimum-intel[openvino]>=2.2$(COMMA)<3" "sentence-transformers[openvino]>=6.2$(COMMA)<7" "datasets>=4$(COMMA)<6")
 
 $(INF_STAMP):
-	$(call peer_venv,$(INF_VENV),"infinity-emb[torch$(COMMA)server]>=0.0.70$(COMMA)<0.1")
+	$(call peer_venv,$(INF_VENV),"infinity-emb[torch$(COMMA)server$(COMMA)optimum]>=0.0.70$(COMMA)<0.1" "sentence-transformers[onnx]>=3.4$(COMMA)<4")
 
 PEER_PYTHONS := HOTROD_OPENVINO_PYTHON=$(CURDIR)/$(OV_VENV)/bin/python HOTROD_INFINITY_PYTHON=$(CURDIR)/$(INF_VENV)/bin/python
 

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from serving import free_port, machine_description  # noqa: E402  (loopback ports, the machine line)
+from serving import free_port, machine_description, write_results  # noqa: E402  (loopback ports, the machine line)
 
 from hotrod.bench.harness import cached_artifact  # noqa: E402
 
@@ -244,10 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     get(args.precision)  # an unknown precision is one line before any work
     data = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(report(data))
-    print(report(data))
+    write_results(args.out, data, report(data))
     return 0
 
 

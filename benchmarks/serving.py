@@ -107,6 +107,14 @@ def read_manifest(artifact: Path) -> dict[str, Any]:
 
 # -- the server -----------------------------------------------------------------------------------------
 
+def write_results(out: Path, data: dict[str, Any], text: str) -> None:
+    """OUT.json (the figures) and OUT.md (`text`, their report), and the report on stdout."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now (the OS's pick), so parallel runs do not collide."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

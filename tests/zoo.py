@@ -387,3 +387,34 @@ def int8_gates(case: Case, **answer_changes) -> dict[str, tuple[Case, str, float
             "ranking": (head_case(case, "cls", num_labels=1, initializer_range=0.2), "rank_agreement", 0.75),
             "entities": (head_case(case, "ner", initializer_range=0.05), "entity_f1", 0.95),
             "answers": (head_case(case, "qa", initializer_range=0.05, **answer_changes), "answer_f1", 0.9)}
+
+
+# -- masked-LM checkpoints, run as SPLADE (sparse-embedding), named `<case>-mlm` ----------------------
+
+SPARSE_CASES = ("bert", "distilbert", "roberta", "xlm_roberta", "mpnet")  # the families with a masked-LM head
+
+
+def mlm_case(base: Case) -> Case:
+    """`base` as its family's ...ForMaskedLM: a plain checkpoint, which hotrod refuses without
+    --task sparse-embedding (as a SparseEncoder's transformer, it needs none: `save_sparse_encoder`)."""
+    import dataclasses
+
+    hf_class = getattr(transformers, base.hf_class.__name__.removesuffix("Model") + "ForMaskedLM")
+    return dataclasses.replace(base, name=f"{base.name}-mlm", hf_class=hf_class)
+
+
+MLM_CASES: dict[str, Case] = {case.name: case for case in (mlm_case(CASES[name]) for name in SPARSE_CASES)}
+ALL_CASES.update(MLM_CASES)
+
+
+def save_sparse_encoder(checkpoint: Path, directory: Path, max_seq_length: int | None = None,
+                        pooling_strategy: str = "max", activation_function: str = "relu", **encoder) -> Path:
+    """A masked-LM checkpoint saved by sentence-transformers as a SparseEncoder (its Transformer with the
+    fill-mask task, then SpladePooling); `encoder`: SparseEncoder's own arguments (prompts, max_active_dims)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+
+    transformer = Transformer(str(checkpoint), transformer_task="fill-mask", max_seq_length=max_seq_length)
+    SparseEncoder(modules=[transformer, SpladePooling(pooling_strategy, activation_function)], **encoder).save(
+        str(directory))
+    return directory

@@ -50,6 +50,7 @@ class ModelOutput:
     encoder_last_hidden_state: torch.Tensor | None = None
     start_logits: torch.Tensor | None = None  # question answering
     end_logits: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None  # sparse-embedding: the SPLADE vectors [batch, vocab]
 
     def __getitem__(self, key: str) -> torch.Tensor | None:
         return getattr(self, key)
@@ -69,8 +70,9 @@ class HotrodModel:
         self.kind = family.kind
         self.spec = kind_spec(family.kind)
         self.task = self.dims.task
-        self.task_spec = tasks.of_model(self.task, self.dims.num_labels)  # what it answers (a variant, if one fits)
         self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
+        # what it answers (a variant, if one fits)
+        self.task_spec = tasks.of_model(self.task, self.dims.num_labels, list(self.labels.values()))
         self._vocabulary_of: tuple[Any, int] | None = None  # the tokenizer and size `_vocabulary_hash` is of
         self._spares = Spares(SPARE_CACHE_BYTES)  # finished generate() calls' states (`_generation_state`)
         self._vocabulary_hash = 0
@@ -278,7 +280,7 @@ class HotrodModel:
         """The answer of `task`'s pipeline (`hotrod.pipelines`) to the arguments of its `prepare`: the task
         methods (`classify`, `rerank`, `tag`, `answer`, and any registered task's) call this."""
         spec = tasks.get(task)
-        refusal = spec.refusal(self.task, self.dims.num_labels)
+        refusal = spec.refusal(self.task, self.dims.num_labels, names=list(self.labels.values()))
         if refusal:
             raise HotrodError(refusal)
         prepared = spec.pipeline.prepare(self, *args, **kwargs)

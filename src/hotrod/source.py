@@ -19,8 +19,10 @@ import torch
 from hotrod.errors import HotrodError, first_line
 from hotrod.files import file_sha256, inside
 from hotrod.models import get_family
+from hotrod.pipelines.activation import recorded_in_files
 from hotrod.registry import Family
 from hotrod.tasks import TASK_KEY, check_task
+from hotrod.tasks.registry import read_files
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -59,13 +61,17 @@ def open_source(source: str | Path, task: str | None = None) -> Source:
     config = read_config(path)
     family = get_family(config.model_type)
     if task is not None:
+        asked = getattr(config, TASK_KEY, None)  # what its own files say (a SparseEncoder's modules)
+        if asked and asked != task:
+            raise HotrodError(f"{origin} is a {asked} model (its own files say so), so it cannot be built for {task}")
         setattr(config, TASK_KEY, check_task(task, family))
     family.dims(config)  # the head: supported, and as wide as the label map
     return Source(origin=origin, path=path, from_hub=from_hub, config=config, family=family)
 
 
 def read_config(path: Path):
-    """Check `model_type` against the registry before transformers sees it, then parse the config."""
+    """Check `model_type` against the registry before transformers sees it, then parse the config; what the
+    checkpoint's own files say of its task goes on it too (`hotrod.tasks.registry.read_files`)."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise HotrodError(f"{path} has no config.json; is it a Hugging Face checkpoint?")
@@ -79,9 +85,13 @@ def read_config(path: Path):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as exc:
         raise HotrodError(f"cannot parse {config_file}: {first_line(exc)}") from None
+    read_files(path, config)  # the task its own files beside the config ask for, and its settings
+    for key, value in (recorded_in_files(path) or {}).items():  # a CrossEncoder's activation (sentence-transformers 6)
+        setattr(config, key, value)
+    return config
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -2,13 +2,15 @@
 
 Each checkpoint is built with the library itself over the zoo's tiny BERT, saved, and read back by both:
 every pooling mode, several at once, prompts excluded from pooling, Dense layers and Normalize, prompts,
-truncate_dim; on onnxruntime (exported on first use) and on torch; through an artifact; and the real
-all-MiniLM-L6-v2 where its package is installed.
+truncate_dim; over the zoo's MPNet and DeBERTa-v2 too (their own tokenizers' special tokens and prompt
+lengths, relative positions); on onnxruntime (exported on first use) and on torch; through an artifact; and
+the real all-MiniLM-L6-v2 where its package is installed.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,9 +36,22 @@ def backbone(tmp_path_factory) -> Path:
     return build_checkpoint(CASES["bert"], tmp_path_factory.mktemp("backbone"))
 
 
+@pytest.fixture(scope="module")
+def backbones(tmp_path_factory, backbone) -> Callable[[str], Path]:
+    """The zoo family's tiny checkpoint (its case in `tests.zoo.CASES`), each built once on first use."""
+    built = {"bert": backbone}
+
+    def of(family: str) -> Path:
+        if family not in built:
+            built[family] = build_checkpoint(CASES[family], tmp_path_factory.mktemp(f"backbone_{family}"))
+        return built[family]
+
+    return of
+
+
 def st_checkpoint(backbone: Path, out: Path, modes=("mean",), include_prompt=True, dense=(), normalize=False,
                   prompts=None, default_prompt_name=None, max_seq_length=None, seed=0) -> Path:
-    """A sentence-transformers checkpoint over the tiny BERT, saved the way the library saves it."""
+    """A sentence-transformers checkpoint over `backbone` (a zoo checkpoint), saved the way the library saves it."""
     torch.manual_seed(seed)
     modules = [models.Transformer(str(backbone), max_seq_length=max_seq_length),
                models.Pooling(HIDDEN, pooling_mode=tuple(modes), include_prompt=include_prompt)]
@@ -73,14 +88,23 @@ CHECKPOINTS = {  # test id: st_checkpoint's arguments
                             prompts=PROMPTS),
     "dense_residual": dict(modes=("cls", "mean"), dense=((48, torch.nn.GELU(), True), (48, torch.nn.Identity(), True)),
                            max_seq_length=12),
+    # over other families' backbones ("family": a zoo case; BERT where none is named)
+    "mpnet_mean_normalize": dict(family="mpnet", modes=("mean",), normalize=True),
+    "mpnet_prompt_excluded": dict(family="mpnet", modes=("cls", "mean", "max", "lasttoken"), include_prompt=False,
+                                  prompts=PROMPTS, default_prompt_name="passage", max_seq_length=12),
+    "deberta_v2_dense_normalize_prompt": dict(family="deberta_v2", modes=("cls",), dense=((16, torch.nn.Tanh(), False),),
+                                              normalize=True, prompts=PROMPTS, default_prompt_name="query"),
+    "deberta_v2_prompt_excluded": dict(family="deberta_v2", modes=("mean", "weightedmean", "max"),
+                                       include_prompt=False, prompts=PROMPTS, max_seq_length=12),
 }
 CALLS = [{}, {"prompt_name": "passage"}, {"prompt": "hello "}, {"truncate_dim": 7},
          {"prompt_name": "query", "truncate_dim": 5, "normalize_embeddings": True}]
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
-def test_parity_with_encode(backbone, tmp_path, name):
-    source = st_checkpoint(backbone, tmp_path / name, **CHECKPOINTS[name])
+def test_parity_with_encode(backbones, tmp_path, name):
+    spec = dict(CHECKPOINTS[name])
+    source = st_checkpoint(backbones(spec.pop("family", "bert")), tmp_path / name, **spec)
     calls = [c if "prompt_name" not in c or CHECKPOINTS[name].get("prompts") else {**c, "prompt_name": "query"}
              for c in CALLS]
     for backend in ("onnxruntime", "torch"):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hotrod import kinds
+from hotrod.pipelines.sentence_tokens import Tokenized
 from hotrod.serve.messages import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket, TokenLogprobs
 
 FAIL_TOKEN = 66  # a prompt holding this id fails its batch ("B" encodes to it)
@@ -48,7 +49,7 @@ class _Job:
     ticket: Ticket
     prompt: list[list[int]] | list[int]
     params: Params | None = None  # None: an embedding job
-    pooling: str = "mean"
+    pooling: str | None = None
     normalize: bool = False
     step: int = 0
 
@@ -97,8 +98,16 @@ class FakeWorker:
     def submit_generate(self, prompt: list[int], params: Params) -> Ticket:
         return self._submit(_Job(Ticket(), list(prompt), params))
 
-    def submit_embed(self, rows: list[list[int]], pooling: str, normalize: bool) -> Ticket:
-        return self._submit(_Job(Ticket(), [list(r) for r in rows], None, pooling, normalize))
+    def embedding_tokens(self, texts: list[str], prompt: str | None, truncate: bool, side: str) -> Tokenized:
+        """No pipeline of its own: the prompt before each text, cut at the positions when asked."""
+        rows = [self.encode((prompt or "") + text) for text in texts]
+        if truncate and self.max_positions is not None:
+            rows = [row[: self.max_positions] if side == "right" else row[-self.max_positions:] for row in rows]
+        return Tokenized(rows, len(self.encode(prompt)) if prompt else 0)
+
+    def submit_embed(self, rows: list[list[int]], pooling: str | None, normalize: bool | None,
+                     prompt_length: int = 0) -> Ticket:
+        return self._submit(_Job(Ticket(), [list(r) for r in rows], None, pooling, bool(normalize)))
 
     def _submit(self, job: _Job) -> Ticket:
         with self._lock:

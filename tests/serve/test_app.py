@@ -175,7 +175,7 @@ def test_openapi_lists_endpoints_and_fields(client):
     assert generate["properties"]["num_beams"]["maximum"] == 8
     assert components["CompletionRequest"]["required"] == ["prompt"]
     assert set(components["EmbeddingsRequest"]["properties"]) == {"model", "input", "encoding_format", "dimensions",
-                                                                   "user"}
+                                                                   "user", "prompt_name", "truncate"}
     responses = schema["paths"]["/v1/generate"]["post"]["responses"]
     assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert "text/event-stream" in responses["200"]["content"]

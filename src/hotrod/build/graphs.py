@@ -24,6 +24,8 @@ from hotrod.optimize import cpu_attention_graph, fuse_graph, lower_graph, note_f
 from hotrod.optimize.calibration import Feeds
 from hotrod.optimize.fusion import fused_op_counts, kernel_runs
 from hotrod.options import ExportOptions, OptimizeOptions
+from hotrod.pipelines.activation import SETTINGS as CROSS_ENCODER_SETTINGS
+from hotrod.pipelines.activation import recorded_in_files
 from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.precisions import Precision
 from hotrod.source import Source, load_generation_config, load_state_dict, load_tokenizer, weights_sha256
@@ -161,6 +163,8 @@ def write_configs(src: Source, out: Path) -> dict:
     for name in pipeline.files if pipeline else ():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src.path / name, out / name)
+    if pipeline is None and recorded_in_files(src.path) is not None:  # a CrossEncoder's activation travels too
+        shutil.copyfile(src.path / CROSS_ENCODER_SETTINGS, out / CROSS_ENCODER_SETTINGS)
     names = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.endswith(GRAPH_SUFFIXES))
     names += [name for name in (pipeline.files if pipeline else ()) if name not in names]
     return {name: art.file_entry(out, name) for name in names if name != art.MANIFEST}

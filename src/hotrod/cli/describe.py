@@ -92,6 +92,10 @@ def embedding_line(section: dict) -> str:
             activation = str(step.get("activation", "")).rpartition(".")[2].lower()
             parts.append(f"Dense {step.get('in_features')}->{step.get('out_features')} {activation}"
                          + (" residual" if step.get("use_residual") else ""))
+        elif step.get("type") == "splade":  # a SparseEncoder's SpladePooling (`hotrod.pipelines.splade`)
+            top = step.get("max_active_dims")
+            parts.append(f"SPLADE {step.get('pooling_strategy')} pooling, {step.get('activation_function')}"
+                         + (f", {top} active dims" if top else ""))
         else:
             parts.append("normalize")
     if section.get("max_seq_length"):

@@ -13,7 +13,9 @@ from transformers.activations import ACT2FN
 
 from hotrod.models.common import FusedProjection, standard_dims
 from hotrod.models.encoder import EncoderStack, attend
+from hotrod.models.heads import SpladeHead
 from hotrod.registry import Dims, Family, register
+from hotrod.tasks.constants import SPARSE
 
 
 class BertEmbeddings(nn.Module):
@@ -127,7 +129,45 @@ def bert_dims(config) -> Dims:
     return standard_dims(config, config.max_position_embeddings, type_vocab_size=getattr(config, "type_vocab_size", 0))
 
 
+class _Transform(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]  # the config's activation, as BertPredictionHeadTransform's
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x):
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class _Predictions(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.transform = _Transform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied to the word embeddings
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+
+class _OnlyMLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.predictions = _Predictions(config)
+
+
+class BertSplade(SpladeHead):
+    """BertForMaskedLM's head (`cls.predictions`: transform.dense, the config's activation, transform.LayerNorm,
+    decoder + bias) run as SPLADE (`SpladeHead`)."""
+
+    def __init__(self, config):
+        super().__init__(config, "cls.predictions.decoder.weight")
+        self.cls = _OnlyMLM(config)
+
+    def logits(self, hidden):
+        predictions = self.cls.predictions
+        return predictions.decoder(predictions.transform(hidden)) + predictions.bias
+
+
 FAMILY = register(
     Family(name="bert", model_types=("bert",), kind="encoder", sizes=bert_dims, build=BertEncoder,
-           onnx_optimizer="bert")
+           onnx_optimizer="bert", heads={SPARSE: BertSplade})
 )

@@ -14,9 +14,9 @@ from transformers.activations import ACT2FN
 
 from hotrod.models.common import FusedProjection, standard_dims
 from hotrod.models.encoder import EncoderStack, attend
-from hotrod.models.heads import PreClassifier
+from hotrod.models.heads import PreClassifier, SpladeHead
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks.constants import CLASSIFY
+from hotrod.tasks.constants import CLASSIFY, SPARSE
 
 EPS = 1e-12
 
@@ -101,8 +101,23 @@ def distilbert_dims(config) -> Dims:
     return standard_dims(config, config.max_position_embeddings)  # no token types: type_vocab_size 0
 
 
+class DistilBertSplade(SpladeHead):
+    """DistilBertForMaskedLM's head (vocab_transform, the config's activation, vocab_layer_norm,
+    vocab_projector) run as SPLADE (`SpladeHead`)."""
+
+    def __init__(self, config):
+        super().__init__(config, "vocab_projector.weight")
+        self.vocab_transform = nn.Linear(config.dim, config.dim)
+        self.act = ACT2FN[config.activation]
+        self.vocab_layer_norm = nn.LayerNorm(config.dim, eps=EPS)
+        self.vocab_projector = nn.Linear(config.dim, config.vocab_size)
+
+    def logits(self, hidden):
+        return self.vocab_projector(self.vocab_layer_norm(self.act(self.vocab_transform(hidden))))
+
+
 FAMILY = register(
     Family(name="distilbert", model_types=("distilbert",), kind="encoder", sizes=distilbert_dims,
            build=DistilBertEncoder, onnx_optimizer="bert",
-           heads={CLASSIFY: PreClassifier})
+           heads={CLASSIFY: PreClassifier, SPARSE: DistilBertSplade})
 )

@@ -15,6 +15,7 @@ from transformers.activations import ACT2FN
 
 from hotrod.errors import HotrodError
 from hotrod.models.common import load_weights, strip_prefix
+from hotrod.pipelines.splade import config_settings
 
 
 class _Dense(nn.Module):
@@ -70,6 +71,9 @@ def load_with_head(module: nn.Module, state_dict: dict[str, torch.Tensor], prefi
     state = strip_prefix(state_dict, prefixes)
     backbone = {name for name, _ in module.named_children() if name != "head"}
     mapped = {key if key.split(".")[0] in backbone else f"head.{key}": value for key, value in state.items()}
+    for name, source in getattr(module.head, "tied", {}).items():  # a tied decoder: the word embeddings
+        if source in mapped:
+            mapped[f"head.{name}"] = mapped[source]
     own = module.state_dict()
     for name, tensor in own.items():
         source = mapped.get(name)
@@ -77,3 +81,31 @@ def load_with_head(module: nn.Module, state_dict: dict[str, torch.Tensor], prefi
             raise HotrodError(f"the checkpoint's head weight {name[5:]} has shape {tuple(source.shape)}, but its "
                               f"config's label map (num_labels {module.num_labels}) makes it {tuple(tensor.shape)}")
     load_weights(module, mapped)
+
+
+class SpladeHead(nn.Module):
+    """sparse-embedding's head over a family's masked-LM head (`logits`, its submodules named as the
+    checkpoint names them): sentence-transformers' SpladePooling in the graph, so the [batch, sequence, vocab]
+    logits never leave it. Each vocabulary entry's weight is the max (or sum) over the real tokens of
+    log(1 + relu(logit)), with a second log1p for the `log1p_relu` activation (the config's SpladePooling
+    settings, `hotrod.pipelines.splade`). `tied` maps the decoder's weight to the word embeddings where the
+    config ties them, as transformers loads them (its checkpoints leave the copy out)."""
+
+    def __init__(self, config, decoder: str, embeddings: str = "embeddings.word_embeddings.weight"):
+        super().__init__()
+        self.strategy, self.activation = config_settings(config)
+        tied = getattr(config, "tie_word_embeddings", True)
+        self.tied = {decoder: embeddings} if tied else {}
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, hidden, attention_mask):
+        logits = self.logits(hidden) * attention_mask.unsqueeze(-1).to(hidden.dtype)  # padding: log1p(relu(0)) = 0
+        if self.strategy == "max":  # log1p and relu rise with their input: the max goes first, over [B, V]
+            weights = torch.log1p(torch.relu(logits.max(dim=1).values))
+        else:
+            weights = torch.log1p(torch.relu(logits))
+        if self.activation == "log1p_relu":
+            weights = torch.log1p(weights)
+        return weights if self.strategy == "max" else weights.sum(dim=1)

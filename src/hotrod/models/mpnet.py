@@ -15,7 +15,8 @@ BERT and RoBERTa:
   `relative_attention_num_buckets` says), read from `relative_attention_bias`. Computed once a forward,
   together with the padding mask, it is one additive [B, H, S, S] bias that every layer's fused attention
   op takes (`hotrod.models.attention.multi_head_attention`);
-- the classification head is RoBERTa's (`classifier.dense`, tanh, `classifier.out_proj` on the first token).
+- the classification head is RoBERTa's (`classifier.dense`, tanh, `classifier.out_proj` on the first token),
+  and so is the masked-LM head (`lm_head`), run as SPLADE for sparse-embedding.
 
 The bucket of each distance -128..128 is computed once, when the module is built, by the bucketing
 transformers' equals (`hotrod.models.t5.relative_bucket`); from 128 on the bucket no longer changes. A
@@ -45,9 +46,10 @@ from hotrod.models.common import FusedProjection
 from hotrod.models.encoder import EncoderStack
 from hotrod.models.heads import ProjectedClassifier
 from hotrod.models.packing import Packing
+from hotrod.models.roberta import LMHeadSplade
 from hotrod.models.t5 import relative_bucket
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks.constants import CLASSIFY
+from hotrod.tasks.constants import CLASSIFY, SPARSE
 
 PADDING_IDX = 1  # transformers' MPNetEmbeddings.padding_idx, fixed whatever the config's pad_token_id
 NUM_BUCKETS = 32  # transformers' compute_position_bias defaults, used whatever the config says
@@ -194,5 +196,5 @@ def mpnet_dims(config) -> Dims:
 # each layer's GELU; the norms are LayerNormalization nodes as exported.
 FAMILY = register(
     Family(name="mpnet", model_types=("mpnet",), kind="encoder", sizes=mpnet_dims, build=MPNetEncoder,
-           onnx_optimizer="bert", heads={CLASSIFY: ProjectedClassifier})
+           onnx_optimizer="bert", heads={CLASSIFY: ProjectedClassifier, SPARSE: LMHeadSplade})
 )

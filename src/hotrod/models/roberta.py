@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch import nn
+from transformers.activations import ACT2FN
 
 from hotrod.models.bert import BertEmbeddings, BertEncoder, bert_dims
-from hotrod.models.heads import ProjectedClassifier
+from hotrod.models.heads import ProjectedClassifier, SpladeHead
 from hotrod.registry import Dims, Family, register
-from hotrod.tasks.constants import CLASSIFY
+from hotrod.tasks.constants import CLASSIFY, SPARSE
 
 
 class RobertaEmbeddings(BertEmbeddings):
@@ -36,7 +38,30 @@ def roberta_dims(config) -> Dims:
     return dataclasses.replace(dims, max_positions=config.max_position_embeddings - config.pad_token_id - 1)
 
 
-HEADS = {CLASSIFY: ProjectedClassifier}  # RoBERTa's and XLM-R's classification head
+class _LMHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied to the word embeddings
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.act = ACT2FN["gelu"]  # RobertaLMHead's and MPNetLMHead's own, whatever the config's hidden_act
+
+
+class LMHeadSplade(SpladeHead):
+    """RobertaForMaskedLM's head (`lm_head`: dense, GELU, layer_norm, decoder + bias), which XLM-R's and
+    MPNet's masked-LM heads share, run as SPLADE (`SpladeHead`)."""
+
+    def __init__(self, config):
+        super().__init__(config, "lm_head.decoder.weight")
+        self.lm_head = _LMHead(config)
+
+    def logits(self, hidden):
+        head = self.lm_head
+        return head.decoder(head.layer_norm(head.act(head.dense(hidden)))) + head.bias
+
+
+HEADS = {CLASSIFY: ProjectedClassifier, SPARSE: LMHeadSplade}  # RoBERTa's and XLM-R's heads
 FAMILY = register(
     Family(name="roberta", model_types=("roberta",), kind="encoder", sizes=roberta_dims, build=RobertaEncoder,
            onnx_optimizer="bert", heads=HEADS)

@@ -46,19 +46,25 @@ def check_text(text: Any, what: str) -> str:
 
 
 def encode(model: Any, texts: Sequence[str], pairs: Sequence[str] | None = None, truncate: bool = False,
-           what: str = "text") -> list[Row]:
+           what: str = "text", cut: str = "longest_first", names: Sequence[str] | None = None) -> list[Row]:
     """Tokenize texts (or text pairs) as the model's tokenizer does for transformers' pipelines; an input
-    past the model's positions is refused, naming it, unless `truncate` (then cut to fit, the longer
-    text of a pair first)."""
+    past the model's positions is refused, naming it (`names[i]`, else `what i`), unless `truncate` (then
+    cut to fit by the tokenizer's strategy `cut`: the longer text of a pair first, or only the first)."""
     tokenizer = model.tokenizer
     limit = model.dims.max_positions
-    kwargs = {"truncation": "longest_first", "max_length": limit} if truncate and limit else {}
-    encoded = tokenizer(list(texts), list(pairs), **kwargs) if pairs is not None else tokenizer(list(texts), **kwargs)
+    kwargs = {"truncation": cut, "max_length": limit} if truncate and limit else {}
+    try:
+        encoded = tokenizer(list(texts), list(pairs), **kwargs) if pairs is not None else tokenizer(list(texts), **kwargs)
+    except Exception as exc:  # a first text too short to cut enough from: uncut, as transformers' pipelines retry
+        if not kwargs or "too short" not in str(exc):
+            raise
+        encoded = tokenizer(list(texts), list(pairs)) if pairs is not None else tokenizer(list(texts))
     types = encoded.get("token_type_ids") if model.dims.type_vocab_size else None
     rows = []
     for i, ids in enumerate(encoded["input_ids"]):
         if limit and len(ids) > limit:
-            raise HotrodError(f"{what} {i} has {len(ids)} tokens, more than the model's {limit} positions; "
-                              "shorten it or ask for truncation")
+            name = names[i] if names is not None else f"{what} {i}"
+            raise HotrodError(f"{name} has {len(ids)} tokens, more than the model's {limit} positions; shorten it"
+                              + ("" if kwargs else " or ask for truncation"))
         rows.append(Row(list(ids), list(types[i]) if types is not None else None))
     return rows

@@ -2,7 +2,9 @@
 that `model.rerank` ranks by.
 
 Scores are the logits through the function the pipeline picks: none for regression, sigmoid for
-multi-label heads and one-output heads, softmax otherwise (or the one asked for).
+multi-label heads and one-output heads, softmax otherwise (or the one asked for). A sentence-transformers
+cross-encoder's checkpoint (its config records the activation CrossEncoder applies) scores as
+`CrossEncoder(path).predict` does instead: its logits through that activation, unless a function is asked for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 
 from hotrod.errors import HotrodError, check_choice
+from hotrod.pipelines.activation import Activation, apply_activation, cross_encoder_activation
 from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
@@ -24,12 +27,17 @@ def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = 1,
             function_to_apply: str | None = None, truncate: bool = False) -> Prepared:
     """`model.classify(...)`: labels and scores as transformers' `pipeline("text-classification")` gives them
     (`top_k=1`: as it answers without top_k; None: every label). Inputs: a text, a (text, text_pair) pair, or
-    a list of either; this makes their rows."""
+    a list of either; this makes their rows. A cross-encoder's checkpoint, asked for no function, scores as
+    `CrossEncoder.predict` (its own activation, no softmax), so the same checkpoint answers alike in both."""
     require_tokenizer(model, "classify")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise HotrodError(f"top_k must be a whole number >= 1 or None, got {top_k!r}")
-    function = default_function(model.config) if function_to_apply is None else \
-        check_choice("function_to_apply", str(function_to_apply).lower(), FUNCTIONS)
+    function: str | Activation
+    if function_to_apply is not None:
+        function = check_choice("function_to_apply", str(function_to_apply).lower(), FUNCTIONS)
+    else:
+        activation = cross_encoder_activation(model.config)
+        function = default_function(model.config) if activation is None else activation
     single = _is_one(inputs)
     items = [inputs] if single else list(inputs)
     if not items:
@@ -50,7 +58,8 @@ def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]
     top_k, function = prepared.options["top_k"], prepared.options["function"]
     answers = []
     for out in outputs:
-        scores = apply(out["logits"].float(), function)
+        logits = out["logits"].float()
+        scores = apply(logits, function) if isinstance(function, str) else apply_activation(function, logits)
         if top_k == 1:
             best = int(scores.argmax())
             answers.append({"label": model.labels[best], "score": float(scores[best])})
@@ -74,6 +83,7 @@ def default_function(config) -> str:
 
 
 def apply(logits: torch.Tensor, function: str) -> torch.Tensor:
+    """The logits through one of FUNCTIONS by name, as the pipeline's `function_to_apply` names them."""
     if function == "sigmoid":
         return torch.sigmoid(logits)
     if function == "softmax":

@@ -3,25 +3,24 @@
 
 The score is the one-output head's logit through the activation CrossEncoder applies by default: the torch
 module the config names (`sentence_transformers.activation_fn`, written by sentence-transformers when it
-saves a model, or the older `sbert_ce_default_activation_function`), else a sigmoid. As CrossEncoder does
-without `trust_remote_code`, a path outside torch falls back to the sigmoid. The server's rerank routes
-rank through here too, so they answer what `model.rerank` answers.
+saves a model, or the older `sbert_ce_default_activation_function`; read by `hotrod.pipelines.activation`,
+which classify shares), else a sigmoid. As CrossEncoder does without `trust_remote_code`, a path outside
+torch falls back to the sigmoid. The server's rerank routes rank through here too, so they answer what
+`model.rerank` answers.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from hotrod.errors import HotrodError, check_choice
 from hotrod.pipelines import classify
+from hotrod.pipelines.activation import apply_activation, cross_encoder_activation
 from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
-
-Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
 def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None = None,
@@ -40,7 +39,8 @@ def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None 
         raise HotrodError(f"top_n must be a whole number >= 1 or None, got {top_n!r}")
     texts = [check_text(doc, f"document {i}") for i, doc in enumerate(documents)]
     if function is None:
-        activation = activation_of(model.config)
+        activation = cross_encoder_activation(model.config)
+        activation = torch.nn.Sigmoid() if activation is None else activation
     else:
         name = check_choice("function_to_apply", str(function).lower(), classify.FUNCTIONS)
         activation = functools.partial(classify.apply, function=name)
@@ -51,33 +51,6 @@ def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None 
 def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> list[dict]:
     """[{"index", "score"}] best first (equal scores keep the documents' order), the first top_n."""
     activation = prepared.options["activation"]
-    scores = [float(activation(out["logits"].float().reshape(1, -1)).reshape(-1)[0]) for out in outputs]
+    scores = [float(apply_activation(activation, out["logits"])[0]) for out in outputs]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: prepared.options["top_n"]]
     return [{"index": i, "score": scores[i]} for i in order]
-
-
-def activation_of(config: Any) -> Activation:
-    """The activation CrossEncoder applies by default to this config's logits."""
-    settings = getattr(config, "sentence_transformers", None)
-    if isinstance(settings, dict) and "activation_fn" in settings:
-        path = settings["activation_fn"]
-    else:
-        path = getattr(config, "sbert_ce_default_activation_function", None)
-    if isinstance(path, str) and path.startswith("torch."):
-        return _torch_module(path)
-    return torch.nn.Sigmoid()
-
-
-def _torch_module(path: str) -> torch.nn.Module:
-    """The torch module at a dotted path, built without arguments as CrossEncoder builds it."""
-    module, _, name = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        found = None
-    if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
-        raise HotrodError(f"the cross-encoder's activation {path!r} in its config is not a torch module")
-    try:
-        return found()
-    except TypeError:
-        raise HotrodError(f"the cross-encoder's activation {path!r} cannot be built without arguments") from None

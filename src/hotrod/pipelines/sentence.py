@@ -28,6 +28,9 @@ from hotrod.batching import plan
 from hotrod.errors import HotrodError
 from hotrod.files import inside
 from hotrod.model_inputs import embed_rows
+from hotrod.pipelines import splade
+from hotrod.pipelines.activation import recorded_in_files
+from hotrod.pipelines.sentence_tokens import Tokenized, tokenize
 
 MODULES = "modules.json"
 SETTINGS = "config_sentence_transformers.json"
@@ -86,17 +89,18 @@ class SentencePipeline:
     def read(cls, path: str | Path) -> SentencePipeline | None:
         """The checkpoint's modules, or None when it has no modules.json (a plain transformers checkpoint)."""
         path = Path(path)
-        if not (path / MODULES).is_file():
-            return None
-        steps, files, transformer = [], [MODULES], None
-        for entry in _json(path, MODULES):
+        if not (path / MODULES).is_file() or recorded_in_files(path) is not None:
+            return None  # a CrossEncoder's modules.json lists only its Transformer: its head is the checkpoint's
+        steps, files, transformer, transformer_name = [], [MODULES], None, ""
+        entries = _json(path, MODULES)
+        for entry in entries:
             module_type = _module_kind(entry, path)
             folder = str(entry.get("path") or "")
-            if module_type == "Transformer":
+            if module_type in ("Transformer", *splade.TRANSFORMERS):
                 if folder or steps or transformer is not None:
                     raise HotrodError(f"{path}/{MODULES} puts its Transformer in {folder!r} or after other "
                                       "modules; hotrod runs the checkpoint's own encoder first")
-                transformer = _transformer_config(path)
+                transformer, transformer_name = _transformer_config(path), module_type
                 files += [transformer[0]] if transformer[0] else []
                 continue
             if transformer is None:
@@ -108,12 +112,15 @@ class SentencePipeline:
             if isinstance(step, Dense):
                 files.append(step.weights)
             steps.append(step)
-        if not steps or not isinstance(steps[0], Pooling) or sum(isinstance(s, Pooling) for s in steps) > 1:
+        options = (transformer or ("", {}))[1]
+        sparse = splade.check_order(steps, splade.transformer_task(transformer_name, options), f"{path}/{MODULES}",
+                                    entries)
+        pools = sum(isinstance(s, Pooling) for s in steps)
+        if not sparse and (not steps or not isinstance(steps[0], Pooling) or pools > 1):
             raise HotrodError(f"{path}/{MODULES} has no single Pooling module right after its Transformer; "
                               "hotrod embeds with exactly one")
         settings = _json(path, SETTINGS) if (path / SETTINGS).is_file() else {}
         prompts = {**dict.fromkeys(DEFAULT_PROMPTS), **(settings.get("prompts") or {})}
-        options = (transformer or ("", {}))[1]
         return cls(tuple(steps), _optional_int(options.get("max_seq_length")), bool(options.get("do_lower_case")),
                    tuple(prompts.items()), settings.get("default_prompt_name"), settings.get("similarity_fn_name"),
                    tuple(files + ([SETTINGS] if settings else [])))
@@ -170,6 +177,11 @@ def output_width(steps: tuple[Step, ...], hidden: int) -> int:
     return width
 
 
+def width(model: Any) -> int:
+    """The width of the model's own embeddings (its pipeline's, else the hidden size)."""
+    return output_width((model.sentence or PLAIN).steps, model.dims.hidden_size)
+
+
 def settings(model: Any, pooling: str | None, normalize: bool | None) -> dict:
     """What `embed` applies for these overrides (the command prints it): the pooling modes, joined by "+",
     and whether the vectors are normalized."""
@@ -180,7 +192,8 @@ def settings(model: Any, pooling: str | None, normalize: bool | None) -> dict:
 
 def embed(model: Any, inputs: Any, pooling: str | None, normalize: bool | None, batch_size: int,
           prompt_name: str | None, prompt: str | None, truncate_dim: int | None) -> torch.Tensor:
-    """What `HotrodModel.embed` returns (its docstring says what each argument does)."""
+    """What `HotrodModel.embed` returns (its docstring says what each argument does); `inputs` may also be
+    `Tokenized` rows."""
     pipe = model.sentence or PLAIN
     texts = _texts(inputs)
     if texts is None and (prompt is not None or prompt_name is not None):
@@ -190,10 +203,13 @@ def embed(model: Any, inputs: Any, pooling: str | None, normalize: bool | None, 
     width = output_width(steps, model.dims.hidden_size)
     if truncate_dim is not None and not (isinstance(truncate_dim, int) and 1 <= truncate_dim <= width):
         raise HotrodError(f"truncate_dim must be between 1 and the embedding's width {width}, got {truncate_dim!r}")
-    if texts is None:
+    if isinstance(inputs, Tokenized):
+        rows, prompt_length = embed_rows(inputs.rows, model.tokenizer, model.dims), inputs.prompt_length
+    elif texts is None:
         rows, prompt_length = embed_rows(inputs, model.tokenizer, model.dims), 0
     else:
-        rows, prompt_length = _tokenize(model, pipe, texts, chosen)
+        tokenized = tokenize(model, texts, chosen)
+        rows, prompt_length = tokenized.rows, tokenized.prompt_length
     result = torch.empty(len(rows), width)
     for group in plan([len(r) for r in rows], batch_size):
         hidden, mask = model.hidden_states([rows[i] for i in group])
@@ -260,10 +276,12 @@ def _module_kind(entry: Any, path: Path) -> str:
     Normalize, under any of its module paths); anything else is refused by name."""
     module_type = str(entry.get("type", "")) if isinstance(entry, dict) else repr(entry)
     name = module_type.rpartition(".")[2]
-    if module_type.startswith("sentence_transformers.") and name in ("Transformer", "Pooling", "Dense", "Normalize"):
+    if module_type.startswith("sentence_transformers.") and name in ("Transformer", "Pooling", "Dense", "Normalize",
+                                                                      splade.MODULE, *splade.TRANSFORMERS):
         return name
     raise HotrodError(f"{path}/{MODULES} has a {module_type} module, which hotrod does not run; it embeds with "
-                      "Transformer, Pooling, Dense and Normalize modules only")
+                      "Transformer, Pooling, Dense and Normalize modules only (a SparseEncoder with its "
+                      "Transformer and SpladePooling)")
 
 
 def _transformer_config(path: Path) -> tuple[str, dict]:
@@ -276,6 +294,8 @@ def _transformer_config(path: Path) -> tuple[str, dict]:
 def _step(module_type: str, config: dict, path: Path, folder: str) -> Step:
     if module_type == "Normalize":
         return Normalize()
+    if module_type == splade.MODULE:  # a SparseEncoder's (`hotrod.pipelines.splade`)
+        return splade.step(config, path, folder)
     for key in ("module_input_name", "module_output_name"):
         if config.get(key, _OUTPUT) not in (None, _OUTPUT):
             raise HotrodError(f"{path}/{folder} reads or writes {config[key]!r}; hotrod runs modules on the "
@@ -353,38 +373,3 @@ def _texts(inputs: Any) -> list[str] | None:
     if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, str) for t in inputs):
         return list(inputs)
     return None
-
-
-def _tokenize(model: Any, pipe: SentencePipeline, texts: list[str], prompt: str | None) -> tuple[list[list[int]], int]:
-    """Token rows of the prompted texts as sentence-transformers' Transformer makes them (lowercased where the
-    checkpoint says, cut to its max_seq_length), and the prompt's length in tokens without a trailing special
-    token (`_get_prompt_length`)."""
-    tokenizer = model.tokenizer
-    if tokenizer is None:
-        raise HotrodError("this model has no tokenizer; pass token ids instead of text")
-    if any(not t.strip() for t in texts):
-        raise HotrodError("empty text")
-    limit = max_length(model, pipe)
-    prompt = prompt or None  # an empty prompt is none
-    texts = [(prompt or "") + t for t in texts]
-    if pipe.do_lower_case:
-        texts, prompt = [t.lower() for t in texts], prompt.lower() if prompt else prompt
-    rows = tokenizer(texts, truncation=limit is not None, max_length=limit)["input_ids"]
-    prompt_length = 0
-    if prompt:
-        ids = tokenizer([prompt], truncation=limit is not None, max_length=limit)["input_ids"][0]
-        prompt_length = len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
-    return embed_rows([list(r) for r in rows], tokenizer, model.dims), prompt_length
-
-
-def max_length(model: Any, pipe: SentencePipeline) -> int | None:
-    """Where texts are cut: the checkpoint's max_seq_length; else, for a sentence-transformers checkpoint, the
-    tokenizer's limit capped at the positions (as its Transformer module does); else the positions."""
-    positions = model.dims.max_positions or None
-    if pipe.max_seq_length is not None:
-        return min(pipe.max_seq_length, positions) if positions else pipe.max_seq_length
-    if pipe is PLAIN or model.sentence is None:
-        return positions
-    own = getattr(model.tokenizer, "model_max_length", None)
-    own = own if isinstance(own, int) and own < 10**9 else None
-    return min(x for x in (own, positions) if x is not None) if (own or positions) else None

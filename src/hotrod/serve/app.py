@@ -23,7 +23,8 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hotrod.serve import completions, endpoints, inference_protocol, task_routes, tei
+from hotrod import tasks
+from hotrod.serve import completions, embeddings, endpoints, inference_protocol, task_routes, tei, tei_embed
 from hotrod.serve.gate import Gate
 from hotrod.serve.http_errors import ApiError, install_error_handlers
 from hotrod.serve.limits import Access, ServeLimits
@@ -36,8 +37,8 @@ from hotrod.version import __version__
 log = logging.getLogger("hotrod.serve")
 
 _ENDPOINTS = {"/v1/generate": "generate", "/v1/embed": "embed", "/v1/completions": "completions",
-              "/v1/embeddings": "embeddings", "/v1/classify": "classify", "/v1/rerank": "rerank",
-              "/predict": "predict", "/rerank": "tei_rerank"}
+              "/v1/embeddings": "embeddings", "/predict": "predict", "/rerank": "tei_rerank", "/embed": "tei_embed",
+              "/embed_all": "tei_embed_all", "/tokenize": "tei_tokenize"}
 router = APIRouter()
 
 
@@ -65,7 +66,7 @@ def create_app(workers: dict[str, Worker], options: ServeLimits | None = None,
     app.state.workers = dict(workers)
     app.state.limits = options or ServeLimits()
     app.state.metrics = metrics or Metrics()
-    app.state.endpoints = _ENDPOINTS
+    app.state.endpoints = {**_ENDPOINTS, **{s.route.path: s.route.endpoint for s in tasks.all_specs() if s.route}}
     app.state.shutting_down = False
     app.state.starter = None  # serve() puts the thread that starts the workers here
     # One thread per model's tokenizer: off the event loop, and never two threads in one tokenizer.
@@ -76,7 +77,7 @@ def create_app(workers: dict[str, Worker], options: ServeLimits | None = None,
     if access.cors_origins:  # outside the gate, so that preflights and refusals carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", HEADER], expose_headers=[HEADER])
-    for module in (endpoints, completions, tei, inference_protocol):
+    for module in (endpoints, embeddings, completions, tei, tei_embed, inference_protocol):
         app.include_router(module.router)
     app.include_router(task_routes.router())
     app.include_router(router)

@@ -53,7 +53,7 @@ async def token_rows(request: Request, worker: Worker, items: Sequence[Item], pa
     by_index = dict(zip(texts, encoded))
     rows = [by_index.get(i, item) for i, item in enumerate(items)]
     for row, where in zip(rows, wheres):
-        _check_row(worker, row, limit, where, param)
+        check_token_row(worker, row, limit, where, param)
     return rows  # type: ignore[return-value]
 
 
@@ -82,7 +82,7 @@ def _encode_all(worker: Worker, texts: list[str]) -> list[list[int]]:
     return [worker.encode(text) if text else [] for text in texts]
 
 
-def _check_row(worker: Worker, ids: list[int], limit: int, where: str, param: str) -> None:
+def check_token_row(worker: Worker, ids: list[int], limit: int, where: str, param: str) -> None:
     if not ids:
         raise ApiError(400, f"{where}: the input is empty", param)
     if len(ids) > limit:
@@ -105,16 +105,6 @@ def new_tokens(request: Request, worker: Worker, prompt: list[int], new: int | N
         raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
                             f"{positions} positions", where)
     return new
-
-
-async def embed_rows(request: Request, worker: Worker, items: Sequence[Item], param: str) -> list[list[int]]:
-    """Token id rows to embed: at most the server's number of inputs, each refused like a prompt."""
-    if not items:
-        raise ApiError(400, f"{param}: nothing to embed", param)
-    limit = request.app.state.limits.max_batch_inputs
-    if len(items) > limit:
-        raise ApiError(400, f"{param}: {len(items)} inputs; this server takes at most {limit} per request", param)
-    return await token_rows(request, worker, items, param, [f"{param}[{i}]" for i in range(len(items))])
 
 
 def prompt_lookup(worker: Worker, speculate: Speculate | None, num_beams: int, param: str = "speculate") -> int | None:

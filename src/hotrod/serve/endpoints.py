@@ -1,29 +1,22 @@
-"""hotrod's own generation and embedding endpoints, and OpenAI's embeddings endpoint.
+"""hotrod's own generation endpoint, and what every route shares (the kinds each serves, the error bodies).
 
-Each one resolves its model, checks its inputs (`checks.py`) and only then submits: a refused request
-never takes a slot. OpenAI's completions endpoint, which has more to it, is in `completions.py`.
+Each route resolves its model, checks its inputs (`checks.py`) and only then submits: a refused request
+never takes a slot. OpenAI's completions endpoint is in `completions.py`, the embedding routes in
+`embeddings.py`.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import logging
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from hotrod import kinds, tasks
-from hotrod.serve.checks import embed_rows, exactly_one, new_tokens, prompt_lookup, token_ids
-from hotrod.serve.http_errors import ApiError, Recorder, resolve
+from hotrod import kinds
+from hotrod.serve.checks import exactly_one, new_tokens, prompt_lookup, token_ids
+from hotrod.serve.http_errors import Recorder, resolve
 from hotrod.serve.messages import Params, Worker
 from hotrod.serve.schemas import (
-    EmbeddingData,
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    EmbedRequest,
-    EmbedResponse,
     ErrorBody,
     GenerateRequest,
     GenerateResponse,
@@ -39,7 +32,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody}
 STREAMED = {**ERRORS, 200: {"description": "JSON, or with `stream: true` server-sent events ending in "
                                            "`data: [DONE]`", "content": {"text/event-stream": {}}}}
 
-log = logging.getLogger("hotrod.serve")
 router = APIRouter()
 
 
@@ -87,76 +79,3 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     return json_response(GenerateResponse(model=name, text=worker.decode(tokens), token_ids=tokens,
                                           finish_reason=last.finish_reason or "stop",
                                           usage=usage(len(prompt), len(tokens))), recorder)
-
-
-def check_embeds(worker: Worker) -> None:
-    """An encoder that ends in a task head has no embeddings: a 400 naming its task and its routes."""
-    task = worker.info.task
-    if task is not None and not tasks.get(task).embeds:
-        routes = [s.route.path for s in tasks.all_specs() if s.route and s.refusal(task, len(worker.info.labels)) is None]
-        raise ApiError(400, f"model: '{worker.info.name}' is a {task} model, which has no embeddings; use "
-                            f"{', '.join(routes + ['/v2 infer'])}", "model")
-
-
-def check_dimensions(dimensions: int | None, width: int) -> None:
-    """`dimensions` at most the model's width (0: not known yet)."""
-    if dimensions is not None and width and dimensions > width:
-        raise ApiError(400, f"dimensions: {dimensions} is more than the {width} numbers of this model's vectors",
-                       "dimensions")
-
-
-def openai_vector(vector: list[float], dimensions: int | None, encoding_format: str) -> list[float] | str:
-    """One vector as OpenAI's API returns it: its first `dimensions` numbers made unit length again, as
-    numbers or as the base64 of their little-endian float32 bytes."""
-    values = np.asarray(vector, dtype=np.float32)
-    if dimensions is not None:
-        values = values[:dimensions]
-        values = values / max(float(np.linalg.norm(values)), 1e-12)
-    if encoding_format == "base64":
-        return base64.b64encode(values.astype("<f4").tobytes()).decode("ascii")
-    return values.tolist()
-
-
-async def embed_vectors(request: Request, worker: Worker, rows: list[list[int]], pooling: str,
-                        normalize: bool) -> list[list[float]]:
-    """The embeddings of checked rows, one per row."""
-    reader = submit(request, functools.partial(worker.submit_embed, rows, pooling, normalize))
-    _, last = await collect(reader)
-    vectors = last.result.tolist() if last.result is not None else []
-    if len(vectors) != len(rows):
-        raise ApiError(500, f"the model returned {len(vectors)} embeddings for {len(rows)} inputs")
-    return vectors
-
-
-@router.post("/v1/embed", response_model=EmbedResponse, responses=ERRORS)
-async def embed(body: EmbedRequest, request: Request) -> Response:
-    """Embed texts or token id rows with an encoder model."""
-    worker, recorder = resolve(request, "embed", body.model, ENCODERS)
-    check_embeds(worker)
-    param = exactly_one(body.texts, body.token_ids, "texts", "token_ids")
-    items = body.texts if body.texts is not None else body.token_ids or []
-    rows = await embed_rows(request, worker, items, param)
-    vectors = await embed_vectors(request, worker, rows, body.pooling, body.normalize)
-    return json_response(EmbedResponse(model=recorder.model, embeddings=vectors,
-                                       usage=usage(sum(map(len, rows)))), recorder)
-
-
-@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS)
-async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    """OpenAI's embeddings endpoint: mean-pooled, unit-length vectors, as numbers or as base64 (what the
-    official client asks for by default), cut to `dimensions` and made unit length again where asked."""
-    worker, recorder = resolve(request, "embeddings", body.model, ENCODERS)
-    check_embeds(worker)
-    check_dimensions(body.dimensions, worker.info.width)
-    if body.user is not None:
-        log.info("embeddings for user %r on model %s", body.user, worker.info.name)
-    items = body.input
-    if isinstance(items, str) or (items and isinstance(items[0], int)):
-        items = [items]  # one text, or one row of token ids
-    rows = await embed_rows(request, worker, items, "input")  # type: ignore[arg-type]
-    vectors = await embed_vectors(request, worker, rows, "mean", True)
-    check_dimensions(body.dimensions, len(vectors[0]))
-    data = [EmbeddingData(index=i, embedding=openai_vector(vector, body.dimensions, body.encoding_format))
-            for i, vector in enumerate(vectors)]
-    return json_response(EmbeddingsResponse(data=data, model=recorder.model, usage=usage(sum(map(len, rows)))),
-                         recorder)

@@ -69,7 +69,9 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param}}
 
 
-TEI_ROUTES = ("/predict", "/rerank")  # text-embeddings-inference's own, at the root as TEI has them
+# text-embeddings-inference's own, at the root as TEI has them (/embed_sparse: the sparse-embedding task's route;
+# POST /: the served model's main route)
+TEI_ROUTES = ("/", "/predict", "/rerank", "/embed", "/embed_all", "/embed_sparse", "/tokenize")
 
 
 def tei_error_type(status: int) -> str:

@@ -10,8 +10,9 @@ Each served model is one v2 model with one version, "1". Its tensors (also in it
   fields (max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, repetition_penalty, seed, and
   speculate, an object: {"prompt_lookup": N}),
   checked the same way; each row is its own worker request, so rows batch with everyone else's.
-- encoder models take `text` or `input_ids` alike and answer `embeddings` (FP32 [n, hidden]);
-  parameters pooling ("mean" or "cls") and normalize, as /v1/embed.
+- encoder models take `text` or `input_ids` alike and answer `embeddings` (FP32 [n, width]), the model's
+  own (its sentence-transformers pipeline); parameters pooling, normalize, prompt_name, prompt and truncate,
+  as /v1/embed.
 - encoder heads (`hotrod.tasks`) take the same inputs and answer their head's outputs: a classifier its
   `logits` (FP32 [n, labels]); a token classifier its `logits` (FP32 [n, L, labels]) and a span head its
   `start_logits` and `end_logits` (FP32 [n, L]), rows shorter than the longest padded with 0, with each
@@ -36,7 +37,8 @@ from hotrod import kinds, tasks
 from hotrod.pipelines.base import Row
 from hotrod.serve import tensors
 from hotrod.serve.checks import input_limit, new_tokens, token_rows
-from hotrod.serve.endpoints import ENCODERS, GENERATORS, embed_vectors, generation_params
+from hotrod.serve.embeddings import check_embeds, chosen_prompt, embed_vectors, embedding_rows, own_normalize
+from hotrod.serve.endpoints import ENCODERS, GENERATORS, generation_params
 from hotrod.serve.http_errors import ApiError, check_running, resolve
 from hotrod.serve.messages import Worker
 from hotrod.serve.schemas import Pooling, Sampling, _Request
@@ -156,13 +158,15 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     options, binary = _options(call.parameters, found.parameters)
     wanted = _requested(call.outputs, found.outputs, binary)
     source = _source(call.inputs, found.inputs, worker)
-    rows = await _rows(request, worker, source)
-    if found is GENERATOR:
-        built = await _generate(request, worker, rows, source.name, options)  # type: ignore[arg-type]
-    elif found is ENCODER:
-        built = await _embed(request, worker, rows, options)  # type: ignore[arg-type]
+    items, wheres = _items(request, worker, source)
+    if found is ENCODER:
+        built = await _embed(request, worker, items, wheres, source.name, options)  # type: ignore[arg-type]
     else:
-        built = await _heads(request, worker, rows, found.outputs)
+        rows = await token_rows(request, worker, items, source.name, wheres)
+        if found is GENERATOR:
+            built = await _generate(request, worker, rows, source.name, options)  # type: ignore[arg-type]
+        else:
+            built = await _heads(request, worker, rows, found.outputs)
     outputs = [Output(out, found.outputs[out][0], *built[out](), binary=as_binary) for out, as_binary in wanted]
     head = {"model_name": name, "model_version": VERSION, **({"id": call.id} if call.id is not None else {})}
     recorder.done("ok")
@@ -240,8 +244,9 @@ def _source(inputs: list[Input], found: Tensors, worker: Worker) -> Input:
     return tensor
 
 
-async def _rows(request: Request, worker: Worker, tensor: Input) -> list[list[int]]:
-    """Token ids of each row, the shape checked against the server's limits before the data is decoded."""
+def _items(request: Request, worker: Worker, tensor: Input) -> tuple[list[Any], list[str]]:
+    """Each row's text or token ids and where it is, the shape checked against the server's limits before the
+    data is decoded."""
     shape, name = tensor.shape, tensor.name
     if tensor.datatype == "BYTES":
         if len(shape) not in (1, 2) or shape[1:] not in ([], [1]):
@@ -260,7 +265,7 @@ async def _rows(request: Request, worker: Worker, tensor: Input) -> list[list[in
         raise bad(f"{name}: {count} rows; this server takes 1 to {most} per request")
     flat = tensors.values(tensor)
     items = flat if tensor.datatype == "BYTES" else [flat[i * width:(i + 1) * width] for i in range(count)]
-    return await token_rows(request, worker, items, name, [f"{name}[{i}]" for i in range(count)])
+    return items, [f"{name}[{i}]" for i in range(count)]
 
 
 # -- running ----------------------------------------------------------------------------------------------
@@ -305,7 +310,12 @@ def _stacked(values: list[Any]) -> tuple[list[int], np.ndarray]:
     return list(array.shape), array
 
 
-async def _embed(request: Request, worker: Worker, rows: list[list[int]], options: Pooling) -> Built:
-    vectors = np.asarray(await embed_vectors(request, worker, rows, options.pooling, options.normalize),
-                         dtype=np.float32)
+async def _embed(request: Request, worker: Worker, items: list[Any], wheres: list[str], name: str,
+                 options: Pooling) -> Built:
+    """The model's own embeddings, as /v1/embed gives them (`embeddings.py`)."""
+    check_embeds(worker)
+    texts = bool(items) and isinstance(items[0], str)
+    prompt = chosen_prompt(worker, options.prompt, options.prompt_name, texts)
+    tokenized = await embedding_rows(request, worker, items, name, prompt, options.truncate, wheres=wheres)
+    vectors = await embed_vectors(request, worker, tokenized, options.pooling, own_normalize(worker, options.normalize))
     return {"embeddings": lambda: (list(vectors.shape), vectors)}

@@ -135,6 +135,8 @@ class ModelInfo:
     labels: tuple[str, ...] = ()  # a labelled head's label of each output index
     verifies_drafts: bool = False  # checks several drafted tokens a row in one pass: speculative decoding runs
     width: int = 0  # an encoder's embedding size (0: not known before its first answer)
+    sentence: Any = None  # an encoder's sentence-transformers pipeline (`hotrod.pipelines.sentence`): its
+    #                       prompts and normalization; None: a plain checkpoint
 
 
 class Worker(Protocol):
@@ -151,8 +153,18 @@ class Worker(Protocol):
     def submit_generate(self, prompt: list[int], params: Params) -> Ticket:
         """Queue a generation; raises QueueFull or ShuttingDown. Must be called on the event loop."""
 
-    def submit_embed(self, rows: list[list[int]], pooling: str, normalize: bool) -> Ticket:
-        """Queue embeddings of `rows` (its final event carries a [rows, hidden] tensor)."""
+    def embedding_tokens(self, texts: list[str], prompt: str | None, truncate: bool, side: str) -> Any:
+        """Texts tokenized as the model's embedding pipeline tokenizes them (`hotrod.pipelines.sentence_tokens`:
+        the prompt before each, cut at its max_seq_length when `truncate`, on `side`), with the prompt's
+        length; a HotrodError for an input the pipeline refuses. Runs on the tokenizer thread."""
+
+    def submit_embed(self, rows: list[list[int]], pooling: str | None, normalize: bool | None,
+                     prompt_length: int = 0) -> Ticket:
+        """Queue embeddings of `rows` (its final event carries a [rows, width] tensor). None: the model's own
+        pooling and normalization; `prompt_length`: the tokens of a prompt that pooling may leave out."""
+
+    def submit_hidden(self, rows: list[list[int]]) -> Ticket:
+        """Queue the last hidden state of `rows` (its final event carries one [tokens, hidden] tensor a row)."""
 
     def submit_rows(self, rows: list[Row]) -> Ticket:
         """Queue an encoder head's rows (`hotrod.pipelines`), batched with other requests' rows; the final

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 
@@ -60,11 +60,24 @@ class GenerateRequest(Sampling):
     stream: bool = Field(False, description="Answer with server-sent events, one per step, then [DONE].")
 
 
-class Pooling(_Request):
-    """How to embed: the fields of /v1/embed's body, and the parameters of a v2 infer request."""
+_PROMPT_NAME = Field(None, max_length=256, description="One of the checkpoint's named prompts (its "
+                                                     "config_sentence_transformers.json), put before each text; "
+                                                     "default: its default prompt, if it names one.")
+_EMBED_TRUNCATE = Field(False, description="Cut texts longer than the model embeds (its max_seq_length) where "
+                                           "sentence-transformers cuts them; without it such a text is a 400.")
 
-    pooling: Literal["mean", "cls"] = "mean"
-    normalize: bool = Field(True, description="Scale each embedding to unit length.")
+
+class Pooling(_Request):
+    """How to embed: the fields of /v1/embed's body, and the parameters of a v2 infer request. Left out, the
+    checkpoint's own pipeline applies (a sentence-transformers checkpoint's pooling, Dense and Normalize;
+    otherwise mean pooling, unit length)."""
+
+    pooling: Literal["mean", "cls"] | None = Field(None, description="Replaces the checkpoint's pooling.")
+    normalize: bool | None = Field(None, description="true: unit length; false: without the checkpoint's "
+                                                     "Normalize.")
+    prompt_name: str | None = _PROMPT_NAME
+    prompt: str | None = Field(None, max_length=4096, description="A prompt of your own, put before each text.")
+    truncate: bool = _EMBED_TRUNCATE
 
 
 class EmbedRequest(Pooling):
@@ -100,8 +113,10 @@ class CompletionRequest(_Request):
 
 
 class EmbeddingsRequest(_Request):
-    """OpenAI's embeddings request (mean pooling, unit-length vectors). The official `openai` client asks for
-    `base64` unless told otherwise: each vector's little-endian float32 bytes, base64-encoded."""
+    """OpenAI's embeddings request: the model's own vectors (unit length for a checkpoint without a
+    sentence-transformers pipeline). The official `openai` client asks for `base64` unless told otherwise:
+    each vector's little-endian float32 bytes, base64-encoded. `prompt_name` and `truncate` are hotrod's own
+    (the client's `extra_body`)."""
 
     model: str | None = _MODEL
     input: str | list[str] | list[int] | list[list[int]]
@@ -111,6 +126,8 @@ class EmbeddingsRequest(_Request):
                                                          "model's width.")
     user: str | None = Field(None, max_length=256, description="The caller's end-user id, as OpenAI's API takes "
                                                                "it: written to the server's log with the request.")
+    prompt_name: str | None = _PROMPT_NAME
+    truncate: bool = _EMBED_TRUNCATE
 
 
 class Usage(BaseModel):
@@ -193,3 +210,54 @@ class ErrorBody(BaseModel):
     """Every error the server answers, whatever the status."""
 
     error: ErrorDetail
+
+
+# -- text-embeddings-inference's embedding routes (`tei_embed.py`), field for field ------------------------
+
+_TEI_INPUTS = Field(description="A text, a list of texts, or token ids (one row or a list of rows).")
+_DIRECTION = Field("right", description="Which end of a text `truncate` cuts: right keeps its start.")
+
+
+class TeiEmbedAllRequest(_Request):
+    """TEI's /embed_all: every token's vector of the last hidden state."""
+
+    inputs: str | list[str] | list[int] | list[list[int]] = _TEI_INPUTS
+    truncate: bool = _EMBED_TRUNCATE
+    truncation_direction: Literal["right", "left", "Right", "Left"] = _DIRECTION
+    prompt_name: str | None = _PROMPT_NAME
+
+
+class TeiEmbedRequest(TeiEmbedAllRequest):
+    """TEI's /embed: one vector per input, the model's own pooling, unit length unless `normalize` is false."""
+
+    normalize: bool = Field(True, description="Unit length; false also leaves out the checkpoint's Normalize.")
+    dimensions: int | None = Field(None, ge=1, description="The first N numbers of each vector (Matryoshka), "
+                                                           "made unit length again when normalizing.")
+
+
+class TeiTokenizeRequest(_Request):
+    """TEI's /tokenize: the tokens of each text, with their characters."""
+
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = _PROMPT_NAME
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None = Field(description="The token's first character in the text; null for a special token.")
+    stop: int | None
+
+
+class TeiTokens(RootModel[list[list[TeiToken]]]):
+    """Each text's tokens, in order."""
+
+
+class TeiVectors(RootModel[list[list[float]]]):
+    """One vector per input, in order (a one-text request too)."""
+
+
+class TeiTokenVectors(RootModel[list[list[list[float]]]]):
+    """Every token's vector, per input."""

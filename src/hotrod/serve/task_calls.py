@@ -42,13 +42,16 @@ def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) ->
     worker, recorder = resolve(request, endpoint, name, ENCODERS)
     found = worker.info.task or worker.info.kind
     labels = len(worker.info.labels)
-    if spec.refusal(found, labels) is None:
-        return worker, recorder
     route = request.url.path
+    refusal = spec.refusal(found, labels, call=route, names=worker.info.labels)
+    if refusal is None:
+        return worker, recorder
     if found != spec.base:
         raise ApiError(400, f"model: '{worker.info.name}' is a {found} model; {route} needs a {spec.base} model",
                        "model")
-    raise ApiError(400, f"model: '{worker.info.name}' has {labels} labels; {route} needs {spec.needs}", "model")
+    if spec.fits is not None and not spec.fits(labels):
+        raise ApiError(400, f"model: '{worker.info.name}' has {labels} labels; {route} needs {spec.needs}", "model")
+    raise ApiError(400, f"model: '{worker.info.name}': {refusal}", "model")
 
 
 def check_count(request: Request, count: int, param: str, most: int | None = None) -> None:

@@ -168,3 +168,54 @@ class AnswerResponse(BaseModel):
     answers: list[Answer] = Field(description="The best answers, best first (one unless top_k asks for more)")
     windows: int = Field(description="Windows the context was split into, run as one batch")
     usage: Usage
+
+
+class ZeroShotRequest(_Request):
+    """Candidate labels of texts by an NLI model's entailment, as transformers' zero-shot-classification
+    pipeline scores them."""
+
+    model: str | None = _MODEL
+    input: str | list[str] = Field(description="A text or a list of texts.")
+    candidate_labels: list[str] | str = Field(description="The labels to choose among: a list, or one text of "
+                                                          "comma-separated labels.")
+    hypothesis_template: str = Field("This example is {}.", description="The hypothesis made of each label, with {} "
+                                                                        "where the label goes.")
+    multi_label: bool = Field(False, description="Score each label on its own (entailment against contradiction) "
+                                                 "instead of one softmax among the labels.")
+    truncate: bool = Field(False, description="Cut texts too long for the model beside a hypothesis (the text, "
+                                              "never the hypothesis); without it such a text is a 400 naming it.")
+
+
+class ZeroShotResult(BaseModel):
+    sequence: str
+    labels: list[str] = Field(description="The candidate labels, best first")
+    scores: list[float] = Field(description="Each label's score, in the order of labels")
+
+
+class ZeroShotResponse(BaseModel):
+    model: str
+    results: list[ZeroShotResult] = Field(description="One per text, in the input's order")
+    usage: Usage
+
+
+class EmbedSparseRequest(_Request):
+    """text-embeddings-inference's /embed_sparse: a SPLADE model's sparse vector of each text."""
+
+    model: str | None = _MODEL
+    inputs: str | list[str] = Field(description="A text or a list of texts.")
+    truncate: bool | None = Field(None, description="Cut texts longer than the model embeds (its max_seq_length), "
+                                                    "as sentence-transformers cuts them; without it such a text is "
+                                                    "a 400 naming it.")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        "right", description="Which end of a text `truncate` cuts: right keeps its start.")
+    prompt_name: str | None = Field(None, max_length=256, description="One of the checkpoint's named prompts, put "
+                                                                      "before each text; default: its default prompt.")
+
+
+class SparseValue(BaseModel):
+    index: int = Field(description="The vocabulary entry (token id)")
+    value: float
+
+
+class EmbedSparseResponse(RootModel[list[list[SparseValue]]]):
+    """Each text's non-zero entries, in index order; one list per text (a one-text request too)."""

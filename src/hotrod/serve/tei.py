@@ -42,7 +42,7 @@ def served_head(request: Request, endpoint: str, task: str) -> tuple[Worker, Any
     workers = request.app.state.workers
     spec = tasks.get(task)
     fits = [name for name, worker in workers.items()
-            if spec.refusal(worker.info.task, len(worker.info.labels)) is None]
+            if spec.refusal(worker.info.task, len(worker.info.labels), names=worker.info.labels) is None]
     wanted = f"{spec.base} model" + (f" fit for {spec.name}: {spec.needs}" if spec.variant_of else "")
     if not fits:
         served = ", ".join(f"{name} ({worker.info.task or worker.info.kind}, {len(worker.info.labels)} labels)"

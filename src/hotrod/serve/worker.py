@@ -25,9 +25,11 @@ from hotrod import tasks
 from hotrod.errors import HotrodError, check_number, first_line
 from hotrod.generation import draft_rules
 from hotrod.model import HotrodModel
+from hotrod.pipelines import sentence
 from hotrod.pipelines.base import Row
+from hotrod.pipelines.sentence_tokens import Tokenized, tokenize
 from hotrod.runtime.base import RuntimeOptions
-from hotrod.serve.encoder_runner import ROWS, EncoderRunner
+from hotrod.serve.encoder_runner import HIDDEN, ROWS, EncoderRunner
 from hotrod.serve.messages import BatchFailed, Event, ModelInfo, Params, ShuttingDown, Ticket, WorkerDown
 from hotrod.serve.metrics import Metrics
 from hotrod.serve.picks import Outcome, Pick
@@ -72,7 +74,7 @@ class ModelWorker:
         verifies = model.spec.generates and model.backend.verifies_drafts
         self.info = ModelInfo(name, model.kind, model.config.vocab_size, dims.max_positions, int(time.time()), path,
                               model.task, tuple(model.labels[i] for i in sorted(model.labels)), verifies,
-                              dims.hidden_size if model.spec.encodes else 0)
+                              sentence.width(model) if model.spec.encodes else 0, model.sentence)
         self._cond = threading.Condition()
         self._accepting = True
         self._ready = False
@@ -110,8 +112,16 @@ class ModelWorker:
         options = self.runner.options(prompt, params)  # HotrodError for a bad combination: the app's 400
         return self._submit(Request(Ticket(), prompt=list(prompt), params=params, options=options))
 
-    def submit_embed(self, rows: list[list[int]], pooling: str, normalize: bool) -> Ticket:
-        return self._submit(Request(Ticket(), rows=[list(r) for r in rows], options=(pooling, normalize)))
+    def embedding_tokens(self, texts: list[str], prompt: str | None, truncate: bool, side: str) -> Tokenized:
+        return tokenize(self.model, texts, prompt, truncate, side)
+
+    def submit_embed(self, rows: list[list[int]], pooling: str | None, normalize: bool | None,
+                     prompt_length: int = 0) -> Ticket:
+        return self._submit(Request(Ticket(), rows=[list(r) for r in rows],
+                                    options=(pooling, normalize, prompt_length)))
+
+    def submit_hidden(self, rows: list[list[int]]) -> Ticket:
+        return self._submit(Request(Ticket(), rows=[list(r) for r in rows], options=HIDDEN))
 
     def submit_rows(self, rows: list[Row]) -> Ticket:
         return self._submit(Request(Ticket(), rows=list(rows), options=ROWS))

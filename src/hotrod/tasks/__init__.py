@@ -32,7 +32,7 @@ from hotrod.tasks.registry import (
 )
 
 # The built-in tasks in the order they are listed (the bare model's first); then any other module here.
-_BUILT_IN = ("features", "classify", "tag", "answer", "rerank", "generate")
+_BUILT_IN = ("features", "classify", "tag", "answer", "rerank", "zero_shot", "generate")
 _NOT_TASKS = {"constants", "registry"}
 for _name in _BUILT_IN + tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
                                       if m.name not in _BUILT_IN and m.name not in _NOT_TASKS)):

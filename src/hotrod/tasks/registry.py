@@ -8,8 +8,9 @@ CLI, the server, verification, calibration and `--precision auto` iterate over s
 package compares a task's name. Adding a task is a spec (one module in this package, found on import), a
 pipeline and their tests.
 
-A variant (reranking) is a narrower use of another task's models: the same head and graphs, its own
-pipeline, measure, command and route, for the models its `fits` accepts (a one-label classifier).
+A variant (reranking, zero-shot classification) is a narrower use of another task's models: the same head
+and graphs, its own pipeline, measure, command and route, for the models its `fits` accepts by their label
+count (a one-label classifier) and its `fits_labels` by their labels' names (an NLI head's entailment).
 
 `--task` (`task=` in Python) overrides the checkpoint's own head, as optimum-cli's does; hotrod records it
 in the artifact's config under `TASK_KEY`, so the artifact reads back as the task it was built for.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hotrod.errors import HotrodError
@@ -33,7 +35,8 @@ TASK_KEY = "hotrod_task"
 @dataclass(frozen=True)
 class Output:
     """One graph output of a head. Axes are symbolic where they vary or depend on the model: batch,
-    sequence, labels (the label map's size), hidden (the hidden size); or a number."""
+    sequence, labels (the label map's size), hidden (the hidden size), vocab (the vocabulary's size); or a
+    number."""
 
     name: str
     axes: tuple[str | int, ...]
@@ -44,7 +47,7 @@ class Output:
 
     def shape(self, dims: Dims) -> tuple[str | int, ...]:
         """The axes with the model's sizes put in (batch and sequence stay symbolic)."""
-        sizes = {"labels": dims.num_labels, "hidden": dims.hidden_size}
+        sizes = {"labels": dims.num_labels, "hidden": dims.hidden_size, "vocab": dims.vocab_size}
         return tuple(sizes.get(a, a) if isinstance(a, str) else a for a in self.axes)
 
 
@@ -122,7 +125,11 @@ class TaskSpec:
     bench: Bench | None = None
     variant_of: str | None = None  # the task whose models a variant runs on
     fits: Callable[[int], bool] | None = None  # which of those models a variant takes, by their label count
+    fits_labels: Callable[[Sequence[str]], bool] | None = None  # ... and by their labels' names, where known
     needs: str = ""  # what a variant's model must be, said when one does not fit
+    # What a checkpoint's own files beside config.json say (a SparseEncoder's modules.json): None where they do
+    # not ask for this task, else the config attributes they set (its head's settings); `read_files` asks.
+    files: Callable[[Path], dict[str, Any] | None] | None = None
     summary: str = field(default="", compare=False)  # one line for tables and help
 
     @property
@@ -130,14 +137,19 @@ class TaskSpec:
         """The task a model of this spec is built for."""
         return self.variant_of or self.name
 
-    def refusal(self, task: str | None, label_count: int, call: str | None = None) -> str | None:
-        """Why a model built for `task` with `label_count` labels cannot run this spec (asked for as `call`),
-        or None when it can."""
+    def refusal(self, task: str | None, label_count: int, call: str | None = None,
+                names: Sequence[str] | None = None) -> str | None:
+        """Why a model built for `task` with `label_count` labels (`names`, where the caller has them) cannot
+        run this spec (asked for as `call`), or None when it can. A spec that reads the labels' names does
+        not fit a model whose names are not given."""
         call = call or (f"{self.method}()" if self.method else self.name)
         if task != self.base:
             return f"{call} needs a {self.base} model; this one is built for {task or 'no task'}"
         if self.fits is not None and not self.fits(label_count):
             return f"{call} needs {self.needs}; this one has {label_count} labels"
+        if self.fits_labels is not None and (names is None or not self.fits_labels(names)):
+            said = f"labels are {', '.join(names)}" if names else "labels are not known"
+            return f"{call} needs {self.needs}; this one's {said}"
         return None
 
 
@@ -195,9 +207,11 @@ def by_method(method: str) -> TaskSpec | None:
     return next((spec for spec in _TASKS.values() if spec.method == method), None)
 
 
-def of_model(task: str | None, label_count: int) -> TaskSpec | None:
-    """The spec that says what a model built for `task` answers: a variant that fits it, else the task's."""
-    variants = [s for s in _TASKS.values() if s.variant_of == task and s.fits is not None and s.fits(label_count)]
+def of_model(task: str | None, label_count: int, names: Sequence[str] | None = None) -> TaskSpec | None:
+    """The spec that says what a model built for `task` with `label_count` labels (named `names`) answers:
+    a variant that fits it, else the task's."""
+    variants = [s for s in _TASKS.values() if s.variant_of == task and (s.fits or s.fits_labels) is not None
+                and s.refusal(task, label_count, names=names) is None]
     return variants[0] if variants else _TASKS.get(task or "")
 
 
@@ -235,6 +249,20 @@ def task_of(config, family: Family) -> str:
         f"{', '.join(runs)}; pass --task (task=) to choose one"
         + (f" ({bare} runs the bare encoder without the head)" if bare else "")
     )
+
+
+def read_files(path: Path, config: Any) -> str | None:
+    """The task a checkpoint's own files ask for (`TaskSpec.files`), its settings put on `config`: the task too,
+    under `TASK_KEY`, unless the config names one already (an artifact built with --task). None if none asks."""
+    for spec in _TASKS.values():
+        settings = spec.files(path) if spec.files is not None else None
+        if settings is not None:
+            for key, value in settings.items():
+                setattr(config, key, value)
+            if not getattr(config, TASK_KEY, None):
+                setattr(config, TASK_KEY, spec.name)
+            return spec.name
+    return None
 
 
 def check_task(task: str, family: Family) -> str:

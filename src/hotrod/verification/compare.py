@@ -44,7 +44,8 @@ def measure(model: Any) -> Measure:
 def measure_of(family: Any, config: Any) -> tuple[Measure, list[str]]:
     """What verification measures for a checkpoint of `family` before it is built, and its head's labels."""
     dims = family.dims(config)
-    return tasks.of_model(dims.task, dims.num_labels).measure, list(tasks.labels(config, dims.task).values())
+    labels = list(tasks.labels(config, dims.task).values())
+    return tasks.of_model(dims.task, dims.num_labels, labels).measure, labels
 
 
 def read_examples(path: str | Path, model: Any = None) -> list[Example]:

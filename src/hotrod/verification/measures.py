@@ -29,6 +29,7 @@ from hotrod.verification.examples import Example
 from hotrod.verification.generation import compare_generations
 from hotrod.verification.inputs import token_rows
 from hotrod.verification.rows import answer_rows, example_rows
+from hotrod.verification.sparse import compare_sparse
 from hotrod.verification.tokens import compare_entities
 
 Compare = Callable[[Any, Any, Sequence[Example], int | None, int], dict]
@@ -88,3 +89,32 @@ ENTITIES = Measure("entities", "plain texts", ex.tagged, ex.singles, on_rows(com
                    shown=("entity_f1", "target_f1"))
 ANSWERS = Measure("answers", "question<TAB>context<TAB>answer", ex.answered, ex.answer_texts,
                   on_rows(compare_answers), rows=answer_rows, shown=("answer_exact_match", "answer_f1", "target_f1"))
+
+# Zero-shot classification's NLI heads see (premise, hypothesis) pairs: its examples are each text with the
+# hypothesis the pipeline's default template makes of one of a few labels, in turn.
+_ZERO_SHOT_LABELS = ("news", "a question", "about people", "about nature", "positive", "negative")
+
+
+def _premise_hypothesis(fields: list[str], labels: Sequence[str]) -> Example:
+    if len(fields) not in (2, 3):
+        raise ValueError(f"expected premise<TAB>hypothesis[<TAB>label], got {len(fields)} field(s)")
+    if len(fields) == 3 and fields[2].strip():
+        return ex.labelled(fields, labels)  # the label one of the model's (entailment, ...)
+    if not (fields[0].strip() and fields[1].strip()):
+        raise ValueError("the premise or the hypothesis is empty")
+    return Example(fields[0].strip(), pair=fields[1].strip())
+
+
+def _premise_hypothesis_texts(texts: Sequence[str]) -> list[Example]:
+    texts = ex.cleaned(texts)
+    return ex.tab_pairs(texts) or [Example(t, pair=f"This example is {_ZERO_SHOT_LABELS[i % len(_ZERO_SHOT_LABELS)]}.")
+                                   for i, t in enumerate(texts)]
+
+
+ZERO_SHOT = Measure("zero-shot", "premise<TAB>hypothesis[<TAB>label]", _premise_hypothesis, _premise_hypothesis_texts,
+                    on_rows(compare_labels), rows=example_rows,
+                    shown=("label_agreement", "score_mean_abs", "target_accuracy"))
+
+# Sparse (SPLADE) embeddings: the cosine of both models' vectors, and the share of the heaviest terms kept.
+SPARSE = Measure("sparse", "input", ex.plain, ex.singles, on_rows(compare_sparse), rows=example_rows,
+                 shown=("sparse_cosine", "top_overlap", "sparse_max_abs"))
