@@ -74,7 +74,8 @@ peers: $(PEERS_STAMP) $(OV_STAMP) $(INF_STAMP)
 
 test-peers: peers $(NATIVE)
 	$(PEER_PYTHONS) $(BIN)/python -m pytest tests/bench/test_llamacpp.py \
-		tests/bench/test_openvino_peer.py tests/bench/test_remote.py tests/bench/test_head_workloads.py
+		tests/bench/test_openvino_peer.py tests/bench/test_remote.py tests/bench/test_head_workloads.py \
+		tests/bench/test_seq2seq_workloads.py
 
 bench: $(STAMP) $(NATIVE)
 	$(BIN)/python benchmarks/core.py

@@ -1,6 +1,6 @@
 """Train the small demo models that ship in `src/hotrod/demo/models/`.
 
-Accuracy can only be judged on trained weights, and the demo must work offline, so hotrod ships three tiny
+Accuracy can only be judged on trained weights, and the demo must work offline, so hotrod ships four tiny
 models trained on synthetic tasks whose answers can be checked exactly:
 
   t5-dates      T5ForConditionalGeneration: dates written many ways -> ISO 8601
@@ -10,6 +10,8 @@ models trained on synthetic tasks whose answers can be checked exactly:
   gpt2-itn      GPT2LMHeadModel: a sentence with spelled-out numbers -> the same sentence in digits
                 ("she paid forty dollars for the maps so they went home =" -> "she paid 40 dollars ...");
                 its answers are mostly copied from the prompt, the workload of prompt lookup decoding
+  marian-numbers  MarianMTModel in Marian's (OPUS-MT) conventions: English number words "translated" to digits
+                ("three hundred and forty-two thousand seven" -> "342007")
 
 For each model the script generates the data from a seed, trains a tokenizer on the task's text, trains
 the model on CPU, measures exact match with greedy `generate` (fp32) on a held-out set whose values never
@@ -18,6 +20,7 @@ Everything is seeded: the same command gives the same data, tokenizers and (on t
 
     python scripts/train_demo_models.py                 # every model
     python scripts/train_demo_models.py --only t5 --steps 3000
+    python scripts/train_demo_models.py --only marian --threads 1
 
 It also trains two heads on the packaged all-MiniLM-L6-v2 (`train_demo_heads.py`, `--only intents|ner`).
 """
@@ -228,6 +231,16 @@ NUMBERS = Task(
     render=lambda n, rng: (number_prompt(n, rng), str(n)),
 )
 
+NUMBER_TRANSLATION = Task(
+    name="marian-numbers",
+    description="Number words to digits as translation: an English number from 0 to 999,999 in words "
+                "(hyphenated tens, optional British 'and') translated to its digits.",
+    prompt_format="'<number in words>' -> '<digits>', e.g. 'three hundred and forty-two' -> '342'",
+    sample_value=random_number,
+    sample_heldout_value=lambda rng: random_number(rng, min_digits=3),  # as gpt2-numbers: all of 0..99 is taught
+    render=lambda n, rng: (number_words(n, rng), str(n)),
+)
+
 ITN = Task(
     name="gpt2-itn",
     description="Inverse text normalization: a sentence of three clauses whose numbers (0 to 9,999, mostly "
@@ -255,10 +268,9 @@ def _corpus(task: Task, seed: int, exclude: set, size: int) -> list[str]:
     return texts
 
 
-def train_t5_tokenizer(texts: list[str]):
-    """A BPE in T5's conventions: <pad>=0, </s>=1, <unk>=2, "▁" word marks, one token per digit."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def _word_piece_bpe(texts: list[str], specials: list[str]):
+    """A BPE with SentencePiece's "▁" word marks, one token per digit, punctuation apart, `specials` first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -267,11 +279,38 @@ def train_t5_tokenizer(texts: list[str]):
         pre_tokenizers.Punctuation(),
     ])
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, special_tokens=["<pad>", "</s>", "<unk>"],
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, special_tokens=specials, show_progress=False)
     tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def train_t5_tokenizer(texts: list[str]):
+    """A BPE in T5's conventions: <pad>=0, </s>=1, <unk>=2, "▁" word marks, one token per digit."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _word_piece_bpe(texts, ["<pad>", "</s>", "<unk>"])
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
                                                        special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=64)
+
+
+def train_marian_tokenizer(texts: list[str]):
+    """A BPE with SentencePiece's "▁" word marks in Marian's conventions: </s>=0, <unk>=1, <pad> the last id,
+    one token per digit; the source ends with </s>, as MarianTokenizer's does.
+
+    OPUS-MT checkpoints keep sentencepiece unigram files (MarianTokenizer); a tokenizer.json is what every
+    transformers release loads offline. BPE, as T5's recipe has it: `tokenizers`' unigram trainer keeps
+    little more than single letters on a corpus this small.
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _word_piece_bpe(texts, ["</s>", "<unk>"])
+    tok.add_special_tokens(["<pad>"])  # the last id, as in every OPUS-MT vocabulary
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A $B </s>",
+                                                       special_tokens=[("</s>", 0)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
                                    model_max_length=64)
 
@@ -310,6 +349,23 @@ def build_t5(vocab_size: int):
     return T5ForConditionalGeneration(config)
 
 
+def build_marian(tokenizer, positions: int = 64):
+    """Marian as the OPUS-MT checkpoints have it (Helsinki-NLP/opus-mt-en-de's config, smaller): sinusoidal
+    positions, embeddings times sqrt(d_model), swish, post-norm, one vocabulary shared by the encoder, the
+    decoder and the tied LM head, whose last id <pad> is the decoder start token; eos </s>=0."""
+    from transformers import MarianConfig, MarianMTModel
+
+    pad = tokenizer.pad_token_id
+    config = MarianConfig(vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), d_model=128,
+                          encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+                          encoder_ffn_dim=512, decoder_ffn_dim=512, max_position_embeddings=positions,
+                          activation_function="swish", scale_embedding=True, dropout=0.0, attention_dropout=0.0,
+                          activation_dropout=0.0, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
+                          bos_token_id=None, forced_eos_token_id=0, share_encoder_decoder_embeddings=True,
+                          tie_word_embeddings=True)
+    return MarianMTModel(config)
+
+
 def build_gpt2(vocab_size: int, positions: int = 64):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -319,10 +375,20 @@ def build_gpt2(vocab_size: int, positions: int = 64):
     return GPT2LMHeadModel(config)
 
 
-def generation_config(recipe: Recipe):
-    """Greedy decoding that stops at end-of-sequence, with room for the longest answer of the task."""
+def generation_config(recipe: Recipe, tokenizer):
+    """Greedy decoding that stops at end-of-sequence, with room for the longest answer of the task.
+
+    Marian's is an OPUS-MT checkpoint's (bad_words_ids banning <pad>, forced EOS at max_length, max_length
+    rather than max_new_tokens; the start token and pad are <pad>), greedy rather than its 4 beams, as the
+    demo decodes; `renormalize_logits`, which newer OPUS-MT configs also set, hotrod does not run.
+    """
     from transformers import GenerationConfig
 
+    if recipe.architecture == "MarianMTModel":
+        pad = tokenizer.pad_token_id
+        return GenerationConfig(max_length=recipe.max_new_tokens + 1, do_sample=False, num_beams=1,
+                                bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=0,
+                                forced_eos_token_id=0, pad_token_id=pad)
     if recipe.kind == "decoder":
         return GenerationConfig(max_new_tokens=recipe.max_new_tokens, do_sample=False, num_beams=1,
                                 bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -450,6 +516,8 @@ RECIPES = {
                    max_new_tokens=10),
     "itn": Recipe("itn", ITN, "decoder", "GPT2LMHeadModel", steps=3500, batch_size=64, lr=1.5e-3,
                   max_new_tokens=64, positions=128),
+    "marian": Recipe("marian", NUMBER_TRANSLATION, "seq2seq", "MarianMTModel", steps=3000, batch_size=64,
+                     lr=1e-3, max_new_tokens=15),
 }
 
 
@@ -465,6 +533,9 @@ def build(recipe: Recipe, out_root: Path, seed: int, steps: int, heldout_size: i
     if decoder_only:
         tokenizer = train_gpt2_tokenizer(texts, recipe.positions)
         model = build_gpt2(len(tokenizer), recipe.positions)
+    elif recipe.architecture == "MarianMTModel":
+        tokenizer = train_marian_tokenizer(texts)
+        model = build_marian(tokenizer, recipe.positions)
     else:
         tokenizer = train_t5_tokenizer(texts)
         model = build_t5(len(tokenizer))
@@ -472,7 +543,7 @@ def build(recipe: Recipe, out_root: Path, seed: int, steps: int, heldout_size: i
     params = sum(p.numel() for p in model.parameters())
     print(f"  model: {recipe.architecture}, {params:,} parameters", flush=True)
 
-    model.generation_config = generation_config(recipe)
+    model.generation_config = generation_config(recipe, tokenizer)
 
     make_batch = functools.partial(gpt2_batch if decoder_only else t5_batch, tokenizer)
     seconds = train(model, make_batch, task.stream(seed, exclude), steps, recipe.batch_size, recipe.lr, task.name)

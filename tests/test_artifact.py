@@ -50,7 +50,8 @@ def test_manifest_describes_the_model(zoo, case):
     assert data["source"]["from_hub"] is False
     assert data["options"] == {"precision": "fp32", "device": "cpu", "opset": 17, "fusion": True,
                                "calibration_method": "minmax", "backend": "onnxruntime"}
-    assert data["dims"]["vocab_size"] == 100 and data["dims"]["hidden_size"] == 32
+    config = expected.config()
+    assert (data["dims"]["vocab_size"], data["dims"]["hidden_size"]) == (config.vocab_size, config.hidden_size)
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                 "onnxruntime": onnxruntime.__version__}
     assert versions.items() <= data["versions"].items()

@@ -273,7 +273,7 @@ MISTAKES = {
     "info_corrupt_artifact": (lambda z, t: ["info", _corrupt_artifact(z, t)], 1, "corrupt"),
     "generate_corrupt_artifact": (lambda z, t: ["generate", _corrupt_artifact(z, t), "5", "--ids"], 1, "corrupt"),
     "optimize_unsupported": (lambda z, t: ["optimize", _unsupported_checkpoint(z, t), "--out", t / "o"], 1,
-                             "unsupported model_type 'llama-ish'; supported: bert"),
+                             "unsupported model_type 'llama-ish'; supported: bart, bert, "),
     "optimize_without_weights": (lambda z, t: ["optimize", _weightless_checkpoint(z, t), "--out", t / "o"], 1,
                                  "has no weights"),
     "bad_backend": (lambda z, t: ["generate", z.artifact("t5"), "5", "--backend", "tensorflow"], 2, "invalid choice"),

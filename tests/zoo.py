@@ -12,7 +12,7 @@ import functools
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -80,6 +80,23 @@ def save_roberta_tokenizer(directory: Path) -> int:
     return len(wrapped)
 
 
+def save_eos_tokenizer(directory: Path, specials: tuple[str, ...] = ("<pad>", "</s>", "<unk>"),
+                       size: int = VOCAB) -> int:
+    """T5's kind, as Pegasus's and Marian's sentencepiece tokenizers behave: no BOS, `</s>` after each text;
+    `specials` take the first ids (Pegasus: pad 0, eos 1; Marian: eos 0, unk 1 and, here, pad 2); added
+    tokens fill the vocabulary out to `size`."""
+    from tokenizers import processors
+
+    tokenizer = _trained_bpe(list(specials))
+    eos = ("</s>", specials.index("</s>"))
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A $B </s>", special_tokens=[eos])
+    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", unk_token="<unk>",
+                                                   pad_token="<pad>")
+    wrapped.add_tokens([f"<extra_{i}>" for i in range(size - len(wrapped))])
+    wrapped.save_pretrained(directory)
+    return len(wrapped)
+
+
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MPNET_SPECIALS = ("<s>", "<pad>", "</s>", "[UNK]", "<mask>")  # bos 0, pad 1, eos 2: MPNet's config and tokenizer
 
@@ -112,6 +129,9 @@ class Case:
     tokenizer: Callable[[Path], int] | None = None  # writes tokenizer files, returns the tokenizer's size
     pad_side: str = "right"  # how batches of unequal prompts are padded
     task: str | None = None  # an encoder's head (`hotrod.tasks`); None: the bare model
+    ends_in_eos: bool = False  # test rows end in EOS, as its tokenizer ends them (BART's classifier reads it)
+    # fp32 logits' tolerance against transformers: the weights' own scale may make the model chaotic (Pegasus)
+    atol: float = 1e-4
 
     @property
     def is_lm(self) -> bool:
@@ -122,6 +142,27 @@ def _t5_config(cls=transformers.T5Config, **overrides):
     base = dict(vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=2 * HIDDEN, num_layers=LAYERS,
                 num_heads=HEADS, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
     return cls(**{**base, **overrides})
+
+
+# The BART-like seq2seq families: odd shapes (d_model 48, unequal depths, feed-forward widths and, for mBART,
+# heads), room for the long-input tests, and none of the generation settings their configs default to
+# (forced_eos_token_id, ...), so the tests compare the plain searches. Weights are drawn wider than their
+# default 0.02 (init_std): at 0.02 the tied embeddings drown the rest, and every row repeats its start token
+# (EOS for BART, so generation ends at once) or the same tokens whatever its input.
+BART_POSITIONS = 256
+_PLAIN_SEARCH = dict(forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0)
+
+
+def _bart_config(cls=transformers.BartConfig, **overrides):
+    base = dict(vocab_size=VOCAB, d_model=48, encoder_layers=3, decoder_layers=2, encoder_attention_heads=6,
+                decoder_attention_heads=6, encoder_ffn_dim=96, decoder_ffn_dim=80,
+                max_position_embeddings=BART_POSITIONS, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                decoder_start_token_id=2, init_std=0.3, **_PLAIN_SEARCH)
+    return cls(**{**base, **overrides})
+
+
+PEGASUS_VOCAB, MARIAN_VOCAB = VOCAB + 13, VOCAB + 7
+MARIAN_SPECIALS = ("</s>", "<unk>", "<pad>")  # eos 0 and unk 1 as Marian's; its pad (the last id there) 2 here
 
 
 _ENCODER = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -146,6 +187,32 @@ CASES: dict[str, Case] = {
                                 tie_word_embeddings=False)),
         Case("mt5", "mt5", "mt5", "seq2seq", transformers.MT5ForConditionalGeneration,
              lambda: _t5_config(transformers.MT5Config, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+        Case("bart", "bart", "bart", "seq2seq", transformers.BartForConditionalGeneration, _bart_config,
+             tokenizer=save_roberta_tokenizer),
+        Case("mbart", "mbart", "mbart", "seq2seq", transformers.MBartForConditionalGeneration,
+             lambda: _bart_config(transformers.MBartConfig, encoder_layers=2, decoder_layers=3,
+                                  encoder_attention_heads=3, scale_embedding=True),
+             tokenizer=save_roberta_tokenizer),
+        Case("marian", "marian", "marian", "seq2seq", transformers.MarianMTModel,
+             lambda: _bart_config(transformers.MarianConfig, vocab_size=MARIAN_VOCAB, decoder_vocab_size=MARIAN_VOCAB,
+                                  share_encoder_decoder_embeddings=False, activation_function="swish",
+                                  scale_embedding=True, pad_token_id=2, eos_token_id=0, bos_token_id=None,
+                                  init_std=0.2),
+             tokenizer=functools.partial(save_eos_tokenizer, specials=MARIAN_SPECIALS, size=MARIAN_VOCAB)),
+        Case("m2m_100", "m2m_100", "m2m_100", "seq2seq", transformers.M2M100ForConditionalGeneration,
+             lambda: _bart_config(transformers.M2M100Config, activation_function="relu", scale_embedding=False,
+                                  encoder_layerdrop=0.0, decoder_layerdrop=0.0, init_std=0.2),
+             tokenizer=save_roberta_tokenizer),
+        Case("pegasus", "pegasus", "pegasus", "seq2seq", transformers.PegasusForConditionalGeneration,
+             lambda: _bart_config(transformers.PegasusConfig, vocab_size=PEGASUS_VOCAB, encoder_layers=2,
+                                  decoder_layers=2, activation_function="relu", scale_embedding=True,
+                                  pad_token_id=0, eos_token_id=1, bos_token_id=None, decoder_start_token_id=0,
+                                  init_std=1.0),
+             tokenizer=functools.partial(save_eos_tokenizer, size=PEGASUS_VOCAB),
+             # Only weights this wide keep its searches off one token, and they make its attention one-hot:
+             # where two keys nearly tie, summation order moves a logit by up to ~0.4% of the largest (~23),
+             # while every generated token still equals transformers'.
+             atol=0.1),
         Case("bert", "bert", "bert", "encoder", transformers.BertModel,
              lambda: transformers.BertConfig(**_ENCODER, max_position_embeddings=POSITIONS),
              tokenizer=save_bert_tokenizer),
@@ -217,6 +284,29 @@ HEAD_CASES: dict[str, Case] = {
     case.name: case for case in (head_case(CASES[name], head) for name in ENCODER_CASES for head in TASK_HEADS)
 }
 
+# BART's and mBART's sequence classification, the whole encoder-decoder run as one encoder-kind graph, with
+# bart-large-mnli's labels (zero-shot classification runs on it): `<case>-mnli`.
+NLI_LABELS = ("contradiction", "neutral", "entailment")
+
+
+def mnli_case(base: Case) -> Case:
+    import dataclasses
+
+    def config():
+        made = base.config()
+        made.id2label = dict(enumerate(NLI_LABELS))
+        made.label2id = {label: i for i, label in enumerate(NLI_LABELS)}
+        return made
+
+    hf_class = getattr(transformers, base.hf_class.__name__.removesuffix("ForConditionalGeneration")
+                       + "ForSequenceClassification")
+    return dataclasses.replace(base, name=f"{base.name}-mnli", kind="encoder", hf_class=hf_class, config=config,
+                               task="text-classification", ends_in_eos=True)
+
+
+MNLI_CASES = ("bart-mnli", "mbart-mnli")
+HEAD_CASES.update({case.name: case for case in (mnli_case(CASES["bart"]), mnli_case(CASES["mbart"]))})
+
 
 # -- assistants: a smaller model over each generating case's vocabulary, named `<case>-assistant` -----
 
@@ -253,9 +343,11 @@ def build_checkpoint(case: Case, directory: Path, seed: int = 0, **save_kwargs) 
 
 
 def hf_generate_kwargs(model) -> dict:
-    """Works around transformers sizing T5's self-attention cache from num_layers, not num_decoder_layers."""
+    """Works around transformers sizing an encoder-decoder's self-attention cache from the encoder's depth
+    (T5's num_layers, BART's encoder_layers), not the decoder's."""
     config = model.config
-    if config.is_encoder_decoder and config.num_decoder_layers != config.num_layers:
+    decoder_layers = getattr(config, "num_decoder_layers", None) or getattr(config, "decoder_layers", None)
+    if config.is_encoder_decoder and decoder_layers != config.num_hidden_layers:
         return {"past_key_values": EncoderDecoderCache(DynamicCache(), DynamicCache())}
     return {}
 
@@ -270,6 +362,12 @@ def load_on(source, backend: str, **kwargs) -> hotrod.HotrodModel:
 
 
 # -- the zoo ----------------------------------------------------------------------------------------
+
+
+# The zoo draws the BART-like cases' weights wide (init_std up to 1.0) so that their searches do not collapse
+# onto one token; their attention logits are then so sharp that any rounding moves the outputs far more than
+# at a trained model's scale. Lower precisions are judged on weights drawn at this scale (`Zoo.at_trained_scale`).
+TRAINED_STD = 0.1
 
 
 class Zoo:
@@ -290,6 +388,23 @@ class Zoo:
         if name not in self._checkpoints:
             self._checkpoints[name] = build_checkpoint(ALL_CASES[name], self.root / "checkpoints" / name)
         return self._checkpoints[name]
+
+    def at_trained_scale(self, name: str) -> Path:
+        """The case's checkpoint with weights drawn at a trained model's scale (`TRAINED_STD`) where the zoo
+        draws them wider, else its own: where lower precisions are judged."""
+        case = ALL_CASES[name]
+        if getattr(case.config(), "init_std", 0.0) <= TRAINED_STD:
+            return self.checkpoint(name)
+        key = f"{name}-trained-scale"
+        if key not in self._checkpoints:
+            def config():
+                made = case.config()
+                made.init_std = TRAINED_STD
+                return made
+
+            scaled = replace(case, name=key, config=config)
+            self._checkpoints[key] = build_checkpoint(scaled, self.root / "checkpoints" / key)
+        return self._checkpoints[key]
 
     def artifact(self, name: str) -> Path:
         if name not in self._artifacts:
@@ -350,6 +465,8 @@ def prompt_batch(case: Case, lengths: tuple[int, ...], seed: int = 0) -> tuple[t
         span = slice(width - length, width) if case.pad_side == "left" else slice(0, length)
         ids[row, span] = torch.randint(3, config.vocab_size, (length,), generator=generator)
         mask[row, span] = 1
+        if case.ends_in_eos:
+            ids[row, span.stop - 1] = config.eos_token_id
     return ids, mask
 
 

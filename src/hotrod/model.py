@@ -31,7 +31,7 @@ from hotrod.generation.spares import Spares
 from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
 from hotrod.model_inputs import as_long, check_row, token_ids, token_types
-from hotrod.pipelines import sentence
+from hotrod.pipelines import languages, sentence
 from hotrod.pipelines.base import Row
 from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.registry import Family
@@ -67,8 +67,8 @@ class HotrodModel:
         self.tokenizer = tokenizer
         self.manifest = manifest
         self.dims = family.dims(config)
-        self.kind = family.kind
-        self.spec = kind_spec(family.kind)
+        self.kind = family.kind_of(config)  # its task's, where the family runs that task as another kind
+        self.spec = kind_spec(self.kind)
         self.task = self.dims.task
         self.labels = tasks.labels(config, self.task)  # output index -> label, for labelled heads
         # what it answers (a variant, if one fits)
@@ -92,12 +92,18 @@ class HotrodModel:
 
     @torch.inference_mode()
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs: Any) -> torch.LongTensor:
-        """Greedy, beam or sampled generation with transformers' arguments and output layout."""
+        """Greedy, beam or sampled generation with transformers' arguments and output layout; hotrod's own
+        `target_language=` ("fr_XX", "fr", "fra_Latn") is forced_bos_token_id by the tokenizer's language code."""
         if not self.spec.generates:
-            raise HotrodError(f"{self.config.model_type} is an encoder; it has no generate(), use embed() or call it")
+            raise HotrodError(f"this {self.config.model_type} model runs as an encoder ({self.task}); it has no "
+                              "generate(): call it, or its task's method (embed(), classify(), ...)")
         if input_ids is None:  # transformers' first argument is also called `inputs`
             input_ids = kwargs.pop("inputs", None)
         input_ids = token_ids(input_ids, self.dims)
+        code = kwargs.pop(languages.FIELD, None)  # None: no language named (the model's own forced BOS stays)
+        if code is not None:
+            kwargs["forced_bos_token_id"] = languages.forced_bos(self.tokenizer, code, kwargs.get("forced_bos_token_id"),
+                                                                 self.dims.vocab_size)
         lookup, assistant, assistant_tokens = draft_rules.draft_arguments(self, kwargs)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
@@ -241,7 +247,7 @@ class HotrodModel:
             raise HotrodError(f"{self.config.model_type} is a decoder-only model; embed() needs an encoder")
         if not tasks.get(self.task).embeds:
             raise HotrodError(f"this model ends in its {self.task} head, so it has no embeddings; build it with "
-                              f"--task {tasks.bare(self.kind).name} (task=) for the bare encoder")
+                              f"--task {tasks.family_tasks(self.family)[0]} (task=) for the bare encoder")
         check_count("batch_size", batch_size)
         with torch_threads(self.backend.loop_threads):
             return sentence.embed(self, texts_or_ids, pooling, normalize, batch_size, prompt_name, prompt, truncate_dim)

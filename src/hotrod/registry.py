@@ -4,7 +4,9 @@ A family is the only place that knows an architecture: how to build its lean mod
 how to map checkpoint weights onto it, its dimensions and its own task heads. Generic code asks the
 registry (through `hotrod.models.get_family`, which registers every family first), never
 `if model_type == ...`. The three *kinds* (encoder, decoder, seq2seq) are generic contracts: which
-graphs exist and what their inputs and outputs are called (see `hotrod.contracts`).
+graphs exist and what their inputs and outputs are called (see `hotrod.contracts`). A family has a kind of
+its own, and may run a task of another kind whole through a head of its own (BART's sequence classification:
+the encoder-decoder as the encoder kind's one graph), so a model's kind is `Family.kind_of(config)`.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]
-    kind: Kind
+    kind: Kind  # its own (the bare model's); a model's is `kind_of(config)`, which its task may change
     sizes: Callable[[object], Dims]  # config -> the architecture's sizes (`dims` adds the task's)
     build: Callable[[object], nn.Module]  # config -> lean module with `graphs()` and `load_hf()`
     # The tasks it runs (`hotrod.tasks`), the bare model's first; empty: every task of its kind it has a head
     # for (`hotrod.tasks.family_tasks`).
     tasks: tuple[str, ...] = ()
-    heads: Mapping[str, Callable[[object], nn.Module]] | None = field(default=None, compare=False)  # task -> its own head
+    # task -> its own head; a head for a task of another kind runs that task as that kind (`kind_of`)
+    heads: Mapping[str, Callable[[object], nn.Module]] | None = field(default=None, compare=False)
     onnx_optimizer: str | None = None  # model type for ONNX Runtime's transformer optimizer (fusion)
     # Operators this family's graphs keep in fp32 under fp16/bf16, beyond the list every graph keeps
     # (`hotrod.optimize.mixed.KEEP_FP32_OPS`); each graph carries them in its metadata.
@@ -63,6 +66,15 @@ class Family:
 
         task = task_of(config, self)
         return dataclasses.replace(self.sizes(config), task=task, num_labels=label_count(config, task))
+
+    def kind_of(self, config) -> Kind:
+        """The kind `config`'s model runs as, the one its graphs, runtime and server follow: the family's own,
+        unless its task (`hotrod.tasks.task_of`) is one of another kind, which the family runs through a
+        head of its own as that task's kind (BART's text classification: one encoder-kind graph)."""
+        from hotrod.tasks import get, task_of
+
+        kinds = get(task_of(config, self)).kinds
+        return self.kind if self.kind in kinds else kinds[0]
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -49,6 +49,16 @@ def test_floors_follow_bytes_and_work():
     assert forward_floor(10**8, 1000, "int8", MACHINE) == pytest.approx(2e11 / 800e9)
 
 
+def test_an_encoder_decoder_prompt_reads_the_encoder_and_a_step_does_the_work_of_its_rows():
+    # 512 prompt tokens through the 3e8 encoder weights only (the 1e8 a step reads are the decoder and head).
+    prefill = 2 * 3e8 * 512 / 200e9
+    assert generation_floor(10**8, 4 * 10**8, 512, 0, "fp32", MACHINE, encoder_only=True) == pytest.approx(prefill)
+    assert generation_floor(10**8, 4 * 10**8, 512, 0, "fp32", MACHINE) == pytest.approx(4 / 3 * prefill)
+    # 64 rows (16 x 4 beams) a step: their work (2 * 1e8 * 64 at 200 GFLOP/s) outweighs the weights' bytes.
+    assert generation_floor(10**8, 10**8, 0, 1, "fp32", MACHINE, rows=64) == pytest.approx(2e8 * 64 / 200e9)
+    assert generation_floor(10**8, 10**8, 0, 1, "fp32", MACHINE, rows=4) == pytest.approx(1e8 * 4 / 20e9)
+
+
 def test_half_precision_uses_the_gpus_half_rate_where_measured():
     gpu = Machine(cpu="test", threads=2, bandwidth_gbs=4000.0, matmul_gflops=50_000.0, int8_gops=None,
                   measured="now", device="cuda", gpu="test gpu", half_gflops=700_000.0)

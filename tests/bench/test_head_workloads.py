@@ -44,7 +44,8 @@ def tiny_workloads(monkeypatch, tmp_path, no_floor_measurement):
     monkeypatch.setattr(harness, "WORKLOADS", {**workloads.WORKLOADS, **tiny})
 
 
-def _bench(tmp_path, workload: str, peers: str, precisions: str = "fp32,int8") -> list[dict]:
+def run_bench(tmp_path, workload: str, peers: str, precisions: str = "fp32,int8") -> list[dict]:
+    """`hotrod bench` on one workload at one thread and one run: its results."""
     out = tmp_path / "bench"
     argv = ["bench", "--workload", workload, "--precision", precisions, "--peers", peers, "--runs", "1",
             "--threads", "1", "--out", str(out)]
@@ -53,7 +54,7 @@ def _bench(tmp_path, workload: str, peers: str, precisions: str = "fp32,int8") -
 
 
 def test_w6_answers_questions_at_each_batch(tiny_workloads, tmp_path):
-    results = _bench(tmp_path, "W6", "ctranslate2")
+    results = run_bench(tmp_path, "W6", "ctranslate2")
     assert [r["case"]["name"] for r in results] == ["W6-b1", "W6-b3"]
     for result in results:
         assert result["case"]["task"] == "question-answering" and len(result["case"]["lengths"]) in (1, 3)
@@ -74,7 +75,7 @@ def test_openvino_runs_the_heads_as_pytorch(tiny_workloads, tmp_path, workload):
     """OpenVINO runs W6 as optimum-intel's question-answering model, through the same span search, and W7's
     pairs (with their token types) as its sequence classifier: at fp32 its answers are PyTorch's (answer F1,
     rank agreement), at every batch, and its int8 paths answer too."""
-    results = _bench(tmp_path, workload, "openvino", precisions="fp32")
+    results = run_bench(tmp_path, workload, "openvino", precisions="fp32")
     for result in results:
         systems = result["systems"]
         assert {"openvino fp32", "openvino int8", "openvino int8-full"} <= set(systems), result["skipped"]
@@ -85,7 +86,7 @@ def test_openvino_runs_the_heads_as_pytorch(tiny_workloads, tmp_path, workload):
 
 def test_w7_reranks_with_hotrod_and_cross_encoder(tiny_workloads, tmp_path):
     pytest.importorskip("sentence_transformers")
-    [result] = _bench(tmp_path, "W7", "crossencoder,infinity")
+    [result] = run_bench(tmp_path, "W7", "crossencoder,infinity")
     systems = result["systems"]
     assert {"pytorch", "hotrod fp32", "hotrod int8", "crossencoder"} <= set(systems)
     assert systems["hotrod fp32"]["agreement"] == 1.0 and systems["crossencoder"]["agreement"] == 1.0
@@ -96,7 +97,7 @@ def test_w7_reranks_with_hotrod_and_cross_encoder(tiny_workloads, tmp_path):
 
 @pytest.mark.skipif(infinity_peer.problem("cpu") is not None, reason="Infinity's environment is not here (make peers)")
 def test_w7_times_infinity_in_its_own_environment(tiny_workloads, tmp_path):
-    [result] = _bench(tmp_path, "W7", "infinity")
+    [result] = run_bench(tmp_path, "W7", "infinity")
     infinity = result["systems"]["infinity"]
     assert infinity["agreement"] == 1.0 and infinity["sequences_per_s"] > 0
     assert infinity["version"]
@@ -104,7 +105,7 @@ def test_w7_times_infinity_in_its_own_environment(tiny_workloads, tmp_path):
 
 def test_rerankers_skip_other_workloads_with_a_reason(tiny_workloads, tmp_path):
     pytest.importorskip("sentence_transformers")
-    results = _bench(tmp_path, "W6", "crossencoder")
+    results = run_bench(tmp_path, "W6", "crossencoder")
     assert all(r["skipped"]["crossencoder"] == "crossencoder times cross-encoder reranking only (W7)"
                for r in results)
 

@@ -244,7 +244,7 @@ def test_the_server_runs_an_engine_artifact_as_built_unless_told_otherwise(built
 
 
 @pytest.mark.parametrize("name", ["bert-ner", "bert-qa", "distilbert-cls", "electra-qa", "modernbert-ner",
-                                  "xlm_roberta-cls"])
+                                  "xlm_roberta-cls", "bart-mnli"])
 def test_encoder_heads_of_every_family_run_on_the_engine(name, tmp_path):
     """Each head kind and each family, on the engine at bf16: the head's outputs as the fp32 checkpoint's,
     within bf16's error."""

@@ -36,8 +36,9 @@ def _logits(model, case_name):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "int8-weight"])
 def test_lower_precisions_stay_close_to_fp32(zoo, lm_case, precision):
-    reference = _logits(zoo.model(lm_case, "torch"), lm_case)
-    model = hotrod.load(zoo.checkpoint(lm_case), backend="torch", static=True, precision=precision)
+    checkpoint = zoo.at_trained_scale(lm_case)
+    reference = _logits(hotrod.load(checkpoint, backend="torch"), lm_case)
+    model = hotrod.load(checkpoint, backend="torch", static=True, precision=precision)
     got = _logits(model, lm_case)
     assert got.dtype == torch.float32 and got.isfinite().all()
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0)

@@ -12,10 +12,12 @@ import string
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from hotrod import kinds
+from hotrod.pipelines import languages
 from hotrod.pipelines.sentence_tokens import Tokenized
 from hotrod.serve.messages import BatchFailed, Event, ModelInfo, Params, QueueFull, ShuttingDown, Ticket, TokenLogprobs
 
@@ -73,6 +75,7 @@ class FakeWorker:
     stopped_with: list[bool] = field(default_factory=list)
     died: str | None = None  # set: the worker has died
     verifies_drafts: bool = True  # as a decoder on onnxruntime or torch: requests may speculate
+    tokenizer: Any = None  # what target_language is resolved through (`hotrod.pipelines.languages`); None: none
 
     def __post_init__(self) -> None:
         self.info = ModelInfo(name=self.name, kind=self.kind, vocab_size=self.vocab_size,
@@ -93,6 +96,9 @@ class FakeWorker:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(_ALPHABET[i % len(_ALPHABET)] for i in ids)
+
+    def forced_bos(self, target_language: str, forced_bos_token_id: int | None) -> int:
+        return languages.forced_bos(self.tokenizer, target_language, forced_bos_token_id, self.vocab_size)
 
     # -- submission --------------------------------------------------------------------------------------
     def submit_generate(self, prompt: list[int], params: Params) -> Ticket:

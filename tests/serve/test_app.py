@@ -169,7 +169,8 @@ def test_openapi_lists_endpoints_and_fields(client):
     generate = components["GenerateRequest"]
     assert set(generate["properties"]) == {"model", "text", "token_ids", "max_new_tokens", "do_sample",
                                            "temperature", "top_k", "top_p", "repetition_penalty", "num_beams",
-                                           "seed", "speculate", "stream"}
+                                           "seed", "speculate", "stream", "no_repeat_ngram_size",
+                                           "forced_bos_token_id", "target_language"}
     assert generate["additionalProperties"] is False
     assert generate["properties"]["temperature"]["minimum"] == 0
     assert generate["properties"]["num_beams"]["maximum"] == 8

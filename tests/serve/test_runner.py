@@ -72,6 +72,21 @@ def test_rows_joining_and_leaving_keep_each_rows_tokens(lm_case, backend, zoo, c
     assert not runner.groups
 
 
+def run_arriving(scheduler, runner, requests, after_step=lambda: None) -> None:
+    """Requests arriving one every other step into a running batch, run until every one is done (and
+    `after_step` called after each step); their settings resolved as the worker resolves them."""
+    for request in requests:
+        request.options = runner.options(request.prompt, request.params)
+    pending, step = list(requests), 0
+    while pending or scheduler.busy():
+        if pending and step % 2 == 0:
+            scheduler.add(pending.pop(0))
+        _execute(scheduler, runner, scheduler.plan())
+        after_step()
+        step += 1
+    runner.release(scheduler.plan().release)
+
+
 def _execute(scheduler, runner, plan) -> None:
     """The worker's iteration: the runner executes the plan, the scheduler records every token."""
     runner.release(plan.release)

@@ -24,7 +24,7 @@ from hotrod.serve.runner import GenerationRunner
 from hotrod.serve.scheduler import ContinuousScheduler, Request
 from hotrod.serve.worker import ModelWorker, ServeOptions
 from tests.serve.fake import FakeWorker
-from tests.serve.test_runner import _execute
+from tests.serve.test_runner import run_arriving
 from tests.test_cli import assert_one_error_line, run
 
 OPTIONS = ServeOptions(max_batch_size=8, max_queue_delay_ms=2.0, max_queue=64, prompt_lookup=5)
@@ -132,13 +132,8 @@ def test_verifying_steps_leave_every_slot_at_its_length(zoo, name):
     settings = [Params(max_new_tokens=n, prompt_lookup=k) for n, k in zip((14, 9, 12, 6, 3, 10, 7, 11),
                                                                              (None, 2, None, 0, None, 6, None, 1))]
     requests = [Request(_Ticket(), prompt=p, params=s) for p, s in zip(prompts, settings)]
-    for request in requests:
-        request.options = runner.options(request.prompt, request.params)
-    pending, step = list(requests), 0
-    while pending or scheduler.busy():
-        if pending and step % 2 == 0:
-            scheduler.add(pending.pop(0))
-        _execute(scheduler, runner, scheduler.plan())  # which checks that no step grew the cache
+
+    def cache_holds_each_rows_history():
         for group in runner.groups:
             lengths = group.state.kv.lengths.tolist()
             for slot, row in enumerate(group.rows):
@@ -146,7 +141,8 @@ def test_verifying_steps_leave_every_slot_at_its_length(zoo, name):
                     continue  # it may have verified tokens past its end; it leaves at the next plan
                 held = 0 if row is None else len(model.spec.history(row.prompt, row.tokens, runner.start_token)) - 1
                 assert lengths[slot] == held
-        step += 1
+
+    run_arriving(scheduler, runner, requests, cache_holds_each_rows_history)  # _execute: no step grew the cache
     for request in requests:
         assert request.tokens == _greedy(model, request.prompt, request.params.max_new_tokens, runner.eos_ids)
     assert runner.accepted > 0  # counted until a worker reads them

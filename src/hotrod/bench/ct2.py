@@ -5,6 +5,11 @@ token strings, and the workload checkpoints have no tokenizer, so the converter 
 that names every id (`<17>`); the ids are mapped to those strings through the vocabulary the converter
 saved, and the answers mapped back, so every system sees the same ids and returns the same kind of
 tensor for `agreement`. Rows go in unpadded: CTranslate2 pads (and masks) batches itself.
+
+An encoder-decoder runs as `Translator.translate_batch`, greedy or with the case's beams, told the same
+search as the other systems (`hotrod.bench.case.BEAM_SEARCH`) and the same forced length; its answer is
+laid out as transformers' is, after the source model's own decoder start token (CTranslate2 names another
+for Marian, whose decoder it starts from a zero embedding as transformers' does).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from hotrod.bench.case import Case
 from hotrod.bench.runners import System, dir_size
 from hotrod.source import cache_dir, source_fingerprint
 
+# On the CPU, CTranslate2's "int8" is its int8_float32: since CTranslate2 3.18 an int8 conversion keeps the
+# weights it does not quantize in the checkpoint's own type (float32 for the bench's checkpoints), and the model,
+# loaded with the default compute type, reports int8_float32 (`Translator.compute_type`). The two conversions
+# write the same model.bin (checked with 4.8.5), so one is timed, for both.
 QUANTIZATIONS = {"fp32": "float32", "int8": "int8"}
 GPU_QUANTIZATIONS = {**QUANTIZATIONS, "fp16": "float16"}  # CTranslate2 has fp16 kernels on CUDA only
 _VOCABULARY_FILES = ("vocabulary.json", "shared_vocabulary.json", "target_vocabulary.json", "vocabulary.txt")
@@ -49,8 +58,8 @@ def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, device: str, thr
     def build() -> System:
         path = convert(case.source, quantization)
         rows = [row[keep.bool()].tolist() for row, keep in zip(ids.cpu(), mask.cpu())]
-        call, first = _calls(path, case, ids.cpu(), rows, device, threads)
-        return System(call, first, precision, dir_size(path))
+        call, first, model = _calls(path, case, ids.cpu(), rows, device, threads)
+        return System(call, first, precision, dir_size(path), figures={"compute_type": model.compute_type})
 
     return build
 
@@ -88,17 +97,30 @@ def _calls(path: Path, case: Case, ids: torch.Tensor, rows: list[list[int]], dev
     kwargs = {"device": device, "intra_threads": threads, "inter_threads": 1}
     if not case.spec.generates:
         encoder = ctranslate2.Encoder(str(path), **kwargs)
-        return lambda: _hidden(encoder.forward_batch(rows).last_hidden_state, device), None
+        return lambda: _hidden(encoder.forward_batch(rows).last_hidden_state, device), None, encoder
     tokens = vocabulary(path)
     words = [[tokens[i] for i in row] for row in rows]
     if not case.spec.encodes:
+        if case.num_beams > 1:
+            raise ValueError("the bench's CTranslate2 generator decodes greedily; beam cases are encoder-decoders")
         generator = ctranslate2.Generator(str(path), **kwargs)
-        return (_generate(generator, words, ids, case.new_tokens), _generate(generator, words, ids, 1))
+        return _generate(generator, words, ids, case.new_tokens), _generate(generator, words, ids, 1), generator
     translator = ctranslate2.Translator(str(path), **kwargs)
     index = {token: i for i, token in enumerate(tokens)}
-    start = index[json.loads((path / "config.json").read_text())["decoder_start_token"]]
-    return (_translate(translator, words, index, start, case.new_tokens),
-            _translate(translator, words, index, start, 1))
+    start = json.loads((Path(case.source) / "config.json").read_text()).get("decoder_start_token_id")
+    if start is None:
+        start = index[json.loads((path / "config.json").read_text())["decoder_start_token"]]
+    search = search_options(case.generate_kwargs())
+    return (_translate(translator, words, index, start, case.new_tokens, search),
+            _translate(translator, words, index, start, 1, search), translator)
+
+
+def search_options(generate_kwargs: dict) -> dict:
+    """`translate_batch`'s options for the search transformers' `generate` is told (`Case.generate_kwargs`):
+    the beams, and the settings that change a beam search, each as CTranslate2 names it."""
+    return {"beam_size": generate_kwargs.get("num_beams", 1),
+            "length_penalty": generate_kwargs.get("length_penalty", 1.0),
+            "no_repeat_ngram_size": generate_kwargs.get("no_repeat_ngram_size") or 0}
 
 
 def _generate(generator, words: list[list[str]], ids: torch.Tensor, new_tokens: int) -> Callable[[], torch.Tensor]:
@@ -111,12 +133,13 @@ def _generate(generator, words: list[list[str]], ids: torch.Tensor, new_tokens: 
     return call
 
 
-def _translate(translator, words: list[list[str]], index: dict[str, int], start: int,
-               new_tokens: int) -> Callable[[], torch.Tensor]:
-    """Greedy decoding, laid out like transformers' output: the decoder start token, then new ids."""
+def _translate(translator, words: list[list[str]], index: dict[str, int], start: int, new_tokens: int,
+               search: dict) -> Callable[[], torch.Tensor]:
+    """The best hypothesis of each row (greedy, or the beams' best), laid out like transformers' output: the
+    decoder start token, then new ids."""
     def call() -> torch.Tensor:
-        results = translator.translate_batch(words, max_decoding_length=new_tokens,
-                                             min_decoding_length=new_tokens, beam_size=1)
+        results = translator.translate_batch(words, max_decoding_length=new_tokens, min_decoding_length=new_tokens,
+                                             return_scores=False, **search)
         return torch.tensor([[start, *(index[t] for t in r.hypotheses[0])] for r in results])
 
     return call
@@ -130,13 +153,19 @@ def _hidden(view, device: str) -> torch.Tensor:
 
 
 class _Vocabulary:
-    """What CTranslate2's converters read from a tokenizer: one made-up token per id, specials named by id.
+    """What CTranslate2's converters read from a tokenizer: one made-up token per id, specials named by id,
+    but for the pad token, named `<pad>` as these families' tokenizers name it: the Marian converter drops a
+    last token of that name (with its weights' last row, which it drops whatever the name), since its decoder
+    starts from a zero embedding instead.
 
     A checkpoint needs no tokenizer to be timed, and a real one would only have to agree with these ids.
     """
 
     def __init__(self, config):
         self.tokens = [f"<{i}>" for i in range(config.vocab_size)]
+        pad = getattr(config, "pad_token_id", None)
+        if isinstance(pad, int) and 0 <= pad < len(self.tokens):
+            self.tokens[pad] = "<pad>"
         self.bos_token = self._name(config, "bos_token_id")
         self.eos_token = self._name(config, "eos_token_id")
         self.pad_token = self._name(config, "pad_token_id")
@@ -165,9 +194,17 @@ def _converter_class():
 
         def load_model(self, model_class, model_name_or_path, **kwargs):
             model = super().load_model(model_class, model_name_or_path, **kwargs)
-            if model.config.model_type == "bert" and not hasattr(model.config, "position_embedding_type"):
+            config = model.config
+            if config.model_type == "bert" and not hasattr(config, "position_embedding_type"):
                 # transformers 5 dropped the option (its BERT has absolute positions only); the converter asks.
-                model.config.position_embedding_type = "absolute"
+                config.position_embedding_type = "absolute"
+            if config.is_encoder_decoder and not hasattr(config, "normalize_before"):
+                # Nor do BART's configs say where its norms sit any more; the BART-like converters ask. The
+                # modules do: a stack normalized after its last layer normalizes before each (mBART, Pegasus),
+                # and one normalized after its embeddings has a layernorm_embedding (BART, mBART).
+                encoder = model.get_encoder()
+                config.normalize_before = hasattr(encoder, "layer_norm")
+                config.normalize_embedding = hasattr(encoder, "layernorm_embedding")
             return model
 
     return Converter

@@ -188,11 +188,14 @@ def matmul_params(model: torch.nn.Module, kind: str) -> tuple[int, int]:
 
 
 def generation_floor(step_params: int, total_params: int, prompt_tokens: int, new_tokens: int,
-                     precision: str, m: Machine) -> float:
-    """Seconds: the prompt's matrix work, then each new token's weight traffic (or work, if larger)."""
-    prefill = 2 * total_params * prompt_tokens / m.rate(precision)
+                     precision: str, m: Machine, rows: int = 1, encoder_only: bool = False) -> float:
+    """Seconds: the prompt's matrix work, then each new token's weight traffic (or, if larger, the work of
+    its `rows`: the batch's rows times their beams). `encoder_only`: the prompt goes through the weights a
+    step does not read (an encoder-decoder's encoder), not through the whole model."""
+    prompt_params = total_params - step_params if encoder_only else total_params
+    prefill = 2 * prompt_params * prompt_tokens / m.rate(precision)
     per_token = max(step_params * precisions.get(precision).weight_bytes / (m.bandwidth_gbs * 1e9),
-                    2 * step_params / m.rate(precision))
+                    2 * step_params * rows / m.rate(precision))
     return prefill + new_tokens * per_token
 
 

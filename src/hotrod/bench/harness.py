@@ -64,9 +64,14 @@ def workload_cases(ids: Sequence[str]) -> list[Case]:
         w = WORKLOADS[wid]
         kind = {"generate": None, "forward": "encoder"}[w.task]
         source = str(checkpoint(w, cache_dir() / "bench" / "checkpoints"))
-        kind = kind or open_source(source).family.kind
-        shapes = [(f"{wid}-b{b}", w.lengths * b) for b in w.batches] or [(wid, w.lengths)]
-        cases += [Case(name, source, kind, lengths, w.new_tokens, w.head, w.query) for name, lengths in shapes]
+        if kind is None:
+            src = open_source(source)
+            kind = src.family.kind_of(src.config)
+        shapes = ([(f"{wid}-{s.suffix}", s.lengths, s.num_beams) for s in w.shapes]
+                  or [(f"{wid}-b{b}", w.lengths * b, w.num_beams) for b in w.batches]
+                  or [(wid, w.lengths, w.num_beams)])
+        cases += [Case(name, source, kind, lengths, w.new_tokens, w.head, w.query, beams)
+                  for name, lengths, beams in shapes]
     return cases
 
 
@@ -74,7 +79,7 @@ def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_to
     """Every batch x sequence length on one model; an impossible shape is refused before any run."""
     src = open_source(source)
     dims = src.family.dims(src.config)
-    kind = src.family.kind
+    kind = src.family.kind_of(src.config)  # a BART classifier runs as an encoder
     spec = kind_spec(kind)
     for value, name in [(b, "--batch") for b in batches] + [(s, "--seq") for s in seqs]:
         if value < 1:
@@ -135,7 +140,7 @@ class _Plan:
 
 def _run_case(case: Case, plan: _Plan, result: Result) -> None:
     reference = pytorch_model(case.source, case.kind, task=case.task)  # moved to the device by its builder
-    ids, mask = case.inputs(reference.config.vocab_size)
+    ids, mask = case.inputs(reference.config.vocab_size, getattr(reference.config, "pad_token_id", None))
     device = plan.device
     builders: dict[str, _Builder] = {"pytorch": (functools.partial(_pytorch, reference, case, ids, mask, device), ())}
     for precision in plan.precisions:
@@ -284,8 +289,9 @@ def _floor(case: Case, precision: str, step: int, total: int, m: Machine) -> flo
     tokens = sum(case.lengths)
     if not case.spec.generates:
         return forward_floor(total, tokens, precision, m)
-    # A batch reads the weights once per step for all its rows: the per-token traffic is shared.
-    return generation_floor(step, total, tokens, case.new_tokens, precision, m)
+    # A batch reads the weights once per step for all its rows (and beams): the per-token traffic is shared.
+    return generation_floor(step, total, tokens, case.new_tokens, precision, m, rows=case.batch * case.num_beams,
+                            encoder_only=case.spec.encodes)
 
 
 def _percentile(samples: Sequence[float], q: float) -> float:

@@ -40,6 +40,8 @@ def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, na
     def build() -> System:
         if case.spec.generates and case.batch != 1:
             raise ValueError("llama.cpp's generation is timed at batch 1 (one sequence per decoding loop)")
+        if case.num_beams > 1:
+            raise ValueError("llama.cpp's decoding loop here is greedy; a beam search case is not timed on it")
         log = cache_dir() / "bench" / "llamacpp" / "worker.log"
         worker = Worker(sys.executable, "llamacpp_worker.py", log)  # its own process: see the worker's docstring
         try:

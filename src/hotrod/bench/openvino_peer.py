@@ -68,7 +68,8 @@ def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, na
             info = worker.build(kind=case.kind, generates=case.spec.generates, pads_left=case.spec.pads_left,
                                 source=case.source, precision=name, target=str(target), threads=threads,
                                 ids=ids.cpu().numpy(), mask=mask.cpu().numpy(), new_tokens=case.new_tokens,
-                                task=case.task, types=None if types is None else types.cpu().numpy())
+                                task=case.task, types=None if types is None else types.cpu().numpy(),
+                                generate_kwargs=case.generate_kwargs())
         except BaseException:
             worker.close()
             raise

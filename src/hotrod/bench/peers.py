@@ -2,7 +2,8 @@
 
 - torch: the same transformers model under `torch.compile`, the way transformers itself offers it
   (a static KV cache and a compiled decoding step for generation; the compiled module for encoders).
-- ctranslate2: the same checkpoint converted by CTranslate2 at fp32 and int8 (`hotrod.bench.ct2`).
+- ctranslate2: the same checkpoint converted by CTranslate2 at fp32 and int8 (on the CPU its int8_float32),
+  encoder-decoders translated greedily or with the case's beams (`hotrod.bench.ct2`).
 - llamacpp: llama.cpp (through llama-cpp-python) on GGUF files written from the same weights, at Q8_0,
   Q4_0 and Q4_K_M (`hotrod.bench.llamacpp`).
 - openvino: optimum-intel's export with NNCF's int8 / int4 weight compression, and for encoders (bare or

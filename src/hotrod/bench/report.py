@@ -32,6 +32,7 @@ def _case_table(result: Result) -> list[str]:
     gpu = any("gpu_memory_bytes" in f for f in result.systems.values())
     title = f"## {case['name']}: batch {len(case['lengths'])}, prompt {max(case['lengths'])}"
     title += f", {case['new_tokens']} new tokens" if lm else ", forward"
+    title += f", beam {case['num_beams']}" if case.get("num_beams", 1) > 1 else ""
     title += f", on {case['device']}" if case.get("device", "cpu") != "cpu" else ""
     rate = "tokens/s" if lm else "seq/s"
     columns = 10 + lm + gpu

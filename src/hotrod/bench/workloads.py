@@ -2,7 +2,10 @@
 
 Speed does not depend on weight values, so each workload builds its architecture with seeded random
 weights (transformers' own initialisation) and saves it as an ordinary checkpoint; generation length is
-forced with min_new_tokens = max_new_tokens so that no early EOS shortens a run.
+forced with min_new_tokens = max_new_tokens so that no early EOS shortens a run. The encoder-decoder
+checkpoints (W10, W11) are built with none of the generation settings their real counterparts carry
+(forced first and last tokens, no-repeat n-grams, length penalties: `PLAIN_SEARCH`), so every system, each
+told the same search explicitly (`hotrod.bench.case.Case.generate_kwargs`), searches the same way.
 """
 
 from __future__ import annotations
@@ -44,12 +47,65 @@ def _bert_large_squad():
                                                intermediate_size=4096))
 
 
+# Off on both sides: the settings a BART or Marian checkpoint's config may carry that change a search
+# (bart-large-cnn forces BOS and EOS; Marian's configs force EOS). The real checkpoints' generation configs
+# are not wanted here: their weights are random, and CTranslate2 would be told none of it.
+PLAIN_SEARCH = {"forced_bos_token_id": None, "forced_eos_token_id": None}
+
+
+def marian_en_de_config():
+    """W10: Marian OPUS-MT en-de's shape (Helsinki-NLP/opus-mt-en-de's config): sinusoidal positions, swish,
+    scaled embeddings, one vocabulary shared by the encoder, the decoder and the tied head, whose last id is
+    the pad token the decoder starts from. The real checkpoint also bans that token (bad_words_ids), which
+    would send the others' greedy steps down their constrained paths; here its embedding row, which the tied
+    head reads, is zero (transformers zeroes a padding row), so its logit is 0, in the middle of the others'
+    and far below the best few a search keeps: CTranslate2, which drops the token from its vocabulary, and
+    the others search over the same candidates."""
+    from transformers import MarianConfig
+
+    return MarianConfig(
+        vocab_size=58101, decoder_vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6,
+        encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+        max_position_embeddings=512, activation_function="swish", scale_embedding=True, pad_token_id=58100,
+        decoder_start_token_id=58100, eos_token_id=0, bos_token_id=None, share_encoder_decoder_embeddings=True,
+        **PLAIN_SEARCH)
+
+
+def bart_large_cnn_config():
+    """W11: bart-large-cnn's shape (`BartConfig()` with its 50264-word vocabulary), without its generation
+    settings (forced BOS and EOS, no_repeat_ngram_size 3, length_penalty 2, min and max lengths)."""
+    from transformers import BartConfig
+
+    return BartConfig(vocab_size=50264, **PLAIN_SEARCH)
+
+
+def _marian_en_de():
+    from transformers import MarianMTModel
+
+    return MarianMTModel(marian_en_de_config())
+
+
+def _bart_large_cnn():
+    from transformers import BartForConditionalGeneration
+
+    return BartForConditionalGeneration(bart_large_cnn_config())
+
+
 def _minilm_cross_encoder():
     """W7: a cross-encoder of MiniLM-L6's shape (ms-marco-MiniLM-L6-v2's): one relevance score per pair."""
     from transformers import BertConfig, BertForSequenceClassification
 
     return BertForSequenceClassification(BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                                                     intermediate_size=1536, num_labels=1))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One case of a workload that has several (W10), named `<workload>-<suffix>`: its rows and its beams."""
+
+    suffix: str
+    lengths: tuple[int, ...]
+    num_beams: int = 1
 
 
 @dataclass(frozen=True)
@@ -64,11 +120,19 @@ class Workload:
     head: str | None = None  # the encoder's head (`hotrod.tasks`), timed with what follows it (span search)
     batches: tuple[int, ...] = ()  # the rows repeated to each batch size, one case each (W6); () : as given
     query: int = 0  # reranking: query tokens, each row being [CLS] query [SEP] document [SEP]
+    num_beams: int = 1  # generation: 1 greedy, else beam search of that width
+    shapes: tuple[Shape, ...] = ()  # the cases, where a workload has several of its own (W10); () : as above
 
 
 def _w4_lengths() -> tuple[int, ...]:
     generator = torch.Generator().manual_seed(4)
     return tuple(int(n) for n in torch.randint(16, 129, (16,), generator=generator))
+
+
+def _w10_lengths() -> tuple[int, ...]:
+    """W10's batch: 16 sources of 8..64 tokens, seeded as W4's lengths are."""
+    generator = torch.Generator().manual_seed(10)
+    return tuple(int(n) for n in torch.randint(8, 65, (16,), generator=generator))
 
 
 W7_QUERY = 12  # query tokens
@@ -96,6 +160,11 @@ WORKLOADS: dict[str, Workload] = {
         Workload("W7", "cross-encoder reranking, MiniLM-L6 shape: one query and 100 documents of 32..128 tokens",
                  _minilm_cross_encoder, "forward", _w7_lengths(), accuracy_model="minilm-intents",
                  head="text-classification", query=W7_QUERY),
+        Workload("W10", "translation, Marian OPUS-MT en-de shape: 32-token source, 48 new tokens, greedy and beam 4; "
+                 "batch 16 of 8..64 tokens, greedy", _marian_en_de, "generate", (32,), 48,
+                 shapes=(Shape("greedy", (32,)), Shape("beam4", (32,), 4), Shape("b16", _w10_lengths()))),
+        Workload("W11", "summarization, BART-large-cnn shape: 512-token article, 64 new tokens, beam 4",
+                 _bart_large_cnn, "generate", (512,), 64, num_beams=4),
     )
 }
 

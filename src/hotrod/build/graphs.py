@@ -42,15 +42,16 @@ def build_module(src: Source) -> torch.nn.Module:
 
 
 def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, device: str = "cpu") -> dict[str, dict]:
-    """Export every graph of the family's kind in fp32, fused unless `fusion` is off. Every graph is exported
-    before any is fused, so the torch weights are gone before ONNX Runtime's optimizer (about five copies
-    of a graph's weights at its peak) starts.
+    """Export every graph of the model's kind (`Family.kind_of`) in fp32, fused unless `fusion` is off. Every
+    graph is exported before any is fused, so the torch weights are gone before ONNX Runtime's optimizer
+    (about five copies of a graph's weights at its peak) starts.
 
     Where ONNX Runtime has no fp32 kernel for in-place attention (a GPU, odd head sizes), it becomes ops
     that run everywhere (`hotrod.optimize.portable`).
     """
     dims = src.family.dims(src.config)
-    contracts = kind_spec(src.family.kind).contracts(dims)
+    kind = kind_spec(src.family.kind_of(src.config))
+    contracts = kind.contracts(dims)
     module = build_module(src)
     graphs = module.graphs()
     externals = {name: export_graph(graphs[name], io, dims.vocab_size, directory / f"{name}.onnx")
@@ -64,7 +65,7 @@ def export_graphs(src: Source, directory: Path, fusion: bool, progress: bool, de
         # The exporter's own fused attention is there with or without the optimizer.
         report: dict = {"fused_ops": fused_op_counts(onnx.load(str(path), load_external_data=False))}
         if fusion and src.family.onnx_optimizer:
-            steps = name == kind_spec(src.family.kind).step_graph
+            steps = name == kind.step_graph
             external, report = fuse_graph(path, src.family.onnx_optimizer, dims, device, steps)
         if not kernel_runs(device, dims.head_dim):
             external, rewritten = portable_graph(path)
@@ -178,7 +179,7 @@ def describe_source(src: Source) -> dict:
                    "weights_sha256": weights_sha256(src.path)},
         "family": src.family.name,
         "model_type": src.config.model_type,
-        "kind": src.family.kind,
+        "kind": src.family.kind_of(src.config),
         "task": src.family.dims(src.config).task,
         "labels": {str(i): name for i, name in labels(src.config, src.family.dims(src.config).task).items()},
         "dims": src.family.dims(src.config).to_dict(),

@@ -145,7 +145,7 @@ def engine_model(directory: Path, section: dict, device: str, threads: int = 0,
         raise HotrodError(refusal)
     config = read_config(directory)
     family = get_family(config.model_type)
-    contracts = kind_spec(family.kind).contracts(family.dims(config))
+    contracts = kind_spec(family.kind_of(config)).contracts(family.dims(config))
     if device == "cpu" and threads:  # torch's thread count is process-wide: only when asked
         torch.set_num_threads(cpu_threads(threads))
     backend = StaticBackend(read_weights(file, family, config, options), contracts, options, prepared=True)

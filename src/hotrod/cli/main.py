@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed torch's generator, for reproducible sampling")
+    p.add_argument("--target-language", metavar="CODE", help="a language of the tokenizer (fr_XX, fr, fra_Latn)")
+    p.add_argument("--forced-bos-token-id", type=int, metavar="N", help="the token generated first (default: the model's)")
     p.add_argument("--prompt-lookup", type=int, default=None, metavar="N", dest="prompt_lookup_num_tokens",
                    help="draft up to N tokens a pass from the text so far (greedy, one prompt; the same tokens)")
     p.add_argument("--assistant", metavar="MODEL", default=None,
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time hotrod against PyTorch (and installed peers) against the hardware floor")
     p.add_argument("source", nargs="?", help="checkpoint or hub id for a batch x sequence sweep")
-    p.add_argument("--workload", type=_names, default=None, help="comma-separated workload ids (W1-W4, W6, W7); need no model")
+    p.add_argument("--workload", type=_names, default=None, help="comma-separated workload ids (W1-W4, W6, W7, W10, W11); need no model")
     p.add_argument("--batch", type=_ints, default="1", help="comma-separated batch sizes for the sweep")
     p.add_argument("--seq", type=_ints, default="32", help="comma-separated prompt lengths for the sweep")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")
@@ -246,7 +248,8 @@ def _generate(args) -> int:
     model = _load(args)
     kwargs = {k: getattr(args, k) for k in ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences",
                                             "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                                            "prompt_lookup_num_tokens", "num_assistant_tokens")}
+                                            "prompt_lookup_num_tokens", "num_assistant_tokens", "target_language",
+                                            "forced_bos_token_id")}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if args.assistant is not None:
         kwargs["assistant_model"] = _load(args, args.assistant)

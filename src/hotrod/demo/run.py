@@ -1,8 +1,8 @@
 """`hotrod demo`: each built-in model optimized for this machine, verified, and timed against PyTorch.
 
-For every demo model (`hotrod.demo.models`: a trained T5 and GPT-2 shipped in the package, and the real
-all-MiniLM-L6-v2) the demo runs `optimize --precision auto` (calibrated on held-out inputs that are not
-verified on), verifies the kept artifact against the source on the held-out examples, times it side by
+For every demo model (`hotrod.demo.models`: a trained T5, GPT-2 and Marian shipped in the package, and
+the real all-MiniLM-L6-v2) the demo runs `optimize --precision auto` (calibrated on held-out inputs that are
+not verified on), verifies the kept artifact against the source on the held-out examples, times it side by
 side with transformers' PyTorch model, and writes a report (Markdown and a PNG chart) whose path it prints.
 Artifacts are kept under the cache and reused while the source and hotrod are unchanged. The heads trained
 on all-MiniLM-L6-v2 (an intent classifier, a tagger) are run by `hotrod.demo.trained_heads` instead: built at fp32

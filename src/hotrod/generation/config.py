@@ -3,7 +3,12 @@
 Precedence, as in transformers: the model's generation config, replaced by a `GenerationConfig` the
 caller passes, overridden by keyword arguments. Unset values take transformers' defaults (top_k 50,
 ...); with no length set anywhere, 20 new tokens, capped at the model's positions. `max_new_tokens`
-wins over `max_length`. A setting hotrod does not implement is refused, never silently dropped.
+wins over `max_length`, and `min_new_tokens`, where set, over `min_length`. A setting hotrod does not
+implement is refused, never silently dropped.
+
+The processors encoder-decoder checkpoints set (no-repeat n-grams, bad words, forced first and last
+tokens, suppressed tokens; `hotrod.generation.sampling.process` applies them) are checked here once, into
+plain tuples: a bad value is one line before any step runs, never an index error inside one.
 """
 
 from __future__ import annotations
@@ -38,21 +43,26 @@ DEFAULTS: dict[str, Any] = {
     "num_return_sequences": 1,
     "length_penalty": 1.0,
     "early_stopping": False,
+    "no_repeat_ngram_size": None,
+    "bad_words_ids": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
 }
+# Processor settings whose "off" is None: a keyword argument None turns the model's own off, as in
+# transformers (whose `GenerationConfig.update` sets it), where an mBART caller drops its forced language.
+NONE_TURNS_OFF = frozenset(
+    {"no_repeat_ngram_size", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
+     "begin_suppress_tokens"})
 # Accepted for compatibility with transformers' callers; hotrod always decodes with a cache and
 # returns a plain tensor.
 IGNORED = {"use_cache": True, "return_dict_in_generate": False, "output_scores": False, "output_logits": False}
 # transformers settings hotrod does not implement, with the values that mean "off".
 _OFF = (None, [], {})
 UNSUPPORTED: dict[str, tuple] = {
-    "no_repeat_ngram_size": (*_OFF, 0),
     "encoder_no_repeat_ngram_size": (*_OFF, 0),
     "encoder_repetition_penalty": (*_OFF, 1.0),
-    "bad_words_ids": _OFF,
-    "suppress_tokens": _OFF,
-    "begin_suppress_tokens": _OFF,
-    "forced_bos_token_id": _OFF,
-    "forced_eos_token_id": _OFF,
     "sequence_bias": _OFF,
     "exponential_decay_length_penalty": _OFF,
     "typical_p": (*_OFF, 1.0),
@@ -88,6 +98,29 @@ class Settings:
     length_penalty: float
     early_stopping: bool | str
     decoder_start_token_id: int | None
+    # Processors (transformers' order, `hotrod.generation.sampling.process`); each empty or 0 when off.
+    no_repeat_ngram_size: int = 0
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # EOS alone left out, as transformers does
+    forced_bos_token_id: int | None = None  # forced after the first token of a row (a seq2seq start token)
+    forced_eos_token_ids: tuple[int, ...] = ()  # forced at max_length - 1
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+    begin_index: int = 0  # the row length at which begin_suppress_tokens apply
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a processor beyond the repetition penalty and min_length may change scores: the
+        fast greedy paths, which hold back EOS at most, then step aside."""
+        return bool(self.no_repeat_ngram_size or self.bad_words_ids or self.forced_bos_token_id is not None
+                    or self.forced_eos_token_ids or self.suppress_tokens or self.begin_suppress_tokens)
+
+    @property
+    def masks_only(self) -> bool:
+        """Whether every processor acts on fixed ids by the row's length alone (one-token bad words, suppressed
+        and forced tokens; not n-gram blocking or a longer bad word, which read the row): greedy choice then
+        stays an argmax that looks again only where it chose a held-back id (`hotrod.generation.search.greedy`),
+        as a real Marian checkpoint's pad ban and forced EOS ask."""
+        return not self.no_repeat_ngram_size and all(len(word) == 1 for word in self.bad_words_ids)
 
 
 def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +141,7 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
             continue
         if key not in DEFAULTS:
             raise HotrodError(f"generate() got an unknown argument {key!r}")
-        if value is not None:
+        if value is not None or key in NONE_TURNS_OFF:
             values[key] = value
     return values
 
@@ -160,12 +193,14 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
     pad = values["pad_token_id"]
     pad = eos_ids[0] if pad is None and eos_ids else _token_id("pad_token_id", pad, vocab_size, optional=True)
     start = _token_id("decoder_start_token_id", values["decoder_start_token_id"], vocab_size, optional=True)
-    min_new = values["min_new_tokens"] or 0
-    _check_int("min_new_tokens", min_new, 0)
+    # transformers: min_new_tokens, where set (0 too), replaces min_length by the prompt plus itself.
+    min_length = _check_int("min_length", values["min_length"], 0)
+    if values["min_new_tokens"] is not None:
+        min_length = prompt_length + _check_int("min_new_tokens", values["min_new_tokens"], 0)
     settings = Settings(
         max_length=max_length,
         prompt_length=prompt_length,
-        min_length=max(_check_int("min_length", values["min_length"], 0), prompt_length + min_new),
+        min_length=min_length,
         num_beams=_check_int("num_beams", values["num_beams"], 1),
         do_sample=bool(values["do_sample"]),
         temperature=float(values["temperature"]),
@@ -178,6 +213,7 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         length_penalty=float(values["length_penalty"]),
         early_stopping=values["early_stopping"],
         decoder_start_token_id=start,
+        **_processors(values, eos_ids, prompt_length, vocab_size),
     )
     _check_ranges(settings)
     return settings
@@ -201,6 +237,57 @@ def _check_ranges(s: Settings) -> None:
             f"num_return_sequences ({s.num_return_sequences}) must not exceed num_beams ({s.num_beams}) "
             "without sampling"
         )
+
+
+def _processors(values: dict[str, Any], eos_ids: tuple[int, ...], prompt_length: int,
+                vocab_size: int | None) -> dict[str, Any]:
+    """The processor fields of Settings, checked: sizes whole and >= 0, token ids within the vocabulary, the
+    shapes transformers takes (a list of token-id lists for bad words, a list for suppressed tokens)."""
+    size = values["no_repeat_ngram_size"]
+    bos = _token_id("forced_bos_token_id", values["forced_bos_token_id"], vocab_size, optional=True)
+    forced_eos = values["forced_eos_token_id"]
+    if isinstance(forced_eos, list | tuple) and not forced_eos:
+        raise HotrodError("forced_eos_token_id must be a token id or a non-empty list of them, got []")
+    forced_eos = _token_ids("forced_eos_token_id", forced_eos, vocab_size, one=True)
+    suppress = _token_ids("suppress_tokens", values["suppress_tokens"], vocab_size)
+    for name, forced in (("forced_bos_token_id", () if bos is None else (bos,)), ("forced_eos_token_id", forced_eos)):
+        if forced and set(forced) <= set(suppress):  # every score -inf at that step: NaN draws (transformers refuses)
+            raise HotrodError(f"{name} {list(forced)} is all in suppress_tokens: the forced step would have no token")
+    return {
+        "no_repeat_ngram_size": 0 if size is None else _check_int("no_repeat_ngram_size", size, 0),
+        "bad_words_ids": _bad_words(values["bad_words_ids"], eos_ids, vocab_size),
+        "forced_bos_token_id": bos,
+        "forced_eos_token_ids": forced_eos,
+        "suppress_tokens": suppress,
+        "begin_suppress_tokens": _token_ids("begin_suppress_tokens", values["begin_suppress_tokens"], vocab_size),
+        # transformers: the first generated position, one later where a one-token row's next one is forced
+        "begin_index": prompt_length + (1 if prompt_length <= 1 and bos is not None else 0),
+    }
+
+
+def _token_ids(name: str, value: Any, vocab_size: int | None, one: bool = False) -> tuple[int, ...]:
+    """A list of token ids (None: none); `one`: a single id is taken too."""
+    if value is None:
+        return ()
+    if one and not isinstance(value, list | tuple):
+        return (_token_id(name, value, vocab_size),)
+    if not isinstance(value, list | tuple):
+        raise HotrodError(f"{name} must be a list of token ids, got {value!r}")
+    return tuple(_token_id(name, token, vocab_size) for token in value)
+
+
+def _bad_words(value: Any, eos_ids: tuple[int, ...], vocab_size: int | None) -> tuple[tuple[int, ...], ...]:
+    """bad_words_ids as transformers takes them (a non-empty list of non-empty token-id lists), without the
+    sequences that are one EOS token alone, which transformers leaves to min_length to hold back."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(w, list | tuple) and w for w in value):
+        raise HotrodError(f"bad_words_ids must be a non-empty list of non-empty lists of token ids, got {value!r}")
+    words = [tuple(_token_id("bad_words_ids", token, vocab_size) for token in word) for word in value]
+    kept = tuple(dict.fromkeys(w for w in words if not (len(w) == 1 and w[0] in eos_ids)))
+    if not kept:  # transformers fails here too (an empty bias)
+        raise HotrodError(f"bad_words_ids {value!r} bans only the EOS token; hold it back with min_new_tokens")
+    return kept
 
 
 def check_temperature(temperature: float) -> float:

@@ -3,6 +3,10 @@ server asks the same functions at its door (`hotrod.serve.checks`) and when it r
 
 Drafting decodes one row greedily or by sampling, with tokens drafted a pass verified in one pass of the
 model: beam search, several rows, or a backend that steps one token at a time (the static engine) cannot.
+Every score processor hotrod implements (repetition penalty, min length, no-repeat n-grams, bad words,
+forced first and last tokens, suppressed tokens) is a function of the row up to the position it chooses
+for, which verification gives each drafted position (`Drafting.accept`): none makes drafts unverifiable,
+so none is refused here; a processor that read anything else would have to be.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Score processing, as small pure functions with transformers' semantics and order.
 
-Order (as transformers): repetition penalty, minimum length; then, when sampling, temperature,
-top-k, top-p. Each takes scores [rows, vocab] and returns new scores.
+Order (as transformers' `_get_logits_processor`): repetition penalty, no-repeat n-grams, bad words,
+minimum length, forced first token, forced last token, suppressed tokens, suppressed first tokens; then,
+when sampling, temperature, top-k, top-p. Each takes scores [rows, vocab] (beam search: log-softmaxed)
+and the rows so far [rows, length] (an encoder-decoder's from its start token; a decoder-only model's
+with its prompt and padding, as transformers' `input_ids`) and returns new scores.
 """
 
 from __future__ import annotations
@@ -25,6 +28,57 @@ def repetition_penalty(scores: torch.Tensor, sequences: torch.Tensor, penalty: f
     seen.scatter_(1, ids, True)
     penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
     return torch.where(seen[:, :-1], penalised, scores)
+
+
+def no_repeat_ngram(scores: torch.Tensor, sequences: torch.Tensor, size: int) -> torch.Tensor:
+    """Ban every token that would complete an n-gram of `size` tokens the row already holds: the windows of
+    the row whose first size-1 tokens are its last size-1 ban their last token (transformers' algorithm)."""
+    ids = sequences.to(scores.device)
+    length = ids.shape[-1]
+    if length < size:
+        return scores
+    prefix = ids[:, length + 1 - size:]
+    windows = ids.unfold(1, size, 1)
+    matches = (windows[..., :-1] == prefix.unsqueeze(1)).all(dim=-1)
+    vocab = scores.shape[-1]  # windows that do not match ban the spare column past the vocabulary
+    banned = torch.zeros(scores.shape[0], vocab + 1, dtype=torch.bool, device=scores.device)
+    banned.scatter_(1, torch.where(matches, windows[..., -1].clamp(max=vocab), vocab), True)
+    return scores.masked_fill(banned[:, :vocab], -float("inf"))
+
+
+def ban_sequences(scores: torch.Tensor, sequences: torch.Tensor, banned: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+    """bad_words_ids: a one-token word is never chosen, a longer one's last token not after the rest of it.
+    As transformers, a bias of -inf added (not a fill), so the scores are its scores to the bit."""
+    single, groups = _banned_on(banned, scores.device)
+    bias = torch.zeros_like(scores)
+    if single is not None:
+        bias.index_fill_(1, single, -float("inf"))
+    ids = sequences.to(scores.device)
+    for prefixes, last in groups:  # words of one prefix length, matched against the row's end at once
+        if prefixes.shape[1] > ids.shape[1]:
+            continue
+        matching = (ids[:, None, -prefixes.shape[1]:] == prefixes).all(dim=-1)
+        bias.index_add_(1, last, torch.where(matching, -float("inf"), 0.0).to(bias.dtype))
+    return scores + bias
+
+
+@functools.lru_cache(maxsize=16)
+def _banned_on(banned: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor | None, list]:
+    """The one-token words' index, and the longer words as (prefixes, last tokens) per prefix length: made once
+    per device, not at every step."""
+    singles = tuple(sorted({word[0] for word in banned if len(word) == 1}))
+    by_length: dict[int, list[tuple[int, ...]]] = {}
+    for word in banned:
+        if len(word) > 1:
+            by_length.setdefault(len(word) - 1, []).append(word)
+    groups = [(torch.tensor([w[:-1] for w in words], device=device), torch.tensor([w[-1] for w in words], device=device))
+              for words in by_length.values()]
+    return (_index_on(singles, device) if singles else None), groups
+
+
+def force(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
+    """Only `token_ids` possible, each at score 0 (forced_bos_token_id, forced_eos_token_id)."""
+    return torch.full_like(scores, -float("inf")).index_fill(1, _index_on(tuple(token_ids), scores.device), 0.0)
 
 
 def argmax(scores: torch.Tensor) -> torch.Tensor:
@@ -84,7 +138,23 @@ def top_p(scores: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
 def plain_argmax(s: Settings, length: int) -> bool:
     """Whether the token after a row of `length` tokens is the raw logits' argmax: greedy, and nothing in
     `process` changes the scores there. Kept beside `process`, whose conditions it mirrors."""
-    return not s.do_sample and s.repetition_penalty == 1.0 and (not s.eos_token_ids or length >= s.min_length)
+    return (not s.do_sample and s.repetition_penalty == 1.0 and not s.constrained
+            and (not s.eos_token_ids or length >= s.min_length))
+
+
+def held_back(s: Settings, length: int) -> tuple[int, ...] | None:
+    """The ids `process` makes impossible after a row of `length` tokens, for settings whose processors act on
+    fixed ids only (`Settings.masks_only`), or None at a step it forces (the forced BOS, the forced EOS).
+    Kept beside `process`, whose conditions it mirrors."""
+    if (s.forced_bos_token_id is not None and length == 1) or (s.forced_eos_token_ids and length == s.max_length - 1):
+        return None
+    held = [word[0] for word in s.bad_words_ids]
+    held += s.suppress_tokens
+    if s.eos_token_ids and length < s.min_length:
+        held += s.eos_token_ids
+    if s.begin_suppress_tokens and length == s.begin_index:
+        held += s.begin_suppress_tokens
+    return tuple(held)
 
 
 def process(
@@ -92,10 +162,23 @@ def process(
 ) -> torch.Tensor:
     """Apply every processor the settings ask for, in transformers' order (`plain_argmax` says when none
     changes a greedy choice)."""
+    length = sequences.shape[1]
     if s.repetition_penalty != 1.0:
         scores = repetition_penalty(scores, sequences, s.repetition_penalty, skip)
-    if s.eos_token_ids and sequences.shape[1] < s.min_length:
+    if s.no_repeat_ngram_size:
+        scores = no_repeat_ngram(scores, sequences, s.no_repeat_ngram_size)
+    if s.bad_words_ids:
+        scores = ban_sequences(scores, sequences, s.bad_words_ids)
+    if s.eos_token_ids and length < s.min_length:
         scores = suppress(scores, s.eos_token_ids)
+    if s.forced_bos_token_id is not None and length == 1:
+        scores = force(scores, (s.forced_bos_token_id,))
+    if s.forced_eos_token_ids and length == s.max_length - 1:
+        scores = force(scores, s.forced_eos_token_ids)
+    if s.suppress_tokens:
+        scores = suppress(scores, s.suppress_tokens)
+    if s.begin_suppress_tokens and length == s.begin_index:
+        scores = suppress(scores, s.begin_suppress_tokens)
     if s.do_sample:
         if s.temperature != 1.0:
             scores = scores / s.temperature

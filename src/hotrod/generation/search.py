@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, process, suppress
+from hotrod.generation.sampling import argmax, held_back, process
 from hotrod.generation.state import DecodingState
 
 NEG = -1.0e9
@@ -49,21 +49,30 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
 
 
 def greedy_only(s: Settings) -> bool:
-    """Whether the next token is the argmax with, at most, EOS held back (`greedy`)."""
-    return not s.do_sample and s.repetition_penalty == 1.0
+    """Whether the next token is the argmax with, at most, fixed ids held back or a step forced (`greedy`):
+    no processor reads the row's tokens (`Settings.masks_only`)."""
+    return not s.do_sample and s.repetition_penalty == 1.0 and s.masks_only
 
 
 def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
-    """Greedy choice after rows of `length` tokens, where the only processor holds EOS back (`min_length`):
-    the raw argmax wherever it is none of the held-back ids, which is the choice over the suppressed
-    scores, and no vocabulary-sized copy of the scores at every step (a fresh allocation, page faults and all);
-    the rows that chose a held-back id (rare) are chosen again over the suppressed scores."""
+    """Greedy choice after rows of `length` tokens, where the processors hold fixed ids back (EOS under
+    `min_length`, one-token bad words, suppressed tokens) or force a step: the raw argmax wherever it is none
+    of the held-back ids, which is the choice over the processed scores, and no vocabulary-sized copy of the
+    scores at every step (a fresh allocation, page faults and all); at a forced step, or where a row chose a
+    held-back id (rare), the choice is made again over the processed scores."""
     tokens = argmax(logits)
-    held_back = s.eos_token_ids if length < s.min_length else ()
-    if held_back:
-        if not set(held_back).isdisjoint(tokens.tolist()):
-            tokens = argmax(suppress(logits, held_back))
+    held = _held(s, length)
+    if held is None or (held and not set(held).isdisjoint(tokens.tolist())):
+        rows = torch.empty((logits.shape[0], length), dtype=torch.long)  # its length is all `process` reads here
+        tokens = argmax(process(logits, rows, s, None))
     return tokens if tokens.device.type == "cpu" else tokens.cpu()
+
+
+def _held(s: Settings, length: int) -> tuple[int, ...] | None:
+    """`held_back`, short-cut where only min_length's EOS can be held back (the common case, at every step)."""
+    if not s.constrained:
+        return s.eos_token_ids if length < s.min_length else ()
+    return held_back(s, length)
 
 
 class HostScores:
@@ -88,8 +97,8 @@ def greedy_on_host(logits: torch.Tensor, s: Settings, length: int, scores: np.nd
     decoding state takes the array as it is)."""
     scores = logits.numpy() if scores is None else scores
     ids = scores.argmax(axis=-1)  # the first on a tie, a NaN counting as largest: `argmax`'s rule
-    held_back = s.eos_token_ids if length < s.min_length else ()
-    if held_back and not set(held_back).isdisjoint(ids.tolist()):
+    held = _held(s, length)
+    if held is None or (held and not set(held).isdisjoint(ids.tolist())):
         ids = greedy(logits, s, length).numpy()
     return ids
 

@@ -1,7 +1,22 @@
 """Lean family definitions; importing this package registers every family (`hotrod.registry`)."""
 
 from hotrod.errors import HotrodError
-from hotrod.models import bert, deberta, distilbert, electra, gpt2, modernbert, mpnet, roberta, t5  # noqa: F401
+from hotrod.models import (  # noqa: F401
+    bart,
+    bert,
+    deberta,
+    distilbert,
+    electra,
+    gpt2,
+    m2m_100,
+    marian,
+    mbart,
+    modernbert,
+    mpnet,
+    pegasus,
+    roberta,
+    t5,
+)
 from hotrod.registry import Family, registered, registered_families
 
 

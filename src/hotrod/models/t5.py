@@ -24,6 +24,7 @@ from hotrod.models.attention import (
     split_heads,
 )
 from hotrod.models.common import FusedProjection, load_weights
+from hotrod.models.seq2seq import cross_bias, seq2seq_graphs
 from hotrod.registry import Dims, Family, register
 
 # Kept in fp32 under half precision, beyond what every graph keeps:
@@ -248,11 +249,11 @@ class T5Model(nn.Module):
         x = self.shared(input_ids)
         length = input_ids.shape[1]
         bias = self.decoder.bias(length, length, x.device) + additive_mask(causal_mask(length, length, x.device))
-        cross_bias = _cross_bias(encoder_mask, length, x.dtype)  # computed once, shared by every layer
+        encoder_bias = cross_bias(encoder_mask, length, x.dtype)  # computed once, shared by every layer
         present = []
         for i, block in enumerate(self.decoder.block):
             x, k, v = block.self_attention(x, bias)
-            x = self._rest_of_block(block, x, cross[i], cross_bias)
+            x = self._rest_of_block(block, x, cross[i], encoder_bias)
             present += [k, v]
         return self._logits(x), present
 
@@ -266,12 +267,12 @@ class T5Model(nn.Module):
         x = self.shared(input_ids)
         bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len,
                                                                               input_ids.shape[1])
-        cross_bias = _cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
+        encoder_bias = cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
         shared = layers_span(seqlens_k, total_len, input_ids.shape[1], x.dtype, bias)  # position bias folded in
         present = []
         for i, block in enumerate(self.decoder.block):
             x, k, v = block.self_attention_in_place(x, past[i][0], past[i][1], seqlens_k, total_len, bias, shared)
-            x = self._rest_of_block(block, x, cross[i], cross_bias)
+            x = self._rest_of_block(block, x, cross[i], encoder_bias)
             present += [k, v]
         return self._logits(x), present
 
@@ -286,7 +287,7 @@ class T5Model(nn.Module):
         return [block.layer[1].EncDecAttention.project_kv(encoder_hidden_states) for block in self.decoder.block]
 
     def graphs(self) -> dict[str, nn.Module]:
-        return {"encoder": T5EncoderGraph(self), "decoder_init": T5DecoderInit(self), "decoder": T5DecoderStep(self)}
+        return seq2seq_graphs(self)
 
     def load_hf(self, state_dict: dict[str, torch.Tensor]) -> None:
         state_dict = dict(state_dict)
@@ -296,61 +297,9 @@ class T5Model(nn.Module):
         load_weights(self, state_dict)
 
 
-def _cross_bias(encoder_mask, query_len: int, dtype) -> torch.Tensor:
-    """[B, 1, Sq, S]: 0 where a query may read an encoder position, the dtype's minimum where it may not, the
-    query axis spelled out (ONNX Runtime's MultiHeadAttention broadcasts no bias over it). Exported, the same
-    values in the form with the fewest nodes: every decoding step computes it, and expand's shape arithmetic
-    and masked_fill's take 17 nodes where these take 9."""
-    if torch.onnx.is_in_onnx_export():
-        keys = (encoder_mask == 0).to(dtype)[:, None, None, :] * torch.finfo(dtype).min
-        return keys + torch.zeros(1, 1, query_len, 1, dtype=dtype, device=encoder_mask.device)
-    allowed = padding_mask(encoder_mask).expand(-1, -1, query_len, -1)
-    return additive_mask(allowed, dtype)
-
-
 def _scales_decoder_output(config) -> bool:
     scale = getattr(config, "scale_decoder_outputs", None)  # transformers >= 5 keeps the original flag here
     return bool(config.tie_word_embeddings if scale is None else scale)
-
-
-class T5EncoderGraph(nn.Module):
-    """(input_ids, attention_mask) -> encoder_hidden_states"""
-
-    def __init__(self, model: T5Model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model.encode(input_ids, attention_mask)
-
-
-class T5DecoderInit(nn.Module):
-    """(decoder_input_ids, encoder_attention_mask, encoder_hidden_states) -> (logits, *present, *cross)"""
-
-    def __init__(self, model: T5Model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, decoder_input_ids, encoder_attention_mask, encoder_hidden_states):
-        cross = self.model.cross_kv(encoder_hidden_states)
-        logits, present = self.model.decode(decoder_input_ids, encoder_attention_mask, cross)
-        return (logits, *present, *[t for kv in cross for t in kv])
-
-
-class T5DecoderStep(nn.Module):
-    """(decoder_input_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *cache, *cross)
-    -> (logits, *cache): the cache buffers are written in place (`hotrod.contracts.seq2seq_io`)."""
-
-    def __init__(self, model: T5Model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, decoder_input_ids, seqlens_k, total_sequence_length, encoder_attention_mask, *caches):
-        layers = len(self.model.decoder.block)
-        pairs = [(caches[2 * i], caches[2 * i + 1]) for i in range(2 * layers)]
-        logits, present = self.model.decode_step(decoder_input_ids, encoder_attention_mask, pairs[:layers],
-                                                 pairs[layers:], seqlens_k, total_sequence_length)
-        return (logits, *present)
 
 
 def t5_dims(config) -> Dims:

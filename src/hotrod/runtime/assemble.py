@@ -61,7 +61,7 @@ def ort_model(directory: Path, entries: dict[str, dict], device: str, threads: i
 
     config = read_config(directory)
     family = get_family(config.model_type)
-    contracts = kind_spec(family.kind).contracts(family.dims(config))
+    contracts = kind_spec(family.kind_of(config)).contracts(family.dims(config))
     backend = OrtBackend(art.graph_files(directory, entries), contracts,
                          RuntimeOptions(backend="onnxruntime", device=device, threads=threads, profile=profile))
     return HotrodModel(family, config, backend, load_generation_config(directory, config), load_tokenizer(directory),
@@ -84,7 +84,7 @@ def torch_model(src: Source, options: RuntimeOptions, tokenizer) -> HotrodModel:
     if options.device == "cuda" and not torch.cuda.is_available():
         raise HotrodError("device 'cuda' asked for, but this torch has no CUDA device")
     dims = src.family.dims(src.config)
-    contracts = kind_spec(src.family.kind).contracts(dims)
+    contracts = kind_spec(src.family.kind_of(src.config)).contracts(dims)
     generation = load_generation_config(src.path, src.config)
     if options.uses_static_engine:
         from hotrod.runtime.static import EngineOptions, StaticBackend

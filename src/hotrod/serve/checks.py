@@ -21,7 +21,7 @@ from hotrod.kinds import spec
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
 from hotrod.serve.messages import Worker
-from hotrod.serve.schemas import Speculate
+from hotrod.serve.schemas import CompletionRequest, Sampling, Speculate
 
 DEFAULT_NEW_TOKENS = 32
 Item = str | list[int]
@@ -105,6 +105,24 @@ def new_tokens(request: Request, worker: Worker, prompt: list[int], new: int | N
         raise ApiError(400, f"{where}: the prompt's {len(prompt)} tokens plus {param}={new} exceed the model's "
                             f"{positions} positions", where)
     return new
+
+
+async def forced_bos(request: Request, worker: Worker, body: Sampling | CompletionRequest,
+                     prefix: str = "") -> int | None:
+    """A request's forced first token: its forced_bos_token_id, within the vocabulary, or its target_language
+    resolved through the model's tokenizer (on the tokenizer thread); None: the model's own. `prefix` is
+    where the fields are (a v2 request's `parameters.`)."""
+    forced, vocab = body.forced_bos_token_id, worker.info.vocab_size
+    if forced is not None and not 0 <= forced < vocab:
+        raise ApiError(400, f"{prefix}forced_bos_token_id: token id {forced} is outside the vocabulary [0, {vocab})",
+                       f"{prefix}forced_bos_token_id")
+    if body.target_language is None:
+        return forced
+    pool: Executor = request.app.state.tokenizers[worker.info.name]
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, worker.forced_bos, body.target_language, forced)
+    except HotrodError as exc:  # its message begins with the field's name
+        raise ApiError(400, f"{prefix}{first_line(exc)}", f"{prefix}target_language") from None
 
 
 def prompt_lookup(worker: Worker, speculate: Speculate | None, num_beams: int, param: str = "speculate") -> int | None:

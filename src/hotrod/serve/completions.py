@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from hotrod.serve.checks import new_tokens, prompt_lookup, token_ids
+from hotrod.serve.checks import forced_bos, new_tokens, prompt_lookup, token_ids
 from hotrod.serve.choices import Choice, Logprobs
 from hotrod.serve.endpoints import GENERATORS, STREAMED, json_response, sampling, usage
 from hotrod.serve.http_errors import (
@@ -42,10 +42,11 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, "stream_options: only allowed with stream: true", "stream_options")
     if body.echo and body.logprobs is not None:
         raise ApiError(400, "echo: not supported together with logprobs (the prompt is not scored)", "echo")
+    forced = await forced_bos(request, worker, body)
     prompt = await token_ids(request, worker, body.prompt, "prompt")
     new = new_tokens(request, worker, prompt, body.max_tokens, "prompt", "max_tokens")
     lookup = prompt_lookup(worker, body.speculate, num_beams=1)
-    readers = _submit_all(request, worker, prompt, body, new, lookup)
+    readers = _submit_all(request, worker, prompt, body, new, lookup, forced)
     echo = (body.prompt if isinstance(body.prompt, str) else worker.decode(prompt)) if body.echo else ""
     choices = [Choice(worker.decode, stops, body.logprobs, len(echo)) for _ in readers]
     pieces = [_pieces(reader, choice) for reader, choice in zip(readers, choices)]
@@ -75,10 +76,11 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 
 def _submit_all(request: Request, worker: Worker, prompt: list[int], body: CompletionRequest,
-                new: int, lookup: int | None) -> list[TicketReader]:
+                new: int, lookup: int | None, forced: int | None) -> list[TicketReader]:
     """One ticket per choice (choice i of a seeded request samples with seed + i)."""
     params = [Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
                      seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs, prompt_lookup=lookup,
+                     forced_bos_token_id=forced, no_repeat_ngram_size=body.no_repeat_ngram_size,
                      **sampling(body.temperature, True)) for i in range(body.n)]
     return submit_all(request, [functools.partial(worker.submit_generate, prompt, p) for p in params])
 

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from hotrod import kinds
-from hotrod.serve.checks import exactly_one, new_tokens, prompt_lookup, token_ids
+from hotrod.serve.checks import exactly_one, forced_bos, new_tokens, prompt_lookup, token_ids
 from hotrod.serve.http_errors import Recorder, resolve
 from hotrod.serve.messages import Params, Worker
 from hotrod.serve.schemas import (
@@ -51,12 +51,13 @@ def sampling(temperature: float | None, do_sample: bool) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature}
 
 
-def generation_params(body: Sampling, new: int, worker: Worker, where: str = "speculate") -> Params:
-    """The worker's parameters of a checked request that generates `new` tokens (`where` names its
-    speculate field in a refusal)."""
+def generation_params(body: Sampling, new: int, worker: Worker, forced: int | None, prefix: str = "") -> Params:
+    """The worker's parameters of a checked request that generates `new` tokens, whose forced first token
+    `checks.forced_bos` resolved (`prefix`: where its fields are, in a refusal)."""
     return Params(max_new_tokens=new, top_k=body.top_k, top_p=body.top_p, num_beams=body.num_beams,
                   repetition_penalty=body.repetition_penalty, seed=body.seed,
-                  prompt_lookup=prompt_lookup(worker, body.speculate, body.num_beams, where),
+                  prompt_lookup=prompt_lookup(worker, body.speculate, body.num_beams, f"{prefix}speculate"),
+                  forced_bos_token_id=forced, no_repeat_ngram_size=body.no_repeat_ngram_size,
                   **sampling(body.temperature, body.do_sample))
 
 
@@ -65,9 +66,11 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     """Generate from text or token ids; `stream: true` answers with one server-sent event per step."""
     worker, recorder = resolve(request, "generate", body.model, GENERATORS)
     where = exactly_one(body.text, body.token_ids, "text", "token_ids")
+    forced = await forced_bos(request, worker, body)
     prompt = await token_ids(request, worker, body.text if body.text is not None else body.token_ids or [], where)
     new = new_tokens(request, worker, prompt, body.max_new_tokens, where, "max_new_tokens")
-    reader = submit(request, functools.partial(worker.submit_generate, prompt, generation_params(body, new, worker)))
+    params = generation_params(body, new, worker, forced)
+    reader = submit(request, functools.partial(worker.submit_generate, prompt, params))
     name = recorder.model
     if body.stream:
         def chunk(text: str, ids: list[int], finish: str | None, usage: dict | None) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ValidationError
 from hotrod import kinds, tasks
 from hotrod.pipelines.base import Row
 from hotrod.serve import tensors
-from hotrod.serve.checks import input_limit, new_tokens, token_rows
+from hotrod.serve.checks import forced_bos, input_limit, new_tokens, token_rows
 from hotrod.serve.embeddings import check_embeds, chosen_prompt, embed_vectors, embedding_rows, own_normalize
 from hotrod.serve.endpoints import ENCODERS, GENERATORS, generation_params
 from hotrod.serve.http_errors import ApiError, check_running, resolve
@@ -275,8 +275,9 @@ async def _generate(request: Request, worker: Worker, prompts: list[list[int]], 
     """Each row as its own worker request, all at once; their answers in order."""
     news = [new_tokens(request, worker, prompt, options.max_new_tokens, f"{name}[{i}]", "max_new_tokens")
             for i, prompt in enumerate(prompts)]
-    calls = [functools.partial(worker.submit_generate, prompt, generation_params(options, new, worker,
-                                                                                 "parameters.speculate"))
+    forced = await forced_bos(request, worker, options, "parameters.")
+    calls = [functools.partial(worker.submit_generate, prompt, generation_params(options, new, worker, forced,
+                                                                                 "parameters."))
              for prompt, new in zip(prompts, news)]
     results = await collect_all(submit_all(request, calls))
     tokens = [row for row, _ in results]

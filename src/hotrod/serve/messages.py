@@ -30,6 +30,10 @@ class Params:
     seed: int | None = None
     logprobs: int | None = None  # with each token, its log-probability and this many most likely alternatives
     prompt_lookup: int | None = None  # tokens drafted a step by prompt lookup (0: none); None: the server's default
+    # Per request, over the model's generation config (None: the model's own): the target language of an
+    # mBART-50 / M2M100 / NLLB translation, and a summary's no-repeat n-gram size (0: off).
+    forced_bos_token_id: int | None = None
+    no_repeat_ngram_size: int | None = None
 
     def generate_kwargs(self) -> dict[str, Any]:
         """The same request as keyword arguments of `HotrodModel.generate`."""
@@ -37,6 +41,9 @@ class Params:
                                   "repetition_penalty": self.repetition_penalty, "do_sample": self.do_sample}
         if self.do_sample:
             kwargs.update(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        for name in ("forced_bos_token_id", "no_repeat_ngram_size"):  # None here leaves the model's setting on
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
         return kwargs
 
 
@@ -149,6 +156,10 @@ class Worker(Protocol):
 
     def decode(self, ids: list[int]) -> str:
         """Text of generated ids, special tokens dropped."""
+
+    def forced_bos(self, target_language: str, forced_bos_token_id: int | None) -> int:
+        """The token a request's target language forces first (`hotrod.pipelines.languages.forced_bos`); a
+        HotrodError naming the code the tokenizer lacks, or the field. Runs on the tokenizer thread."""
 
     def submit_generate(self, prompt: list[int], params: Params) -> Ticket:
         """Queue a generation; raises QueueFull or ShuttingDown. Must be called on the event loop."""

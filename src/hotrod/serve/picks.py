@@ -45,7 +45,7 @@ class RowOptions:
             self.generator = torch.Generator()
             self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
         # Plain greedy rows need no score processing: the whole batch takes one argmax.
-        self.plain = (not settings.do_sample and settings.repetition_penalty == 1.0
+        self.plain = (not settings.do_sample and settings.repetition_penalty == 1.0 and not settings.constrained
                       and settings.min_length <= settings.prompt_length)
 
 

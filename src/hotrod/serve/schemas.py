@@ -35,6 +35,15 @@ class Speculate(_Request):
 
 
 _SPECULATE = Field(None, description="Speculative decoding for this request (default: the server's --speculate).")
+# Per request, over the model's generation config (`hotrod.serve.checks.forced_bos` checks the last two).
+MAX_NGRAM = 32  # bart-large-cnn's is 3; past a few tokens a repeat is rare anyway
+_FORCED_BOS = Field(None, description="The token generated first (transformers' forced_bos_token_id: a multilingual "
+                                      "model's target language); within the vocabulary. Default: the model's own.")
+_TARGET_LANGUAGE = Field(None, min_length=1, max_length=32,
+                         description="The language to translate into, a code of the model's tokenizer (mBART-50: "
+                                     "fr_XX, M2M100: fr, NLLB: fra_Latn), which sets forced_bos_token_id.")
+_NO_REPEAT = Field(None, ge=0, le=MAX_NGRAM, description="No n-gram of this many tokens is generated twice (0: "
+                                                        "off). Default: the model's own.")
 
 
 class Sampling(_Request):
@@ -49,6 +58,9 @@ class Sampling(_Request):
     num_beams: int = Field(1, ge=1, le=8)
     seed: int | None = _SEED
     speculate: Speculate | None = _SPECULATE
+    no_repeat_ngram_size: int | None = _NO_REPEAT
+    forced_bos_token_id: int | None = _FORCED_BOS
+    target_language: str | None = _TARGET_LANGUAGE
 
 
 class GenerateRequest(Sampling):
@@ -93,7 +105,8 @@ class StreamOptions(_Request):
 
 
 class CompletionRequest(_Request):
-    """OpenAI's legacy completions request, for one prompt."""
+    """OpenAI's legacy completions request, for one prompt (forced_bos_token_id, target_language and
+    no_repeat_ngram_size are hotrod's own: the client's `extra_body`)."""
 
     model: str | None = _MODEL
     prompt: str | list[int]
@@ -109,6 +122,9 @@ class CompletionRequest(_Request):
     echo: bool = Field(False, description="Put the prompt before the completion's text.")
     seed: int | None = _SEED
     speculate: Speculate | None = _SPECULATE
+    no_repeat_ngram_size: int | None = _NO_REPEAT
+    forced_bos_token_id: int | None = _FORCED_BOS
+    target_language: str | None = _TARGET_LANGUAGE
     user: str | None = None
 
 

@@ -25,7 +25,7 @@ from hotrod import tasks
 from hotrod.errors import HotrodError, check_number, first_line
 from hotrod.generation import draft_rules
 from hotrod.model import HotrodModel
-from hotrod.pipelines import sentence
+from hotrod.pipelines import languages, sentence
 from hotrod.pipelines.base import Row
 from hotrod.pipelines.sentence_tokens import Tokenized, tokenize
 from hotrod.runtime.base import RuntimeOptions
@@ -105,6 +105,9 @@ class ModelWorker:
         if self.model.tokenizer is None:
             return ""
         return self.model.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def forced_bos(self, target_language: str, forced_bos_token_id: int | None) -> int:
+        return languages.forced_bos(self.model.tokenizer, target_language, forced_bos_token_id, self.info.vocab_size)
 
     # -- submission (event loop) --------------------------------------------------------------------
 

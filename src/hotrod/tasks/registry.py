@@ -217,12 +217,13 @@ def of_model(task: str | None, label_count: int, names: Sequence[str] | None = N
 
 def family_tasks(family: Family) -> tuple[str, ...]:
     """The tasks `family` runs: the ones it names, else every task of its kind that it has a head for
-    (a standard head, or one of the family's own); the bare model's first."""
+    (a standard head, or one of the family's own), and any task it has a head of its own for, which it runs
+    as that task's kind (`Family.kind_of`); the bare model's first."""
     if family.tasks:
         return family.tasks
     own = family.heads or {}
-    found = [s for s in _TASKS.values() if s.variant_of is None and family.kind in s.kinds
-             and (s.bare or s.head is not None or s.name in own)]
+    found = [s for s in _TASKS.values() if s.variant_of is None
+             and (s.name in own or (family.kind in s.kinds and (s.bare or s.head is not None)))]
     return tuple(s.name for s in sorted(found, key=lambda s: not s.bare))
 
 

