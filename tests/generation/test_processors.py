@@ -170,6 +170,24 @@ def _repeating_prompt() -> torch.Tensor:
     return torch.cat([base, base[:4], base])[None]
 
 
+@pytest.mark.parametrize("name", ["bart", "mbart", "marian", "m2m_100", "pegasus"])
+def test_prompt_lookup_on_each_bart_like_family(zoo, backend, name):
+    """Prompt lookup suits summarization and translation, whose outputs copy their source: drafted from it,
+    plain and under a summarizer's settings, the tokens are transformers' greedy ones."""
+    model = zoo.model(name, backend)
+    if not model.backend.verifies_drafts:
+        pytest.skip("the static engine refuses drafting (tests/generation/test_lookup.py)")
+    ids = _repeating_prompt()
+    mask = torch.ones_like(ids)
+    plain = zoo.hf_generate(name, ids, mask, max_new_tokens=20)
+    settings = dict(no_repeat_ngram_size=3, forced_bos_token_id=_absent(plain[:, 1]))
+    for extra in ({}, settings):
+        expected = zoo.hf_generate(name, ids, mask, max_new_tokens=20, **extra)
+        assert_same_tokens(model.generate(ids, attention_mask=mask, max_new_tokens=20, prompt_lookup_num_tokens=4,
+                                          **extra), expected)
+    assert not torch.equal(expected, plain)
+
+
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "assistant"])
 @pytest.mark.parametrize("name", NAMES)
 def test_drafting_gives_the_processed_tokens(zoo, backend, name, drafter):
