@@ -146,6 +146,8 @@ def held_back(s: Settings, length: int) -> tuple[int, ...] | None:
     """The ids `process` makes impossible after a row of `length` tokens, for settings whose processors act on
     fixed ids only (`Settings.masks_only`), or None at a step it forces (the forced BOS, the forced EOS).
     Kept beside `process`, whose conditions it mirrors."""
+    if not s.constrained:  # only min_length's EOS (the common case, asked at every step)
+        return s.eos_token_ids if length < s.min_length else ()
     if (s.forced_bos_token_id is not None and length == 1) or (s.forced_eos_token_ids and length == s.max_length - 1):
         return None
     held = [word[0] for word in s.bad_words_ids]

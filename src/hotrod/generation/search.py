@@ -61,18 +61,11 @@ def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
     scores at every step (a fresh allocation, page faults and all); at a forced step, or where a row chose a
     held-back id (rare), the choice is made again over the processed scores."""
     tokens = argmax(logits)
-    held = _held(s, length)
+    held = held_back(s, length)
     if held is None or (held and not set(held).isdisjoint(tokens.tolist())):
         rows = torch.empty((logits.shape[0], length), dtype=torch.long)  # its length is all `process` reads here
         tokens = argmax(process(logits, rows, s, None))
     return tokens if tokens.device.type == "cpu" else tokens.cpu()
-
-
-def _held(s: Settings, length: int) -> tuple[int, ...] | None:
-    """`held_back`, short-cut where only min_length's EOS can be held back (the common case, at every step)."""
-    if not s.constrained:
-        return s.eos_token_ids if length < s.min_length else ()
-    return held_back(s, length)
 
 
 class HostScores:
@@ -97,7 +90,7 @@ def greedy_on_host(logits: torch.Tensor, s: Settings, length: int, scores: np.nd
     decoding state takes the array as it is)."""
     scores = logits.numpy() if scores is None else scores
     ids = scores.argmax(axis=-1)  # the first on a tie, a NaN counting as largest: `argmax`'s rule
-    held = _held(s, length)
+    held = held_back(s, length)
     if held is None or (held and not set(held).isdisjoint(ids.tolist())):
         ids = greedy(logits, s, length).numpy()
     return ids

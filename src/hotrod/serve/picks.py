@@ -14,7 +14,7 @@ import torch
 
 from hotrod.generation.config import Settings
 from hotrod.generation.lookup import Drafter
-from hotrod.generation.sampling import argmax
+from hotrod.generation.sampling import argmax, plain_argmax
 from hotrod.generation.search import pick
 from hotrod.serve.messages import TokenLogprobs
 from hotrod.serve.scheduler import Request
@@ -44,9 +44,9 @@ class RowOptions:
         if settings.do_sample:
             self.generator = torch.Generator()
             self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        # Plain greedy rows need no score processing: the whole batch takes one argmax.
-        self.plain = (not settings.do_sample and settings.repetition_penalty == 1.0 and not settings.constrained
-                      and settings.min_length <= settings.prompt_length)
+        # Plain greedy rows need no score processing: the whole batch takes one argmax (`plain_argmax` at the
+        # prompt's length holds at every later one).
+        self.plain = plain_argmax(settings, settings.prompt_length)
 
 
 def accept(logits: torch.Tensor, requests: list[Request], drafts: list[list[int]],
