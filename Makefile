@@ -13,15 +13,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# hotrod's int4 kernel (AVX-512 VNNI), loaded into onnxruntime as a custom op where the CPU has it
-# (`hotrod.runtime.q4`); without it, onnxruntime's own MatMulNBits runs the same graphs.
+# hotrod's CPU kernels, loaded into onnxruntime as custom ops (`hotrod.runtime.native`): the int4 products
+# (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`) and per-row int8 quantization (AVX2:
+# `hotrod.runtime.rows`). Each file is built for its own instructions, the library's entry point for AVX2,
+# so it loads on any x86-64 CPU with AVX2; without it, onnxruntime's own ops run the same graphs.
 NATIVE_DIR := src/hotrod/native
-NATIVE     := $(NATIVE_DIR)/libhotrod_q4.so
-$(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/q4gemm.h
+NATIVE     := $(NATIVE_DIR)/libhotrod_cpu.so
+NATIVE_CFLAGS := -O3 -fPIC -pthread -Wall -Wextra -Werror
+$(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
+		$(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
-		$(CC) -O3 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -fPIC -shared -pthread -Wl,-z,nodelete \
-			-Wall -Wextra -Werror -o $@ $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/ort_op.c; \
-	else echo "hotrod: no int4 kernel for $$(uname -m): onnxruntime's MatMulNBits runs the int4 graphs"; fi
+		tmp=$$(mktemp -d) && \
+		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
+		$(CC) -shared -pthread -Wl,-z,nodelete -o $@ $$tmp/q4gemm.o $$tmp/rows.o $$tmp/ort_op.o -lm; \
+		status=$$?; rm -rf $$tmp; exit $$status; \
+	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi
 
 native: $(NATIVE)
 

@@ -29,8 +29,9 @@ from hotrod.files import file_sha256, inside
 from hotrod.version import __version__
 
 MANIFEST = "manifest.json"
-FORMAT = 5  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches;
-#            4: encoders end in their task's head; 5: the seq2seq step takes several tokens (a draft to verify)
+FORMAT = 6  # bump when an older hotrod could misread a newer artifact (or the reverse); 3: in-place decoder caches;
+#            4: encoders end in their task's head; 5: the seq2seq step takes several tokens (a draft to verify);
+#            6: the seq2seq step reads one cross K/V per source, shared by that source's rows
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,12 @@ def kv_names(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}.{i}.{part}" for i in range(layers) for part in ("key", "value")]
 
 
-def _ids(name: str, axis: str = "sequence") -> TensorSpec:
-    return TensorSpec(name, INT64, ("batch", axis))
+def _ids(name: str, axis: str = "sequence", rows: str = "batch") -> TensorSpec:
+    return TensorSpec(name, INT64, (rows, axis))
 
 
-def _kv(prefix: str, dims: Dims, layers: int, axis: str) -> tuple[TensorSpec, ...]:
-    shape = ("batch", dims.num_heads, axis, dims.head_dim)
+def _kv(prefix: str, dims: Dims, layers: int, axis: str, rows: str = "batch") -> tuple[TensorSpec, ...]:
+    shape = (rows, dims.num_heads, axis, dims.head_dim)
     return tuple(TensorSpec(n, FLOAT32, shape) for n in kv_names(prefix, layers))
 
 
@@ -113,10 +113,14 @@ def seq2seq_io(dims: Dims) -> dict[str, GraphIO]:
         (_ids("decoder_input_ids"), enc_mask, hidden),
         (logits, *_kv("present", dims, layers, "sequence"), *cross),
     )
+    # The step's rows are g consecutive rows per source (its beams or samples; g = 1 in a server's batch),
+    # reading their source's one copy of the cross K/V and encoder mask (`hotrod.models.seq2seq`).
+    sources = (_ids("encoder_attention_mask", "encoder_sequence", "sources"),
+               *_kv("cross", dims, layers, "encoder_sequence", "sources"))
     step = GraphIO(
         "decoder",
-        (_ids("decoder_input_ids"), *_lengths(), enc_mask, *_kv("past_key_values", dims, layers, "cache_capacity"),
-         *cross),
+        (_ids("decoder_input_ids"), *_lengths(), sources[0], *_kv("past_key_values", dims, layers, "cache_capacity"),
+         *sources[1:]),
         (logits, *_kv("present", dims, layers, "cache_capacity")),
     )
     return {"encoder": encoder, "decoder_init": init, "decoder": step}

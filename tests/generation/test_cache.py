@@ -192,6 +192,32 @@ def test_generate_starts_in_the_last_calls_buffers_and_decodes_as_in_new_ones(zo
         assert spare.cross == [] and spare.mask is None and spare.kv._held is None
 
 
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_a_sources_beams_read_one_copy_of_its_cross_kv_where_the_backend_shares_sources(zoo, backend, name):
+    """Two sources of 4 beams: 8 rows over 2 copies of the cross K/V and mask (one a row on the static
+    engine, which pads every feed to its bucket); reordering beams leaves them, and a batch that changes
+    rows (a server's) gives each row its own copy first, the rows' logits unchanged."""
+    from hotrod.generation import config as gen_config
+
+    model = zoo.model(name, backend)
+    state = model.decoding_state(model.settings(4, gen_config.merge(model.generation_config, None, {})))
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    _, first = state.start(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), 4)
+    sources = 2 if model.backend.shares_sources else 8
+    assert state.mask.shape[0] == sources and state.group == 8 // sources
+    assert all(model.backend.view(cross).shape[0] == sources for cross in state.cross)
+    assert torch.equal(first[0], first[3]) and torch.equal(first[4], first[7])
+    cross = list(state.cross)
+    state.reorder(torch.tensor([1, 0, 3, 2, 4, 4, 5, 6]))
+    tokens = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10])
+    shared = state.step(tokens).clone()
+    assert all(a is b for a, b in zip(state.cross, cross))
+    state.keep(torch.arange(8))  # as a server does when no row leaves
+    assert state.group == 1 and state.mask.shape[0] == 8
+    state.rewind(1)
+    torch.testing.assert_close(state.step(tokens), shared, rtol=1e-5, atol=1e-5)
+
+
 def test_calls_on_many_threads_at_once_each_take_a_spare_of_their_own(zoo):
     model = zoo.model("gpt2", "onnxruntime")
     generator = torch.Generator().manual_seed(4)

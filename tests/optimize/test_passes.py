@@ -116,6 +116,8 @@ def test_attention_is_one_fused_node_per_attention_block(zoo, case):
                 query = producers[parts[0]]
                 assert query.op_type == "Split" and list(query.output) == parts, query.op_type
             else:
+                if query.op_type == "Reshape":  # a cross Q: the rows folded onto their sources' query axis
+                    query = producers[query.input[0]]
                 if query.op_type == "Add":  # a projection with a bias (the BART-like cross Q): its MatMul before it
                     query = next(producers[name] for name in query.input if name in producers)
                 assert query.op_type in ("Split", "MatMul"), query.op_type  # Split of one QKV MatMul, or cross Q

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hotrod
 from hotrod.optimize.quantize import weight_only
-from hotrod.runtime import q4
+from hotrod.runtime import native, q4
 from tests.zoo import CASES, prompt_batch
 
 
@@ -218,7 +218,7 @@ def test_a_graph_the_kernel_cannot_run_whole_is_left_to_onnxruntime(tmp_path):
 @kernel
 def test_the_rewritten_graph_is_a_file_of_no_folder(tmp_path, monkeypatch):
     onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
-    monkeypatch.setattr(q4.tempfile, "tempdir", str(tmp_path / "temp"))
+    monkeypatch.setattr(native.tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
     with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
         assert [node.op_type for node in onnx.load(str(rewritten)).graph.node] == ["Q4MatMul"]
@@ -229,13 +229,13 @@ def test_the_rewritten_graph_is_a_file_of_no_folder(tmp_path, monkeypatch):
 @kernel
 def test_no_room_for_the_rewritten_graph_leaves_it_to_onnxruntime(tmp_path, monkeypatch):
     onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
-    monkeypatch.setattr(q4.tempfile, "tempdir", str(tmp_path / "temp"))
+    monkeypatch.setattr(native.tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(q4.tempfile, "TemporaryFile", full)
+    monkeypatch.setattr(native.tempfile, "TemporaryFile", full)
     with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
         assert rewritten is None
     assert not list((tmp_path / "temp").iterdir())

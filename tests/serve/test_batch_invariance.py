@@ -3,7 +3,8 @@
 The same request is served alone, then among 1, 7 and 31 others of other lengths arriving around it (so it
 shares prompt batches, and steps with rows of other cache lengths, in continuous batching; and dynamic
 batches of encoder rows). Its tokens and log-probabilities, or its embedding, must be equal bit for bit:
-a user who asks for greedy decoding gets the same completion at any load.
+a user who asks for greedy decoding gets the same completion at any load. Every family is asked, decoders
+and encoders alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import hotrod
 from hotrod.serve.messages import Params
 from hotrod.serve.worker import ModelWorker, ServeOptions
+from tests.zoo import ENCODER_CASES, LM_CASES
 
 PRECISIONS = ("fp32", "int8", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256")
 NEIGHBOURS = (1, 7, 31)
@@ -75,8 +77,16 @@ async def _among(worker: ModelWorker, target: list[int], others: list[list[int]]
     return results[half]
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("lm", ["gpt2", "t5"])
+# Every other family at the precisions whose kernels differ most (float, per-row dynamic int8, calibrated
+# int8); bert, gpt2 and t5 at all of them. The int4 precisions quantize only the decoders' products.
+FAMILY_PRECISIONS = ("fp32", "int8", "int8-static")
+LMS = [(lm, p) for lm in ("gpt2", "t5") for p in PRECISIONS] + [
+    (lm, p) for lm in LM_CASES if lm not in ("gpt2", "t5") for p in FAMILY_PRECISIONS]
+ENCODERS = [("bert", p) for p in PRECISIONS] + [
+    (family, p) for family in ENCODER_CASES if family != "bert" for p in FAMILY_PRECISIONS]
+
+
+@pytest.mark.parametrize(("lm", "precision"), LMS)
 def test_tokens_and_logprobs_do_not_depend_on_batch_mates(worker, lm, precision):
     served = worker(lm, precision)
     target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=3)
@@ -93,9 +103,9 @@ async def _embed(worker: ModelWorker, row: list[int]) -> torch.Tensor:
     raise AssertionError("the ticket ended without a result")
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_embeddings_do_not_depend_on_batch_mates(worker, precision):
-    served = worker("bert", precision)
+@pytest.mark.parametrize(("family", "precision"), ENCODERS)
+def test_embeddings_do_not_depend_on_batch_mates(worker, family, precision):
+    served = worker(family, precision)
     target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=4)
     alone = asyncio.run(_embed(served, target))
     for count in NEIGHBOURS:

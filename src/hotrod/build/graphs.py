@@ -241,15 +241,25 @@ class Builder:
 
 
 def code_fingerprint() -> str:
-    """A hash of the code that shapes an artifact (models, export, passes), so caches know a stale build."""
+    """A hash of the code that shapes an artifact (models, export, passes, the build, the graphs' contracts and
+    the artifact's format), so caches know a stale build."""
     import hashlib
 
-    package = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for folder in ("models", "export", "optimize"):
-        for file in sorted((package / folder).glob("*.py")):
-            digest.update(file.read_bytes())
+    for file in shaping_files():
+        digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def shaping_files() -> list[Path]:
+    """The package's files `code_fingerprint` reads."""
+    package = Path(__file__).resolve().parent.parent
+    files = [file for folder in _SHAPING_FOLDERS for file in sorted((package / folder).glob("*.py"))]
+    return files + [package / name for name in _SHAPING_FILES]
+
+
+_SHAPING_FOLDERS = ("models", "export", "optimize", "build")
+_SHAPING_FILES = ("contracts.py", "artifact.py", "precisions.py", "registry.py")
 
 
 def versions() -> dict:

@@ -18,7 +18,7 @@ from hotrod.contracts import FLOAT32, GraphIO
 
 OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**24  # protobuf's 2 GB limit, with headroom for the graph itself
-_DUMMY_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5,
+_DUMMY_SIZES = {"batch": 2, "sources": 1, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5,
                 "cache_capacity": 6, "logits_sequence": 1}
 
 

@@ -208,9 +208,13 @@ class Seq2SeqState(_OnSelfCache):
     token's self K/V (copied into the in-place buffers), then each step writes its own in place.
 
     Rows' encoder outputs differ in length: cross K/V and encoder masks are right-padded to the
-    longest row (the mask hides the padding) and `keep` drops columns no remaining row uses. Beams of
-    one prompt share its encoder output, so `reorder` leaves the cross K/V as they are.
+    longest row (the mask hides the padding) and `keep` drops columns no remaining row uses. A source's
+    beams (or samples) share its encoder output: where the backend lets them (`shares_sources`), its
+    `group` consecutive rows read one copy of its cross K/V and mask, and `reorder`, which moves rows
+    within their source, leaves those as they are.
     """
+
+    group: int = 1  # consecutive rows per source that share its cross K/V and encoder mask
 
     sequences_include_prompt = False
 
@@ -240,12 +244,14 @@ class Seq2SeqState(_OnSelfCache):
         self.cross = [out[name] for name in self.cross_names]
         present = [self.backend.view(out[name]) for name in self.kv.present]
         logits = as_fp32(last_position(self.backend.to_torch(out["logits"])))
+        self.mask, self.group = mask.contiguous(), 1  # the mask is bound by pointer at every step (`_held_feeds`)
         if expand > 1:
             index = expand_index(input_ids.shape[0], expand)
-            self.cross = [self.backend.select(cross, index) for cross in self.cross]
             present = [first[index.to(first.device)] for first in present]
-            mask, sequences, logits = mask[index], sequences[index], logits[index.to(logits.device)]
-        self.mask = mask.contiguous()  # bound by pointer at every step (`_held_feeds`)
+            sequences, logits = sequences[index], logits[index.to(logits.device)]
+            self.group = expand
+            if not self.backend.shares_sources:
+                self._one_per_row()
         self.kv.allocate(len(sequences), 1)
         for buffer, first in zip(self.kv.buffers, present):
             self.backend.view(buffer)[:, :, :1] = first
@@ -277,7 +283,16 @@ class Seq2SeqState(_OnSelfCache):
         """The cross K/V and the encoder mask are this generation's alone: neither they nor the `Held` made
         with them stay with the buffers a later state may take."""
         self.kv.finish(held_too=True)
-        self.cross, self.mask = [], None
+        self.cross, self.mask, self.group = [], None, 1
+
+    def _one_per_row(self) -> None:
+        """Each row its own copy of its source's cross K/V and mask, where rows must come and go one by one
+        (a server's batch, whose rows are single requests anyway) or the backend shares nothing."""
+        if self.group == 1:
+            return
+        index = expand_index(self.mask.shape[0], self.group)
+        self.cross = [self.backend.select(cross, index) for cross in self.cross]
+        self.mask, self.group = self.mask[index].contiguous(), 1
 
     def _held_feeds(self) -> dict[str, Any]:
         """What a step feeds unchanged beside the self cache: the cross K/V and the encoder mask (its rows
@@ -288,6 +303,8 @@ class Seq2SeqState(_OnSelfCache):
         return bool(self.kv.buffers) and other.mask.shape[1] <= self.mask.shape[1]
 
     def place(self, other: Seq2SeqState, pairs: list[tuple[int, int]]) -> None:
+        self._one_per_row()
+        other._one_per_row()
         self.kv.place(other.kv, pairs)
         width = other.mask.shape[1]
         for a, b in zip(self.cross, other.cross):
@@ -301,6 +318,9 @@ class Seq2SeqState(_OnSelfCache):
     def join(self, others: list[Seq2SeqState], positions: int = 0) -> None:
         """Cross K/V and encoder masks pad on the right to the widest."""
         parts = ([self] if self.kv.buffers else []) + list(others)
+        for part in parts:
+            part._one_per_row()
+        self.group = 1
         self.kv.join([other.kv for other in others], positions)
         if len(parts) == 1:
             self.cross, self.mask = parts[0].cross, parts[0].mask
@@ -324,6 +344,7 @@ class Seq2SeqState(_OnSelfCache):
         if not len(index):
             self.kv.buffers, self.cross = [], []
             return
+        self._one_per_row()
         self.kv.reorder(index)
         self.mask = self.mask[index]
         used = self.mask.bool().any(dim=0)

@@ -124,6 +124,23 @@ def multi_head_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.T
     return _Attention.apply(q, k, v, bias, num_heads, float(scale))
 
 
+def cross_attention(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
+    """Decoder rows over their source's cross K/V: q [R, Sq, H*D], whose R = S * g rows are g consecutive
+    rows per source (its beams, or its samples); k, v [S, H, Sk, D], one copy per source; `bias` [S, 1 or H,
+    g * Sq, Sk] (a source's rows side by side, `folded_width`). A source's rows ride the query axis of one
+    attention over its K/V, so a step reads each source's cross K/V once, not once per beam: with 4 beams
+    over a long source, those copies were most of what a step read from memory."""
+    rows, width, hidden = q.shape
+    out = multi_head_attention(q.reshape(k.shape[0], -1, hidden), k, v, bias, num_heads, scale)
+    return out.reshape(rows, width, hidden)
+
+
+def folded_width(input_ids: torch.Tensor, sources: torch.Tensor) -> int:
+    """The query axis of `cross_attention` for `input_ids` [R, Sq] over `sources` [S, ...] (the encoder
+    mask): g * Sq, a source's g rows side by side. Read off a reshape, which exports as shapes alone."""
+    return input_ids.reshape(sources.shape[0], -1).shape[1]
+
+
 
 class _KeyPositions(torch.autograd.Function):
     """0 .. total_len - 1 for a 0-d integer tensor `total_len`, exported as a Range on that tensor

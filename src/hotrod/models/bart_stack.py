@@ -27,6 +27,7 @@ from hotrod.models.attention import (
     additive_mask,
     attention_in_place,
     causal_mask,
+    cross_attention,
     layers_span,
     multi_head_attention,
     padding_mask,
@@ -104,7 +105,7 @@ class BartAttention(nn.Module):
         return split_heads(self.k_proj(states), self.num_heads), split_heads(self.v_proj(states), self.num_heads)
 
     def cross(self, x, k, v, bias):
-        return self.out_proj(multi_head_attention(self.q_proj(x), k, v, bias, self.num_heads, self.scale))
+        return self.out_proj(cross_attention(self.q_proj(x), k, v, bias, self.num_heads, self.scale))
 
 
 class _Layer(nn.Module):
@@ -229,7 +230,7 @@ class BartLikeModel(nn.Module):
         x = self.decoder.embed(input_ids)
         length = input_ids.shape[1]
         bias = additive_mask(causal_mask(length, length, x.device), x.dtype)
-        encoder_bias = cross_bias(encoder_mask, length, x.dtype)  # computed once, shared by every layer
+        encoder_bias = cross_bias(encoder_mask, input_ids, x.dtype)  # computed once, shared by every layer
         present = []
         for layer, kv in zip(self.decoder.layers, cross):
             x, k, v = layer.first(x, bias, kv, encoder_bias)
@@ -241,7 +242,7 @@ class BartLikeModel(nn.Module):
         row b's last new token is at position seqlens_k[b], the others just before it."""
         width = input_ids.shape[1]
         x = self.decoder.embed(input_ids, seqlens_k.long() + 1 - width)
-        encoder_bias = cross_bias(encoder_mask, width, x.dtype)
+        encoder_bias = cross_bias(encoder_mask, input_ids, x.dtype)
         shared = layers_span(seqlens_k, total_len, width, x.dtype)
         present = []
         for layer, kv, cache in zip(self.decoder.layers, cross, past):

@@ -2,6 +2,9 @@
 that has `encode`, `cross_kv`, `decode` and `decode_step` (T5's, the BART-like families'), and the
 cross-attention bias they share.
 
+The step reads one cross K/V and encoder mask per source, its rows (a source's beams or samples, side by
+side) folded onto the query axis of one attention over them (`hotrod.models.attention.cross_attention`).
+
 The encoder; the first decoder step, which also returns each layer's cross-attention K/V (computed once
 from the encoder output); and the decoder step with past, which reuses them and writes its self-attention
 K/V into the cache buffers in place.
@@ -12,14 +15,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hotrod.models.attention import additive_mask, padding_mask
+from hotrod.models.attention import additive_mask, folded_width, padding_mask
 
 
-def cross_bias(encoder_mask, query_len: int, dtype) -> torch.Tensor:
-    """[B, 1, Sq, S]: 0 where a query may read an encoder position, the dtype's minimum where it may not, the
-    query axis spelled out (ONNX Runtime's MultiHeadAttention broadcasts no bias over it). Exported, the same
+def cross_bias(encoder_mask, input_ids, dtype) -> torch.Tensor:
+    """[S, 1, g * Sq, Sk]: 0 where a query may read an encoder position, the dtype's minimum where it may not,
+    for `input_ids` [R, Sq] (g rows per source) folded onto their sources' query axis (`cross_attention`),
+    that axis spelled out (ONNX Runtime's MultiHeadAttention broadcasts no bias over it). Exported, the same
     values in the form with the fewest nodes: every decoding step computes it, and expand's shape arithmetic
     and masked_fill's take 17 nodes where these take 9."""
+    query_len = folded_width(input_ids, encoder_mask)
     if torch.onnx.is_in_onnx_export():
         keys = (encoder_mask == 0).to(dtype)[:, None, None, :] * torch.finfo(dtype).min
         return keys + torch.zeros(1, 1, query_len, 1, dtype=dtype, device=encoder_mask.device)

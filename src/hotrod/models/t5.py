@@ -17,6 +17,7 @@ from hotrod.models.attention import (
     additive_mask,
     attention_in_place,
     causal_mask,
+    cross_attention,
     key_positions,
     layers_span,
     multi_head_attention,
@@ -133,7 +134,7 @@ class T5Attention(nn.Module):
         return self.o(out), k, v
 
     def cross_attention(self, x, k, v, bias):
-        return self.o(multi_head_attention(self.q(x), k, v, bias, self.num_heads, 1.0))
+        return self.o(cross_attention(self.q(x), k, v, bias, self.num_heads, 1.0))
 
 
 class T5LayerFF(nn.Module):
@@ -249,7 +250,7 @@ class T5Model(nn.Module):
         x = self.shared(input_ids)
         length = input_ids.shape[1]
         bias = self.decoder.bias(length, length, x.device) + additive_mask(causal_mask(length, length, x.device))
-        encoder_bias = cross_bias(encoder_mask, length, x.dtype)  # computed once, shared by every layer
+        encoder_bias = cross_bias(encoder_mask, input_ids, x.dtype)  # computed once, shared by every layer
         present = []
         for i, block in enumerate(self.decoder.block):
             x, k, v = block.self_attention(x, bias)
@@ -267,7 +268,7 @@ class T5Model(nn.Module):
         x = self.shared(input_ids)
         bias = self.decoder.block[0].layer[0].SelfAttention.step_position_bias(seqlens_k, total_len,
                                                                               input_ids.shape[1])
-        encoder_bias = cross_bias(encoder_mask, input_ids.shape[1], x.dtype)
+        encoder_bias = cross_bias(encoder_mask, input_ids, x.dtype)
         shared = layers_span(seqlens_k, total_len, input_ids.shape[1], x.dtype, bias)  # position bias folded in
         present = []
         for i, block in enumerate(self.decoder.block):

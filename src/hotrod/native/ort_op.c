@@ -1,5 +1,9 @@
-/* hotrod.Q4MatMul as an onnxruntime custom op (inputs: A float [..., K], the packed weights, their scales,
- * a bias; attributes N, block, threads; output float [..., N]), registered by `RegisterCustomOps`.
+/* hotrod's onnxruntime custom ops, registered by `RegisterCustomOps` in the domain "hotrod":
+ * - Q4MatMul (inputs: A float [..., K], the packed weights, their scales, a bias; attributes N, block,
+ *   threads; output float [..., N]): int4 products (q4gemm.c, AVX-512 VNNI; the Python side uses it only
+ *   where the CPU has those instructions);
+ * - QuantizeRows (input: X float [..., K]; attribute threads; outputs: uint8 [..., K], float scales
+ *   [..., 1]): per-row int8 quantization of a product's input in one pass (rows.c, AVX2).
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
  * appended), and a library asks for the table of the version it was written against. This one asks for
@@ -11,63 +15,11 @@
 #include <stdlib.h>
 
 #include "q4gemm.h"
+#include "rows.h"
 
-#define API_VERSION 8
-
-typedef struct OrtStatus OrtStatus;
-typedef struct OrtValue OrtValue;
-typedef struct OrtKernelInfo OrtKernelInfo;
-typedef struct OrtKernelContext OrtKernelContext;
-typedef struct OrtSessionOptions OrtSessionOptions;
-typedef struct OrtCustomOpDomain OrtCustomOpDomain;
-typedef struct OrtShape OrtShape; /* OrtTensorTypeAndShapeInfo */
-typedef void (*Entry)(void);
-typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVersionString)(void); } ApiBase;
-
-enum { FLOAT = 1, UINT8 = 2 };
-/* Positions in the version-8 table. */
-enum {
-  CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
-  DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
-  CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
-};
-
-typedef struct CustomOp {
-  uint32_t version;
-  void* (*CreateKernel)(const struct CustomOp*, const Entry* api, const OrtKernelInfo*);
-  const char* (*GetName)(const struct CustomOp*);
-  const char* (*GetExecutionProviderType)(const struct CustomOp*);
-  int (*GetInputType)(const struct CustomOp*, size_t);
-  size_t (*GetInputTypeCount)(const struct CustomOp*);
-  int (*GetOutputType)(const struct CustomOp*, size_t);
-  size_t (*GetOutputTypeCount)(const struct CustomOp*);
-  void (*KernelCompute)(void* kernel, OrtKernelContext*);
-  void (*KernelDestroy)(void* kernel);
-  int (*GetInputCharacteristic)(const struct CustomOp*, size_t);
-  int (*GetOutputCharacteristic)(const struct CustomOp*, size_t);
-} CustomOp;
-
-static const Entry* api;
-
-#define CALL(index, type, ...) (((type)api[index])(__VA_ARGS__))
-typedef OrtStatus* (*GetInputFn)(const OrtKernelContext*, size_t, const OrtValue**);
-typedef OrtStatus* (*GetOutputFn)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
-typedef OrtStatus* (*DataFn)(OrtValue*, void**);
-typedef OrtStatus* (*ShapeFn)(const OrtValue*, OrtShape**);
-typedef OrtStatus* (*CountFn)(const OrtShape*, size_t*);
-typedef OrtStatus* (*DimsFn)(const OrtShape*, int64_t*, size_t);
-typedef void (*ReleaseShapeFn)(OrtShape*);
-typedef void (*ReleaseStatusFn)(OrtStatus*);
-typedef OrtStatus* (*AttributeFn)(const OrtKernelInfo*, const char*, int64_t*);
+#include "ort_api.h"
 
 typedef struct { int64_t n, block, threads; } Kernel;
-
-/* A failed call: its status released, and the kernel told so. */
-static int failed(OrtStatus* status) {
-  if (status == NULL) return 0;
-  CALL(RELEASE_STATUS, ReleaseStatusFn, status);
-  return 1;
-}
 
 static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)op, (void)table;
@@ -81,23 +33,6 @@ static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKern
     return NULL;
   }
   return kernel;
-}
-
-static void* data_of(const OrtValue* value) {
-  void* data = NULL;
-  return failed(CALL(TENSOR_DATA, DataFn, (OrtValue*)value, &data)) ? NULL : data;
-}
-
-/* A tensor's dimensions (at most 8): their count, or 0 where they cannot be read. */
-static size_t dims_of(const OrtValue* value, int64_t* dims) {
-  OrtShape* shape = NULL;
-  size_t count = 0;
-  if (failed(CALL(TENSOR_SHAPE, ShapeFn, value, &shape))) return 0;
-  if (failed(CALL(DIMENSIONS_COUNT, CountFn, shape, &count)) || count == 0 || count > 8 ||
-      failed(CALL(DIMENSIONS, DimsFn, shape, dims, count)))
-    count = 0;
-  CALL(RELEASE_SHAPE, ReleaseShapeFn, shape);
-  return count;
 }
 
 /* Whether the packed weights, scales and bias have the shapes that A's K and the attributes call for. */
@@ -152,6 +87,56 @@ static int required(const CustomOp* op, size_t i) { (void)op, (void)i; return 0;
 static const CustomOp q4_matmul = {API_VERSION, create_kernel, name, provider, input_type, inputs, output_type,
                                    outputs, compute, destroy, required, required};
 
+/* -- QuantizeRows ------------------------------------------------------------------------------ */
+
+typedef struct { int64_t threads; } RowsKernel;
+
+static void* create_rows(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)op, (void)table;
+  RowsKernel* kernel = calloc(1, sizeof(RowsKernel));
+  if (kernel == NULL) return NULL;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads)) || kernel->threads < 1) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+static void compute_rows(void* state, OrtKernelContext* context) {
+  const RowsKernel* kernel = state;
+  const OrtValue* a = NULL;
+  OrtValue *q = NULL, *scales = NULL;
+  int64_t dims[8];
+  if (kernel == NULL || failed(CALL(CONTEXT_INPUT, GetInputFn, context, 0, &a))) return;
+  size_t count = dims_of(a, dims);
+  if (count == 0) return;
+  int64_t k = dims[count - 1], rows = 1;
+  for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &q))) return;
+  dims[count - 1] = 1;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, count, &scales))) return;
+  const float* x = data_of(a);
+  uint8_t* qs = data_of(q);
+  float* s = data_of(scales);
+  if (rows == 0 || k == 0) return;
+  if (x == NULL || qs == NULL || s == NULL) { /* cannot happen for tensors it was given: NaN scales if it does */
+    for (int64_t r = 0; s != NULL && r < rows; r++) s[r] = __builtin_nanf("");
+    return;
+  }
+  hotrod_quantize_rows(x, rows, k, (int)kernel->threads, qs, s);
+}
+
+static const char* rows_name(const CustomOp* op) { (void)op; return "QuantizeRows"; }
+static int rows_input_type(const CustomOp* op, size_t i) { (void)op, (void)i; return FLOAT; }
+static size_t rows_inputs(const CustomOp* op) { (void)op; return 1; }
+static int rows_output_type(const CustomOp* op, size_t i) { (void)op; return i == 0 ? UINT8 : FLOAT; }
+static size_t rows_outputs(const CustomOp* op) { (void)op; return 2; }
+
+static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, provider, rows_input_type, rows_inputs,
+                                       rows_output_type, rows_outputs, compute_rows, destroy, required, required};
+
+/* -- registration ----------------------------------------------------------------------------- */
+
 typedef OrtStatus* (*CreateDomainFn)(const char*, OrtCustomOpDomain**);
 typedef OrtStatus* (*DomainAddFn)(OrtCustomOpDomain*, const CustomOp*);
 typedef OrtStatus* (*AddDomainFn)(OrtSessionOptions*, OrtCustomOpDomain*);
@@ -164,6 +149,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   OrtCustomOpDomain* domain = NULL;
   OrtStatus* status = CALL(CREATE_DOMAIN, CreateDomainFn, "hotrod", &domain);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &q4_matmul);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &quantize_rows);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

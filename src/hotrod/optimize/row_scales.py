@@ -50,7 +50,7 @@ _BLOCKED_QUANTIZE_OPSET = 21  # QuantizeLinear's block_size
 _REDUCE_AXES_INPUT_OPSET = 18  # ReduceMax / ReduceMin take their axes as an input
 
 
-_SHARED = "hotrod_per_row"  # the names of the graph-wide constants below start with this
+SHARED = "hotrod_per_row"  # the names of the graph-wide constants below start with this
 
 
 def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -66,8 +66,8 @@ def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type != "DynamicQuantizeLinear":
             nodes.append(node)
             continue
-        nodes.extend(_row_quantization(node, lengths.get(node.input[0]), opset, f"{_SHARED}{len(zero_points)}"))
-        zero_points[node.output[2]] = f"{_SHARED}_zero_point"
+        nodes.extend(_row_quantization(node, lengths.get(node.input[0]), opset, f"{SHARED}{len(zero_points)}"))
+        zero_points[node.output[2]] = f"{SHARED}_zero_point"
     if not zero_points:
         return model
     for node in nodes:  # every quantized input has the one zero point
@@ -105,7 +105,7 @@ def _biases_after_scaling(graph: onnx.GraphProto) -> None:
             dropped.append(add)
             continue
         if bias not in negated:
-            negated[bias] = f"{bias}_{_SHARED}_negated"
+            negated[bias] = f"{bias}_{SHARED}_negated"
             graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(weights[bias]), negated[bias]))
         add.op_type = "Sub"
         add.input[:] = [product, negated[bias]]
@@ -141,7 +141,7 @@ def _single_path(consumers: dict[str, list[onnx.NodeProto]], name: str, ops: tup
 def _shared_constants() -> list[onnx.TensorProto]:
     values = {"levels": (LEVELS, np.float32), "shift": (float(ZERO_POINT), np.float32),
               "huge": (_HUGE, np.float32), "zero_point": (ZERO_POINT, np.uint8), "axes": ([-1], np.int64)}
-    return [numpy_helper.from_array(np.array(v, dtype=t), f"{_SHARED}_{k}") for k, (v, t) in values.items()]
+    return [numpy_helper.from_array(np.array(v, dtype=t), f"{SHARED}_{k}") for k, (v, t) in values.items()]
 
 
 def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: str) -> list[onnx.NodeProto]:
@@ -149,7 +149,7 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: s
     names of what they add start with `p`."""
     x = node.input[0]
     quantized, scale = node.output[:2]
-    c = _SHARED
+    c = SHARED
     nodes = [helper.make_node("Abs", [x], [f"{p}_abs"]), _reduce("ReduceMax", f"{p}_abs", f"{p}_max", opset),
              helper.make_node("Div", [f"{p}_max", f"{c}_levels"], [scale])]
     if length and opset >= _BLOCKED_QUANTIZE_OPSET:
@@ -169,7 +169,7 @@ def _row_quantization(node: onnx.NodeProto, length: int | None, opset: int, p: s
 
 def _reduce(op: str, x: str, out: str, opset: int) -> onnx.NodeProto:
     if opset >= _REDUCE_AXES_INPUT_OPSET:
-        return helper.make_node(op, [x, f"{_SHARED}_axes"], [out], keepdims=1)
+        return helper.make_node(op, [x, f"{SHARED}_axes"], [out], keepdims=1)
     return helper.make_node(op, [x], [out], axes=[-1], keepdims=1)
 
 

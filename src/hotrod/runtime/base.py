@@ -65,6 +65,10 @@ class Backend(Protocol):
     # engine, whose recorded graphs are keyed by their addresses): a finished generate() then keeps none
     # for the next call (`HotrodModel._generation_state`), which would hold them out of the pool.
     pools_cache: bool
+    # Whether an encoder-decoder's step may read one cross K/V and encoder mask per source for that source's
+    # rows (beams, samples; `hotrod.models.seq2seq`): the static engine pads every feed to its batch bucket,
+    # so it takes a copy per row.
+    shares_sources: bool
     # What one more call costs, in tokens' worth of compute: a padded encoder batch is split into sub-batches
     # of similar length where padding would cost more (`hotrod.batching.plan`). A recorded GPU engine
     # pays per call, and per distinct shape a recording, far more than padding costs it.

@@ -35,7 +35,7 @@ import torch
 from hotrod.batching import CALL_OVERHEAD_TOKENS
 from hotrod.contracts import GraphIO
 from hotrod.errors import HotrodError
-from hotrod.runtime import q4
+from hotrod.runtime import cpu_kernels, q4
 from hotrod.runtime.base import Held, RuntimeOptions, contract_of, cpu_threads, merged
 from hotrod.runtime.ort_binding import ALLOCATED, NUMPY_TYPES, Binding
 from hotrod.runtime.ort_sessions import check_placement, open_session, providers_for, session_options
@@ -49,6 +49,7 @@ class OrtBackend:
         self.loop_threads = 1 if self.device == "cpu" else None
         self.verifies_drafts = True
         self.pools_cache = False
+        self.shares_sources = True
         self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         self.verifies_batches = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 ..."
         # On the CPU a step's logits go into a buffer of the decoding state's own; elsewhere they reach the
@@ -63,24 +64,29 @@ class OrtBackend:
         self.run_ms: Counter[str] | None = None
         if self._profiles is not None:  # gone with the backend, read or not
             weakref.finalize(self, shutil.rmtree, self._profiles, True)
-        self.kernel_graphs: set[str] = set()  # graphs whose int4 products run on hotrod's kernel (`q4`)
+        # Each graph's ops of hotrod's CPU kernels (`cpu_kernels`): its int4 products, its per-row quantization.
+        self.kernel_ops: dict[str, frozenset[str]] = {}
         self.sessions = {name: self._session(path, options, name, providers) for name, path in files.items()}
         check_placement(self.sessions, options.device)
         self._local = threading.local()  # each thread's bindings: {graph: Binding}
 
     def _session(self, path: Path, options: RuntimeOptions, graph: str, providers: list[str]) -> ort.InferenceSession:
-        """`graph`'s session; on the CPU its int4 products run on hotrod's kernel where it can (`q4`), and
-        elsewhere, or where the rewritten graph will not open, on onnxruntime's own."""
+        """`graph`'s session; on the CPU what hotrod's kernels compute runs on them where they can
+        (`cpu_kernels`), and elsewhere, or where the rewritten graph will not open, on onnxruntime's own ops."""
         if self.device == "cpu":
-            with q4.kernel_graph(path, cpu_threads(options.threads)) as rewritten:
+            with cpu_kernels.kernel_graph(path, cpu_threads(options.threads)) as rewritten:
                 if rewritten is not None:
-                    kernel_options = self._session_options(options, graph)
-                    q4.use_kernel(kernel_options)
-                    with contextlib.suppress(HotrodError):  # the kernel's library would not load here
-                        session = open_session(path, kernel_options, providers, rewritten)
-                        self.kernel_graphs.add(graph)
+                    kernel_options = rewritten.options(self._session_options(options, graph))
+                    with contextlib.suppress(HotrodError):  # the kernels' library would not load here
+                        session = open_session(path, kernel_options, providers, rewritten.path)
+                        self.kernel_ops[graph] = rewritten.ops
                         return session
         return open_session(path, self._session_options(options, graph), providers)
+
+    @property
+    def kernel_graphs(self) -> set[str]:
+        """The graphs whose int4 products run on hotrod's kernel (`q4`)."""
+        return {graph for graph, ops in self.kernel_ops.items() if q4.OP in ops}
 
     def _session_options(self, options: RuntimeOptions, graph: str) -> ort.SessionOptions:
         """`ort_sessions.session_options`, profiling into a file per graph, in a folder of the backend's own."""

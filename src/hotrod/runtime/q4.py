@@ -16,10 +16,6 @@ onnxruntime thread: onnxruntime's idle workers would spin against it.
 from __future__ import annotations
 
 import contextlib
-import functools
-import mmap
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,24 +24,18 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-DOMAIN = "hotrod"
+from hotrod.runtime import native
+
+DOMAIN = native.DOMAIN
 OP = "Q4MatMul"
 GROUP_COLS = 64  # the kernel's columns a step: weights are padded to a multiple of this
-LIBRARY = Path(__file__).resolve().parent.parent / "native" / "libhotrod_q4.so"
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 
 
-@functools.cache
 def library() -> Path | None:
-    """The built kernel library, where this CPU can run it; None elsewhere (onnxruntime's own kernel runs)."""
-    if not LIBRARY.is_file():
-        return None
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:  # not Linux
-        return None
-    return LIBRARY if all(flag in flags for flag in _NEEDED_FLAGS) else None
+    """The kernels' library, where this CPU can run the int4 kernel; None elsewhere (onnxruntime's own
+    kernel runs)."""
+    return native.library() if native.has_flags(_NEEDED_FLAGS) else None
 
 
 def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: int,
@@ -105,8 +95,7 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
             if init.name not in replaced or init.name in still_used]
     del graph.initializer[:]
     graph.initializer.extend(kept + added)
-    if not any(opset.domain == DOMAIN for opset in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    native.add_domain(model)
     return len(chosen)
 
 
@@ -144,55 +133,32 @@ def _eligible(node: onnx.NodeProto, initializers: dict, fed: set[str]) -> bool:
 @contextlib.contextmanager
 def kernel_graph(path: Path, threads: int) -> Iterator[Path | None]:
     """The graph at `path` with its int4 products on hotrod's kernel, in a temporary file for the span of
-    the block (onnxruntime reads a graph from a file lazily, where from bytes it would keep every
-    initializer, an encoder-decoder's three token embeddings included, resident); None where the graph has
-    none the kernel takes, keeps its weights in an external file, this CPU cannot run the kernel, or
-    there is no room to write it."""
-    model = _rewritten(path, threads)
-    if model is None:
-        yield None
-        return
-    # A file without a name in any folder, read through this process's descriptor: a process killed
-    # meanwhile leaves nothing behind.
-    handle = None
-    try:
-        handle = tempfile.TemporaryFile(suffix=".onnx")
-        handle.write(model.SerializeToString())
-        handle.flush()
-    except OSError:  # no room for it: onnxruntime's own kernel runs the graph as it is
-        if handle is not None:
-            handle.close()
-        yield None
-        return
-    del model
-    with handle:
-        yield Path(f"/proc/self/fd/{handle.fileno()}")
+    the block (`native.graph_file`); None where the graph has none the kernel takes, keeps its weights in an
+    external file, this CPU cannot run the kernel, or there is no room to write it."""
+    with native.graph_file(rewritten(path, threads)) as file:
+        yield file
 
 
-def _rewritten(path: Path, threads: int) -> onnx.ModelProto | None:
-    if library() is None or not _mentions(path, b"MatMulNBits"):
-        return None
-    model = onnx.load(str(path))
-    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
-        return None
-    # All or none: the kernel's graph gets one onnxruntime thread, which a MatMulNBits left in it would lack.
-    if not rewrite(model, threads) or any(node.op_type == "MatMulNBits" for node in model.graph.node):
-        return None
-    return model
+def rewritten(path: Path, threads: int) -> onnx.ModelProto | None:
+    """The graph at `path` parsed and rewritten for the kernel, all its int4 products or none; None where it
+    has none the kernel takes."""
+    model = native.loadable(path, (b"MatMulNBits",)) if library() is not None else None
+    return model if model is not None and rewrite_all(model, threads) else None
 
 
-def _mentions(path: Path, word: bytes) -> bool:
-    """Whether the file holds `word`, looked for in place: a graph without int4 products (an fp32 GPT-2's
-    is 500 MB) is neither read into memory nor parsed."""
-    with path.open("rb") as file:
-        if not os.fstat(file.fileno()).st_size:
-            return False
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            return view.find(word) >= 0
+def rewrite_all(model: onnx.ModelProto, threads: int) -> bool:
+    """`rewrite`, where it takes every MatMulNBits: the kernel's graph gets one onnxruntime thread, which a
+    MatMulNBits left in it would lack. `model` is changed only where this returns True."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    fed = {value.name for value in model.graph.input}
+    products = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
+    if not products or not all(_eligible(node, initializers, fed) for node in products):
+        return False
+    return rewrite(model, threads) == len(products)
 
 
 def use_kernel(options: ort.SessionOptions) -> None:
     """Options for a session running hotrod's kernel: its library, and one onnxruntime thread (see the
     module's docstring)."""
-    options.register_custom_ops_library(str(library()))
+    native.use_library(options)
     options.intra_op_num_threads = 1

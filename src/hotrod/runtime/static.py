@@ -91,6 +91,7 @@ class StaticBackend:
         self.loop_threads = None
         self.verifies_drafts = self.verifies_batches = self.binds_outputs = False
         self.pools_cache = True
+        self.shares_sources = False
         # one padded, recorded call on a GPU (see `Backend`); on a CPU it runs eagerly, as onnxruntime does
         self.call_overhead_tokens = 1 << 30 if self.device == "cuda" else CALL_OVERHEAD_TOKENS
         self.dtype = options.dtype

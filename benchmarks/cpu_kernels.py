@@ -1,0 +1,113 @@
+"""What hotrod's CPU kernels gain: one int8 artifact loaded twice, once with its per-row quantization (and,
+where the CPU has AVX-512 VNNI, its int4 products) on hotrod's kernels and once on onnxruntime's own ops,
+timed interleaved in one run.
+
+    python benchmarks/cpu_kernels.py [--out DIR] [--json FILE] [--threads N] [--runs N]
+
+Cases: bert-base (W3's shape) forward at batch 1 x 128 tokens (W3) and batch 16 of 16..128 tokens (W4);
+GPT-2 124M (W1's shape) int8, 32-token prompt and 64 greedy tokens. Prints each case's median seconds for
+both and their ratio; the two's answers are checked equal, bit for bit, first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from unittest import mock
+
+import torch
+import transformers
+
+import hotrod
+from hotrod.runtime import native
+
+VARIANTS = ("onnxruntime ops", "hotrod kernels")
+
+
+def build(directory: Path, name: str, model: transformers.PreTrainedModel, threads: int) -> dict[str, hotrod.HotrodModel]:
+    """`model` saved and optimized at int8 once, then loaded without and with hotrod's kernels."""
+    checkpoint, out = directory / name, directory / f"{name}-int8"
+    if not checkpoint.exists():
+        model.eval().save_pretrained(checkpoint)
+    if not out.exists():
+        hotrod.optimize(checkpoint, out, precision="int8", progress=False, verify_examples=0)
+    with mock.patch.object(native, "library", lambda: None):
+        plain = hotrod.load(out, threads=threads)
+    kernels = hotrod.load(out, threads=threads)
+    if not kernels.backend.kernel_ops:
+        raise SystemExit("hotrod's kernels did not load here (`make native`; x86-64 with AVX2)")
+    return dict(zip(VARIANTS, (plain, kernels)))
+
+
+def timed(models: dict[str, hotrod.HotrodModel], work: Callable, runs: int) -> dict[str, float]:
+    """Median seconds of `work(model)` per variant, the variants interleaved run by run (first run dropped)."""
+    seconds: dict[str, list[float]] = {v: [] for v in models}
+    for _ in range(runs + 1):
+        for variant, model in models.items():
+            start = time.perf_counter()
+            work(model)
+            seconds[variant].append(time.perf_counter() - start)
+    return {v: statistics.median(s[1:]) for v, s in seconds.items()}
+
+
+def same(models: dict[str, hotrod.HotrodModel], work: Callable) -> float:
+    """Tokens or hidden states equal, bit for bit (see `hotrod.runtime.rows`); the largest difference (0)."""
+    first, second = (work(m) for m in models.values())
+    if isinstance(first, torch.Tensor):
+        if not torch.equal(first, second):
+            raise SystemExit("the kernels' tokens differ from onnxruntime's ops'")
+        return 0.0
+    first, second = first.last_hidden_state, second.last_hidden_state
+    if not torch.equal(first, second):
+        raise SystemExit("the kernels' hidden states differ from onnxruntime's ops'")
+    return 0.0
+
+
+def cases(directory: Path, threads: int) -> list[tuple[str, dict, Callable, int]]:
+    torch.manual_seed(0)
+    bert = build(directory, "bert-base", transformers.BertModel(transformers.BertConfig()), threads)
+    gpt2 = build(directory, "gpt2", transformers.GPT2LMHeadModel(transformers.GPT2Config()), threads)
+    generator = torch.Generator().manual_seed(0)
+    one = torch.randint(1000, 20000, (1, 128), generator=generator)
+    lengths = torch.randint(16, 129, (16,), generator=generator)
+    many = torch.randint(1000, 20000, (16, 128), generator=generator)
+    mask = (torch.arange(128)[None, :] < lengths[:, None]).long()
+    prompt = torch.randint(1000, 20000, (1, 32), generator=generator)
+    return [
+        ("W3: bert-base forward, batch 1 x 128", bert,
+         lambda m: m(input_ids=one, attention_mask=torch.ones_like(one)), 30),
+        ("W4: bert-base forward, batch 16 of 16..128", bert, lambda m: m(input_ids=many, attention_mask=mask), 10),
+        ("W1 int8: GPT-2 32 + 64 greedy tokens", gpt2,
+         lambda m: m.generate(prompt, max_new_tokens=64, min_new_tokens=64, do_sample=False), 5),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="where to keep the models (default: a temp dir)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: all cores)")
+    parser.add_argument("--runs", type=int, default=0, help="timed runs per case (0: each case's own)")
+    args = parser.parse_args()
+    if args.threads < 0 or args.runs < 0:
+        parser.error("--threads and --runs take 0 or more")
+    directory = args.out or Path(tempfile.mkdtemp(prefix="cpu-kernels-"))
+    results = []
+    for name, models, work, runs in cases(directory, args.threads):
+        difference = same(models, work)
+        figures = timed(models, work, args.runs or runs)
+        ratio = figures[VARIANTS[0]] / figures[VARIANTS[1]]
+        results.append({"case": name, "threads": args.threads, **figures, "speedup": ratio,
+                        "max_abs_difference": difference})
+        print(f"{name}: {figures[VARIANTS[0]] * 1e3:.1f} ms -> {figures[VARIANTS[1]] * 1e3:.1f} ms ({ratio:.3f}x)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+/* The few entries of onnxruntime's C API (version 8) that hotrod's custom ops call, by their positions in
+ * its function table (see ort_op.c), and helpers over them. Each library that includes it has its own copy. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define API_VERSION 8
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtValue OrtValue;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtShape OrtShape; /* OrtTensorTypeAndShapeInfo */
+typedef void (*Entry)(void);
+typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVersionString)(void); } ApiBase;
+
+enum { FLOAT = 1, UINT8 = 2 };
+/* Positions in the version-8 table. */
+enum {
+  CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
+  DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
+  CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
+};
+
+typedef struct CustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const struct CustomOp*, const Entry* api, const OrtKernelInfo*);
+  const char* (*GetName)(const struct CustomOp*);
+  const char* (*GetExecutionProviderType)(const struct CustomOp*);
+  int (*GetInputType)(const struct CustomOp*, size_t);
+  size_t (*GetInputTypeCount)(const struct CustomOp*);
+  int (*GetOutputType)(const struct CustomOp*, size_t);
+  size_t (*GetOutputTypeCount)(const struct CustomOp*);
+  void (*KernelCompute)(void* kernel, OrtKernelContext*);
+  void (*KernelDestroy)(void* kernel);
+  int (*GetInputCharacteristic)(const struct CustomOp*, size_t);
+  int (*GetOutputCharacteristic)(const struct CustomOp*, size_t);
+} CustomOp;
+
+static const Entry* api;
+
+#define CALL(index, type, ...) (((type)api[index])(__VA_ARGS__))
+typedef OrtStatus* (*GetInputFn)(const OrtKernelContext*, size_t, const OrtValue**);
+typedef OrtStatus* (*GetOutputFn)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
+typedef OrtStatus* (*DataFn)(OrtValue*, void**);
+typedef OrtStatus* (*ShapeFn)(const OrtValue*, OrtShape**);
+typedef OrtStatus* (*CountFn)(const OrtShape*, size_t*);
+typedef OrtStatus* (*DimsFn)(const OrtShape*, int64_t*, size_t);
+typedef void (*ReleaseShapeFn)(OrtShape*);
+typedef void (*ReleaseStatusFn)(OrtStatus*);
+typedef OrtStatus* (*AttributeFn)(const OrtKernelInfo*, const char*, int64_t*);
+
+/* A failed call: its status released, and the kernel told so. */
+static int failed(OrtStatus* status) {
+  if (status == NULL) return 0;
+  CALL(RELEASE_STATUS, ReleaseStatusFn, status);
+  return 1;
+}
+
+static void* data_of(const OrtValue* value) {
+  void* data = NULL;
+  return failed(CALL(TENSOR_DATA, DataFn, (OrtValue*)value, &data)) ? NULL : data;
+}
+
+/* A tensor's dimensions (at most 8): their count, or 0 where they cannot be read. */
+static size_t dims_of(const OrtValue* value, int64_t* dims) {
+  OrtShape* shape = NULL;
+  size_t count = 0;
+  if (failed(CALL(TENSOR_SHAPE, ShapeFn, value, &shape))) return 0;
+  if (failed(CALL(DIMENSIONS_COUNT, CountFn, shape, &count)) || count == 0 || count > 8 ||
+      failed(CALL(DIMENSIONS, DimsFn, shape, dims, count)))
+    count = 0;
+  CALL(RELEASE_SHAPE, ReleaseShapeFn, shape);
+  return count;
+}
+

@@ -1,0 +1,112 @@
+/* Per-row int8 quantization of activations in one pass, the kernel behind hotrod's QuantizeRows op.
+ *
+ * hotrod's dynamic int8 graphs quantize each product's input per row (`hotrod.optimize.row_scales`):
+ *     scale[r] = max |x[r, :]| / 127,    q[r, k] = round_half_even(x[r, k] / scale[r]) + 128  (uint8)
+ * spelled out in onnxruntime's ops as Abs, ReduceMax, Div and two QuantizeLinear: five nodes, each its own
+ * pass over memory and its own dispatch, for every product's input. Here a row is read once for its maximum
+ * and once more, from the cache, to quantize it. Values, divisions and rounding are those of the nodes, so
+ * a graph gives the same answers either way. A row whose maximum is 0 gets the scale 0 and q = 0, as the
+ * nodes' 0 / 0 saturates (the product multiplies it by that scale: exactly 0).
+ *
+ * Rows are independent: a row's values are the same alone, in any batch and at any thread split.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "rows.h"
+
+#define LEVELS 127.0f
+#define ZERO_POINT 128.0f
+
+/* The row's largest |x|, or NaN where it holds one (the nodes' ReduceMax would give NaN: the row's outputs
+ * must be NaN too, never a quiet number). */
+static inline float row_max(const float* x, int64_t k) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 top = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, top);
+  float best = 0.0f;
+  int bad = _mm256_movemask_ps(nan);
+  for (int j = 0; j < 8; j++) best = lanes[j] > best ? lanes[j] : best;
+  for (; i < k; i++) {
+    bad |= isnan(x[i]);
+    best = fabsf(x[i]) > best ? fabsf(x[i]) : best;
+  }
+  return bad ? NAN : best;
+}
+
+/* round_half_even(x / scale) + 128, saturated to [0, 255], as QuantizeLinear computes it. */
+static inline uint8_t one(float x, float scale) {
+  float v = nearbyintf(x / scale) + ZERO_POINT;
+  return (uint8_t)(v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v));
+}
+
+static void quantize_row(const float* x, int64_t k, uint8_t* q, float* scale) {
+  const float top = row_max(x, k);
+  const float s = top / LEVELS;
+  *scale = s;
+  int64_t i = 0;
+  if (!(s > 0.0f)) { /* an all-zero row (or NaN): 0, what the nodes' 0 / 0 (x / NaN) quantizes to */
+    for (; i < k; i++) q[i] = 0;
+    return;
+  }
+  const __m256 vs = _mm256_set1_ps(s), zero = _mm256_set1_ps(ZERO_POINT);
+  const __m256 low = _mm256_setzero_ps(), high = _mm256_set1_ps(255.0f);
+  for (; i + 8 <= k; i += 8) {
+    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(v, zero), low), high);
+    const __m256i w = _mm256_cvtps_epi32(v);                                  /* 8 x int32 in 0..255 */
+    const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storel_epi64((__m128i*)(q + i), _mm_packus_epi16(p, p));
+  }
+  for (; i < k; i++) q[i] = one(x[i], s);
+}
+
+typedef struct {
+  const float* x;
+  int64_t first, last, k;
+  uint8_t* q;
+  float* scales;
+} Span;
+
+static void* quantize_span(void* arg) {
+  const Span* span = arg;
+  for (int64_t r = span->first; r < span->last; r++)
+    quantize_row(span->x + r * span->k, span->k, span->q + r * span->k, span->scales + r);
+  return NULL;
+}
+
+/* Values below this many are quantized on the calling thread: a thread's start costs more than they take. */
+#define SPLIT_ABOVE (1 << 18)
+#define MAX_THREADS 64
+
+void hotrod_quantize_rows(const float* x, int64_t rows, int64_t k, int threads, uint8_t* q, float* scales) {
+  if (rows <= 0 || k <= 0) return;
+  if (threads > MAX_THREADS) threads = MAX_THREADS;
+  if (threads > rows) threads = (int)rows;
+  if (threads < 2 || rows * k < SPLIT_ABOVE) {
+    Span all = {x, 0, rows, k, q, scales};
+    quantize_span(&all);
+    return;
+  }
+  Span spans[MAX_THREADS];
+  pthread_t helpers[MAX_THREADS];
+  int started[MAX_THREADS] = {0};
+  for (int t = 0; t < threads; t++) {
+    spans[t] = (Span){x, rows * t / threads, rows * (t + 1) / threads, k, q, scales};
+    if (t > 0) started[t] = pthread_create(&helpers[t], NULL, quantize_span, &spans[t]) == 0;
+  }
+  quantize_span(&spans[0]);
+  for (int t = 1; t < threads; t++) {
+    if (started[t]) pthread_join(helpers[t], NULL);
+    else quantize_span(&spans[t]); /* no thread could start: this one does its share */
+  }
+}

@@ -1,0 +1,41 @@
+"""Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
+(`hotrod.runtime.q4`) and per-row int8 quantization (`hotrod.runtime.rows`), each where this CPU runs it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from hotrod.runtime import native, q4, rows
+
+
+@dataclass(frozen=True)
+class KernelGraph:
+    path: Path  # the rewritten graph, a temporary file
+    ops: frozenset[str]  # hotrod's ops in it
+
+    def options(self, options: ort.SessionOptions) -> ort.SessionOptions:
+        """`options` with the kernels' library, and one onnxruntime thread where the int4 kernel brings its own."""
+        if q4.OP in self.ops:
+            q4.use_kernel(options)
+        else:
+            native.use_library(options)
+        return options
+
+
+@contextlib.contextmanager
+def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
+    """The graph at `path` with what hotrod's kernels compute rewritten to their ops, for the span of the
+    block; None where none applies (or the library is missing, or this CPU cannot run it)."""
+    model = native.loadable(path, (b"MatMulNBits", rows.SHARED.encode()))
+    ops = set()
+    if model is not None and q4.library() is not None and q4.rewrite_all(model, threads):
+        ops.add(q4.OP)
+    if model is not None and rows.rewrite(model, threads):
+        ops.add(rows.OP)
+    with native.graph_file(model if ops else None) as file:
+        yield KernelGraph(file, frozenset(ops)) if file is not None else None
