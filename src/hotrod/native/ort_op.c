@@ -2,8 +2,8 @@
  * - Q4MatMul (inputs: A float [..., K], the packed weights, their scales, a bias; attributes N, block,
  *   threads; output float [..., N]): int4 products (q4gemm.c, AVX-512 VNNI; the Python side uses it only
  *   where the CPU has those instructions);
- * - QuantizeRows (input: X float [..., K]; attribute threads; outputs: uint8 [..., K], float scales
- *   [..., 1]): per-row int8 quantization of a product's input in one pass (rows.c, AVX2).
+ * - QuantizeRows (input: X float [..., K]; outputs: uint8 [..., K], float scales [..., 1]): per-row int8
+ *   quantization of a product's input in one pass (rows.c, AVX2).
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
  * appended), and a library asks for the table of the version it was written against. This one asks for
@@ -89,25 +89,22 @@ static const CustomOp q4_matmul = {API_VERSION, create_kernel, name, provider, i
 
 /* -- QuantizeRows ------------------------------------------------------------------------------ */
 
-typedef struct { int64_t threads; } RowsKernel;
+/* The op has no attributes: its kernel holds nothing (onnxruntime takes a NULL kernel for a failure). */
+static int rows_kernel;
 
 static void* create_rows(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
-  (void)op, (void)table;
-  RowsKernel* kernel = calloc(1, sizeof(RowsKernel));
-  if (kernel == NULL) return NULL;
-  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads)) || kernel->threads < 1) {
-    free(kernel);
-    return NULL;
-  }
-  return kernel;
+  (void)op, (void)table, (void)info;
+  return &rows_kernel;
 }
 
+static void destroy_rows(void* kernel) { (void)kernel; }
+
 static void compute_rows(void* state, OrtKernelContext* context) {
-  const RowsKernel* kernel = state;
+  (void)state;
   const OrtValue* a = NULL;
   OrtValue *q = NULL, *scales = NULL;
   int64_t dims[8];
-  if (kernel == NULL || failed(CALL(CONTEXT_INPUT, GetInputFn, context, 0, &a))) return;
+  if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, 0, &a))) return;
   size_t count = dims_of(a, dims);
   if (count == 0) return;
   int64_t k = dims[count - 1], rows = 1;
@@ -123,7 +120,7 @@ static void compute_rows(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; s != NULL && r < rows; r++) s[r] = __builtin_nanf("");
     return;
   }
-  hotrod_quantize_rows(x, rows, k, (int)kernel->threads, qs, s);
+  hotrod_quantize_rows(x, rows, k, qs, s);
 }
 
 static const char* rows_name(const CustomOp* op) { (void)op; return "QuantizeRows"; }
@@ -133,7 +130,7 @@ static int rows_output_type(const CustomOp* op, size_t i) { (void)op; return i =
 static size_t rows_outputs(const CustomOp* op) { (void)op; return 2; }
 
 static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, provider, rows_input_type, rows_inputs,
-                                       rows_output_type, rows_outputs, compute_rows, destroy, required, required};
+                                       rows_output_type, rows_outputs, compute_rows, destroy_rows, required, required};
 
 /* -- registration ----------------------------------------------------------------------------- */
 

@@ -8,11 +8,13 @@
  * a graph gives the same answers either way. A row whose maximum is 0 gets the scale 0 and q = 0, as the
  * nodes' 0 / 0 saturates (the product multiplies it by that scale: exactly 0).
  *
- * Rows are independent: a row's values are the same alone, in any batch and at any thread split.
+ * Rows are independent: a row's values are the same alone and in any batch. It runs on the calling thread:
+ * a custom op of this API version cannot use onnxruntime's thread pool, and threads of its own, started
+ * while onnxruntime's workers spin on the cores, took longer to start than a [512, 1024] input takes to
+ * quantize (about 1.5 ms against 0.35, measured on 2 cores).
  */
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "rows.h"
@@ -70,43 +72,6 @@ static void quantize_row(const float* x, int64_t k, uint8_t* q, float* scale) {
   for (; i < k; i++) q[i] = one(x[i], s);
 }
 
-typedef struct {
-  const float* x;
-  int64_t first, last, k;
-  uint8_t* q;
-  float* scales;
-} Span;
-
-static void* quantize_span(void* arg) {
-  const Span* span = arg;
-  for (int64_t r = span->first; r < span->last; r++)
-    quantize_row(span->x + r * span->k, span->k, span->q + r * span->k, span->scales + r);
-  return NULL;
-}
-
-/* Values below this many are quantized on the calling thread: a thread's start costs more than they take. */
-#define SPLIT_ABOVE (1 << 18)
-#define MAX_THREADS 64
-
-void hotrod_quantize_rows(const float* x, int64_t rows, int64_t k, int threads, uint8_t* q, float* scales) {
-  if (rows <= 0 || k <= 0) return;
-  if (threads > MAX_THREADS) threads = MAX_THREADS;
-  if (threads > rows) threads = (int)rows;
-  if (threads < 2 || rows * k < SPLIT_ABOVE) {
-    Span all = {x, 0, rows, k, q, scales};
-    quantize_span(&all);
-    return;
-  }
-  Span spans[MAX_THREADS];
-  pthread_t helpers[MAX_THREADS];
-  int started[MAX_THREADS] = {0};
-  for (int t = 0; t < threads; t++) {
-    spans[t] = (Span){x, rows * t / threads, rows * (t + 1) / threads, k, q, scales};
-    if (t > 0) started[t] = pthread_create(&helpers[t], NULL, quantize_span, &spans[t]) == 0;
-  }
-  quantize_span(&spans[0]);
-  for (int t = 1; t < threads; t++) {
-    if (started[t]) pthread_join(helpers[t], NULL);
-    else quantize_span(&spans[t]); /* no thread could start: this one does its share */
-  }
+void hotrod_quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* scales) {
+  for (int64_t r = 0; r < rows; r++) quantize_row(x + r * k, k, q + r * k, scales + r);
 }

@@ -35,7 +35,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     ops = set()
     if model is not None and q4.library() is not None and q4.rewrite_all(model, threads):
         ops.add(q4.OP)
-    if model is not None and rows.rewrite(model, threads):
+    if model is not None and rows.rewrite(model):
         ops.add(rows.OP)
     with native.graph_file(model if ops else None) as file:
         yield KernelGraph(file, frozenset(ops)) if file is not None else None

@@ -27,7 +27,7 @@ OP = "QuantizeRows"
 _LEVELS, _HUGE = f"{SHARED}_levels", f"{SHARED}_huge"
 
 
-def rewrite(model: onnx.ModelProto, threads: int) -> int:
+def rewrite(model: onnx.ModelProto) -> int:
     """Every per-row quantizing chain of `model` as QuantizeRows, in place; returns how many."""
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
@@ -41,7 +41,7 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
     if not chains:
         return 0
     dropped = {id(node) for chain in chains for node in chain[1:]}
-    replacements = {id(chain[0]): _op(chain, threads) for chain in chains}
+    replacements = {id(chain[0]): _op(chain) for chain in chains}
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -85,11 +85,11 @@ def _reduce_attrs(node: onnx.NodeProto) -> tuple[int | None, int]:
     return (axes[0] if axes and len(axes) == 1 else None), attrs.get("keepdims", 1)
 
 
-def _op(chain: list[onnx.NodeProto], threads: int) -> onnx.NodeProto:
+def _op(chain: list[onnx.NodeProto]) -> onnx.NodeProto:
     absolute, last = chain[0], chain[-1]
     x, scale = last.input[0], last.input[1]
     return helper.make_node(OP, [x], [last.output[0], scale], name=f"{absolute.name or last.output[0]}_rows",
-                            domain=native.DOMAIN, threads=threads)
+                            domain=native.DOMAIN)
 
 
 def _drop_unread_constants(graph: onnx.GraphProto) -> None:
