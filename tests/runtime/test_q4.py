@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hotrod
 from hotrod.optimize.quantize import weight_only
-from hotrod.runtime import native, q4
+from hotrod.runtime import cpu_kernels, native, q4
 from tests.zoo import CASES, prompt_batch
 
 
@@ -183,10 +183,10 @@ def test_graphs_without_int4_products_or_without_the_kernel_are_left_to_onnxrunt
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(plain, tmp_path / "plain.onnx")
     onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
-    with q4.kernel_graph(tmp_path / "plain.onnx", 2) as rewritten:
+    with cpu_kernels.kernel_graph(tmp_path / "plain.onnx", 2) as rewritten:
         assert rewritten is None
     monkeypatch.setattr(q4, "library", lambda: None)
-    with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
+    with cpu_kernels.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
         assert rewritten is None
 
 
@@ -211,7 +211,7 @@ def test_a_graph_the_kernel_cannot_run_whole_is_left_to_onnxruntime(tmp_path):
     model = chain([(512, 512), (512, 256)])
     model.graph.node[1].attribute[[a.name for a in model.graph.node[1].attribute].index("accuracy_level")].i = 1
     onnx.save(model, tmp_path / "mixed.onnx")
-    with q4.kernel_graph(tmp_path / "mixed.onnx", 2) as rewritten:
+    with cpu_kernels.kernel_graph(tmp_path / "mixed.onnx", 2) as rewritten:
         assert rewritten is None  # its one onnxruntime thread would slow the MatMulNBits left in it
 
 
@@ -220,8 +220,8 @@ def test_the_rewritten_graph_is_a_file_of_no_folder(tmp_path, monkeypatch):
     onnx.save(chain([(512, 512)]), tmp_path / "int4.onnx")
     monkeypatch.setattr(native.tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
-    with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
-        assert [node.op_type for node in onnx.load(str(rewritten)).graph.node] == ["Q4MatMul"]
+    with cpu_kernels.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
+        assert [node.op_type for node in onnx.load(str(rewritten.path)).graph.node] == ["Q4MatMul"]
         assert not list((tmp_path / "temp").iterdir())  # a process killed now leaves nothing
     assert [node.op_type for node in onnx.load(str(tmp_path / "int4.onnx")).graph.node] == ["MatMulNBits"]
 
@@ -236,7 +236,7 @@ def test_no_room_for_the_rewritten_graph_leaves_it_to_onnxruntime(tmp_path, monk
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(native.tempfile, "TemporaryFile", full)
-    with q4.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
+    with cpu_kernels.kernel_graph(tmp_path / "int4.onnx", 2) as rewritten:
         assert rewritten is None
     assert not list((tmp_path / "temp").iterdir())
 
@@ -291,5 +291,5 @@ def test_helpers_asleep_between_calls_wake_for_the_next():
 
 def test_an_empty_graph_file_is_left_to_onnxruntime_to_refuse(tmp_path):
     (tmp_path / "empty.onnx").write_bytes(b"")
-    with q4.kernel_graph(tmp_path / "empty.onnx", 2) as rewritten:
+    with cpu_kernels.kernel_graph(tmp_path / "empty.onnx", 2) as rewritten:
         assert rewritten is None

@@ -31,9 +31,10 @@ class KernelGraph:
 def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     """The graph at `path` with what hotrod's kernels compute rewritten to their ops, for the span of the
     block; None where none applies (or the library is missing, or this CPU cannot run it)."""
-    model = native.loadable(path, (b"MatMulNBits", rows.SHARED.encode()))
+    int4 = q4.library() is not None  # elsewhere an int4 graph is not even parsed
+    model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),))
     ops = set()
-    if model is not None and q4.library() is not None and q4.rewrite_all(model, threads):
+    if model is not None and int4 and q4.rewrite_all(model, threads):
         ops.add(q4.OP)
     if model is not None and rows.rewrite(model):
         ops.add(rows.OP)

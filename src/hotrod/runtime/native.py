@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
+from onnx import helper
 
 DOMAIN = "hotrod"
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / "libhotrod_cpu.so"
@@ -50,8 +51,6 @@ def use_library(options: ort.SessionOptions) -> None:
 
 
 def add_domain(model: onnx.ModelProto) -> None:
-    from onnx import helper
-
     if not any(opset.domain == DOMAIN for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 

@@ -15,8 +15,6 @@ onnxruntime thread: onnxruntime's idle workers would spin against it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -128,22 +126,6 @@ def _eligible(node: onnx.NodeProto, initializers: dict, fed: set[str]) -> bool:
     constants = [name for name in (*node.input[1:3], *node.input[5:6]) if name]
     return all(name in initializers and name not in fed for name in constants) and all(
         initializers[name].data_type == onnx.TensorProto.FLOAT for name in constants[1:])
-
-
-@contextlib.contextmanager
-def kernel_graph(path: Path, threads: int) -> Iterator[Path | None]:
-    """The graph at `path` with its int4 products on hotrod's kernel, in a temporary file for the span of
-    the block (`native.graph_file`); None where the graph has none the kernel takes, keeps its weights in an
-    external file, this CPU cannot run the kernel, or there is no room to write it."""
-    with native.graph_file(rewritten(path, threads)) as file:
-        yield file
-
-
-def rewritten(path: Path, threads: int) -> onnx.ModelProto | None:
-    """The graph at `path` parsed and rewritten for the kernel, all its int4 products or none; None where it
-    has none the kernel takes."""
-    model = native.loadable(path, (b"MatMulNBits",)) if library() is not None else None
-    return model if model is not None and rewrite_all(model, threads) else None
 
 
 def rewrite_all(model: onnx.ModelProto, threads: int) -> bool:
