@@ -14,20 +14,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # hotrod's CPU kernels, loaded into onnxruntime as custom ops (`hotrod.runtime.native`): the int4 products
-# (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`) and per-row int8 quantization (AVX2:
-# `hotrod.runtime.rows`). Each file is built for its own instructions, the library's entry point for AVX2,
+# (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`), per-row int8 quantization (AVX2:
+# `hotrod.runtime.rows`) and int8 products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`). Each file is built for its own instructions, the library's entry point for AVX2,
 # so it loads on any x86-64 CPU with AVX2; without it, onnxruntime's own ops run the same graphs.
 NATIVE_DIR := src/hotrod/native
 NATIVE     := $(NATIVE_DIR)/libhotrod_cpu.so
 NATIVE_CFLAGS := -O3 -fPIC -pthread -Wall -Wextra -Werror
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
-		$(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
+		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mamx-tile -mamx-int8 -ffp-contract=off -c -o $$tmp/i8gemm.o \
+			$(NATIVE_DIR)/i8gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
-		$(CC) -shared -pthread -Wl,-z,nodelete -o $@ $$tmp/q4gemm.o $$tmp/rows.o $$tmp/ort_op.o -lm; \
+		$(CC) -shared -pthread -Wl,-z,nodelete -o $@ $$tmp/q4gemm.o $$tmp/rows.o $$tmp/i8gemm.o $$tmp/ort_op.o -lm; \
 		status=$$?; rm -rf $$tmp; exit $$status; \
 	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi
 

@@ -1,12 +1,13 @@
-"""What hotrod's CPU kernels gain: one int8 artifact loaded twice, once with its per-row quantization (and,
-where the CPU has AVX-512 VNNI, its int4 products) on hotrod's kernels and once on onnxruntime's own ops,
-timed interleaved in one run.
+"""What hotrod's CPU kernels gain: one int8 artifact loaded twice, once on hotrod's kernels (its per-row
+quantization, and its products where the CPU has AMX) and once on onnxruntime's own ops, timed interleaved
+in one run.
 
     python benchmarks/cpu_kernels.py [--out DIR] [--json FILE] [--threads N] [--runs N]
 
 Cases: bert-base (W3's shape) forward at batch 1 x 128 tokens (W3) and batch 16 of 16..128 tokens (W4);
 GPT-2 124M (W1's shape) int8, 32-token prompt and 64 greedy tokens. Prints each case's median seconds for
-both and their ratio; the two's answers are checked equal, bit for bit, first.
+both and their ratio, with the kernels that ran and the CPU's; the two's answers are checked equal, bit for
+bit, first.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def timed(models: dict[str, hotrod.HotrodModel], work: Callable, runs: int) -> d
 
 
 def same(models: dict[str, hotrod.HotrodModel], work: Callable) -> None:
-    """Tokens or hidden states equal, bit for bit (see `hotrod.runtime.rows`)."""
+    """Tokens or hidden states equal, bit for bit (see `hotrod.runtime.rows` and `hotrod.runtime.i8`)."""
     first, second = (work(m) for m in models.values())
     if not isinstance(first, torch.Tensor):
         first, second = first.last_hidden_state, second.last_hidden_state
@@ -83,6 +84,17 @@ def cases(directory: Path, threads: int) -> list[tuple[str, dict, Callable, int]
     ]
 
 
+def cpu() -> str:
+    """This CPU's model name and the instruction sets hotrod's kernels choose by."""
+    flags = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8") if f in native.cpu_flags()]
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = "unknown"
+    return f"{model} ({', '.join(flags)})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="where to keep the models (default: a temp dir)")
@@ -98,8 +110,11 @@ def main() -> None:
         same(models, work)
         figures = timed(models, work, args.runs or runs)
         ratio = figures[VARIANTS[0]] / figures[VARIANTS[1]]
-        results.append({"case": name, "threads": args.threads, **figures, "speedup": ratio})
-        print(f"{name}: {figures[VARIANTS[0]] * 1e3:.1f} ms -> {figures[VARIANTS[1]] * 1e3:.1f} ms ({ratio:.3f}x)")
+        ops = sorted(set().union(*models[VARIANTS[1]].backend.kernel_ops.values()))
+        results.append({"case": name, "threads": args.threads, **figures, "speedup": ratio, "kernels": ops,
+                        "cpu": cpu()})
+        print(f"{name}: {figures[VARIANTS[0]] * 1e3:.1f} ms -> {figures[VARIANTS[1]] * 1e3:.1f} ms ({ratio:.3f}x, "
+              f"{' + '.join(ops)})")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

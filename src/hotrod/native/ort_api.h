@@ -16,13 +16,16 @@ typedef struct OrtShape OrtShape; /* OrtTensorTypeAndShapeInfo */
 typedef void (*Entry)(void);
 typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVersionString)(void); } ApiBase;
 
-enum { FLOAT = 1, UINT8 = 2 };
+enum { FLOAT = 1, UINT8 = 2, INT8 = 3, INT32 = 6 };
 /* Positions in the version-8 table. */
 enum {
   CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
   DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
   CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
 };
+/* KernelContext_ParallelFor: onnxruntime's intra-op threads for a custom op, from the version-17 table on. */
+#define PARALLEL_API_VERSION 17
+enum { PARALLEL_FOR = 274 };
 
 typedef struct CustomOp {
   uint32_t version;
@@ -51,6 +54,7 @@ typedef OrtStatus* (*DimsFn)(const OrtShape*, int64_t*, size_t);
 typedef void (*ReleaseShapeFn)(OrtShape*);
 typedef void (*ReleaseStatusFn)(OrtStatus*);
 typedef OrtStatus* (*AttributeFn)(const OrtKernelInfo*, const char*, int64_t*);
+typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
 
 /* A failed call: its status released, and the kernel told so. */
 static int failed(OrtStatus* status) {

@@ -3,7 +3,13 @@
  *   threads; output float [..., N]): int4 products (q4gemm.c, AVX-512 VNNI; the Python side uses it only
  *   where the CPU has those instructions);
  * - QuantizeRows (input: X float [..., K]; outputs: uint8 [..., K], float scales [..., 1]): per-row int8
- *   quantization of a product's input in one pass (rows.c, AVX2).
+ *   quantization of a product's input in one pass (rows.c, AVX2);
+ * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
+ *   weights, int32 zero-point offsets, float column scales and bias; attribute N; output float [..., N]):
+ *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX).
+ *
+ * QuantizeRows and Int8MatMul run on onnxruntime's intra-op threads (KernelContext_ParallelFor, from the
+ * version-17 table on; on the calling thread alone where the runtime lacks it). Q4MatMul brings its own.
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
  * appended), and a library asks for the table of the version it was written against. This one asks for
@@ -14,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "i8gemm.h"
 #include "q4gemm.h"
 #include "rows.h"
 
@@ -87,6 +94,18 @@ static int required(const CustomOp* op, size_t i) { (void)op, (void)i; return 0;
 static const CustomOp q4_matmul = {API_VERSION, create_kernel, name, provider, input_type, inputs, output_type,
                                    outputs, compute, destroy, required, required};
 
+/* -- onnxruntime's threads ------------------------------------------------------------------- */
+
+static const Entry* parallel_api; /* a table that has KernelContext_ParallelFor, or NULL */
+
+/* hotrod_parallel over onnxruntime's intra-op pool (`runner` is the kernel's context). */
+static void run_parallel(void* runner, hotrod_task task, void* data, size_t count) {
+  if (count > 1 && parallel_api != NULL &&
+      !failed(((ParallelForFn)parallel_api[PARALLEL_FOR])(runner, task, count, 0, data)))
+    return;
+  for (size_t i = 0; i < count; i++) task(data, i);
+}
+
 /* -- QuantizeRows ------------------------------------------------------------------------------ */
 
 /* The op has no attributes: its kernel holds nothing (onnxruntime takes a NULL kernel for a failure). */
@@ -98,6 +117,19 @@ static void* create_rows(const CustomOp* op, const Entry* table, const OrtKernel
 }
 
 static void destroy_rows(void* kernel) { (void)kernel; }
+
+/* Inputs this small are quantized on the calling thread: waking the pool would cost more. */
+#define PARALLEL_VALUES (64 * 1024)
+#define ROWS_PER_TASK 16
+
+typedef struct { const float* x; uint8_t* q; float* scales; int64_t rows, k, parts; } RowsTask;
+
+static void quantize_part(void* data, size_t index) {
+  const RowsTask* t = data;
+  const int64_t per = t->parts == 1 ? t->rows : ROWS_PER_TASK, first = (int64_t)index * per;
+  const int64_t count = first + per < t->rows ? per : t->rows - first;
+  hotrod_quantize_rows(t->x + first * t->k, count, t->k, t->q + first * t->k, t->scales + first);
+}
 
 static void compute_rows(void* state, OrtKernelContext* context) {
   (void)state;
@@ -120,7 +152,8 @@ static void compute_rows(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; s != NULL && r < rows; r++) s[r] = __builtin_nanf("");
     return;
   }
-  hotrod_quantize_rows(x, rows, k, qs, s);
+  RowsTask task = {x, qs, s, rows, k, rows * k >= PARALLEL_VALUES ? (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK : 1};
+  run_parallel(context, quantize_part, &task, (size_t)task.parts);
 }
 
 static const char* rows_name(const CustomOp* op) { (void)op; return "QuantizeRows"; }
@@ -131,6 +164,74 @@ static size_t rows_outputs(const CustomOp* op) { (void)op; return 2; }
 
 static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, provider, rows_input_type, rows_inputs,
                                        rows_output_type, rows_outputs, compute_rows, destroy_rows, required, required};
+
+/* -- Int8MatMul ------------------------------------------------------------------------------- */
+
+typedef struct { int64_t n; } Int8Kernel;
+
+static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)op, (void)table;
+  Int8Kernel* kernel = calloc(1, sizeof(Int8Kernel));
+  if (kernel == NULL) return NULL;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+/* Whether the row scales, packed weights, offsets, column scales and bias fit Q's shape and N. */
+static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* const* in) {
+  const int64_t k = q[count - 1], padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
+  int64_t d[8];
+  if (k <= 0 || k % HOTROD_I8_DEPTH != 0 || dims_of(in[1], d) != count || d[count - 1] != 1) return 0;
+  for (size_t i = 0; i + 1 < count; i++)
+    if (d[i] != q[i]) return 0;
+  if (dims_of(in[2], d) != 3 || d[0] != padded_n / HOTROD_I8_COLS || d[1] != k / HOTROD_I8_DEPTH ||
+      d[2] != HOTROD_I8_COLS * HOTROD_I8_DEPTH)
+    return 0;
+  for (int i = 3; i < 6; i++)
+    if (dims_of(in[i], d) != 1 || d[0] != padded_n) return 0;
+  return 1;
+}
+
+static void compute_int8(void* state, OrtKernelContext* context) {
+  const Int8Kernel* kernel = state;
+  const OrtValue* in[6] = {NULL};
+  OrtValue* y = NULL;
+  int64_t dims[8];
+  for (size_t i = 0; i < 6; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
+  const size_t count = dims_of(in[0], dims);
+  if (count == 0) return;
+  const int64_t k = dims[count - 1];
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
+  const int fits = int8_fits(kernel->n, dims, count, in);
+  dims[count - 1] = kernel->n;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y))) return;
+  float* out = data_of(y);
+  if (out == NULL || rows == 0) return;
+  void* data[6];
+  for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
+  /* inputs that do not fit the packed weights (or no tile state): NaN, which no caller takes for an answer */
+  if (!fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
+      data[5] == NULL ||
+      hotrod_i8_matmul(data[0], data[1], rows, k, data[2], data[3], data[4], data[5], kernel->n, out, run_parallel,
+                       context) != 0)
+    for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");
+}
+
+static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }
+static int int8_input_type(const CustomOp* op, size_t i) {
+  (void)op;
+  static const int types[6] = {UINT8, FLOAT, INT8, INT32, FLOAT, FLOAT};
+  return i < 6 ? types[i] : FLOAT;
+}
+static size_t int8_inputs(const CustomOp* op) { (void)op; return 6; }
+
+static const CustomOp int8_matmul = {API_VERSION, create_int8, int8_name, provider, int8_input_type, int8_inputs,
+                                     output_type, outputs, compute_int8, destroy, required, required};
 
 /* -- registration ----------------------------------------------------------------------------- */
 
@@ -143,10 +244,12 @@ typedef OrtStatus* (*AddDomainFn)(OrtSessionOptions*, OrtCustomOpDomain*);
 OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   api = base->GetApi(API_VERSION);
   if (api == NULL) return NULL;  /* cannot happen: every onnxruntime since 1.8 serves version 8 */
+  parallel_api = base->GetApi(PARALLEL_API_VERSION);
   OrtCustomOpDomain* domain = NULL;
   OrtStatus* status = CALL(CREATE_DOMAIN, CreateDomainFn, "hotrod", &domain);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &q4_matmul);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &quantize_rows);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

@@ -1,5 +1,6 @@
 """Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
-(`hotrod.runtime.q4`) and per-row int8 quantization (`hotrod.runtime.rows`), each where this CPU runs it."""
+(`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`) and per-row int8 quantization
+(`hotrod.runtime.rows`), each where this CPU runs it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from hotrod.runtime import native, q4, rows
+from hotrod.runtime import i8, native, q4, rows
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     ops = set()
     if model is not None and int4 and q4.rewrite_all(model, threads):
         ops.add(q4.OP)
+    if model is not None and i8.available() and i8.rewrite(model):
+        ops.add(i8.OP)
     if model is not None and rows.rewrite(model):
         ops.add(rows.OP)
     with native.graph_file(model if ops else None) as file:

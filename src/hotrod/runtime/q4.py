@@ -80,7 +80,7 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
             weights = numpy_helper.to_array(initializers[node.input[1]])
             arrays = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"], weights.shape[1],
                           attrs["block_size"], numpy_helper.to_array(initializers[bias]) if bias else None)
-            names = tuple(_unused(f"{stem}_q4", taken) for stem in (node.input[1], node.input[2],
+            names = tuple(native.unused_name(f"{stem}_q4", taken) for stem in (node.input[1], node.input[2],
                                                                     bias or f"{node.input[1]}_bias"))
             added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
             packed[key] = names
@@ -88,27 +88,9 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
         graph.node[index].CopyFrom(helper.make_node(
             OP, [node.input[0], *packed[key]], list(node.output), name=node.name, domain=DOMAIN, N=attrs["N"],
             block=attrs["block_size"], threads=threads))
-    still_used = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
-    kept = [_copy(init) for init in graph.initializer  # copies: clearing the list frees the originals
-            if init.name not in replaced or init.name in still_used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + added)
+    native.swap_initializers(graph, replaced, added)
     native.add_domain(model)
     return len(chosen)
-
-
-def _unused(name: str, taken: set[str]) -> str:
-    candidate, suffix = name, 1
-    while candidate in taken:
-        candidate, suffix = f"{name}_{suffix}", suffix + 1
-    taken.add(candidate)
-    return candidate
-
-
-def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    out = onnx.TensorProto()
-    out.CopyFrom(tensor)
-    return out
 
 
 # The blocks MatMulNBits computes with int8 activations per block; past 256 its result is another one.

@@ -1,0 +1,210 @@
+/* Int8 products on AMX tiles, the kernel behind hotrod's Int8MatMul op.
+ *
+ * hotrod's dynamic int8 graphs quantize each product's input per row (uint8, zero point 128: QuantizeRows)
+ * and multiply it by int8 weights quantized per column. onnxruntime's kernel for that (MatMulIntegerToFloat)
+ * runs on AVX-512 VNNI at best; on a CPU with AMX, one core's tiles multiply int8 several times faster. Here
+ * the weights are packed once, as the graph is loaded, into the tiles' layout: for each 32 columns and each
+ * 64 of depth, two 16 x 64-byte tiles, a row of which holds 4 consecutive depths of 16 columns. A step of
+ * the inner loop loads two tiles of rows (32 rows x 64 depths) and two of weights, and accumulates 32 x 32
+ * int32 sums with four TDPBUSD (uint8 times int8, exact in int32).
+ *
+ * The uint8 rows carry the zero point 128: sum(q * w) - 128 * sum(w) is the sum over the signed values, with
+ * 128 * sum(w) per column computed at packing (`offsets`). The epilogue scales the exact sum as onnxruntime's
+ * kernel does for a scale per row (by the column's scale, then the row's), adds the bias, and writes only the
+ * rows and columns that exist. Rows are independent: a row's answer is the same alone and in any batch.
+ *
+ * Work is split into blocks of rows by blocks of columns, run on the caller's threads (onnxruntime's pool,
+ * through `parallel`): a block of weights stays in a core's cache while its rows go through.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "i8gemm.h"
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_ROWS 16
+#define BLOCK_ROWS 32                       /* rows of one 2 x 2 step: two tiles of rows */
+#define UNIT_ROWS 256                       /* rows of one unit of work */
+#define TILE_BYTES (TILE_ROWS * 64)         /* one tile of weights: 16 rows of 64 bytes */
+#define STEP_BYTES (2 * TILE_BYTES)         /* the two weight tiles of 32 columns at one depth step */
+#define NARROW_ROWS 8                       /* fewer rows than a tile's 16 run on VNNI, this many at a time */
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} TileConfig;
+
+int hotrod_amx_ready(void) {
+  static int state = -1; /* -1 unknown; asked once: the grant is the process's */
+  if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  return state;
+}
+
+/* Tiles 0-3: the 2 x 2 sums; 4, 5: rows; 6, 7: weights. Each 16 rows of 64 bytes. */
+static void configure_tiles(void) {
+  TileConfig config;
+  memset(&config, 0, sizeof config);
+  config.palette = 1;
+  for (int t = 0; t < 8; t++) {
+    config.rows[t] = TILE_ROWS;
+    config.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+typedef struct {
+  const uint8_t* q;
+  const float *a_scale, *w_scale, *bias;
+  const int8_t* w;
+  const int32_t* offsets;
+  float* y;
+  int64_t rows, k, n, padded_n, unit_cols, col_units;
+} Problem;
+
+/* Rows [row, row + 32) of q, or a zero-padded copy where fewer remain (tiles read 16 whole rows). */
+static const uint8_t* block_rows(const Problem* p, int64_t row, uint8_t* spare) {
+  if (row + BLOCK_ROWS <= p->rows) return p->q + row * p->k;
+  const int64_t have = p->rows - row;
+  memcpy(spare, p->q + row * p->k, (size_t)(have * p->k));
+  memset(spare + have * p->k, 0, (size_t)((BLOCK_ROWS - have) * p->k));
+  return spare;
+}
+
+/* 16 columns' sums of one row as floats in y: scaled, biased, clipped to the columns that exist. */
+static inline void emit(const Problem* p, __m512i sum, int64_t row, int64_t col) {
+  const __mmask16 mask = p->n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p->n - col)) - 1);
+  sum = _mm512_sub_epi32(sum, _mm512_loadu_si512(p->offsets + col));
+  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_loadu_ps(p->w_scale + col));
+  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(p->a_scale[row])), _mm512_loadu_ps(p->bias + col));
+  _mm512_mask_storeu_ps(p->y + row * p->n + col, mask, v);
+}
+
+/* The 32 x 32 int32 sums as floats in y, for the rows and columns that exist. */
+static void finish(const Problem* p, const int32_t* sums, int64_t row, int64_t col) {
+  for (int half = 0; half < 2 && col + half * 16 < p->n; half++)
+    for (int r = 0; r < BLOCK_ROWS && row + r < p->rows; r++)
+      emit(p, _mm512_loadu_si512(sums + r * 32 + half * 16), row + r, col + half * 16);
+}
+
+/* A few rows (a decoding step's) by 32 columns on AVX-512 VNNI: each row's 4 bytes at a depth broadcast
+ * against a tile row of weights (16 columns x 4 depths, the layout VPDPBUSD reads), so the weights stream
+ * through once, where the tiles would multiply 16 rows to use one. */
+static inline __attribute__((always_inline)) void narrow_rows(const Problem* p, int64_t row, const int count,
+                                                             int64_t col) {
+  __m512i sums[NARROW_ROWS][2];
+  for (int r = 0; r < count; r++) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+  const int8_t* w = p->w + (col / 32) * (p->k / 64) * STEP_BYTES;
+  for (int64_t depth = 0; depth < p->k; depth += 64, w += STEP_BYTES) {
+    for (int quad = 0; quad < 16; quad++) {
+      const __m512i left = _mm512_loadu_si512(w + quad * 64), right = _mm512_loadu_si512(w + TILE_BYTES + quad * 64);
+      for (int r = 0; r < count; r++) {
+        int32_t bytes;
+        memcpy(&bytes, p->q + (row + r) * p->k + depth + quad * 4, 4);
+        const __m512i a = _mm512_set1_epi32(bytes);
+        sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], a, left);
+        sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], a, right);
+      }
+    }
+  }
+  for (int r = 0; r < count; r++)
+    for (int half = 0; half < 2 && col + half * 16 < p->n; half++) emit(p, sums[r][half], row + r, col + half * 16);
+}
+
+/* narrow_rows for `count` rows, each count its own code: the sums stay in registers. */
+static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
+  switch (count) {
+    case 1: narrow_rows(p, row, 1, col); break;
+    case 2: narrow_rows(p, row, 2, col); break;
+    case 3: narrow_rows(p, row, 3, col); break;
+    case 4: narrow_rows(p, row, 4, col); break;
+    case 5: narrow_rows(p, row, 5, col); break;
+    case 6: narrow_rows(p, row, 6, col); break;
+    case 7: narrow_rows(p, row, 7, col); break;
+    default: narrow_rows(p, row, 8, col); break;
+  }
+}
+
+/* The k loop of one 32 x 32 block: its sums left in tiles 0-3. */
+static void multiply(const Problem* p, const uint8_t* a, int64_t col) {
+  const int8_t* w = p->w + (col / 32) * (p->k / 64) * STEP_BYTES;
+  const size_t stride = (size_t)p->k;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t depth = 0; depth < p->k; depth += 64, w += STEP_BYTES) {
+    _tile_loadd(4, a + depth, stride);
+    _tile_loadd(5, a + 16 * stride + depth, stride);
+    _tile_loadd(6, w, 64);
+    _tile_loadd(7, w + TILE_BYTES, 64);
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+}
+
+static void store(int32_t* sums) {
+  _tile_stored(0, sums, 128);
+  _tile_stored(1, sums + 16, 128);
+  _tile_stored(2, sums + 16 * 32, 128);
+  _tile_stored(3, sums + 16 * 32 + 16, 128);
+}
+
+/* One unit: up to UNIT_ROWS rows by unit_cols columns. A block's epilogue runs after the next block's
+ * products are issued, so the vector units finish one block while the tiles multiply the next. */
+static void unit(void* data, size_t index) {
+  const Problem* p = data;
+  const int64_t first_row = (int64_t)index / p->col_units * UNIT_ROWS;
+  const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
+  const int64_t last_row = first_row + UNIT_ROWS < p->rows ? first_row + UNIT_ROWS : p->rows;
+  const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
+  if (p->rows < TILE_ROWS) {
+    for (int64_t col = first_col; col < last_col; col += 32)
+      for (int64_t row = 0; row < p->rows; row += NARROW_ROWS)
+        narrow(p, row, p->rows - row < NARROW_ROWS ? p->rows - row : NARROW_ROWS, col);
+    return;
+  }
+  int32_t sums[2][BLOCK_ROWS * 32] __attribute__((aligned(64)));
+  int64_t done = 0, pending_row = 0, pending_col = 0;
+  uint8_t* spare = NULL;
+  configure_tiles(); /* per call: the thread may be any of the pool's */
+  for (int64_t row = first_row; row < last_row; row += BLOCK_ROWS) {
+    if (row + BLOCK_ROWS > p->rows && spare == NULL && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
+      for (int64_t r = row; r < last_row; r++)  /* memory ran out: NaN, which no caller takes for an answer */
+        for (int64_t c = first_col; c < last_col && c < p->n; c++) p->y[r * p->n + c] = __builtin_nanf("");
+      break;
+    }
+    const uint8_t* a = block_rows(p, row, spare);
+    for (int64_t col = first_col; col < last_col; col += 32, done++) {
+      multiply(p, a, col);
+      if (done > 0) finish(p, sums[(done - 1) & 1], pending_row, pending_col);
+      store(sums[done & 1]);
+      pending_row = row, pending_col = col;
+    }
+  }
+  if (done > 0) finish(p, sums[(done - 1) & 1], pending_row, pending_col);
+  free(spare);
+  _tile_release();
+}
+
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
+                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* y,
+                     hotrod_parallel parallel, void* runner) {
+  if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0) return -1;
+  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0};
+  p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
+  const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
+  /* wide units keep a block of weights in cache longer; narrow ones share a small product among threads */
+  p.unit_cols = 128;
+  while (p.unit_cols > HOTROD_I8_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
+    p.unit_cols /= 2;
+  p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
+  parallel(runner, unit, &p, (size_t)(row_units * p.col_units));
+  return 0;
+}

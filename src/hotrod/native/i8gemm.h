@@ -1,0 +1,22 @@
+/* Int8 products on AMX tiles, for rows quantized per row (see i8gemm.c). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+/* The packed weights' granularity: k a multiple of HOTROD_I8_DEPTH, columns padded to HOTROD_I8_COLS. */
+#define HOTROD_I8_DEPTH 64
+#define HOTROD_I8_COLS 32
+
+/* Runs task(data, i) for every i < count, on whatever threads the caller has (each i exactly once). */
+typedef void (*hotrod_task)(void* data, size_t index);
+typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size_t count);
+
+/* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */
+int hotrod_amx_ready(void);
+
+/* y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
+ * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
+ * to a multiple of HOTROD_I8_COLS. Returns 0, or -1 where the tile state is not granted or memory ran out. */
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
+                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* y,
+                     hotrod_parallel parallel, void* runner);

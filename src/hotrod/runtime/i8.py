@@ -1,0 +1,159 @@
+"""hotrod's int8 products on AMX tiles: a dynamic int8 graph's products as hotrod's Int8MatMul.
+
+hotrod's dynamic int8 graphs (`hotrod.optimize.row_scales`) spell each product as
+
+    MatMulInteger(q, W, 128, 0) -> Cast(float) -> Mul(Mul(row scales, column scales)) [-> Sub(-bias) | Add(bias)]
+
+which onnxruntime fuses into MatMulIntegerToFloat, an AVX-512 VNNI kernel at best. On a CPU with AMX
+(`hotrod/native/i8gemm.c`) a core multiplies int8 several times faster on its tiles, so as a graph is loaded
+there each such chain becomes one Int8MatMul: the same quantized rows and row scales in, the weights packed
+once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added in the
+same pass. Elsewhere (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is.
+The op runs on onnxruntime's own threads, so a graph keeps its session's thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from hotrod.optimize.row_scales import SHARED, ZERO_POINT
+from hotrod.runtime import native
+
+OP = "Int8MatMul"
+DEPTH = 64  # the kernel's depth step: K must be a multiple
+COLS = 32  # the kernel's columns a step: weights are padded to a multiple
+_NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_int8")
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this CPU runs the kernel: AMX in its flags, the library built, and the tile state granted
+    (Linux grants it per process, on request)."""
+    path = native.library()
+    if path is None or not native.has_flags(_NEEDED_FLAGS):
+        return False
+    return bool(ctypes.CDLL(str(path)).hotrod_amx_ready())
+
+
+def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """int8 weights [K, N] (K a multiple of DEPTH) in the kernel's layout, [N' / 32, K / 64, 2048] where
+    byte 64 r + 4 c + j of a [16, 64] tile holds W[64 d + 4 r + j, 32 b + 16 h + c] (N' = N padded with
+    zero columns to COLS); with 128 * each column's sum (the uint8 rows' zero point, taken back per column)
+    and the column scales and bias (zeros where there is none) padded alike."""
+    k, n = weights.shape
+    padded_n = -(-n // COLS) * COLS
+    padded = np.zeros((k, padded_n), dtype=np.int8)
+    padded[:, :n] = weights
+    tiles = padded.reshape(k // DEPTH, 16, 4, padded_n // COLS, 2, 16)  # [d, r, j, b, h, c]
+    packed = np.ascontiguousarray(tiles.transpose(3, 0, 4, 1, 5, 2)).reshape(padded_n // COLS, k // DEPTH, 2048)
+    offsets = np.zeros(padded_n, dtype=np.int32)
+    offsets[:n] = ZERO_POINT * weights.astype(np.int32).sum(axis=0)
+    column_scales = np.zeros(padded_n, dtype=np.float32)
+    column_scales[:n] = np.broadcast_to(scales.astype(np.float32), (n,))
+    padded_bias = np.zeros(padded_n, dtype=np.float32)
+    if bias is not None:
+        padded_bias[:n] = np.broadcast_to(bias.astype(np.float32), (n,))
+    return packed, offsets, column_scales, padded_bias
+
+
+def rewrite(model: onnx.ModelProto) -> int:
+    """Every per-row int8 product chain of `model` that the kernel computes as Int8MatMul, in place;
+    returns how many. Weights two products share are packed once."""
+    graph = model.graph
+    constants = {init.name: init for init in graph.initializer}
+    fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
+    constants = {name: init for name, init in constants.items() if name not in fed}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producers = {out: node for node in graph.node for out in node.output}
+    chains = [chain for node in graph.node
+              if (chain := _chain(node, constants, consumers, producers, graph)) is not None]
+    if not chains:
+        return 0
+    taken = set(constants) | fed | {name for node in graph.node for name in (*node.input, *node.output)}
+    packed: dict[tuple, list[str]] = {}
+    added: list[onnx.TensorProto] = []
+    replacements, dropped, replaced = {}, set(), set()
+    for chain in chains:  # every array read before the graph changes
+        key = (chain.weights, chain.column_scales, chain.bias, chain.negated)
+        if key not in packed:
+            bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
+            arrays = pack(numpy_helper.to_array(constants[chain.weights]),
+                          numpy_helper.to_array(constants[chain.column_scales]),
+                          None if bias is None else (-bias if chain.negated else bias))
+            names = [native.unused_name(f"{chain.weights}_{stem}", taken) for stem in ("i8", "offsets", "scales", "bias")]
+            added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
+            packed[key] = names
+        replacements[id(chain.nodes[0])] = helper.make_node(
+            OP, [chain.rows, chain.row_scales, *packed[key]], [chain.nodes[-1].output[0]],
+            name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n)
+        dropped.update(id(node) for node in chain.nodes[1:])
+        replaced.update(name for node in chain.nodes for name in node.input if name in constants)
+    nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    native.swap_initializers(graph, replaced, added)
+    native.add_domain(model)
+    return len(chains)
+
+
+class _Chain:
+    def __init__(self, nodes: list[onnx.NodeProto], rows: str, row_scales: str, weights: str,
+                 column_scales: str, bias: str | None, negated: bool, n: int) -> None:
+        self.nodes, self.rows, self.row_scales, self.weights = nodes, rows, row_scales, weights
+        self.column_scales, self.bias, self.negated, self.n = column_scales, bias, negated, n
+
+
+def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict,
+           graph: onnx.GraphProto) -> _Chain | None:
+    """The product chain starting at `node` (a MatMulInteger), where it is one `row_scales` writes and
+    nothing else reads what lies within; None otherwise."""
+    if node.op_type != "MatMulInteger" or node.domain not in ("", "ai.onnx") or len(node.input) != 4:
+        return None
+    rows, weights, zero_point, weight_zero_points = node.input
+    if zero_point != f"{SHARED}_zero_point" or weights not in constants or weight_zero_points not in constants:
+        return None
+    w = constants[weights]
+    if w.data_type != TensorProto.INT8 or len(w.dims) != 2 or w.dims[0] % DEPTH:
+        return None
+    if np.any(numpy_helper.to_array(constants[weight_zero_points])):
+        return None
+    cast = _only(consumers, node.output[0], "Cast")
+    if cast is None or helper.get_attribute_value(cast.attribute[0]) != TensorProto.FLOAT:
+        return None
+    scaled = _only(consumers, cast.output[0], "Mul")
+    if scaled is None:
+        return None
+    scales = producers.get(next(name for name in scaled.input if name != cast.output[0]))
+    if scales is None or scales.op_type != "Mul" or len(consumers.get(scales.output[0], [])) != 1:
+        return None
+    column = [name for name in scales.input if name in constants]
+    row_scales = [name for name in scales.input if name not in constants]
+    if len(column) != 1 or len(row_scales) != 1 or constants[column[0]].data_type != TensorProto.FLOAT:
+        return None
+    nodes, bias, negated = [node, cast, scales, scaled], None, False
+    following = _only(consumers, scaled.output[0], None)
+    if following is not None and following.op_type in ("Sub", "Add") and following.input[0] == scaled.output[0]:
+        other = following.input[1]
+        if other in constants and constants[other].data_type == TensorProto.FLOAT:
+            nodes.append(following)
+            bias, negated = other, following.op_type == "Sub"
+    if any(value.name in (n.output[0] for n in nodes[:-1]) for value in graph.output):
+        return None
+    return _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, int(w.dims[1]))
+
+
+def _only(consumers: dict, name: str, op: str | None) -> onnx.NodeProto | None:
+    """The one node reading `name` (of type `op`, where given), or None."""
+    readers = consumers.get(name, [])
+    if len(readers) != 1 or (op is not None and readers[0].op_type != op):
+        return None
+    return readers[0]

@@ -1,0 +1,233 @@
+"""hotrod's int8 product kernel (AMX): the same answers as onnxruntime's nodes, bit for bit, over odd shapes,
+tails and thread counts; every row alone the same as in any batch; graphs it cannot take left as they are;
+a fallback wherever the CPU or the build lacks it; a loaded int8 model's answers unchanged."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import hotrod
+from hotrod.optimize.quantize import int8_dynamic
+from hotrod.runtime import cpu_kernels, i8, native, rows
+from hotrod.runtime.ort_sessions import CPU_DISABLED_OPTIMIZERS
+from tests.runtime.test_rows import _copy, _ops
+from tests.zoo import CASES, prompt_batch
+
+amx = pytest.mark.skipif(not i8.available(), reason="no AMX on this CPU (or no tile state): onnxruntime's kernel runs")
+
+
+def products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """x [rows, k] -> MatMul (+ bias) one after another, quantized per row as hotrod's int8 build does."""
+    rng = np.random.default_rng(seed)
+    nodes, weights, x = [], [], "x"
+    for i, n in enumerate(widths):
+        weights.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) * 0.1, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}" if bias else f"y{i}"]))
+        if bias:
+            weights.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), f"b{i}"))
+            nodes.append(helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"]))
+        x, k = f"y{i}", n
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", "k"])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], weights)
+    return int8_dynamic(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), per_row=True)
+
+
+def rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = _copy(model)
+    assert i8.rewrite(out) > 0
+    rows.rewrite(out)
+    return out
+
+
+def run(model: onnx.ModelProto, x: np.ndarray, threads: int = 2, library: bool = False) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if library:
+        native.use_library(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
+    return session.run(None, {"x": x})[0]
+
+
+def test_each_product_chain_becomes_one_op_and_the_weights_go_packed():
+    model = products(128, (192, 64))
+    ours = _copy(model)
+    assert i8.rewrite(ours) == 2
+    ops = _ops(ours)
+    assert ops.count(i8.OP) == 2 and not {"MatMulInteger", "Cast", "Mul", "Sub"} & set(ops)
+    names = {init.name for init in ours.graph.initializer}
+    assert not {"w0_quantized", "w1_quantized"} & names  # the unpacked weights are gone
+    known = {"x", ""} | names
+    for node in ours.graph.node:  # in an order onnxruntime can run
+        assert set(node.input) <= known
+        known |= set(node.output)
+
+
+def test_the_packed_layout_is_the_tiles():
+    rng = np.random.default_rng(3)
+    w = rng.integers(-64, 65, (128, 40)).astype(np.int8)
+    packed, offsets, scales, bias = i8.pack(w, np.full(40, 0.5, np.float32), None)
+    assert packed.shape == (2, 2, 2048) and offsets.shape == scales.shape == bias.shape == (64,)
+    for k, n in [(0, 0), (5, 17), (127, 39), (64, 33), (70, 31)]:
+        block, depth, half, col = n // 32, k // 64, n % 32 // 16, n % 16
+        assert packed[block, depth, half * 1024 + (k % 64 // 4) * 64 + col * 4 + k % 4] == w[k, n]
+    assert not packed[1, :, 1024:].any()  # columns 48..63 are padding
+    assert np.array_equal(offsets[:40], 128 * w.astype(np.int32).sum(axis=0)) and not offsets[40:].any()
+    assert not bias.any() and scales[39] == 0.5 and scales[40] == 0
+
+
+@amx
+@pytest.mark.parametrize("k", [64, 192, 1024])
+@pytest.mark.parametrize("n", [1, 17, 32, 100])
+@pytest.mark.parametrize("count", [1, 16, 31, 33, 300])
+def test_the_same_answers_as_onnxruntimes_nodes(k, n, count):
+    """Row tails (past 16 and 32), column tails (past 16 and 32), more than one block of rows; with the
+    bias as the build writes it (subtracted, negated) and without one."""
+    rng = np.random.default_rng(k + n + count)
+    x = (rng.standard_normal((count, k)) * rng.uniform(0.01, 100, (count, 1))).astype(np.float32)
+    x[0, :4] = [1.0, -1.0, 0.5, -2.5]
+    if count > 2:
+        x[1] = 0.0
+    for bias in (True, False):
+        model = products(k, (n,), bias=bias)
+        assert np.array_equal(run(model, x), run(rewritten(model), x, library=True))
+
+
+@amx
+def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
+    x = np.random.default_rng(1).standard_normal((600, 256)).astype(np.float32)
+    model = rewritten(products(256, (320, 64)))
+    alone = run(model, x[5:6], library=True)
+    for threads in (1, 2, 3):
+        assert np.array_equal(run(model, x, threads=threads, library=True)[5:6], alone)
+
+
+@amx
+def test_nan_in_a_row_gives_nan_for_that_row_alone():
+    x = np.ones((3, 64), np.float32)
+    x[1, 9] = np.nan
+    out = run(rewritten(products(64)), x, library=True)
+    assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+
+
+def test_what_the_kernel_cannot_compute_alike_is_left_as_it_is():
+    assert i8.rewrite(products(100)) == 0  # K not a multiple of the tiles' 64
+    model = products(64)
+    cast = next(node for node in model.graph.node if node.op_type == "Cast")
+    model.graph.output.append(helper.make_tensor_value_info(cast.output[0], TensorProto.FLOAT, None))
+    assert i8.rewrite(model) == 0  # another reader of a value within
+    fed = products(64)
+    weights = next(init for init in fed.graph.initializer if init.data_type == TensorProto.INT8 and init.dims)
+    fed.graph.input.append(helper.make_tensor_value_info(weights.name, TensorProto.INT8, list(weights.dims)))
+    assert i8.rewrite(fed) == 0  # weights a caller may override
+
+
+def test_shared_weights_are_packed_once():
+    model = products(64, (64, 64), bias=False)
+    first, second = [node for node in model.graph.node if node.op_type == "MatMulInteger"]
+    second.input[1], second.input[3] = first.input[1], first.input[3]
+    scales = [node for node in model.graph.node if node.op_type == "Mul" and node.input[1].endswith("_scale")]
+    scales[1].input[1] = scales[0].input[1]
+    assert i8.rewrite(model) == 2
+    assert sum(init.name.endswith("_i8") for init in model.graph.initializer) == 1
+
+
+@amx
+def test_inputs_that_do_not_fit_the_packed_weights_give_nan_not_a_read_past_them():
+    model = rewritten(products(128, (64,), bias=False))
+    node = next(node for node in model.graph.node if node.op_type == i8.OP)
+    inputs = [helper.make_tensor_value_info("q", TensorProto.UINT8, ["r", "k"]),
+              helper.make_tensor_value_info("s", TensorProto.FLOAT, ["r", 1])]
+    node.input[:2] = ["q", "s"]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT,
+                                                                                 None)],
+                              [init for init in model.graph.initializer if init.name in node.input])
+    one = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("hotrod", 1)])
+    options = ort.SessionOptions()
+    native.use_library(options)
+    session = ort.InferenceSession(one.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wrong = session.run(None, {"q": np.ones((2, 256), np.uint8), "s": np.ones((2, 1), np.float32)})[0]
+    assert wrong.shape == (2, 64) and np.isnan(wrong).all()
+    right = session.run(None, {"q": np.ones((2, 128), np.uint8), "s": np.ones((2, 1), np.float32)})[0]
+    assert np.isfinite(right).all()
+
+
+@amx
+def test_calls_from_several_threads_at_once_each_get_their_own_answer():
+    model = rewritten(products(256, (512, 256)))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    native.use_library(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    inputs = [np.random.default_rng(seed).standard_normal((1 + 40 * seed, 256)).astype(np.float32)
+              for seed in range(6)]
+    alone = [session.run(None, {"x": x})[0] for x in inputs]
+    results: dict[int, list[np.ndarray]] = {i: [] for i in range(len(inputs))}
+    barrier = threading.Barrier(len(inputs))
+
+    def call(i: int) -> None:
+        barrier.wait()
+        for _ in range(10):
+            results[i].append(session.run(None, {"x": inputs[i]})[0])
+
+    workers = [threading.Thread(target=call, args=(i,)) for i in range(len(inputs))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert all(np.array_equal(out, alone[i]) for i, outs in results.items() for out in outs)
+
+
+def _forked_run(queue) -> None:  # noqa: ANN001
+    x = np.random.default_rng(2).standard_normal((70, 128)).astype(np.float32)
+    queue.put(run(rewritten(products(128, (64,))), x, library=True))
+
+
+@amx
+def test_the_op_runs_in_a_forked_process():
+    x = np.random.default_rng(2).standard_normal((70, 128)).astype(np.float32)
+    here = run(rewritten(products(128, (64,))), x, library=True)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_forked_run, args=(queue,))
+    child.start()
+    try:
+        there = queue.get(timeout=60)
+        child.join(60)
+        assert child.exitcode == 0 and np.array_equal(here, there)
+    finally:
+        child.kill()
+
+
+def test_without_amx_the_graph_is_left_to_onnxruntime(tmp_path, monkeypatch):
+    onnx.save(products(64), tmp_path / "int8.onnx")
+    monkeypatch.setattr(i8, "available", lambda: False)
+    with cpu_kernels.kernel_graph(tmp_path / "int8.onnx", 2) as graph:
+        assert graph is None or i8.OP not in graph.ops
+
+
+@amx
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_a_loaded_int8_model_multiplies_on_the_kernel_with_the_same_answers(zoo, tmp_path, name, monkeypatch):
+    out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int8", force=True, progress=False,
+                          verify_examples=0)
+    model = hotrod.load(out)
+    assert model.backend.kernel_ops and all(i8.OP in ops for ops in model.backend.kernel_ops.values())
+    monkeypatch.setattr(i8, "available", lambda: False)
+    plain = hotrod.load(out)
+    assert not any(i8.OP in ops for ops in plain.backend.kernel_ops.values())
+    ids, mask = prompt_batch(CASES[name], (5, 3))
+    if CASES[name].is_lm:
+        assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=6),
+                           plain.generate(ids, attention_mask=mask, max_new_tokens=6))
+    else:
+        assert torch.equal(model(ids, attention_mask=mask).last_hidden_state,
+                           plain(ids, attention_mask=mask).last_hidden_state)
