@@ -33,7 +33,7 @@ class Machine:
     threads: int
     bandwidth_gbs: float  # streaming read, GB/s
     matmul_gflops: float  # fp32 GEMM, GFLOP/s
-    int8_gops: float | None  # int8 GEMM (int32 accumulate), GOP/s, where torch has one for this CPU
+    int8_gops: float | None  # int8 GEMM (int32 accumulate), GOP/s: the kernel an int8 graph runs here
     measured: str
     device: str = "cpu"
     gpu: str | None = None  # the GPU's name, for device "cuda"
@@ -49,7 +49,7 @@ class Machine:
         return self.matmul_gflops * 1e9
 
 
-METHOD = 2  # 2: the CPU's int8 rate is onnxruntime's MatMulInteger
+METHOD = 3  # 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotrod's AMX product, the faster
 
 
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
@@ -139,21 +139,47 @@ def _int8_rate(size: int = 2048, device: str = "cpu") -> float | None:
 
 
 def _onnxruntime_int8_rate(size: int, threads: int) -> float:
+    """The faster of onnxruntime's MatMulInteger and, where the CPU has AMX, hotrod's own int8 product
+    (`hotrod.runtime.i8`): the kernel an int8 graph runs on this CPU."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
+    from hotrod.runtime import i8, native
+
     rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.integers(-64, 64, (size, size), dtype=np.int8), "b")
-    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "int8_rate",
-                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])], [weight])
+    weights = rng.integers(-64, 64, (size, size), dtype=np.int8)
+    feed = {"a": rng.integers(0, 256, (size, size), dtype=np.uint8)}
+    rates = [_graph_seconds([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+                            [numpy_helper.from_array(weights, "b")], feed, TensorProto.INT32, threads)]
+    if i8.available():
+        names = ["b", "offsets", "scales", "bias"]
+        packed = [numpy_helper.from_array(a, n) for a, n in zip(i8.pack(weights, np.ones(size, np.float32), None),
+                                                                 names)]
+        node = helper.make_node(i8.OP, ["a", "s", *names], ["y"], domain=native.DOMAIN, N=size)
+        rates.append(_graph_seconds([node], packed, {**feed, "s": np.ones((size, 1), np.float32)},
+                                    TensorProto.FLOAT, threads, native.DOMAIN))
+    return 2 * size**3 / min(rates) / 1e9
+
+
+def _graph_seconds(nodes: list, constants: list, feed: dict, out_type: int, threads: int,
+                   domain: str | None = None) -> float:
+    """The best time of one run of a graph of `nodes` over `feed` (hotrod's ops in `domain`, where given)."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from hotrod.runtime import native
+
+    inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+              for name, value in feed.items()]
+    output = helper.make_tensor_value_info("y", out_type, None)
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(helper.make_graph(nodes, "int8_rate", inputs, [output], constants), opset_imports=opsets)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-                                   .SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed = {"a": rng.integers(0, 256, (size, size), dtype=np.uint8)}
-    return 2 * size**3 / _best(lambda: session.run(None, feed), 5) / 1e9
+    if domain:
+        native.use_library(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return _best(lambda: session.run(None, feed), 5)
 
 
 def _cpu_name() -> str:

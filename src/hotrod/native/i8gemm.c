@@ -11,7 +11,11 @@
  * The uint8 rows carry the zero point 128: sum(q * w) - 128 * sum(w) is the sum over the signed values, with
  * 128 * sum(w) per column computed at packing (`offsets`). The epilogue scales the exact sum as onnxruntime's
  * kernel does for a scale per row (by the column's scale, then the row's), adds the bias, and writes only the
- * rows and columns that exist. Rows are independent: a row's answer is the same alone and in any batch.
+ * rows and columns that exist (built with -ffp-contract=off: a multiply and an add fused into one rounding
+ * would not be onnxruntime's answer). Rows are independent: a row's answer is the same alone and in any batch.
+ *
+ * The columns may go to several outputs of equal width, a multiple of 16 (a fused Q/K/V product's three), so
+ * that no pass splits them afterwards.
  *
  * Work is split into blocks of rows by blocks of columns, run on the caller's threads (onnxruntime's pool,
  * through `parallel`): a block of weights stays in a core's cache while its rows go through.
@@ -62,9 +66,15 @@ typedef struct {
   const float *a_scale, *w_scale, *bias;
   const int8_t* w;
   const int32_t* offsets;
-  float* y;
-  int64_t rows, k, n, padded_n, unit_cols, col_units;
+  float* const* y; /* the outputs, each `width` of the n columns */
+  int64_t rows, k, n, padded_n, unit_cols, col_units, width;
 } Problem;
+
+/* Where column `col` of row `row` goes: its output, at its place there. */
+static inline float* place(const Problem* p, int64_t row, int64_t col) {
+  const int64_t part = col / p->width;
+  return p->y[part] + row * p->width + (col - part * p->width);
+}
 
 /* Rows [row, row + 32) of q, or a zero-padded copy where fewer remain (tiles read 16 whole rows). */
 static const uint8_t* block_rows(const Problem* p, int64_t row, uint8_t* spare) {
@@ -75,20 +85,29 @@ static const uint8_t* block_rows(const Problem* p, int64_t row, uint8_t* spare) 
   return spare;
 }
 
-/* 16 columns' sums of one row as floats in y: scaled, biased, clipped to the columns that exist. */
-static inline void emit(const Problem* p, __m512i sum, int64_t row, int64_t col) {
-  const __mmask16 mask = p->n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p->n - col)) - 1);
-  sum = _mm512_sub_epi32(sum, _mm512_loadu_si512(p->offsets + col));
-  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_loadu_ps(p->w_scale + col));
-  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(p->a_scale[row])), _mm512_loadu_ps(p->bias + col));
-  _mm512_mask_storeu_ps(p->y + row * p->n + col, mask, v);
+/* A column block's constants: the zero point taken back, the scales, the bias, which columns exist. */
+typedef struct { __m512i offset; __m512 scale, bias; __mmask16 mask; } Columns;
+
+static inline Columns columns(const Problem* p, int64_t col) {
+  Columns c = {_mm512_loadu_si512(p->offsets + col), _mm512_loadu_ps(p->w_scale + col), _mm512_loadu_ps(p->bias + col),
+               p->n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p->n - col)) - 1)};
+  return c;
+}
+
+/* 16 columns' sums of one row as floats in y: scaled as onnxruntime scales them, biased, clipped. */
+static inline void emit(const Problem* p, const Columns* c, __m512i sum, int64_t row, int64_t col) {
+  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
+  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(p->a_scale[row])), c->bias);
+  _mm512_mask_storeu_ps(place(p, row, col), c->mask, v);
 }
 
 /* The 32 x 32 int32 sums as floats in y, for the rows and columns that exist. */
 static void finish(const Problem* p, const int32_t* sums, int64_t row, int64_t col) {
-  for (int half = 0; half < 2 && col + half * 16 < p->n; half++)
-    for (int r = 0; r < BLOCK_ROWS && row + r < p->rows; r++)
-      emit(p, _mm512_loadu_si512(sums + r * 32 + half * 16), row + r, col + half * 16);
+  const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
+  for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
+    const Columns c = columns(p, col + half * 16);
+    for (int64_t r = 0; r < rows; r++) emit(p, &c, _mm512_loadu_si512(sums + r * 32 + half * 16), row + r, col + half * 16);
+  }
 }
 
 /* A few rows (a decoding step's) by 32 columns on AVX-512 VNNI: each row's 4 bytes at a depth broadcast
@@ -111,8 +130,10 @@ static inline __attribute__((always_inline)) void narrow_rows(const Problem* p, 
       }
     }
   }
-  for (int r = 0; r < count; r++)
-    for (int half = 0; half < 2 && col + half * 16 < p->n; half++) emit(p, sums[r][half], row + r, col + half * 16);
+  for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
+    const Columns c = columns(p, col + half * 16);
+    for (int r = 0; r < count; r++) emit(p, &c, sums[r][half], row + r, col + half * 16);
+  }
 }
 
 /* narrow_rows for `count` rows, each count its own code: the sums stay in registers. */
@@ -177,7 +198,7 @@ static void unit(void* data, size_t index) {
   for (int64_t row = first_row; row < last_row; row += BLOCK_ROWS) {
     if (row + BLOCK_ROWS > p->rows && spare == NULL && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
       for (int64_t r = row; r < last_row; r++)  /* memory ran out: NaN, which no caller takes for an answer */
-        for (int64_t c = first_col; c < last_col && c < p->n; c++) p->y[r * p->n + c] = __builtin_nanf("");
+        for (int64_t c = first_col; c < last_col && c < p->n; c++) *place(p, r, c) = __builtin_nanf("");
       break;
     }
     const uint8_t* a = block_rows(p, row, spare);
@@ -194,10 +215,12 @@ static void unit(void* data, size_t index) {
 }
 
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* y,
-                     hotrod_parallel parallel, void* runner) {
-  if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0) return -1;
-  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0};
+                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
+                     int64_t parts, hotrod_parallel parallel, void* runner) {
+  if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0 || parts < 1 || n % parts != 0 ||
+      (parts > 1 && n / parts % 16 != 0))
+    return -1;
+  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts};
   p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
   /* wide units keep a block of weights in cache longer; narrow ones share a small product among threads */

@@ -14,9 +14,11 @@ typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size
 /* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */
 int hotrod_amx_ready(void);
 
-/* y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
+/* Y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
- * to a multiple of HOTROD_I8_COLS. Returns 0, or -1 where the tile state is not granted or memory ran out. */
+ * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns
+ * each (a multiple of 16 where parts > 1). Returns 0, or -1 where the tile state is not granted or the
+ * split does not fit (memory that ran out gives NaN). */
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* y,
-                     hotrod_parallel parallel, void* runner);
+                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
+                     int64_t parts, hotrod_parallel parallel, void* runner);

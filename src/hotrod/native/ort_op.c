@@ -6,7 +6,8 @@
  *   quantization of a product's input in one pass (rows.c, AVX2);
  * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
  *   weights, int32 zero-point offsets, float column scales and bias; attribute N; output float [..., N]):
- *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX).
+ *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX);
+ * - Int8MatMulSplit: the same with its columns in three outputs of N / 3 each (a fused Q/K/V product's).
  *
  * QuantizeRows and Int8MatMul run on onnxruntime's intra-op threads (KernelContext_ParallelFor, from the
  * version-17 table on; on the calling thread alone where the runtime lacks it). Q4MatMul brings its own.
@@ -165,15 +166,18 @@ static size_t rows_outputs(const CustomOp* op) { (void)op; return 2; }
 static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, provider, rows_input_type, rows_inputs,
                                        rows_output_type, rows_outputs, compute_rows, destroy_rows, required, required};
 
-/* -- Int8MatMul ------------------------------------------------------------------------------- */
+/* -- Int8MatMul, Int8MatMulSplit ------------------------------------------------------------ */
 
-typedef struct { int64_t n; } Int8Kernel;
+/* N, and the outputs its columns are split into: 1 (Int8MatMul) or 3 (Int8MatMulSplit). */
+typedef struct { int64_t n, parts; } Int8Kernel;
 
 static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
-  (void)op, (void)table;
+  (void)table;
   Int8Kernel* kernel = calloc(1, sizeof(Int8Kernel));
   if (kernel == NULL) return NULL;
-  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0) {
+  kernel->parts = (int64_t)op->GetOutputTypeCount(op);
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
+      kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0)) {
     free(kernel);
     return NULL;
   }
@@ -198,40 +202,50 @@ static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* 
 static void compute_int8(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
   const OrtValue* in[6] = {NULL};
-  OrtValue* y = NULL;
   int64_t dims[8];
   for (size_t i = 0; i < 6; i++)
     if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
   const size_t count = dims_of(in[0], dims);
   if (count == 0) return;
-  const int64_t k = dims[count - 1];
+  const int64_t k = dims[count - 1], width = kernel->n / kernel->parts;
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
   const int fits = int8_fits(kernel->n, dims, count, in);
-  dims[count - 1] = kernel->n;
-  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y))) return;
-  float* out = data_of(y);
-  if (out == NULL || rows == 0) return;
+  dims[count - 1] = width;
+  float* out[3] = {NULL, NULL, NULL};
+  for (int64_t i = 0; i < kernel->parts; i++) {
+    OrtValue* y = NULL;
+    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, (size_t)i, dims, count, &y)) ||
+        (out[i] = data_of(y)) == NULL)
+      return;
+  }
+  if (rows == 0) return;
   void* data[6];
   for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
   /* inputs that do not fit the packed weights (or no tile state): NaN, which no caller takes for an answer */
   if (!fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
       data[5] == NULL ||
-      hotrod_i8_matmul(data[0], data[1], rows, k, data[2], data[3], data[4], data[5], kernel->n, out, run_parallel,
-                       context) != 0)
-    for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");
+      hotrod_i8_matmul(data[0], data[1], rows, k, data[2], data[3], data[4], data[5], kernel->n, out, kernel->parts,
+                       run_parallel, context) != 0)
+    for (int64_t i = 0; i < kernel->parts; i++)
+      for (int64_t j = 0; j < rows * width; j++) out[i][j] = __builtin_nanf("");
 }
 
 static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }
+static const char* int8_split_name(const CustomOp* op) { (void)op; return "Int8MatMulSplit"; }
 static int int8_input_type(const CustomOp* op, size_t i) {
   (void)op;
   static const int types[6] = {UINT8, FLOAT, INT8, INT32, FLOAT, FLOAT};
   return i < 6 ? types[i] : FLOAT;
 }
 static size_t int8_inputs(const CustomOp* op) { (void)op; return 6; }
+static size_t three(const CustomOp* op) { (void)op; return 3; }
 
 static const CustomOp int8_matmul = {API_VERSION, create_int8, int8_name, provider, int8_input_type, int8_inputs,
                                      output_type, outputs, compute_int8, destroy, required, required};
+static const CustomOp int8_matmul_split = {API_VERSION, create_int8, int8_split_name, provider, int8_input_type,
+                                           int8_inputs, output_type, three, compute_int8, destroy, required,
+                                           required};
 
 /* -- registration ----------------------------------------------------------------------------- */
 
@@ -250,6 +264,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &q4_matmul);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &quantize_rows);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul_split);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

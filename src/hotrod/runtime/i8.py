@@ -25,6 +25,7 @@ from hotrod.optimize.row_scales import SHARED, ZERO_POINT
 from hotrod.runtime import native
 
 OP = "Int8MatMul"
+SPLIT_OP = "Int8MatMulSplit"  # the same, its columns in three equal outputs (a fused Q/K/V product's)
 DEPTH = 64  # the kernel's depth step: K must be a multiple
 COLS = 32  # the kernel's columns a step: weights are padded to a multiple
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_int8")
@@ -82,6 +83,10 @@ def rewrite(model: onnx.ModelProto) -> int:
     packed: dict[tuple, list[str]] = {}
     added: list[onnx.TensorProto] = []
     replacements, dropped, replaced = {}, set(), set()
+    for chain in chains:  # a fused Q/K/V product's Split goes into the product
+        chain.split = _split_after(chain, consumers, producers, constants, graph)
+        if chain.split is not None:
+            dropped.update(id(node) for node in chain.split)
     for chain in chains:  # every array read before the graph changes
         key = (chain.weights, chain.column_scales, chain.bias, chain.negated)
         if key not in packed:
@@ -92,12 +97,15 @@ def rewrite(model: onnx.ModelProto) -> int:
             names = [native.unused_name(f"{chain.weights}_{stem}", taken) for stem in ("i8", "offsets", "scales", "bias")]
             added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
             packed[key] = names
+        op, outputs = (SPLIT_OP, list(chain.split[0].output)) if chain.split else (OP, [chain.nodes[-1].output[0]])
         replacements[id(chain.nodes[0])] = helper.make_node(
-            OP, [chain.rows, chain.row_scales, *packed[key]], [chain.nodes[-1].output[0]],
+            op, [chain.rows, chain.row_scales, *packed[key]], outputs,
             name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n)
         dropped.update(id(node) for node in chain.nodes[1:])
         replaced.update(name for node in chain.nodes for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
+    read = {name for node in nodes for name in node.input} | {value.name for value in graph.output}
+    nodes = [node for node in nodes if node.op_type != "Constant" or node.output[0] in read]  # Splits' sizes
     del graph.node[:]
     graph.node.extend(nodes)
     native.swap_initializers(graph, replaced, added)
@@ -110,6 +118,7 @@ class _Chain:
                  column_scales: str, bias: str | None, negated: bool, n: int) -> None:
         self.nodes, self.rows, self.row_scales, self.weights = nodes, rows, row_scales, weights
         self.column_scales, self.bias, self.negated, self.n = column_scales, bias, negated, n
+        self.split: list[onnx.NodeProto] | None = None  # [the Split its columns go through], where fused
 
 
 def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict,
@@ -149,6 +158,35 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
     if any(value.name in (n.output[0] for n in nodes[:-1]) for value in graph.output):
         return None
     return _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, int(w.dims[1]))
+
+
+def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dict,
+                 graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
+    """[the Split] where the product's one reader splits its last axis into three equal parts of a multiple of
+    16 columns (the kernel writes them as three outputs); None otherwise."""
+    out = chain.nodes[-1].output[0]
+    split = _only(consumers, out, "Split")
+    if split is None or len(split.output) != 3 or any(value.name == out for value in graph.output):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
+    if attrs.get("axis") != -1 or chain.n % 3 or chain.n // 3 % 16:
+        return None
+    if len(split.input) > 1 and split.input[1]:
+        if _constant_ints(split.input[1], constants, producers) != [chain.n // 3] * 3:
+            return None
+    elif attrs.get("num_outputs") != 3:
+        return None
+    return [split]
+
+
+def _constant_ints(name: str, constants: dict, producers: dict) -> list[int] | None:
+    """The integers of a constant input (an initializer or a Constant node's value)."""
+    if name in constants:
+        return numpy_helper.to_array(constants[name]).tolist()
+    node = producers.get(name)
+    if node is None or node.op_type != "Constant" or node.attribute[0].name != "value":
+        return None
+    return numpy_helper.to_array(node.attribute[0].t).tolist()
 
 
 def _only(consumers: dict, name: str, op: str | None) -> onnx.NodeProto | None:
