@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -64,12 +65,12 @@ def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None
 
 
 def rewrite(model: onnx.ModelProto) -> int:
-    """Every per-row int8 product chain of `model` that the kernel computes as Int8MatMul, in place;
-    returns how many. Weights two products share are packed once."""
+    """Every per-row int8 product chain of `model` that the kernel computes as Int8MatMul (or, with the Split
+    of a fused Q/K/V product, Int8MatMulSplit), in place; returns how many. Weights two products share are
+    packed once."""
     graph = model.graph
-    constants = {init.name: init for init in graph.initializer}
     fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
-    constants = {name: init for name, init in constants.items() if name not in fed}
+    constants = {init.name: init for init in graph.initializer if init.name not in fed}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -83,25 +84,15 @@ def rewrite(model: onnx.ModelProto) -> int:
     packed: dict[tuple, list[str]] = {}
     added: list[onnx.TensorProto] = []
     replacements, dropped, replaced = {}, set(), set()
-    for chain in chains:  # a fused Q/K/V product's Split goes into the product
-        chain.split = _split_after(chain, consumers, producers, constants, graph)
-        if chain.split is not None:
-            dropped.update(id(node) for node in chain.split)
     for chain in chains:  # every array read before the graph changes
         key = (chain.weights, chain.column_scales, chain.bias, chain.negated)
         if key not in packed:
-            bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
-            arrays = pack(numpy_helper.to_array(constants[chain.weights]),
-                          numpy_helper.to_array(constants[chain.column_scales]),
-                          None if bias is None else (-bias if chain.negated else bias))
-            names = [native.unused_name(f"{chain.weights}_{stem}", taken) for stem in ("i8", "offsets", "scales", "bias")]
-            added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
-            packed[key] = names
-        op, outputs = (SPLIT_OP, list(chain.split[0].output)) if chain.split else (OP, [chain.nodes[-1].output[0]])
-        replacements[id(chain.nodes[0])] = helper.make_node(
-            op, [chain.rows, chain.row_scales, *packed[key]], outputs,
-            name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n)
-        dropped.update(id(node) for node in chain.nodes[1:])
+            packed[key] = [native.unused_name(f"{chain.weights}_{stem}", taken)
+                           for stem in ("i8", "offsets", "scales", "bias")]
+            added += [numpy_helper.from_array(array, name) for array, name in zip(_arrays(chain, constants),
+                                                                                  packed[key])]
+        replacements[id(chain.nodes[0])] = _op(chain, packed[key])
+        dropped.update(id(node) for node in (*chain.nodes[1:], *([chain.split] if chain.split else [])))
         replaced.update(name for node in chain.nodes for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
     read = {name for node in nodes for name in node.input} | {value.name for value in graph.output}
@@ -113,12 +104,29 @@ def rewrite(model: onnx.ModelProto) -> int:
     return len(chains)
 
 
+@dataclass
 class _Chain:
-    def __init__(self, nodes: list[onnx.NodeProto], rows: str, row_scales: str, weights: str,
-                 column_scales: str, bias: str | None, negated: bool, n: int) -> None:
-        self.nodes, self.rows, self.row_scales, self.weights = nodes, rows, row_scales, weights
-        self.column_scales, self.bias, self.negated, self.n = column_scales, bias, negated, n
-        self.split: list[onnx.NodeProto] | None = None  # [the Split its columns go through], where fused
+    nodes: list[onnx.NodeProto]  # MatMulInteger, Cast, the scales' Mul, the scaling Mul[, the bias' Sub or Add]
+    rows: str  # the quantized rows
+    row_scales: str
+    weights: str
+    column_scales: str
+    bias: str | None
+    negated: bool  # the bias is subtracted (`row_scales` writes it negated)
+    n: int
+    split: onnx.NodeProto | None = None  # the Split of a fused Q/K/V product, taken into the op
+
+
+def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
+    bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
+    return pack(numpy_helper.to_array(constants[chain.weights]), numpy_helper.to_array(constants[chain.column_scales]),
+                None if bias is None else (-bias if chain.negated else bias))
+
+
+def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
+    op, outputs = (SPLIT_OP, list(chain.split.output)) if chain.split else (OP, [chain.nodes[-1].output[0]])
+    return helper.make_node(op, [chain.rows, chain.row_scales, *packed], outputs,
+                            name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n)
 
 
 def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict,
@@ -157,12 +165,14 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
             bias, negated = other, following.op_type == "Sub"
     if any(value.name in (n.output[0] for n in nodes[:-1]) for value in graph.output):
         return None
-    return _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, int(w.dims[1]))
+    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, int(w.dims[1]))
+    chain.split = _split_after(chain, consumers, producers, constants, graph)
+    return chain
 
 
 def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dict,
-                 graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
-    """[the Split] where the product's one reader splits its last axis into three equal parts of a multiple of
+                 graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The Split, where the product's one reader splits its last axis into three equal parts of a multiple of
     16 columns (the kernel writes them as three outputs); None otherwise."""
     out = chain.nodes[-1].output[0]
     split = _only(consumers, out, "Split")
@@ -176,7 +186,7 @@ def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dic
             return None
     elif attrs.get("num_outputs") != 3:
         return None
-    return [split]
+    return split
 
 
 def _constant_ints(name: str, constants: dict, producers: dict) -> list[int] | None:
