@@ -170,6 +170,20 @@ def test_what_the_kernel_cannot_compute_alike_is_left_as_it_is():
     assert i8.rewrite(fed) == 0  # weights a caller may override
 
 
+@amx
+def test_a_bias_of_one_row_as_a_language_models_logits_bias_is_taken_and_others_are_left():
+    x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
+    model = products(64, (48,))
+    bias = next(init for init in model.graph.initializer if init.name.endswith("_negated"))
+    bias.dims[:] = [1, 48]  # [1, N]: broadcast as [N] is
+    assert np.array_equal(run(model, x), run(rewritten(model), x, library=True))
+    for dims in ([48, 1], [2, 24]):  # not one value per column: the chain ends before it
+        other = products(64, (48,))
+        bias = next(init for init in other.graph.initializer if init.name.endswith("_negated"))
+        bias.dims[:] = dims
+        assert i8.rewrite(other) == 1 and "Sub" in _ops(other)
+
+
 def test_shared_weights_are_packed_once():
     model = products(64, (64, 64), bias=False)
     first, second = [node for node in model.graph.node if node.op_type == "MatMulInteger"]

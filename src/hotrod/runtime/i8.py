@@ -57,10 +57,10 @@ def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None
     offsets = np.zeros(padded_n, dtype=np.int32)
     offsets[:n] = ZERO_POINT * weights.astype(np.int32).sum(axis=0)
     column_scales = np.zeros(padded_n, dtype=np.float32)
-    column_scales[:n] = np.broadcast_to(scales.astype(np.float32), (n,))
+    column_scales[:n] = np.broadcast_to(scales.astype(np.float32).reshape(-1), (n,))
     padded_bias = np.zeros(padded_n, dtype=np.float32)
     if bias is not None:
-        padded_bias[:n] = np.broadcast_to(bias.astype(np.float32), (n,))
+        padded_bias[:n] = np.broadcast_to(bias.astype(np.float32).reshape(-1), (n,))
     return packed, offsets, column_scales, padded_bias
 
 
@@ -154,20 +154,27 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
         return None
     column = [name for name in scales.input if name in constants]
     row_scales = [name for name in scales.input if name not in constants]
-    if len(column) != 1 or len(row_scales) != 1 or constants[column[0]].data_type != TensorProto.FLOAT:
+    n = int(w.dims[1])
+    if len(column) != 1 or len(row_scales) != 1 or not _per_column(constants[column[0]], n):
         return None
     nodes, bias, negated = [node, cast, scales, scaled], None, False
     following = _only(consumers, scaled.output[0], None)
     if following is not None and following.op_type in ("Sub", "Add") and following.input[0] == scaled.output[0]:
         other = following.input[1]
-        if other in constants and constants[other].data_type == TensorProto.FLOAT:
+        if other in constants and _per_column(constants[other], n):
             nodes.append(following)
             bias, negated = other, following.op_type == "Sub"
     if any(value.name in (n.output[0] for n in nodes[:-1]) for value in graph.output):
         return None
-    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, int(w.dims[1]))
+    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n)
     chain.split = _split_after(chain, consumers, producers, constants, graph)
     return chain
+
+
+def _per_column(tensor: onnx.TensorProto, n: int) -> bool:
+    """Whether a float constant is one value, or one per column ([N] or [1, N], a language model's logits bias),
+    so that adding or multiplying it leaves a product's shape as it is."""
+    return tensor.data_type == TensorProto.FLOAT and list(tensor.dims) in ([], [1], [n], [1, n])
 
 
 def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dict,
