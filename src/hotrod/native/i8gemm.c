@@ -106,7 +106,8 @@ static void finish(const Problem* p, const int32_t* sums, int64_t row, int64_t c
   const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
   for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
     const Columns c = columns(p, col + half * 16);
-    for (int64_t r = 0; r < rows; r++) emit(p, &c, _mm512_loadu_si512(sums + r * 32 + half * 16), row + r, col + half * 16);
+    for (int64_t r = 0; r < rows; r++)
+      emit(p, &c, _mm512_loadu_si512(sums + r * 32 + half * 16), row + r, col + half * 16);
   }
 }
 

@@ -112,14 +112,17 @@ WIDE static void quantize_row_wide(const float* x, int64_t k, uint8_t* q, float*
   for (; i < k; i++) q[i] = one(x[i], s);
 }
 
-void hotrod_quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* scales) {
-  static int wide = -1; /* whether this CPU has AVX-512: asked once */
-  if (wide < 0) __builtin_cpu_init(), wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                       __builtin_cpu_supports("avx512vl");
-  for (int64_t r = 0; r < rows; r++) {
-    if (wide)
-      quantize_row_wide(x + r * k, k, q + r * k, scales + r);
-    else
-      quantize_row(x + r * k, k, q + r * k, scales + r);
+/* Whether this CPU has the AVX-512 the wide row needs (asked once). */
+static int wide_cpu(void) {
+  static int wide = -1;
+  if (wide < 0) {
+    __builtin_cpu_init();
+    wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   }
+  return wide;
+}
+
+void hotrod_quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* scales) {
+  void (*const row)(const float*, int64_t, uint8_t*, float*) = wide_cpu() ? quantize_row_wide : quantize_row;
+  for (int64_t r = 0; r < rows; r++) row(x + r * k, k, q + r * k, scales + r);
 }

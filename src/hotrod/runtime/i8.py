@@ -164,7 +164,8 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
         if other in constants and _per_column(constants[other], n):
             nodes.append(following)
             bias, negated = other, following.op_type == "Sub"
-    if any(value.name in (n.output[0] for n in nodes[:-1]) for value in graph.output):
+    inner = {step.output[0] for step in nodes[:-1]}  # what the op no longer writes
+    if any(value.name in inner for value in graph.output):
         return None
     chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n)
     chain.split = _split_after(chain, consumers, producers, constants, graph)
