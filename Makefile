@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 
 # hotrod's CPU kernels, loaded into onnxruntime as custom ops (`hotrod.runtime.native`): the int4 products
 # (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`), per-row int8 quantization (AVX2:
-# `hotrod.runtime.rows`) and int8 products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`).
+# `hotrod.runtime.rows`), int8 products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`) and
+# encoder attention in bf16 on AMX tiles (only where the CPU has AMX-BF16 and the build asked for it:
+# `hotrod.runtime.attention`).
 # Each file is built for its own instructions, the library's entry point for AVX2, so it loads on any x86-64
 # CPU with AVX2; without it, onnxruntime's own ops run the same graphs. The library is linked aside and moved
 # into place, so a process that has the old one loaded keeps it.
@@ -23,16 +25,19 @@ NATIVE_DIR := src/hotrod/native
 NATIVE     := $(NATIVE_DIR)/libhotrod_cpu.so
 NATIVE_CFLAGS := -O3 -fPIC -pthread -Wall -Wextra -Werror
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
-		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
+		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
+		$(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mamx-tile -mamx-int8 \
 			-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
+			-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
 		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $$tmp/i8gemm.o \
-			$$tmp/ort_op.o -lm && \
+			$$tmp/attention.o $$tmp/ort_op.o -lm && \
 		mv -f $$tmp/lib.so $@; \
 		status=$$?; rm -rf $$tmp; exit $$status; \
 	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi
@@ -64,12 +69,14 @@ PEERS_STAMP := $(VENV)/.hotrod-peers
 
 # llama.cpp's AMX kernels (built where -march=native has AMX) die of SIGILL on their first tile load, with the
 # process granted the tile state or not; on such a CPU llama.cpp is built for AVX-512 VNNI and BF16 instead.
+# pip's wheel cache is keyed by the source, not by CMAKE_ARGS: a wheel built earlier with other flags (or on
+# another CPU) would be reused, so llama.cpp is always compiled here (--no-cache-dir).
 LLAMA_CMAKE_ARGS := $(if $(shell grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && echo amx),-DGGML_NATIVE=OFF \
 	-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
 	-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_BMI2=ON)
 
 $(PEERS_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e ".[peers]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir -e ".[peers]"
 	touch $(PEERS_STAMP)
 
 # $(call peer_venv,DIR,REQUIREMENTS): an environment with the CPU build of torch and a peer's packages.

@@ -1,13 +1,15 @@
-"""What hotrod's CPU kernels gain: one int8 artifact loaded twice, once on hotrod's kernels (its per-row
-quantization, and its products where the CPU has AMX) and once on onnxruntime's own ops, timed interleaved
+"""What hotrod's CPU kernels gain: one int8 artifact loaded three times, on onnxruntime's own ops, on hotrod's
+kernels with fp32 attention (its per-row quantization, and its products where the CPU has AMX), and on all of
+hotrod's kernels (its attention in bf16 where the CPU has AMX-BF16, as the int8 build asks), timed interleaved
 in one run.
 
     python benchmarks/cpu_kernels.py [--out DIR] [--json FILE] [--threads N] [--runs N]
 
-Cases: bert-base (W3's shape) forward at batch 1 x 128 tokens (W3) and batch 16 of 16..128 tokens (W4);
-GPT-2 124M (W1's shape) int8, 32-token prompt and 64 greedy tokens. Prints each case's median seconds for
-both and their ratio, with the kernels that ran and the CPU's; the two's answers are checked equal, bit for
-bit, first.
+Cases: bert-base (W3's shape) forward at batch 1 x 128 tokens (W3), batch 16 of 16..128 tokens (W4) and
+batch 1 x 384 tokens (W6's length); GPT-2 124M (W1's shape) int8, 32-token prompt and 64 greedy tokens.
+Prints each case's median seconds for each and the ratios to onnxruntime's ops, with the kernels that ran
+and the CPU's. The first two's answers are checked equal, bit for bit, first; the third's largest absolute
+difference and least cosine against them are recorded (its attention rounds to bf16).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import torch
 import transformers
 
 import hotrod
-from hotrod.runtime import native
+from hotrod.runtime import attention, native
 
-VARIANTS = ("onnxruntime ops", "hotrod kernels")
+VARIANTS = ("onnxruntime ops", "hotrod kernels, fp32 attention", "hotrod kernels")
 
 
 def build(directory: Path, name: str, model: transformers.PreTrainedModel, threads: int) -> dict[str, hotrod.HotrodModel]:
-    """`model` saved and optimized at int8 once, then loaded without and with hotrod's kernels."""
+    """`model` saved and optimized at int8 once, then loaded without hotrod's kernels, with them but fp32
+    attention, and with all of them."""
     checkpoint, out = directory / name, directory / f"{name}-int8"
     if not checkpoint.exists():
         model.eval().save_pretrained(checkpoint)
@@ -39,10 +42,12 @@ def build(directory: Path, name: str, model: transformers.PreTrainedModel, threa
         hotrod.optimize(checkpoint, out, precision="int8", progress=False, verify_examples=0)
     with mock.patch.object(native, "library", lambda: None):
         plain = hotrod.load(out, threads=threads)
+    with mock.patch.object(attention, "available", lambda: False):
+        exact = hotrod.load(out, threads=threads)
     kernels = hotrod.load(out, threads=threads)
     if not kernels.backend.kernel_ops:
         raise SystemExit("hotrod's kernels did not load here (`make native`; x86-64 with AVX2)")
-    return dict(zip(VARIANTS, (plain, kernels)))
+    return dict(zip(VARIANTS, (plain, exact, kernels)))
 
 
 def timed(models: dict[str, hotrod.HotrodModel], work: Callable, runs: int) -> dict[str, float]:
@@ -56,13 +61,19 @@ def timed(models: dict[str, hotrod.HotrodModel], work: Callable, runs: int) -> d
     return {v: statistics.median(s[1:]) for v, s in seconds.items()}
 
 
-def same(models: dict[str, hotrod.HotrodModel], work: Callable) -> None:
-    """Tokens or hidden states equal, bit for bit (see `hotrod.runtime.rows` and `hotrod.runtime.i8`)."""
-    first, second = (work(m) for m in models.values())
+def same(models: dict[str, hotrod.HotrodModel], work: Callable) -> dict[str, float]:
+    """Tokens or hidden states of the first two variants equal, bit for bit (see `hotrod.runtime.rows` and
+    `hotrod.runtime.i8`); the third's distance from them: tokens agreeing, or hidden states' largest absolute
+    difference and least cosine per token."""
+    first, second, third = (work(m) for m in models.values())
     if not isinstance(first, torch.Tensor):
-        first, second = first.last_hidden_state, second.last_hidden_state
+        first, second, third = first.last_hidden_state, second.last_hidden_state, third.last_hidden_state
     if not torch.equal(first, second):
         raise SystemExit("the kernels' answers differ from onnxruntime's ops'")
+    if first.dtype == torch.long:
+        return {"token_agreement": (first == third).float().mean().item()}
+    cosine = torch.nn.functional.cosine_similarity(first, third, dim=-1)
+    return {"max_abs_difference": (first - third).abs().max().item(), "min_cosine": cosine.min().item()}
 
 
 def cases(directory: Path, threads: int) -> list[tuple[str, dict, Callable, int]]:
@@ -72,6 +83,7 @@ def cases(directory: Path, threads: int) -> list[tuple[str, dict, Callable, int]
     generator = torch.Generator().manual_seed(0)
     one = torch.randint(1000, 20000, (1, 128), generator=generator)
     lengths = torch.randint(16, 129, (16,), generator=generator)
+    long = torch.randint(1000, 20000, (1, 384), generator=generator)
     many = torch.randint(1000, 20000, (16, 128), generator=generator)
     mask = (torch.arange(128)[None, :] < lengths[:, None]).long()
     prompt = torch.randint(1000, 20000, (1, 32), generator=generator)
@@ -79,6 +91,8 @@ def cases(directory: Path, threads: int) -> list[tuple[str, dict, Callable, int]
         ("W3: bert-base forward, batch 1 x 128", bert,
          lambda m: m(input_ids=one, attention_mask=torch.ones_like(one)), 30),
         ("W4: bert-base forward, batch 16 of 16..128", bert, lambda m: m(input_ids=many, attention_mask=mask), 10),
+        ("W6's length: bert-base forward, batch 1 x 384", bert,
+         lambda m: m(input_ids=long, attention_mask=torch.ones_like(long)), 15),
         ("W1 int8: GPT-2 32 + 64 greedy tokens", gpt2,
          lambda m: m.generate(prompt, max_new_tokens=64, min_new_tokens=64, do_sample=False), 5),
     ]
@@ -107,14 +121,16 @@ def main() -> None:
     directory = args.out or Path(tempfile.mkdtemp(prefix="cpu-kernels-"))
     results = []
     for name, models, work, runs in cases(directory, args.threads):
-        same(models, work)
+        closeness = same(models, work)
         figures = timed(models, work, args.runs or runs)
-        ratio = figures[VARIANTS[0]] / figures[VARIANTS[1]]
-        ops = sorted(set().union(*models[VARIANTS[1]].backend.kernel_ops.values()))
-        results.append({"case": name, "threads": args.threads, **figures, "speedup": ratio, "kernels": ops,
+        ratios = {v: figures[VARIANTS[0]] / figures[v] for v in VARIANTS[1:]}
+        ops = sorted(set().union(*models[VARIANTS[-1]].backend.kernel_ops.values()))
+        results.append({"case": name, "threads": args.threads, **figures, "speedup": ratios[VARIANTS[-1]],
+                        "speedup_fp32_attention": ratios[VARIANTS[1]], "bf16_attention": closeness, "kernels": ops,
                         "cpu": cpu()})
-        print(f"{name}: {figures[VARIANTS[0]] * 1e3:.1f} ms -> {figures[VARIANTS[1]] * 1e3:.1f} ms ({ratio:.3f}x, "
-              f"{' + '.join(ops)})")
+        times = " -> ".join(f"{figures[v] * 1e3:.1f}" for v in VARIANTS)
+        print(f"{name}: {times} ms ({' / '.join(f'{r:.3f}x' for r in ratios.values())}; {' + '.join(ops)}; "
+              f"{closeness})")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -85,8 +85,12 @@ def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
 
 def test_each_precision_describes_itself_as_manifests_always_have():
     for name, (weights, activations) in MANIFEST_WEIGHTS.items():
+        attention = {"attention": "bf16 products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"}
         assert precisions.get(name).describe("entropy") == {
-            "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
+            "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations,
+            **(attention if name == "int8" else {})}
+    with pytest.raises(ValueError, match="attention"):
+        precisions.Full(name="fp32", weight_bytes=4.0, attention="int4")
 
 
 def test_what_the_pipeline_and_the_floor_read():

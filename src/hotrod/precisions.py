@@ -46,6 +46,11 @@ Feed = dict[str, np.ndarray]
 
 _PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
 
+# The graph property through which a build asks for bf16 attention products (`Precision.attention`), read
+# where the graph is loaded (`hotrod.runtime.attention`).
+ATTENTION_KEY = "hotrod.attention"
+ATTENTIONS = ("fp32", "bf16")
+
 # How the static engine stores a precision's linear weights (`Precision.engine_linears`); the runtime maps
 # each to the layer that quantizes a linear into it (`hotrod.runtime.static.QUANTIZERS`).
 CAST = ""  # cast with the rest of the weights, to `torch_dtype`
@@ -74,10 +79,16 @@ class Precision:
     torch_dtype: str = ""  # the engine's activations and other weights, a TORCH_DTYPES name (engine only)
     engine_linears: str = CAST  # how the engine stores its linear weights: one of LINEAR_FORMATS
     measures_islands: bool = False  # an engine build keeps the modules this precision overflows in fp32
+    # The encoders' attention products on the CPU: fp32 (onnxruntime's kernel) or bf16 (hotrod's, on AMX
+    # tiles where the CPU has AMX-BF16, fp32 elsewhere), asked for in the graph (ATTENTION_KEY) and so
+    # measured by the build's verification.
+    attention: str = "fp32"
 
     def __post_init__(self):
         if self.engine and self.torch_dtype not in TORCH_DTYPES:
             raise ValueError(f"engine precision {self.name} needs a torch_dtype among {TORCH_DTYPES}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"precision {self.name}: attention {self.attention!r} not in {ATTENTIONS}")
         if self.engine_linears not in LINEAR_FORMATS:
             raise ValueError(f"precision {self.name}: engine_linears {self.engine_linears!r} not in {LINEAR_FORMATS}")
 
@@ -111,7 +122,10 @@ class Precision:
         """Where each kind of weight, and the activations, ended up (the manifest's "weights")."""
         weights = self.weights or self.name
         activations = (self.activations or self.name).format(method=method)
-        return {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
+        described = {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
+        if self.attention != "fp32":
+            described["attention"] = f"{self.attention} products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"
+        return described
 
     def describe_engine(self) -> dict[str, str]:
         """The manifest's "weights" of a torch engine artifact (fp16's fp32 islands are listed beside them)."""
@@ -178,7 +192,7 @@ class Int8Dynamic(Precision):
               name: str | None = None) -> tuple[onnx.ModelProto, dict]:
         from hotrod.optimize.quantize import int8_dynamic
 
-        return int8_dynamic(model, self.per_row), {}
+        return ask_attention(int8_dynamic(model, self.per_row), self.attention), {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,8 +273,10 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     # Activations per row (one symmetric scale per token): batch-invariant, and on real weights at least as
     # close to fp32 as one scale per call (the demo's MiniLM tagger: entity F1 0.946 against 0.938), for
     # about int8-call's CPU time (benchmarks/results/int8-rows-cpu.json).
+    # Its attention products in bf16 where the CPU has AMX-BF16: 8 significant bits, finer than the 8-bit rows
+    # of every product around them.
     Int8Dynamic(name="int8", weight_bytes=1.0, per_row=True, weights="int8 per-channel, 7-bit range (dynamic)",
-                activations="uint8 per row, symmetric, range measured on every call (dynamic)"),
+                activations="uint8 per row, symmetric, range measured on every call (dynamic)", attention="bf16"),
     # onnxruntime's own dynamic quantization, one activation range per call: a row's answer depends on its
     # batch-mates, so auto never picks it; kept for comparison and for graphs built that way.
     Int8Dynamic(name="int8-call", weight_bytes=1.0, candidate=False,
@@ -284,6 +300,15 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     Fp8(name="fp8", weight_bytes=1.0, engine_weights="fp8 e4m3 per output channel, fp32 scales (torch._scaled_mm)",
         engine_dtype="bf16", torch_dtype="bfloat16", engine_linears=FP8_PER_CHANNEL),
 )}
+
+
+def ask_attention(model: onnx.ModelProto, attention: str) -> onnx.ModelProto:
+    """`model` asking for `attention` products where it is loaded (ATTENTION_KEY; nothing for fp32)."""
+    if attention != "fp32":
+        from onnx import helper
+
+        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, ATTENTION_KEY: attention})
+    return model
 
 
 def invariant_rows(name: str | None) -> int:

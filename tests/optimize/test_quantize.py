@@ -251,7 +251,8 @@ def test_tables_agree_with_options():
                                        "int4-b256"])
 def test_describe_names_the_precision_and_keeps_embeddings_fp32(precision):
     weights = precisions.get(precision).describe("percentile")
-    assert set(weights) == {"matmul_weights", "lm_head", "embeddings", "activations"}
+    attention = {"attention"} if precisions.get(precision).attention != "fp32" else set()
+    assert set(weights) == {"matmul_weights", "lm_head", "embeddings", "activations", *attention}
     assert precision in weights["lm_head"] and weights["embeddings"] == "fp32"
     assert ("percentile" in weights["activations"]) == (precision == "int8-static")
 

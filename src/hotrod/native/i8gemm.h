@@ -14,6 +14,9 @@ typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size
 /* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */
 int hotrod_amx_ready(void);
 
+/* This thread's tiles configured as hotrod's AMX kernels use them: all eight 16 rows of 64 bytes. */
+void hotrod_configure_tiles(void);
+
 /* Y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
  * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns

@@ -20,7 +20,7 @@ enum { FLOAT = 1, UINT8 = 2, INT8 = 3, INT32 = 6 };
 /* Positions in the version-8 table. */
 enum {
   CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
-  DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
+  DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_FLOAT = 85, ATTRIBUTE_INT64 = 86, CONTEXT_INPUT = 90,
   CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
 };
 /* KernelContext_ParallelFor: onnxruntime's intra-op threads for a custom op, from the version-17 table on. */
@@ -42,6 +42,8 @@ typedef struct CustomOp {
   int (*GetOutputCharacteristic)(const struct CustomOp*, size_t);
 } CustomOp;
 
+enum { REQUIRED = 0, OPTIONAL = 1 }; /* an input's characteristic */
+
 static const Entry* api;
 
 #define CALL(index, type, ...) (((type)api[index])(__VA_ARGS__))
@@ -54,6 +56,7 @@ typedef OrtStatus* (*DimsFn)(const OrtShape*, int64_t*, size_t);
 typedef void (*ReleaseShapeFn)(OrtShape*);
 typedef void (*ReleaseStatusFn)(OrtStatus*);
 typedef OrtStatus* (*AttributeFn)(const OrtKernelInfo*, const char*, int64_t*);
+typedef OrtStatus* (*FloatAttributeFn)(const OrtKernelInfo*, const char*, float*);
 typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
 
 /* A failed call: its status released, and the kernel told so. */

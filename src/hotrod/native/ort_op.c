@@ -7,9 +7,12 @@
  * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
  *   weights, int32 zero-point offsets, float column scales and bias; attribute N; output float [..., N]):
  *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX);
- * - Int8MatMulSplit: the same with its columns in three outputs of N / 3 each (a fused Q/K/V product's).
+ * - Int8MatMulSplit: the same with its columns in three outputs of N / 3 each (a fused Q/K/V product's);
+ * - Bf16Attention (inputs: Q, K, V float [B, S, H x D], an optional additive float mask broadcasting to
+ *   [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder self-attention with bf16 products
+ *   on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked).
  *
- * QuantizeRows and Int8MatMul run on onnxruntime's intra-op threads (KernelContext_ParallelFor, from the
+ * QuantizeRows, Int8MatMul and Bf16Attention run on onnxruntime's intra-op threads (KernelContext_ParallelFor, from the
  * version-17 table on; on the calling thread alone where the runtime lacks it). Q4MatMul brings its own.
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
@@ -17,10 +20,12 @@
  * version 8 and declares the few entries it calls by their positions in that table, with their types,
  * so it builds without onnxruntime's headers, which its Python package does not carry.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention.h"
 #include "i8gemm.h"
 #include "q4gemm.h"
 #include "rows.h"
@@ -247,6 +252,64 @@ static const CustomOp int8_matmul_split = {API_VERSION, create_int8, int8_split_
                                            int8_inputs, output_type, three, compute_int8, destroy, required,
                                            required};
 
+/* -- Bf16Attention ----------------------------------------------------------------------------- */
+
+typedef struct { int64_t heads; float scale; } AttentionKernel;
+
+static void* create_attention(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)op, (void)table;
+  AttentionKernel* kernel = calloc(1, sizeof(AttentionKernel));
+  if (kernel == NULL) return NULL;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "num_heads", &kernel->heads)) ||
+      failed(CALL(ATTRIBUTE_FLOAT, FloatAttributeFn, info, "scale", &kernel->scale)) || kernel->heads <= 0) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+/* Whether K and V are [B, S_k, W] for Q's [B, S_q, W] (W = `width`), W a multiple of the heads. */
+static int attention_fits(const AttentionKernel* kernel, const int64_t* q, size_t count, const OrtValue* k,
+                          const OrtValue* v) {
+  int64_t dk[8], dv[8];
+  if (count != 3 || q[2] % kernel->heads != 0 || dims_of(k, dk) != 3 || dims_of(v, dv) != 3) return 0;
+  return dk[0] == q[0] && dv[0] == q[0] && dk[2] == q[2] && dv[2] == q[2] && dk[1] == dv[1];
+}
+
+static void compute_attention(void* state, OrtKernelContext* context) {
+  const AttentionKernel* kernel = state;
+  const OrtValue *in[4] = {NULL, NULL, NULL, NULL};
+  OrtValue* out = NULL;
+  int64_t dims[8], k_dims[8], mask_dims[8];
+  for (size_t i = 0; i < 4; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i])) && i < 3) return;
+  const size_t count = in[0] == NULL ? 0 : dims_of(in[0], dims);
+  if (count == 0 || failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &out))) return;
+  float* y = data_of(out);
+  int64_t values = 1;
+  for (size_t i = 0; i < count; i++) values *= dims[i];
+  if (y == NULL || values == 0) return;
+  const int fits = attention_fits(kernel, dims, count, in[1], in[2]) && dims_of(in[1], k_dims) == 3;
+  const int64_t head_size = count == 3 ? dims[2] / kernel->heads : 0; /* scale 0: 1 / sqrt(head size) */
+  const size_t mask_count = in[3] == NULL ? 0 : dims_of(in[3], mask_dims);
+  const float *q = data_of(in[0]), *k = data_of(in[1]), *v = data_of(in[2]);
+  const float* mask = in[3] == NULL ? NULL : data_of(in[3]);
+  /* inputs that do not fit (or no tile state, or a mask that cannot be read): NaN, which no caller takes
+   * for an answer */
+  if (!fits || q == NULL || k == NULL || v == NULL || (in[3] != NULL && (mask == NULL || mask_count == 0)) ||
+      hotrod_bf16_attention(q, k, v, dims[0], dims[1], k_dims[1], kernel->heads, head_size,
+                            kernel->scale != 0.0f ? kernel->scale : 1.0f / sqrtf((float)head_size), mask, mask_dims,
+                            mask_count, y, run_parallel, context) != 0)
+    for (int64_t i = 0; i < values; i++) y[i] = __builtin_nanf("");
+}
+
+static const char* attention_name(const CustomOp* op) { (void)op; return "Bf16Attention"; }
+static size_t four(const CustomOp* op) { (void)op; return 4; }
+static int mask_optional(const CustomOp* op, size_t i) { (void)op; return i == 3 ? OPTIONAL : REQUIRED; }
+
+static const CustomOp bf16_attention = {API_VERSION, create_attention, attention_name, provider, output_type, four,
+                                        output_type, outputs, compute_attention, destroy, mask_optional, required};
+
 /* -- registration ----------------------------------------------------------------------------- */
 
 typedef OrtStatus* (*CreateDomainFn)(const char*, OrtCustomOpDomain**);
@@ -265,6 +328,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &quantize_rows);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul_split);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

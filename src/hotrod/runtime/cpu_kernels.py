@@ -1,6 +1,7 @@
 """Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
-(`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`) and per-row int8 quantization
-(`hotrod.runtime.rows`), each where this CPU runs it."""
+(`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`), per-row int8 quantization
+(`hotrod.runtime.rows`) and bf16 attention where the build asked for it (`hotrod.runtime.attention`), each
+where this CPU runs it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from hotrod.runtime import i8, native, q4, rows
+from hotrod.runtime import attention, i8, native, q4, rows
 
 
 @dataclass(frozen=True)
@@ -41,5 +42,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         ops.add(i8.OP)
     if model is not None and rows.rewrite(model):
         ops.add(rows.OP)
+    if model is not None and attention.available() and attention.rewrite(model):
+        ops.add(attention.OP)
     with native.graph_file(model if ops else None) as file:
         yield KernelGraph(file, frozenset(ops)) if file is not None else None

@@ -1,0 +1,303 @@
+/* Encoder self-attention with bf16 products on AMX tiles, the kernel behind hotrod's Bf16Attention op.
+ *
+ * softmax(Q K^T * scale + mask) V for each batch row and head, Q, K and V [batch, sequence, heads x head size]
+ * in fp32 (a fused Q/K/V product's three parts). onnxruntime's CPU Attention computes both products in fp32;
+ * on a CPU with AMX-BF16 a core's tiles multiply bf16 pairs into fp32 sums many times faster. Here Q, K and V
+ * are rounded to bf16 (nearest even), the sums are fp32, the scale, the mask and the softmax are fp32, and the
+ * softmax's numerators are rounded to bf16 for the second product, whose sums are divided by the
+ * denominator at the end. The answers differ from fp32 attention by bf16's rounding (8 significant bits),
+ * finer than the int8 products around it; a graph takes this kernel only where its build asked for it, so
+ * the build's verification measured it.
+ *
+ * A batch row and head is one unit of work, run on the caller's threads (onnxruntime's pool):
+ * - K is packed once per unit as the second operand of Q K^T: for each 16 keys and each 32 of depth, a tile
+ *   whose row r holds, for each of the 16 keys, its depths 2r and 2r + 1 (the pair layout TDPBF16PS reads);
+ * - V likewise for P V: for each 32 keys and 16 columns, a tile whose row r holds keys 2r and 2r + 1 of each
+ *   column;
+ * - queries go 16 at a time: their scores for all keys (64 a step, four tiles of sums), the softmax of each
+ *   row in fp32 with its numerators in bf16, then P V (up to 64 columns a step).
+ * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
+ * Keys are padded to a multiple of 64 with zeros whose numerators are 0: a row's answer does not depend on
+ * the padding, nor on its batch-mates, nor on the other queries of its block.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+
+#define TILE_ROWS 16
+#define KEY_STEP 64     /* keys a step of Q K^T: four tiles of sums */
+#define PAIR_KEYS 32    /* keys in one tile of P or of packed V */
+#define TILE_HALVES 512 /* bf16 values in a tile: 16 rows of 32 */
+
+/* Tiles (hotrod_configure_tiles): 0 queries or P, 1-3 packed K or V, 4-7 sums. */
+
+typedef struct {
+  const float *q, *k, *v, *mask;
+  float* y;
+  int64_t batch, seq_q, seq_k, heads, head_size;
+  int64_t padded_k, pair_keys; /* keys padded for Q K^T (to 64) and for P V (to 32) */
+  int64_t depth, blocks; /* the head size padded with zeros to a multiple of 32; its blocks of 16 columns */
+  int64_t mask_stride[3]; /* floats between the mask's batch rows, heads, query rows; 0 where broadcast */
+  float scale;
+} Problem;
+
+/* 16 floats as bf16, rounded to nearest even. */
+static inline __m256i bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+
+/* The first `count` of 16 lanes (none for count <= 0). */
+static inline __mmask16 first(int64_t count) {
+  return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
+}
+
+/* e^x for x <= 0 (larger values are not asked for): 2^n 2^f with n = round(x log2 e), f in [-1/2, 1/2] on a
+ * degree-5 polynomial (relative error below 3e-6, far below bf16's 4e-3); -inf and anything below about -104
+ * give 0, so a masked key's numerator is exactly 0. */
+static inline __m512 exp_neg(__m512 x) {
+  const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-1e30f)), _mm512_set1_ps(1.44269504f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.3333558e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512. */
+static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
+  const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
+  memset(packed, 0, (size_t)(p->padded_k * p->depth) * sizeof(uint16_t));
+  for (int64_t key = 0; key < p->seq_k; key++) {
+    uint32_t* tiles = (uint32_t*)(packed + (key / 16) * steps * TILE_HALVES) + key % 16;
+    for (int64_t step = 0; step < steps; step++) {
+      uint32_t pairs[16];
+      const float* row = k + key * width + step * 32;
+      const int64_t left = p->head_size - step * 32;
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bf16(_mm512_maskz_loadu_ps(first(left), row))),
+                                              bf16(_mm512_maskz_loadu_ps(first(left - 16), row + 16)), 1);
+      _mm512_storeu_si512(pairs, both);
+      for (int r = 0; r < 16; r++) tiles[step * (TILE_HALVES / 2) + r * 16] = pairs[r];
+    }
+  }
+}
+
+/* V's keys of one unit as P V's second operand: tile (pair block, column block) at
+ * (pair block * blocks + column block) * 512, row r holding keys 2r and 2r + 1 of 16 columns. */
+static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
+  const int64_t blocks = p->blocks, width = p->heads * p->head_size;
+  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  for (int64_t key = 0; key < p->pair_keys; key += 2)
+    for (int64_t block = 0; block < blocks; block++) {
+      const __mmask16 columns = first(p->head_size - block * 16);
+      const __m512 zero = _mm512_setzero_ps();
+      const __m512 even = key < p->seq_k ? _mm512_maskz_loadu_ps(columns, v + key * width + block * 16) : zero;
+      const __m512 odd = key + 1 < p->seq_k ? _mm512_maskz_loadu_ps(columns, v + (key + 1) * width + block * 16) : zero;
+      const __m512i pair = _mm512_permutex2var_epi16(_mm512_castsi256_si512(bf16(even)), interleave,
+                                                     _mm512_castsi256_si512(bf16(odd)));
+      uint16_t* tile = packed + ((key / PAIR_KEYS) * blocks + block) * TILE_HALVES;
+      _mm512_storeu_si512(tile + (key % PAIR_KEYS / 2) * 32, pair);
+    }
+}
+
+/* Q K^T for 16 queries (their bf16 rows in `queries`, one tile per 32 of depth) into scores [16, padded_k]
+ * (of the keys that exist: a last group's half that is all padding is skipped). */
+static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t* keys, float* scores) {
+  const int64_t steps = p->depth / 32, stride = p->padded_k * (int64_t)sizeof(float);
+  for (int64_t key = 0; key < p->padded_k; key += KEY_STEP) {
+    const uint16_t* block = keys + (key / 16) * steps * TILE_HALVES;
+    const int whole = p->seq_k - key > 32;
+    _tile_zero(4);
+    _tile_zero(5);
+    if (whole) {
+      _tile_zero(6);
+      _tile_zero(7);
+    }
+    for (int64_t step = 0; step < steps; step++) {
+      _tile_loadd(0, queries + step * TILE_HALVES, 64);
+      _tile_loadd(1, block + step * TILE_HALVES, 64);
+      _tile_loadd(2, block + (steps + step) * TILE_HALVES, 64);
+      _tile_dpbf16ps(4, 0, 1);
+      _tile_dpbf16ps(5, 0, 2);
+      if (whole) {
+        _tile_loadd(3, block + (2 * steps + step) * TILE_HALVES, 64);
+        _tile_loadd(1, block + (3 * steps + step) * TILE_HALVES, 64);
+        _tile_dpbf16ps(6, 0, 3);
+        _tile_dpbf16ps(7, 0, 1);
+      }
+    }
+    _tile_stored(4, scores + key, stride);
+    _tile_stored(5, scores + key + 16, stride);
+    if (whole) {
+      _tile_stored(6, scores + key + 32, stride);
+      _tile_stored(7, scores + key + 48, stride);
+    }
+  }
+}
+
+/* One query row's softmax: scores scaled and masked in fp32, numerators e^(s - max) in bf16 (0 past the
+ * keys, up to the 32 P V reads), and 1 / their sum (0 where every key is masked to -inf). */
+static float softmax_row(const Problem* p, float* scores, const float* mask, uint16_t* numerators) {
+  const __m512 scale = _mm512_set1_ps(p->scale);
+  __m512 largest = _mm512_set1_ps(-INFINITY);
+  for (int64_t key = 0; key < p->seq_k; key += 16) {
+    const __mmask16 m = first(p->seq_k - key);
+    const __m512 raw = _mm512_maskz_loadu_ps(m, scores + key);
+    const __m512 s = mask == NULL ? _mm512_mul_ps(raw, scale)
+                                  : _mm512_fmadd_ps(raw, scale, _mm512_maskz_loadu_ps(m, mask + key));
+    _mm512_mask_storeu_ps(scores + key, m, s);
+    largest = _mm512_mask_max_ps(largest, m, largest, s);
+  }
+  float top = _mm512_reduce_max_ps(largest);
+  if (top == -INFINITY) top = 0.0f;
+  const __m512 shift = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t key = 0;
+  for (; key < p->seq_k; key += 16) {
+    const __mmask16 m = first(p->seq_k - key);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + key), shift)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256((__m256i*)(numerators + key), bf16(e));
+  }
+  memset(numerators + key, 0, (size_t)(p->pair_keys - key) * sizeof(uint16_t));
+  const float total = _mm512_reduce_add_ps(sum);
+  return total > 0.0f ? 1.0f / total : 0.0f;
+}
+
+/* P V for 16 queries (P their bf16 numerators [16, padded_k]) into y, each row times its 1 / sum. */
+static void weighted_values(const Problem* p, const uint16_t* numerators, const uint16_t* values,
+                            const float* inverse, float* y, int64_t rows, float* spill) {
+  const int64_t blocks = p->blocks, width = p->heads * p->head_size;
+  for (int64_t first_block = 0; first_block < blocks; first_block += 4) {
+    const int64_t count = blocks - first_block < 4 ? blocks - first_block : 4;
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t key = 0; key < p->pair_keys; key += PAIR_KEYS) {
+      const uint16_t* tile = values + ((key / PAIR_KEYS) * blocks + first_block) * TILE_HALVES;
+      _tile_loadd(0, numerators + key, p->padded_k * (int64_t)sizeof(uint16_t));
+      _tile_loadd(1, tile, 64);
+      _tile_dpbf16ps(4, 0, 1);
+      if (count > 1) {
+        _tile_loadd(2, tile + TILE_HALVES, 64);
+        _tile_dpbf16ps(5, 0, 2);
+      }
+      if (count > 2) {
+        _tile_loadd(3, tile + 2 * TILE_HALVES, 64);
+        _tile_dpbf16ps(6, 0, 3);
+      }
+      if (count > 3) {
+        _tile_loadd(1, tile + 3 * TILE_HALVES, 64);
+        _tile_dpbf16ps(7, 0, 1);
+      }
+    }
+    _tile_stored(4, spill, 64 * sizeof(float));
+    _tile_stored(5, spill + 16, 64 * sizeof(float));
+    _tile_stored(6, spill + 32, 64 * sizeof(float));
+    _tile_stored(7, spill + 48, 64 * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+      const __m512 factor = _mm512_set1_ps(inverse[r]);
+      for (int64_t b = 0; b < count; b++)
+        _mm512_mask_storeu_ps(y + r * width + (first_block + b) * 16, first(p->head_size - (first_block + b) * 16),
+                              _mm512_mul_ps(_mm512_loadu_ps(spill + r * 64 + b * 16), factor));
+    }
+  }
+}
+
+/* 16 query rows (fewer at the end) as bf16 tiles, one per 32 of depth, zero rows past the end. */
+static void load_queries(const Problem* p, const float* q, int64_t rows, uint16_t* queries) {
+  const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
+  for (int64_t step = 0; step < steps; step++)
+    for (int64_t r = 0; r < TILE_ROWS; r++) {
+      const float* row = q + r * width + step * 32;
+      const int64_t left = r < rows ? p->head_size - step * 32 : 0;
+      const __m512 low = _mm512_maskz_loadu_ps(first(left), row);
+      const __m512 high = _mm512_maskz_loadu_ps(first(left - 16), row + 16);
+      uint16_t* to = queries + step * TILE_HALVES + r * 32;
+      _mm256_storeu_si256((__m256i*)to, bf16(low));
+      _mm256_storeu_si256((__m256i*)(to + 16), bf16(high));
+    }
+}
+
+/* One batch row and head. */
+static void unit(void* data, size_t index) {
+  const Problem* p = data;
+  const int64_t b = (int64_t)index / p->heads, h = (int64_t)index % p->heads;
+  const int64_t width = p->heads * p->head_size, offset = h * p->head_size;
+  const size_t packed = (size_t)(p->padded_k * p->depth) * sizeof(uint16_t); /* K's; V's take at most as much */
+  const size_t bytes = 2 * packed + TILE_ROWS * (size_t)p->padded_k * (sizeof(float) + sizeof(uint16_t)) +
+                       (size_t)(TILE_ROWS * p->depth) * sizeof(uint16_t) + TILE_ROWS * 64 * sizeof(float);
+  uint8_t* memory = aligned_alloc(64, (bytes + 63) / 64 * 64);
+  float* y = p->y + b * p->seq_q * width + offset;
+  if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer */
+    for (int64_t r = 0; r < p->seq_q; r++)
+      for (int64_t c = 0; c < p->head_size; c++) y[r * width + c] = __builtin_nanf("");
+    return;
+  }
+  uint16_t *keys = (uint16_t*)memory, *values = (uint16_t*)(memory + packed);
+  float* scores = (float*)(memory + 2 * packed);
+  uint16_t* numerators = (uint16_t*)(scores + TILE_ROWS * p->padded_k);
+  uint16_t* queries = numerators + TILE_ROWS * p->padded_k;
+  float* spill = (float*)(queries + TILE_ROWS * p->depth);
+  pack_keys(p, p->k + b * p->seq_k * width + offset, keys);
+  pack_values(p, p->v + b * p->seq_k * width + offset, values);
+  hotrod_configure_tiles(); /* per unit: the thread may be any of the pool's */
+  for (int64_t row = 0; row < p->seq_q; row += TILE_ROWS) {
+    const int64_t rows = p->seq_q - row < TILE_ROWS ? p->seq_q - row : TILE_ROWS;
+    float inverse[TILE_ROWS] = {0};
+    load_queries(p, p->q + (b * p->seq_q + row) * width + offset, rows, queries);
+    scores_of(p, queries, keys, scores);
+    for (int64_t r = 0; r < TILE_ROWS; r++) {
+      uint16_t* numerator = numerators + r * p->padded_k;
+      if (r >= rows) { /* past the last query: no row to answer */
+        memset(numerator, 0, (size_t)p->pair_keys * sizeof(uint16_t));
+        continue;
+      }
+      const float* mask = p->mask == NULL ? NULL
+                                          : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
+                                                (row + r) * p->mask_stride[2];
+      inverse[r] = softmax_row(p, scores + r * p->padded_k, mask, numerator);
+    }
+    weighted_values(p, numerators, values, inverse, y + row * width, rows, spill);
+  }
+  _tile_release();
+  free(memory);
+}
+
+/* The mask's strides for [batch, heads, query rows], its dimensions right-aligned to [B, H, Sq, Sk] with 1
+ * where broadcast; 0 where they do not fit. */
+static int mask_strides(const Problem* p, const int64_t* dims, size_t count, int64_t* strides) {
+  const int64_t full[4] = {p->batch, p->heads, p->seq_q, p->seq_k};
+  int64_t d[4] = {1, 1, 1, 1};
+  if (count < 1 || count > 4) return 0;
+  for (size_t i = 0; i < count; i++) d[4 - count + i] = dims[i];
+  if (d[3] != p->seq_k) return 0;
+  int64_t stride = d[3];
+  for (int i = 2; i >= 0; i--) {
+    if (d[i] != 1 && d[i] != full[i]) return 0;
+    strides[i] = d[i] == 1 ? 0 : stride;
+    stride *= d[i];
+  }
+  return 1;
+}
+
+int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
+                          int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
+                          const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,
+                          void* runner) {
+  if (!hotrod_amx_ready() || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
+  Problem p = {q, k, v, mask, y, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, 0, {0, 0, 0}, scale};
+  p.depth = (head_size + 31) / 32 * 32;
+  p.blocks = (head_size + 15) / 16;
+  p.padded_k = (seq_k + KEY_STEP - 1) / KEY_STEP * KEY_STEP;
+  p.pair_keys = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;
+  if (mask != NULL && !mask_strides(&p, mask_dims, mask_count, p.mask_stride)) return -1;
+  if (batch * heads * seq_q > 0) parallel(runner, unit, &p, (size_t)(batch * heads));
+  return 0;
+}

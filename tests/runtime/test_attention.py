@@ -1,0 +1,180 @@
+"""hotrod's bf16 attention kernel (AMX): softmax(Q K^T scale + mask) V with Q, K, V and the numerators rounded
+to bf16 and everything else in fp32, over odd head sizes, lengths, masks and thread counts; a row alone the
+same as in any padded batch; only graphs whose build asked for it rewritten, and only the nodes it computes;
+a fallback wherever the CPU or the build lacks it; a loaded int8 encoder close to its fp32-attention self."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import hotrod
+from hotrod import precisions
+from hotrod.precisions import ATTENTION_KEY, ask_attention
+from hotrod.runtime import attention, native
+from tests.runtime.test_rows import _copy
+from tests.zoo import CASES, prompt_batch
+
+amx = pytest.mark.skipif(not attention.available(),
+                         reason="no AMX-BF16 on this CPU (or no tile state): onnxruntime's kernel runs")
+
+
+def graph(heads: int, mask: bool = True, asked: bool = True, mask_type: int = TensorProto.FLOAT,
+          **attrs) -> onnx.ModelProto:
+    """q, k, v [B, S, W] (and an additive mask m) -> ONNX's Attention -> y."""
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", None, "w"]) for name in "qkv"]
+    if mask:
+        inputs.append(helper.make_tensor_value_info("m", mask_type, None))
+    node = helper.make_node("Attention", ["q", "k", "v", *(["m"] if mask else [])], ["y"],
+                            **({"q_num_heads": heads, "kv_num_heads": heads} | attrs))
+    model = helper.make_model(helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 23)])
+    return ask_attention(model, "bf16") if asked else model
+
+
+def rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = _copy(model)
+    assert attention.rewrite(out) == 1
+    return out
+
+
+def run(model: onnx.ModelProto, feeds: dict, threads: int = 2, library: bool = True) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if library:
+        native.use_library(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def inputs(batch: int, seq: int, heads: int, head: int, seed: int = 0, kv_seq: int | None = None) -> dict:
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, seq, heads * head), dtype=np.float32)
+    k, v = (rng.standard_normal((batch, kv_seq or seq, heads * head), dtype=np.float32) for _ in range(2))
+    return {"q": q, "k": k, "v": v}
+
+
+def padding_mask(lengths: list[int], seq: int, rows: int | None = None) -> np.ndarray:
+    """[B, 1, rows, S]: 0 for a row's tokens, float32's lowest after them (hotrod's exports' masks)."""
+    keep = np.arange(seq)[None, :] < np.array(lengths)[:, None]
+    mask = np.where(keep, 0.0, np.finfo(np.float32).min).astype(np.float32)[:, None, None, :]
+    return np.ascontiguousarray(np.broadcast_to(mask, (len(lengths), 1, rows or seq, seq)))
+
+
+def reference(feeds: dict, heads: int, scale: float | None = None) -> np.ndarray:
+    """The kernel's arithmetic in float64: inputs and numerators rounded to bf16, the rest exact."""
+    def bf16(x: np.ndarray) -> np.ndarray:
+        return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+    q, k, v = feeds["q"], feeds["k"], feeds["v"]
+    batch, seq, width = q.shape
+    head = width // heads
+
+    def heads_first(x: np.ndarray) -> np.ndarray:
+        return bf16(x).reshape(batch, x.shape[1], heads, head).transpose(0, 2, 1, 3)
+
+    scores = (heads_first(q) @ heads_first(k).transpose(0, 1, 3, 2)) * (scale or 1 / np.sqrt(head))
+    if "m" in feeds:
+        scores = scores + feeds["m"]
+    numerators = np.exp(scores - scores.max(-1, keepdims=True))
+    out = (bf16(numerators) @ heads_first(v)) / numerators.sum(-1, keepdims=True)
+    return out.transpose(0, 2, 1, 3).reshape(batch, seq, width)
+
+
+@amx
+@pytest.mark.parametrize("batch,seq,heads,head,masked", [
+    (1, 1, 2, 64, True), (2, 5, 3, 32, True), (1, 17, 2, 48, False), (2, 64, 4, 64, True), (3, 65, 2, 16, True),
+    (1, 130, 2, 100, False), (2, 37, 1, 128, True), (1, 9, 4, 8, True),
+])
+def test_the_kernels_arithmetic_over_odd_head_sizes_lengths_and_masks(batch, seq, heads, head, masked):
+    feeds = inputs(batch, seq, heads, head)
+    if masked:
+        feeds["m"] = padding_mask([seq - i for i in range(batch)], seq)
+    model = graph(heads, mask=masked)
+    fast = run(rewritten(model), feeds)
+    np.testing.assert_allclose(fast, reference(feeds, heads), atol=2e-3, rtol=0)
+    np.testing.assert_allclose(fast, run(model, feeds, library=False), atol=3e-2, rtol=0)  # fp32 attention
+
+
+@amx
+def test_a_bias_per_head_and_query_and_a_given_scale():
+    feeds = inputs(2, 11, 3, 32, seed=1)
+    feeds["m"] = np.random.default_rng(2).standard_normal((1, 3, 11, 11)).astype(np.float32)
+    model = graph(3, scale=0.3)
+    np.testing.assert_allclose(run(rewritten(model), feeds), reference(feeds, 3, 0.3), atol=2e-3, rtol=0)
+
+
+@amx
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_row_is_the_same_alone_in_any_padded_batch_and_at_any_thread_count(threads):
+    model = rewritten(graph(4))
+    batch = inputs(3, 70, 4, 64, seed=3)
+    batch["m"] = padding_mask([9, 70, 33], 70)
+    together = run(model, batch, threads=threads)
+    for row, length in enumerate([9, 70, 33]):
+        alone = {name: np.ascontiguousarray(batch[name][row:row + 1, :length]) for name in "qkv"}
+        alone["m"] = padding_mask([length], length)
+        assert np.array_equal(run(model, alone, threads=2), together[row:row + 1, :length])
+
+
+@amx
+def test_a_row_whose_keys_are_all_masked_gets_zeros_not_nan():
+    feeds = inputs(1, 6, 2, 32)
+    feeds["m"] = np.full((1, 1, 6, 6), -np.inf, dtype=np.float32)
+    assert np.array_equal(run(rewritten(graph(2)), feeds), np.zeros_like(feeds["q"]))
+
+
+@amx
+def test_a_mask_that_does_not_fit_gives_nan_not_a_read_past_it():
+    feeds = inputs(1, 6, 2, 32)
+    feeds["m"] = np.zeros((1, 1, 6, 5), dtype=np.float32)  # one key short
+    assert np.isnan(run(rewritten(graph(2)), feeds)).all()
+
+
+def test_only_a_graph_whose_build_asked_is_rewritten():
+    assert attention.rewrite(_copy(graph(2, asked=False))) == 0
+    model = _copy(graph(2))
+    assert attention.rewrite(model) == 1
+    (node,) = model.graph.node
+    assert (node.op_type, node.domain, [a.name for a in node.attribute]) == (attention.OP, native.DOMAIN,
+                                                                             ["num_heads", "scale"])
+
+
+@pytest.mark.parametrize("change", [dict(is_causal=1), dict(kv_num_heads=1), dict(softcap=30.0),
+                                    dict(mask_type=TensorProto.BOOL)])
+def test_what_the_kernel_does_not_compute_is_left_as_it_is(change):
+    model = graph(2, **change)
+    assert attention.rewrite(_copy(model)) == 0
+
+
+def test_the_int8_precision_asks_for_it_and_its_manifest_says_so():
+    int8 = precisions.get("int8")
+    assert int8.attention == "bf16" and "attention" in int8.describe()
+    assert precisions.get("int8-static").attention == "fp32" and "attention" not in precisions.get("fp32").describe()
+    model = ask_attention(graph(2, asked=False), int8.attention)
+    assert {p.key: p.value for p in model.metadata_props}[ATTENTION_KEY] == "bf16"
+
+
+@amx
+@pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
+def test_a_loaded_int8_encoder_attends_on_the_kernel_close_to_fp32_attention(zoo, tmp_path, name, monkeypatch):
+    out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int8", force=True, progress=False,
+                          verify_examples=0)
+    model = hotrod.load(out)
+    assert all(attention.OP in ops for ops in model.backend.kernel_ops.values())
+    monkeypatch.setattr(attention, "available", lambda: False)
+    plain = hotrod.load(out)
+    assert not any(attention.OP in ops for ops in plain.backend.kernel_ops.values())
+    ids, mask = prompt_batch(CASES[name], (7, 4))
+    fast = model(ids, attention_mask=mask).last_hidden_state
+    slow = plain(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    cosine = (fast[real] * slow[real]).sum(-1) / (fast[real].norm(dim=-1) * slow[real].norm(dim=-1))
+    assert cosine.min() > 0.999
+    span = mask[1].bool()  # the short row alone, unpadded: the same bits
+    alone = model(ids[1:2, span], attention_mask=mask[1:2, span]).last_hidden_state
+    assert np.array_equal(alone.numpy(), fast[1:2, span].numpy())
