@@ -24,20 +24,32 @@ $(STAMP): pyproject.toml
 NATIVE_DIR := src/hotrod/native
 NATIVE     := $(NATIVE_DIR)/libhotrod_cpu.so
 NATIVE_CFLAGS := -O3 -fPIC -pthread -Wall -Wextra -Werror
+# A compiler that knows AMX's instructions (gcc 11 on) builds the AMX kernels; another builds no_amx.c in their
+# place (the tiles never ready), so the other kernels still build.
+AMX_CC := $(shell printf 'int main(void){return 0;}' | $(CC) -mamx-tile -mamx-int8 -mamx-bf16 -mavx512bf16 \
+	-x c -o /dev/null - 2>/dev/null && echo yes)
+ifeq ($(AMX_CC),yes)
+AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mamx-tile -mamx-int8 \
+		-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
+	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
+		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c
+AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o
+else
+AMX_BUILD = echo "hotrod: this compiler knows no AMX: the int8 and attention kernels are left out" && \
+	$(CC) $(NATIVE_CFLAGS) -c -o $$tmp/no_amx.o $(NATIVE_DIR)/no_amx.c
+AMX_OBJECTS = $$tmp/no_amx.o
+endif
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
 		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
-		$(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
+		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
-		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mamx-tile -mamx-int8 \
-			-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
-		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
-			-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c && \
+		$(AMX_BUILD) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
-		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $$tmp/i8gemm.o \
-			$$tmp/attention.o $$tmp/ort_op.o -lm && \
+		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $(AMX_OBJECTS) \
+			$$tmp/ort_op.o -lm && \
 		mv -f $$tmp/lib.so $@; \
 		status=$$?; rm -rf $$tmp; exit $$status; \
 	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi

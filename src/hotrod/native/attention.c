@@ -68,20 +68,23 @@ static inline __m512 exp_neg(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-/* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512. */
+/* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512. A key's
+ * 16 depth pairs of a step go down one column of the tile (a scatter). Keys past the last are zeros up to
+ * the 64 Q K^T reads; their scores are never read, but zeros keep the tiles free of stale values. */
 static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
-  const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
-  memset(packed, 0, (size_t)(p->padded_k * p->depth) * sizeof(uint16_t));
+  const int64_t steps = p->depth / 32, width = p->heads * p->head_size, tile_pairs = TILE_HALVES / 2;
+  const int64_t first_padded = p->seq_k / 16 * 16;
+  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(16));
+  memset(packed + first_padded * p->depth, 0, (size_t)((p->padded_k - first_padded) * p->depth) * sizeof(uint16_t));
   for (int64_t key = 0; key < p->seq_k; key++) {
-    uint32_t* tiles = (uint32_t*)(packed + (key / 16) * steps * TILE_HALVES) + key % 16;
+    int32_t* tiles = (int32_t*)(packed + (key / 16) * steps * TILE_HALVES) + key % 16;
     for (int64_t step = 0; step < steps; step++) {
-      uint32_t pairs[16];
       const float* row = k + key * width + step * 32;
       const int64_t left = p->head_size - step * 32;
       const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bf16(_mm512_maskz_loadu_ps(first(left), row))),
                                               bf16(_mm512_maskz_loadu_ps(first(left - 16), row + 16)), 1);
-      _mm512_storeu_si512(pairs, both);
-      for (int r = 0; r < 16; r++) tiles[step * (TILE_HALVES / 2) + r * 16] = pairs[r];
+      _mm512_i32scatter_epi32(tiles + step * tile_pairs, column, both, 4);
     }
   }
 }

@@ -1,0 +1,26 @@
+/* The AMX kernels' entry points for a compiler that does not know AMX's instructions (gcc before 11): the
+ * tiles are never ready, so the Python side never rewrites a graph to Int8MatMul or Bf16Attention, and the
+ * library's other kernels still build and load. */
+#include "attention.h"
+#include "i8gemm.h"
+
+int hotrod_amx_ready(void) { return 0; }
+
+void hotrod_configure_tiles(void) {}
+
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
+                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
+                     int64_t parts, hotrod_parallel parallel, void* runner) {
+  (void)q, (void)a_scale, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias, (void)n, (void)y;
+  (void)parts, (void)parallel, (void)runner;
+  return -1;
+}
+
+int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
+                          int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
+                          const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,
+                          void* runner) {
+  (void)q, (void)k, (void)v, (void)batch, (void)seq_q, (void)seq_k, (void)heads, (void)head_size, (void)scale;
+  (void)mask, (void)mask_dims, (void)mask_count, (void)y, (void)parallel, (void)runner;
+  return -1;
+}
