@@ -181,6 +181,13 @@ def cosines(vectors, against: torch.Tensor) -> dict | None:
 
 # -- served systems --------------------------------------------------------------------------------------
 
+def portable(command: list[str]) -> str:
+    """A server's command as the results record it: the interpreter and every absolute path by name only,
+    so that no machine's folders go into a committed file."""
+    return " ".join("python" if arg == sys.executable else Path(arg).name if os.path.isabs(arg) else arg
+                    for arg in command)
+
+
 class Server:
     """A server in a child process on loopback, its output in a file; `base_url` is what the openai client
     takes (hotrod's routes are under /v1, Infinity's at the root)."""
@@ -566,7 +573,7 @@ def run(args) -> dict:
         try:
             print(f"{server.name}: ready in {server.wait():.1f} s", flush=True)
             cell = asyncio.run(closed_loop(server, requests, warmup, args.concurrency, width))
-            cell["command"] = " ".join(server.command)
+            cell["command"] = portable(server.command)
             add(cell)
         except RuntimeError as exc:  # a server that never answered: reported, the others' cells kept
             skip(server.name, str(exc).splitlines()[0][:400])
@@ -632,8 +639,8 @@ def run(args) -> dict:
                            "threads": args.threads, "systems": args.systems, "tiny": args.tiny,
                            "model": f"BERT {config.num_hidden_layers} layers, {width} wide, CLS pooling, Normalize",
                            "in_process": "one caller, requests one after another, each in one call"},
-              "versions": versions, "cells": cells, "ratios": ratios(cells), "problems": problems,
-              "logs": str(logs)}  # the servers' output
+              "versions": versions, "cells": cells, "ratios": ratios(cells), "problems": problems}
+    print(f"the servers' output: {logs}", flush=True)
     if "accuracy" in args.systems:
         print("accuracy (all-MiniLM-L6-v2):", flush=True)
         result["accuracy"] = accuracy(args.precision, args.threads)

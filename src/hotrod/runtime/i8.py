@@ -83,7 +83,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     taken = set(constants) | fed | {name for node in graph.node for name in (*node.input, *node.output)}
     packed: dict[tuple, list[str]] = {}
     added: list[onnx.TensorProto] = []
-    replacements, dropped, replaced = {}, set(), set()
+    replacements, dropped, replaced, sizes = {}, set(), set(), set()
     for chain in chains:  # every array read before the graph changes
         key = (chain.weights, chain.column_scales, chain.bias, chain.negated)
         if key not in packed:
@@ -93,10 +93,12 @@ def rewrite(model: onnx.ModelProto) -> int:
                                                                                   packed[key])]
         replacements[id(chain.nodes[0])] = _op(chain, packed[key])
         dropped.update(id(node) for node in (*chain.nodes[1:], *([chain.split] if chain.split else [])))
+        sizes.update(name for name in (chain.split.input[1:2] if chain.split else ()) if name)
         replaced.update(name for node in chain.nodes for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
     read = {name for node in nodes for name in node.input} | {value.name for value in graph.output}
-    nodes = [node for node in nodes if node.op_type != "Constant" or node.output[0] in read]  # Splits' sizes
+    unread = sizes - read
+    nodes = [node for node in nodes if node.op_type != "Constant" or node.output[0] not in unread]  # Splits' sizes
     del graph.node[:]
     graph.node.extend(nodes)
     native.swap_initializers(graph, replaced, added)
