@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-import hotrod
 from hotrod import precisions
 from hotrod.precisions import ATTENTION_KEY, ask_attention
 from hotrod.runtime import attention, native
+from tests.runtime.test_i8 import loaded_on_and_off
 from tests.runtime.test_rows import _copy
 from tests.zoo import CASES, prompt_batch
 
@@ -162,13 +162,7 @@ def test_the_int8_precision_asks_for_it_and_its_manifest_says_so():
 @amx
 @pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
 def test_a_loaded_int8_encoder_attends_on_the_kernel_close_to_fp32_attention(zoo, tmp_path, name, monkeypatch):
-    out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int8", force=True, progress=False,
-                          verify_examples=0)
-    model = hotrod.load(out)
-    assert all(attention.OP in ops for ops in model.backend.kernel_ops.values())
-    monkeypatch.setattr(attention, "available", lambda: False)
-    plain = hotrod.load(out)
-    assert not any(attention.OP in ops for ops in plain.backend.kernel_ops.values())
+    model, plain = loaded_on_and_off(zoo, tmp_path, name, attention, monkeypatch)
     ids, mask = prompt_batch(CASES[name], (7, 4))
     fast = model(ids, attention_mask=mask).last_hidden_state
     slow = plain(ids, attention_mask=mask).last_hidden_state

@@ -268,16 +268,23 @@ def test_without_amx_the_graph_is_left_to_onnxruntime(tmp_path, monkeypatch):
         assert graph is None or i8.OP not in graph.ops
 
 
-@amx
-@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
-def test_a_loaded_int8_model_multiplies_on_the_kernel_with_the_same_answers(zoo, tmp_path, name, monkeypatch):
+def loaded_on_and_off(zoo, tmp_path, name: str, kernel, monkeypatch) -> tuple:  # noqa: ANN001
+    """The zoo model `name` built at int8 and loaded twice: on `kernel`'s op (a module with OP and available;
+    every graph must take it) and with the kernel unavailable."""
     out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int8", force=True, progress=False,
                           verify_examples=0)
     model = hotrod.load(out)
-    assert model.backend.kernel_ops and all(i8.OP in ops for ops in model.backend.kernel_ops.values())
-    monkeypatch.setattr(i8, "available", lambda: False)
+    assert model.backend.kernel_ops and all(kernel.OP in ops for ops in model.backend.kernel_ops.values())
+    monkeypatch.setattr(kernel, "available", lambda: False)
     plain = hotrod.load(out)
-    assert not any(i8.OP in ops for ops in plain.backend.kernel_ops.values())
+    assert not any(kernel.OP in ops for ops in plain.backend.kernel_ops.values())
+    return model, plain
+
+
+@amx
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_a_loaded_int8_model_multiplies_on_the_kernel_with_the_same_answers(zoo, tmp_path, name, monkeypatch):
+    model, plain = loaded_on_and_off(zoo, tmp_path, name, i8, monkeypatch)
     ids, mask = prompt_batch(CASES[name], (5, 3))
     if CASES[name].is_lm:
         assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=6),

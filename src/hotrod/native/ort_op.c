@@ -268,19 +268,19 @@ static void* create_attention(const CustomOp* op, const Entry* table, const OrtK
   return kernel;
 }
 
-/* Whether K and V are [B, S_k, W] for Q's [B, S_q, W] (W = `width`), W a multiple of the heads. */
-static int attention_fits(const AttentionKernel* kernel, const int64_t* q, size_t count, const OrtValue* k,
-                          const OrtValue* v) {
+/* K's length S_k where K and V are [B, S_k, W] for Q's [B, S_q, W], W a multiple of the heads; 0 otherwise. */
+static int64_t attention_keys(const AttentionKernel* kernel, const int64_t* q, size_t count, const OrtValue* k,
+                              const OrtValue* v) {
   int64_t dk[8], dv[8];
   if (count != 3 || q[2] % kernel->heads != 0 || dims_of(k, dk) != 3 || dims_of(v, dv) != 3) return 0;
-  return dk[0] == q[0] && dv[0] == q[0] && dk[2] == q[2] && dv[2] == q[2] && dk[1] == dv[1];
+  return dk[0] == q[0] && dv[0] == q[0] && dk[2] == q[2] && dv[2] == q[2] && dk[1] == dv[1] ? dk[1] : 0;
 }
 
 static void compute_attention(void* state, OrtKernelContext* context) {
   const AttentionKernel* kernel = state;
   const OrtValue *in[4] = {NULL, NULL, NULL, NULL};
   OrtValue* out = NULL;
-  int64_t dims[8], k_dims[8], mask_dims[8];
+  int64_t dims[8], mask_dims[8];
   for (size_t i = 0; i < 4; i++)
     if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i])) && i < 3) return;
   const size_t count = in[0] == NULL ? 0 : dims_of(in[0], dims);
@@ -289,15 +289,15 @@ static void compute_attention(void* state, OrtKernelContext* context) {
   int64_t values = 1;
   for (size_t i = 0; i < count; i++) values *= dims[i];
   if (y == NULL || values == 0) return;
-  const int fits = attention_fits(kernel, dims, count, in[1], in[2]) && dims_of(in[1], k_dims) == 3;
+  const int64_t keys = attention_keys(kernel, dims, count, in[1], in[2]);
   const int64_t head_size = count == 3 ? dims[2] / kernel->heads : 0; /* scale 0: 1 / sqrt(head size) */
   const size_t mask_count = in[3] == NULL ? 0 : dims_of(in[3], mask_dims);
   const float *q = data_of(in[0]), *k = data_of(in[1]), *v = data_of(in[2]);
   const float* mask = in[3] == NULL ? NULL : data_of(in[3]);
   /* inputs that do not fit (or no tile state, or a mask that cannot be read): NaN, which no caller takes
    * for an answer */
-  if (!fits || q == NULL || k == NULL || v == NULL || (in[3] != NULL && (mask == NULL || mask_count == 0)) ||
-      hotrod_bf16_attention(q, k, v, dims[0], dims[1], k_dims[1], kernel->heads, head_size,
+  if (keys == 0 || q == NULL || k == NULL || v == NULL || (in[3] != NULL && (mask == NULL || mask_count == 0)) ||
+      hotrod_bf16_attention(q, k, v, dims[0], dims[1], keys, kernel->heads, head_size,
                             kernel->scale != 0.0f ? kernel->scale : 1.0f / sqrtf((float)head_size), mask, mask_dims,
                             mask_count, y, run_parallel, context) != 0)
     for (int64_t i = 0; i < values; i++) y[i] = __builtin_nanf("");

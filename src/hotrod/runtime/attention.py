@@ -11,8 +11,6 @@ it, and the manifest says so. Elsewhere (no AMX-BF16, an older graph) onnxruntim
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 
 import onnx
@@ -23,18 +21,13 @@ from hotrod.runtime import native
 
 OP = "Bf16Attention"
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
-HEAD_MULTIPLE = 32  # the kernel's depth step: a head's size must be a multiple
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
 
 
-@functools.cache
 def available() -> bool:
     """Whether this CPU runs the kernel: AMX-BF16 in its flags, the library built, the tile state granted."""
-    path = native.library()
-    if path is None or not native.has_flags(_NEEDED_FLAGS):
-        return False
-    return bool(ctypes.CDLL(str(path)).hotrod_amx_ready())
+    return native.tiles_ready(_NEEDED_FLAGS)
 
 
 def asked(model: onnx.ModelProto) -> bool:
@@ -51,12 +44,12 @@ def rewrite(model: onnx.ModelProto) -> int:
     graph = model.graph
     types = _float_values(graph)
     count = 0
-    for index, node in enumerate(graph.node):
-        heads, scale = _plain(node, types) or (0, 0.0)
-        if heads:
-            graph.node[index].CopyFrom(helper.make_node(
-                OP, list(node.input), [node.output[0]], name=f"{node.name}_bf16", domain=native.DOMAIN,
-                num_heads=heads, scale=scale))
+    for node in graph.node:
+        plain = _plain(node, types)
+        if plain is not None:
+            heads, scale = plain
+            node.CopyFrom(helper.make_node(OP, list(node.input), [node.output[0]], name=f"{node.name}_bf16",
+                                           domain=native.DOMAIN, num_heads=heads, scale=scale))
             count += 1
     if count:
         native.add_domain(model)
@@ -91,9 +84,7 @@ def _float_values(graph: onnx.GraphProto) -> set[str]:
     floats = {v.name for v in (*graph.input, *graph.value_info, *graph.output)
               if v.type.tensor_type.elem_type == TensorProto.FLOAT}
     floats |= {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
-    constants = {n.output[0] for n in graph.node if n.op_type in ("Constant", "ConstantOfShape")
-                 and n.attribute and n.attribute[0].t.data_type == TensorProto.FLOAT}
-    floats |= constants
-    floats |= {n.output[0] for n in graph.node if n.op_type == "Where" and n.input[1] in floats | constants
-               and n.input[2] in floats | constants}
-    return floats
+    floats |= {n.output[0] for n in graph.node if n.op_type in ("Constant", "ConstantOfShape")
+               and n.attribute and n.attribute[0].t.data_type == TensorProto.FLOAT}
+    return floats | {n.output[0] for n in graph.node
+                     if n.op_type == "Where" and n.input[1] in floats and n.input[2] in floats}

@@ -14,8 +14,6 @@ The op runs on onnxruntime's own threads, so a graph keeps its session's thread 
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,14 +30,9 @@ COLS = 32  # the kernel's columns a step: weights are padded to a multiple
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_int8")
 
 
-@functools.cache
 def available() -> bool:
-    """Whether this CPU runs the kernel: AMX in its flags, the library built, and the tile state granted
-    (Linux grants it per process, on request)."""
-    path = native.library()
-    if path is None or not native.has_flags(_NEEDED_FLAGS):
-        return False
-    return bool(ctypes.CDLL(str(path)).hotrod_amx_ready())
+    """Whether this CPU runs the kernel: AMX-INT8 in its flags, the library built, the tile state granted."""
+    return native.tiles_ready(_NEEDED_FLAGS)
 
 
 def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None

@@ -10,6 +10,7 @@ then names what more it needs (`hotrod.runtime.q4`: AVX-512 VNNI).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import mmap
 import os
@@ -44,6 +45,16 @@ def library() -> Path | None:
 
 def has_flags(flags: tuple[str, ...]) -> bool:
     return all(flag in cpu_flags() for flag in flags)
+
+
+@functools.cache
+def tiles_ready(flags: tuple[str, ...]) -> bool:
+    """Whether an AMX kernel needing `flags` runs here: the flags in this CPU's, the library built, and the
+    tile state granted (Linux grants it per process, on request; `hotrod_amx_ready` asks once)."""
+    path = library()
+    if path is None or not has_flags(flags):
+        return False
+    return bool(ctypes.CDLL(str(path)).hotrod_amx_ready())
 
 
 def use_library(options: ort.SessionOptions) -> None:
