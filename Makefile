@@ -29,7 +29,7 @@ NATIVE_CFLAGS := -O3 -fPIC -pthread -Wall -Wextra -Werror
 AMX_CC := $(shell printf 'int main(void){return 0;}' | $(CC) -mamx-tile -mamx-int8 -mamx-bf16 -mavx512bf16 \
 	-x c -o /dev/null - 2>/dev/null && echo yes)
 ifeq ($(AMX_CC),yes)
-AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mamx-tile -mamx-int8 \
+AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mamx-tile -mamx-int8 \
 		-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
 		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c
@@ -40,7 +40,7 @@ AMX_BUILD = echo "hotrod: this compiler knows no AMX: the int8 and attention ker
 AMX_OBJECTS = $$tmp/no_amx.o
 endif
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
-		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
+		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
 		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \

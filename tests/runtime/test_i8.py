@@ -24,8 +24,10 @@ from tests.zoo import CASES, prompt_batch
 amx = pytest.mark.skipif(not i8.available(), reason="no AMX on this CPU (or no tile state): onnxruntime's kernel runs")
 
 
-def products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: int = 0) -> onnx.ModelProto:
-    """x [rows, k] -> MatMul (+ bias) one after another, quantized per row as hotrod's int8 build does."""
+def products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: int = 0,
+             gelu: dict | None = None) -> onnx.ModelProto:
+    """x [rows, k] -> MatMul (+ bias) (-> Gelu, where `gelu` gives its domain and attributes) one after another,
+    quantized per row as hotrod's int8 build does."""
     rng = np.random.default_rng(seed)
     nodes, weights, x = [], [], "x"
     for i, n in enumerate(widths):
@@ -34,10 +36,16 @@ def products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: i
         if bias:
             weights.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), f"b{i}"))
             nodes.append(helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"]))
-        x, k = f"y{i}", n
+        if gelu is not None:
+            nodes.append(helper.make_node("Gelu", [f"y{i}"], [f"g{i}"], **gelu))
+        x, k = f"g{i}" if gelu is not None else f"y{i}", n
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", "k"])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], weights)
-    return int8_dynamic(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), per_row=True)
+    opsets = [helper.make_opsetid("", 20 if gelu is not None else 17), helper.make_opsetid("com.microsoft", 1)]
+    return int8_dynamic(helper.make_model(graph, opset_imports=opsets), per_row=True)
+
+
+GELUS = {"com.microsoft": {"domain": "com.microsoft"}, "onnx": {}, "onnx, approximate none": {"approximate": "none"}}
 
 
 def split_product(k: int, width: int, sizes: list[int] | None = None, seed: int = 0) -> onnx.ModelProto:
@@ -139,6 +147,36 @@ def test_the_same_answers_as_onnxruntimes_nodes(k, n, count):
     for bias in (True, False):
         model = products(k, (n,), bias=bias)
         assert np.array_equal(run(model, x), run(rewritten(model), x, library=True))
+
+
+@pytest.mark.parametrize("gelu", GELUS.values(), ids=GELUS.keys())
+def test_a_gelu_after_a_product_goes_into_its_epilogue(gelu):
+    model = products(64, (64, 32), gelu=gelu)
+    assert i8.rewrite(model) == 2
+    assert "Gelu" not in _ops(model)
+    assert [helper.get_attribute_value(a) for node in model.graph.node for a in node.attribute
+            if a.name == "activation"] == [i8.GELU, i8.GELU]
+    for kept in ({"approximate": "tanh"}, {"domain": "com.microsoft", "approximate": "tanh"}):
+        other = products(64, (64,), gelu=kept)  # another arithmetic: the Gelu stays a node of its own
+        assert i8.rewrite(other) == 1 and "Gelu" in _ops(other)
+    split = split_product(64, 48)
+    assert i8.rewrite(split) == 1 and i8.SPLIT_OP in _ops(split)
+
+
+@amx
+@pytest.mark.parametrize("gelu", GELUS.values(), ids=GELUS.keys())
+@pytest.mark.parametrize("count", [1, 7, 33, 300])
+def test_the_epilogues_gelu_is_onnxruntimes_to_the_bit(gelu, count):
+    """Rows scaled from 1e-3 to 1e3 (GELU's polynomial, its exponential side, the clamp past |x| = 5.5 and
+    values whose half is subnormal all met), with and without a bias; two products in a row, the second
+    reading the first's GELU."""
+    rng = np.random.default_rng(count)
+    x = (rng.standard_normal((count, 128)) * np.exp(rng.uniform(-7, 7, (count, 1)))).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, 1e-30]
+    for bias in (True, False):
+        model = products(128, (96, 40), bias=bias, gelu=gelu)
+        theirs, ours = run(model, x), run(rewritten(model), x, library=True)
+        assert theirs.shape == ours.shape and np.array_equal(theirs.view(np.uint32), ours.view(np.uint32))
 
 
 @amx

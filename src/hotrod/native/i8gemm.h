@@ -7,6 +7,10 @@
 #define HOTROD_I8_DEPTH 64
 #define HOTROD_I8_COLS 32
 
+/* What the epilogue applies to each biased value: nothing, or GELU's erf form as onnxruntime computes it. */
+#define HOTROD_I8_LINEAR 0
+#define HOTROD_I8_GELU 1
+
 /* Runs task(data, i) for every i < count, on whatever threads the caller has (each i exactly once). */
 typedef void (*hotrod_task)(void* data, size_t index);
 typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size_t count);
@@ -20,8 +24,8 @@ void hotrod_configure_tiles(void);
 /* Y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
  * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns
- * each (a multiple of 16 where parts > 1). Returns 0, or -1 where the tile state is not granted or the
- * split does not fit (memory that ran out gives NaN). */
+ * each (a multiple of 16 where parts > 1); with `activation` applied to each Y[r][j]. Returns 0, or -1 where
+ * the tile state is not granted or the split or activation does not fit (memory that ran out gives NaN). */
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                      const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, hotrod_parallel parallel, void* runner);
+                     int64_t parts, int activation, hotrod_parallel parallel, void* runner);

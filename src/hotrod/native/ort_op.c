@@ -7,6 +7,7 @@
  * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
  *   weights, int32 zero-point offsets, float column scales and bias; attribute N; output float [..., N]):
  *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX);
+ *   an optional attribute `activation` (1: GELU after the bias, as onnxruntime's Gelu computes it);
  * - Int8MatMulSplit: the same with its columns in three outputs of N / 3 each (a fused Q/K/V product's);
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D], an optional additive float mask broadcasting to
  *   [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder self-attention with bf16 products
@@ -173,16 +174,20 @@ static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, prov
 
 /* -- Int8MatMul, Int8MatMulSplit ------------------------------------------------------------ */
 
-/* N, and the outputs its columns are split into: 1 (Int8MatMul) or 3 (Int8MatMulSplit). */
-typedef struct { int64_t n, parts; } Int8Kernel;
+/* N, the outputs its columns are split into (1: Int8MatMul, 3: Int8MatMulSplit), and the activation its
+ * epilogue applies (the attribute `activation`, absent for none: HOTROD_I8_LINEAR or HOTROD_I8_GELU). */
+typedef struct { int64_t n, parts, activation; } Int8Kernel;
 
 static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)table;
   Int8Kernel* kernel = calloc(1, sizeof(Int8Kernel));
   if (kernel == NULL) return NULL;
   kernel->parts = (int64_t)op->GetOutputTypeCount(op);
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "activation", &kernel->activation)))
+    kernel->activation = HOTROD_I8_LINEAR;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
-      kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0)) {
+      kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0) ||
+      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU) {
     free(kernel);
     return NULL;
   }
@@ -231,7 +236,7 @@ static void compute_int8(void* state, OrtKernelContext* context) {
   if (!fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
       data[5] == NULL ||
       hotrod_i8_matmul(data[0], data[1], rows, k, data[2], data[3], data[4], data[5], kernel->n, out, kernel->parts,
-                       run_parallel, context) != 0)
+                       (int)kernel->activation, run_parallel, context) != 0)
     for (int64_t i = 0; i < kernel->parts; i++)
       for (int64_t j = 0; j < rows * width; j++) out[i][j] = __builtin_nanf("");
 }

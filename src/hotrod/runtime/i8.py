@@ -3,12 +3,14 @@
 hotrod's dynamic int8 graphs (`hotrod.optimize.row_scales`) spell each product as
 
     MatMulInteger(q, W, 128, 0) -> Cast(float) -> Mul(Mul(row scales, column scales)) [-> Sub(-bias) | Add(bias)]
+        [-> Gelu]
 
 which onnxruntime fuses into MatMulIntegerToFloat, an AVX-512 VNNI kernel at best. On a CPU with AMX
 (`hotrod/native/i8gemm.c`) a core multiplies int8 several times faster on its tiles, so as a graph is loaded
 there each such chain becomes one Int8MatMul: the same quantized rows and row scales in, the weights packed
-once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added in the
-same pass. Elsewhere (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is.
+once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added and a
+following GELU applied in the same pass (with onnxruntime's own arithmetic: the same answers, without the
+Gelu node's pass over the feed-forward layer's widest activations). Elsewhere (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is.
 The op runs on onnxruntime's own threads, so a graph keeps its session's thread count.
 """
 
@@ -27,6 +29,7 @@ OP = "Int8MatMul"
 SPLIT_OP = "Int8MatMulSplit"  # the same, its columns in three equal outputs (a fused Q/K/V product's)
 DEPTH = 64  # the kernel's depth step: K must be a multiple
 COLS = 32  # the kernel's columns a step: weights are padded to a multiple
+GELU = 1  # the op's `activation` for a GELU after the bias (HOTROD_I8_GELU)
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_int8")
 
 
@@ -101,7 +104,7 @@ def rewrite(model: onnx.ModelProto) -> int:
 
 @dataclass
 class _Chain:
-    nodes: list[onnx.NodeProto]  # MatMulInteger, Cast, the scales' Mul, the scaling Mul[, the bias' Sub or Add]
+    nodes: list[onnx.NodeProto]  # MatMulInteger, Cast, the scales' Mul, the scaling Mul[, the bias' Sub or Add][, Gelu]
     rows: str  # the quantized rows
     row_scales: str
     weights: str
@@ -109,6 +112,7 @@ class _Chain:
     bias: str | None
     negated: bool  # the bias is subtracted (`row_scales` writes it negated)
     n: int
+    gelu: bool = False  # a GELU after the bias, taken into the op's epilogue
     split: onnx.NodeProto | None = None  # the Split of a fused Q/K/V product, taken into the op
 
 
@@ -120,8 +124,10 @@ def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
 
 def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
     op, outputs = (SPLIT_OP, list(chain.split.output)) if chain.split else (OP, [chain.nodes[-1].output[0]])
+    extra = {"activation": GELU} if chain.gelu else {}
     return helper.make_node(op, [chain.rows, chain.row_scales, *packed], outputs,
-                            name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n)
+                            name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n,
+                            **extra)
 
 
 def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict,
@@ -159,12 +165,28 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
         if other in constants and _per_column(constants[other], n):
             nodes.append(following)
             bias, negated = other, following.op_type == "Sub"
+    gelu = _only(consumers, nodes[-1].output[0], None)
+    gelu = gelu if gelu is not None and _is_gelu(gelu) else None
+    if gelu is not None:
+        nodes.append(gelu)
     inner = {step.output[0] for step in nodes[:-1]}  # what the op no longer writes
     if any(value.name in inner for value in graph.output):
         return None
-    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n)
-    chain.split = _split_after(chain, consumers, producers, constants, graph)
+    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n, gelu is not None)
+    chain.split = None if chain.gelu else _split_after(chain, consumers, producers, constants, graph)
     return chain
+
+
+def _is_gelu(node: onnx.NodeProto) -> bool:
+    """Whether `node` is a GELU of the erf form, which the kernel's epilogue computes as onnxruntime does
+    (`hotrod/native/gelu.h`): com.microsoft's Gelu, or ONNX's without the tanh approximation."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type != "Gelu" or len(node.input) != 1 or len(node.output) != 1:
+        return False
+    if node.domain == "com.microsoft":
+        return not attrs
+    return node.domain in ("", "ai.onnx") and set(attrs) <= {"approximate"} \
+        and attrs.get("approximate", b"none") in (b"none", "none")
 
 
 def _per_column(tensor: onnx.TensorProto, n: int) -> bool:
