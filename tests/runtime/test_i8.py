@@ -179,6 +179,73 @@ def test_the_epilogues_gelu_is_onnxruntimes_to_the_bit(gelu, count):
         assert theirs.shape == ours.shape and np.array_equal(theirs.view(np.uint32), ours.view(np.uint32))
 
 
+def residual_product(k: int, n: int, residual: list | None, first: bool = False, gelu: bool = False) -> onnx.ModelProto:
+    """x [rows, k] -> MatMul + bias (-> Gelu) -> Add(r), r a graph input of the given shape (the product's own
+    shape where None; `first`: r the Add's first input), int8 per row."""
+    rng = np.random.default_rng(k + n)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    if gelu:
+        nodes.append(helper.make_node("Gelu", ["y"], ["g"], domain="com.microsoft"))
+    product = "g" if gelu else "y"
+    nodes.append(helper.make_node("Add", ["r", product] if first else [product, "r"], ["out"]))
+    weights = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) * 0.1, "w"),
+               numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k]),
+              helper.make_tensor_value_info("r", TensorProto.FLOAT, residual)]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                              weights)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return int8_dynamic(helper.make_model(graph, opset_imports=opsets), per_row=True)
+
+
+def run_feeds(model: onnx.ModelProto, feeds: dict, library: bool = False) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    if library:
+        native.use_library(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
+    return session.run(None, feeds)[0]
+
+
+def test_a_residual_added_after_a_product_goes_into_the_op():
+    model = residual_product(64, 64, None, gelu=True)
+    assert i8.rewrite(model) == 1
+    node = next(node for node in model.graph.node if node.op_type == i8.OP)
+    assert node.input[-1] == "r" and node.output[0] == "out" and {"Add", "Gelu"}.isdisjoint(_ops(model))
+    constant = products(64, (64,))  # an Add of a constant past the bias is not a residual: it stays
+    last = constant.graph.output[0].name
+    constant.graph.initializer.append(numpy_helper.from_array(np.ones(64, np.float32), "c"))
+    constant.graph.node.append(helper.make_node("Add", [last, "c"], ["shifted"]))
+    constant.graph.output[0].name = "shifted"
+    assert i8.rewrite(constant) == 1 and "Add" in _ops(constant)
+
+
+@amx
+@pytest.mark.parametrize("shape", [None, [1, 64], [64], [3, 1, 64], [], [5, 1]],
+                         ids=["own", "one row", "one vector", "wider", "scalar", "one column"])
+@pytest.mark.parametrize("first", [False, True], ids=["second", "first"])
+def test_the_residual_is_added_as_onnxruntimes_add_in_every_shape_it_broadcasts(shape, first):
+    """The product's own shape is added in the epilogue; any other that broadcasts (to the product's shape or
+    wider), after it; the same bits and shape as onnxruntime's Add either way."""
+    rows = 5
+    rng = np.random.default_rng(len(shape or []) + first)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    r = rng.standard_normal([rows, 64] if shape is None else shape).astype(np.float32)
+    for gelu in (False, True):
+        model = residual_product(64, 64, ["rows", 64] if shape is None else shape, first=first, gelu=gelu)
+        theirs = run_feeds(model, {"x": x, "r": r})
+        ours = run_feeds(rewritten(model), {"x": x, "r": r}, library=True)
+        assert theirs.shape == ours.shape and np.array_equal(theirs, ours)
+
+
+@amx
+def test_a_residual_that_does_not_broadcast_gives_nan():
+    model = rewritten(residual_product(64, 64, ["a", "b"]))
+    out = run_feeds(model, {"x": np.ones((5, 64), np.float32), "r": np.ones((4, 64), np.float32)}, library=True)
+    assert np.isnan(out).all()
+
+
 @amx
 def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
     x = np.random.default_rng(1).standard_normal((600, 256)).astype(np.float32)

@@ -70,6 +70,7 @@ typedef struct {
   float* const* y; /* the outputs, each `width` of the n columns */
   int64_t rows, k, n, padded_n, unit_cols, col_units, width;
   int activation; /* HOTROD_I8_GELU: GELU on each biased value */
+  const float* residual; /* [rows, n], added last; or NULL */
 } Problem;
 
 /* Where column `col` of row `row` goes: its output, at its place there. */
@@ -97,11 +98,13 @@ static inline Columns columns(const Problem* p, int64_t col) {
 }
 
 /* 16 columns' sums of one row as floats in y: scaled as onnxruntime scales them, biased, through the GELU
- * where the graph had one after the product (gelu.h: onnxruntime's arithmetic), clipped. */
+ * where the graph had one after the product (gelu.h: onnxruntime's arithmetic), plus the residual where the
+ * graph added one (one rounding, as its Add), clipped. */
 static inline void emit(const Problem* p, const Columns* c, __m512i sum, int64_t row, int64_t col) {
   __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
   v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(p->a_scale[row])), c->bias);
   if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
+  if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, p->residual + row * p->n + col));
   _mm512_mask_storeu_ps(place(p, row, col), c->mask, v);
 }
 
@@ -221,11 +224,13 @@ static void unit(void* data, size_t index) {
 
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                      const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, int activation, hotrod_parallel parallel, void* runner) {
+                     int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+                     void* runner) {
   if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0 || parts < 1 || n % parts != 0 ||
-      (parts > 1 && n / parts % 16 != 0) || activation < HOTROD_I8_LINEAR || activation > HOTROD_I8_GELU)
+      (parts > 1 && n / parts % 16 != 0) || activation < HOTROD_I8_LINEAR || activation > HOTROD_I8_GELU ||
+      (residual != NULL && parts > 1))
     return -1;
-  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation};
+  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation, residual};
   p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
   /* wide units keep a block of weights in cache longer; narrow ones share a small product among threads */

@@ -24,8 +24,10 @@ void hotrod_configure_tiles(void);
 /* Y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
  * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns
- * each (a multiple of 16 where parts > 1); with `activation` applied to each Y[r][j]. Returns 0, or -1 where
- * the tile state is not granted or the split or activation does not fit (memory that ran out gives NaN). */
+ * each (a multiple of 16 where parts > 1); with `activation` applied to each Y[r][j], then residual[r][j] added
+ * where a residual ([rows, n], one output only) is given. Returns 0, or -1 where the tile state is not granted
+ * or the split, activation or residual does not fit (memory that ran out gives NaN). */
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                      const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, int activation, hotrod_parallel parallel, void* runner);
+                     int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+                     void* runner);

@@ -10,9 +10,10 @@ void hotrod_configure_tiles(void) {}
 
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                      const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, int activation, hotrod_parallel parallel, void* runner) {
+                     int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+                     void* runner) {
   (void)q, (void)a_scale, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias, (void)n, (void)y;
-  (void)parts, (void)activation, (void)parallel, (void)runner;
+  (void)parts, (void)activation, (void)residual, (void)parallel, (void)runner;
   return -1;
 }
 

@@ -71,15 +71,22 @@ static void* data_of(const OrtValue* value) {
   return failed(CALL(TENSOR_DATA, DataFn, (OrtValue*)value, &data)) ? NULL : data;
 }
 
-/* A tensor's dimensions (at most 8): their count, or 0 where they cannot be read. */
-static size_t dims_of(const OrtValue* value, int64_t* dims) {
+/* A tensor's dimensions (at most 8): their count (0 for a scalar), or -1 where they cannot be read. */
+static int rank_of(const OrtValue* value, int64_t* dims) {
   OrtShape* shape = NULL;
   size_t count = 0;
-  if (failed(CALL(TENSOR_SHAPE, ShapeFn, value, &shape))) return 0;
-  if (failed(CALL(DIMENSIONS_COUNT, CountFn, shape, &count)) || count == 0 || count > 8 ||
-      failed(CALL(DIMENSIONS, DimsFn, shape, dims, count)))
-    count = 0;
+  int rank = -1;
+  if (failed(CALL(TENSOR_SHAPE, ShapeFn, value, &shape))) return -1;
+  if (!failed(CALL(DIMENSIONS_COUNT, CountFn, shape, &count)) && count <= 8 &&
+      (count == 0 || !failed(CALL(DIMENSIONS, DimsFn, shape, dims, count))))
+    rank = (int)count;
   CALL(RELEASE_SHAPE, ReleaseShapeFn, shape);
-  return count;
+  return rank;
+}
+
+/* A tensor's dimensions (at most 8): their count, or 0 for a scalar or where they cannot be read. */
+static size_t dims_of(const OrtValue* value, int64_t* dims) {
+  const int rank = rank_of(value, dims);
+  return rank > 0 ? (size_t)rank : 0;
 }
 

@@ -7,7 +7,8 @@
  * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
  *   weights, int32 zero-point offsets, float column scales and bias; attribute N; output float [..., N]):
  *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX);
- *   an optional attribute `activation` (1: GELU after the bias, as onnxruntime's Gelu computes it);
+ *   an optional attribute `activation` (1: GELU after the bias, as onnxruntime's Gelu computes it) and an
+ *   optional seventh input, a residual added last (in the epilogue where it has the product's shape);
  * - Int8MatMulSplit: the same with its columns in three outputs of N / 3 each (a fused Q/K/V product's);
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D], an optional additive float mask broadcasting to
  *   [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder self-attention with bf16 products
@@ -25,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attention.h"
 #include "i8gemm.h"
@@ -209,36 +211,120 @@ static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* 
   return 1;
 }
 
+/* numpy's broadcast of shapes a and b (right-aligned) into out; 0, out untouched, where they do not
+ * broadcast. */
+static int broadcast(const int64_t* a, size_t na, const int64_t* b, size_t nb, int64_t* out, size_t* n) {
+  const size_t count = na > nb ? na : nb;
+  int64_t dims[8];
+  for (size_t i = 0; i < count; i++) {
+    const int64_t x = i < count - na ? 1 : a[i - (count - na)], y = i < count - nb ? 1 : b[i - (count - nb)];
+    if (x != y && x != 1 && y != 1) return 0;
+    dims[i] = x == 1 ? y : x;
+  }
+  memcpy(out, dims, count * sizeof(int64_t));
+  *n = count;
+  return 1;
+}
+
+/* Element strides of a tensor of shape d (na dimensions) read at out's n-dimensional indices: 0 along the
+ * dimensions it is broadcast over. */
+static void strides(const int64_t* d, size_t na, size_t n, int64_t* s) {
+  int64_t stride = 1;
+  for (size_t i = n; i-- > 0;) {
+    const int64_t dim = i < n - na ? 1 : d[i - (n - na)];
+    s[i] = dim == 1 ? 0 : stride;
+    stride *= dim;
+  }
+}
+
+/* out = a + b, each broadcast to out's shape (a residual that is not of the product's own shape: rare, so
+ * index by index). */
+static void add_broadcast(const float* a, const int64_t* ad, size_t na, const float* b, const int64_t* bd, size_t nb,
+                          float* out, const int64_t* od, size_t n) {
+  int64_t sa[8], sb[8], index[8] = {0}, total = 1, ia = 0, ib = 0;
+  strides(ad, na, n, sa);
+  strides(bd, nb, n, sb);
+  for (size_t i = 0; i < n; i++) total *= od[i];
+  for (int64_t e = 0; e < total; e++) {
+    out[e] = a[ia] + b[ib];
+    for (size_t i = n; i-- > 0;) { /* the next index, odometer-wise */
+      ia += sa[i], ib += sb[i];
+      if (++index[i] < od[i]) break;
+      ia -= sa[i] * od[i], ib -= sb[i] * od[i], index[i] = 0;
+    }
+  }
+}
+
+/* The product's own shape (its outputs' `dims`, `count` of them, `rows` x `width` values), and where it adds
+ * an optional residual (input 6): in the epilogue where the residual has that shape, after it where the
+ * residual broadcasts otherwise (`out_dims`: the sum's shape). */
+typedef struct {
+  int64_t dims[8], out_dims[8], residual_dims[8], rows, k, width;
+  size_t count, out_count;
+  int residual_rank; /* -1: none */
+  const float* residual;
+  int fused, fits;
+} Int8Call;
+
+static Int8Call int8_call(const Int8Kernel* kernel, const OrtValue* const* in) {
+  Int8Call c = {.residual_rank = -1};
+  c.count = dims_of(in[0], c.dims);
+  if (c.count == 0) return c;
+  c.k = c.dims[c.count - 1];
+  c.rows = 1;
+  for (size_t i = 0; i + 1 < c.count; i++) c.rows *= c.dims[i];
+  c.fits = int8_fits(kernel->n, c.dims, c.count, in);
+  c.width = kernel->n / kernel->parts;
+  c.dims[c.count - 1] = c.width;
+  memcpy(c.out_dims, c.dims, sizeof(c.dims));
+  c.out_count = c.count;
+  if (in[6] == NULL) return c;
+  c.residual_rank = rank_of(in[6], c.residual_dims);
+  c.residual = data_of(in[6]);
+  c.fused = c.residual_rank == (int)c.count && memcmp(c.residual_dims, c.dims, c.count * sizeof(int64_t)) == 0;
+  if (c.residual == NULL || c.residual_rank < 0 ||
+      (!c.fused && !broadcast(c.dims, c.count, c.residual_dims, (size_t)c.residual_rank, c.out_dims, &c.out_count)))
+    c.fits = 0;
+  return c;
+}
+
 static void compute_int8(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
-  const OrtValue* in[6] = {NULL};
-  int64_t dims[8];
+  const OrtValue* in[7] = {NULL};
   for (size_t i = 0; i < 6; i++)
     if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
-  const size_t count = dims_of(in[0], dims);
-  if (count == 0) return;
-  const int64_t k = dims[count - 1], width = kernel->n / kernel->parts;
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
-  const int fits = int8_fits(kernel->n, dims, count, in);
-  dims[count - 1] = width;
+  if (kernel->parts == 1 && failed(CALL(CONTEXT_INPUT, GetInputFn, context, 6, &in[6]))) in[6] = NULL;
+  const Int8Call c = int8_call(kernel, in);
+  if (c.count == 0) return;
+  int64_t values = 1;
+  for (size_t i = 0; i < c.out_count; i++) values *= c.out_dims[i];
   float* out[3] = {NULL, NULL, NULL};
   for (int64_t i = 0; i < kernel->parts; i++) {
     OrtValue* y = NULL;
-    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, (size_t)i, dims, count, &y)) ||
+    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, (size_t)i, c.out_dims, c.out_count, &y)) ||
         (out[i] = data_of(y)) == NULL)
       return;
   }
-  if (rows == 0) return;
+  if (values == 0) return;
   void* data[6];
   for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
-  /* inputs that do not fit the packed weights (or no tile state): NaN, which no caller takes for an answer */
-  if (!fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
-      data[5] == NULL ||
-      hotrod_i8_matmul(data[0], data[1], rows, k, data[2], data[3], data[4], data[5], kernel->n, out, kernel->parts,
-                       (int)kernel->activation, run_parallel, context) != 0)
+  const int later = c.residual != NULL && !c.fused;
+  float* product = later ? malloc((size_t)(c.rows * c.width) * sizeof(float)) : NULL;
+  float* const* targets = later ? &product : out;
+  /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
+   * takes for an answer */
+  if (!c.fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
+      data[5] == NULL || (later && product == NULL) ||
+      hotrod_i8_matmul(data[0], data[1], c.rows, c.k, data[2], data[3], data[4], data[5], kernel->n, targets,
+                       kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL, run_parallel,
+                       context) != 0) {
     for (int64_t i = 0; i < kernel->parts; i++)
-      for (int64_t j = 0; j < rows * width; j++) out[i][j] = __builtin_nanf("");
+      for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
+  } else if (later) {
+    add_broadcast(product, c.dims, c.count, c.residual, c.residual_dims, (size_t)c.residual_rank, out[0], c.out_dims,
+                  c.out_count);
+  }
+  free(product);
 }
 
 static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }
@@ -249,10 +335,13 @@ static int int8_input_type(const CustomOp* op, size_t i) {
   return i < 6 ? types[i] : FLOAT;
 }
 static size_t int8_inputs(const CustomOp* op) { (void)op; return 6; }
+static size_t int8_residual_inputs(const CustomOp* op) { (void)op; return 7; }
+static int residual_optional(const CustomOp* op, size_t i) { (void)op; return i == 6 ? OPTIONAL : REQUIRED; }
 static size_t three(const CustomOp* op) { (void)op; return 3; }
 
-static const CustomOp int8_matmul = {API_VERSION, create_int8, int8_name, provider, int8_input_type, int8_inputs,
-                                     output_type, outputs, compute_int8, destroy, required, required};
+static const CustomOp int8_matmul = {API_VERSION, create_int8, int8_name, provider, int8_input_type,
+                                     int8_residual_inputs, output_type, outputs, compute_int8, destroy,
+                                     residual_optional, required};
 static const CustomOp int8_matmul_split = {API_VERSION, create_int8, int8_split_name, provider, int8_input_type,
                                            int8_inputs, output_type, three, compute_int8, destroy, required,
                                            required};

@@ -3,14 +3,14 @@
 hotrod's dynamic int8 graphs (`hotrod.optimize.row_scales`) spell each product as
 
     MatMulInteger(q, W, 128, 0) -> Cast(float) -> Mul(Mul(row scales, column scales)) [-> Sub(-bias) | Add(bias)]
-        [-> Gelu]
+        [-> Gelu] [-> Add(residual)]
 
 which onnxruntime fuses into MatMulIntegerToFloat, an AVX-512 VNNI kernel at best. On a CPU with AMX
 (`hotrod/native/i8gemm.c`) a core multiplies int8 several times faster on its tiles, so as a graph is loaded
 there each such chain becomes one Int8MatMul: the same quantized rows and row scales in, the weights packed
-once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added and a
-following GELU applied in the same pass (with onnxruntime's own arithmetic: the same answers, without the
-Gelu node's pass over the feed-forward layer's widest activations). Elsewhere (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is.
+once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added, a
+following GELU applied (with onnxruntime's own arithmetic: the same answers, without the Gelu node's pass over
+the feed-forward layer's widest activations) and a following residual added, all in the same pass. Elsewhere (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is.
 The op runs on onnxruntime's own threads, so a graph keeps its session's thread count.
 """
 
@@ -87,8 +87,8 @@ def rewrite(model: onnx.ModelProto) -> int:
                            for stem in ("i8", "offsets", "scales", "bias")]
             added += [numpy_helper.from_array(array, name) for array, name in zip(_arrays(chain, constants),
                                                                                   packed[key])]
-        replacements[id(chain.nodes[0])] = _op(chain, packed[key])
-        dropped.update(id(node) for node in (*chain.nodes[1:], *([chain.split] if chain.split else [])))
+        replacements[id(chain.nodes[-1])] = _op(chain, packed[key])  # where a residual is surely computed
+        dropped.update(id(node) for node in (*chain.nodes[:-1], *([chain.split] if chain.split else [])))
         sizes.update(name for name in (chain.split.input[1:2] if chain.split else ()) if name)
         replaced.update(name for node in chain.nodes for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
@@ -104,7 +104,8 @@ def rewrite(model: onnx.ModelProto) -> int:
 
 @dataclass
 class _Chain:
-    nodes: list[onnx.NodeProto]  # MatMulInteger, Cast, the scales' Mul, the scaling Mul[, the bias' Sub or Add][, Gelu]
+    # MatMulInteger, Cast, the scales' Mul, the scaling Mul[, the bias' Sub or Add][, Gelu][, the residual's Add]
+    nodes: list[onnx.NodeProto]
     rows: str  # the quantized rows
     row_scales: str
     weights: str
@@ -113,6 +114,7 @@ class _Chain:
     negated: bool  # the bias is subtracted (`row_scales` writes it negated)
     n: int
     gelu: bool = False  # a GELU after the bias, taken into the op's epilogue
+    residual: str | None = None  # what an Add after them adds, taken into the op
     split: onnx.NodeProto | None = None  # the Split of a fused Q/K/V product, taken into the op
 
 
@@ -125,7 +127,8 @@ def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
 def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
     op, outputs = (SPLIT_OP, list(chain.split.output)) if chain.split else (OP, [chain.nodes[-1].output[0]])
     extra = {"activation": GELU} if chain.gelu else {}
-    return helper.make_node(op, [chain.rows, chain.row_scales, *packed], outputs,
+    residual = [chain.residual] if chain.residual else []
+    return helper.make_node(op, [chain.rows, chain.row_scales, *packed, *residual], outputs,
                             name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n,
                             **extra)
 
@@ -169,12 +172,27 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
     gelu = gelu if gelu is not None and _is_gelu(gelu) else None
     if gelu is not None:
         nodes.append(gelu)
+    add = _only(consumers, nodes[-1].output[0], "Add")
+    residual = _residual(add, nodes[-1].output[0], constants) if add is not None else None
+    if residual is not None:
+        nodes.append(add)
     inner = {step.output[0] for step in nodes[:-1]}  # what the op no longer writes
     if any(value.name in inner for value in graph.output):
         return None
-    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n, gelu is not None)
-    chain.split = None if chain.gelu else _split_after(chain, consumers, producers, constants, graph)
+    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n, gelu is not None, residual)
+    if gelu is None and residual is None:
+        chain.split = _split_after(chain, consumers, producers, constants, graph)
     return chain
+
+
+def _residual(add: onnx.NodeProto, value: str, constants: dict) -> str | None:
+    """What an Add after the product adds to it, where that is a tensor the graph computes (a residual
+    stream): the op adds it last, as the Add did (in its epilogue where its shape is the product's, after the
+    product where it broadcasts otherwise). None for a constant, the product itself, or another node."""
+    if add.domain not in ("", "ai.onnx") or len(add.input) != 2 or value not in add.input:
+        return None
+    other = add.input[1] if add.input[0] == value else add.input[0]
+    return None if other in constants or other == value or not other else other
 
 
 def _is_gelu(node: onnx.NodeProto) -> bool:
