@@ -97,24 +97,37 @@ static inline Columns columns(const Problem* p, int64_t col) {
   return c;
 }
 
-/* 16 columns' sums of one row as floats in y: scaled as onnxruntime scales them, biased, through the GELU
+/* 16 columns' sums of one row as floats at `out`: scaled as onnxruntime scales them, biased, through the GELU
  * where the graph had one after the product (gelu.h: onnxruntime's arithmetic), plus the residual where the
  * graph added one (one rounding, as its Add), clipped. */
-static inline void emit(const Problem* p, const Columns* c, __m512i sum, int64_t row, int64_t col) {
+static inline void emit(const Columns* c, __m512i sum, float row_scale, int activation, const float* residual,
+                        float* out) {
   __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
-  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(p->a_scale[row])), c->bias);
-  if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
-  if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, p->residual + row * p->n + col));
-  _mm512_mask_storeu_ps(place(p, row, col), c->mask, v);
+  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(row_scale)), c->bias);
+  if (activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
+  if (residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, residual));
+  _mm512_mask_storeu_ps(out, c->mask, v);
+}
+
+/* Where 16 columns from `col` (a multiple of 16: within one output) of rows from `row` go, and the residual
+ * they add; the next row's are a row stride on (`width` floats, `n` for the residual). */
+typedef struct { float* out; const float* residual; } Targets;
+
+static inline Targets targets(const Problem* p, int64_t row, int64_t col) {
+  Targets t = {place(p, row, col), p->residual == NULL ? NULL : p->residual + row * p->n + col};
+  return t;
 }
 
 /* The 32 x 32 int32 sums as floats in y, for the rows and columns that exist. */
 static void finish(const Problem* p, const int32_t* sums, int64_t row, int64_t col) {
   const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
+  const int activation = p->activation;
   for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
     const Columns c = columns(p, col + half * 16);
+    const Targets t = targets(p, row, col + half * 16);
     for (int64_t r = 0; r < rows; r++)
-      emit(p, &c, _mm512_loadu_si512(sums + r * 32 + half * 16), row + r, col + half * 16);
+      emit(&c, _mm512_loadu_si512(sums + r * 32 + half * 16), p->a_scale[row + r], activation,
+           t.residual == NULL ? NULL : t.residual + r * p->n, t.out + r * p->width);
   }
 }
 
@@ -140,7 +153,10 @@ static inline __attribute__((always_inline)) void narrow_rows(const Problem* p, 
   }
   for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
     const Columns c = columns(p, col + half * 16);
-    for (int r = 0; r < count; r++) emit(p, &c, sums[r][half], row + r, col + half * 16);
+    const Targets t = targets(p, row, col + half * 16);
+    for (int r = 0; r < count; r++)
+      emit(&c, sums[r][half], p->a_scale[row + r], p->activation, t.residual == NULL ? NULL : t.residual + r * p->n,
+           t.out + r * p->width);
   }
 }
 
