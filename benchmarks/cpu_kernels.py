@@ -1,8 +1,8 @@
 """What hotrod's CPU kernels gain: one int8 artifact loaded four times, on onnxruntime's own ops, on hotrod's
-kernels with the GELU and the residual's Add as nodes of their own and fp32 attention (its per-row
-quantization, and its products where the CPU has AMX), with the GELU and the residual in the products'
-epilogue, and on all of hotrod's kernels (its attention in bf16 where the CPU has AMX-BF16, as the int8 build
-asks), timed interleaved in one run.
+kernels with nothing fused into its products and fp32 attention (its per-row quantization, and its products
+where the CPU has AMX), with the GELU, the residual and the next product's row quantization fused into them,
+and on all of hotrod's kernels (its attention in bf16 where the CPU has AMX-BF16, as the int8 build asks),
+timed interleaved in one run.
 
     python benchmarks/cpu_kernels.py [--out DIR] [--json FILE] [--threads N] [--runs N]
 
@@ -35,9 +35,10 @@ from hotrod.runtime import attention, i8, native
 # each variant: what is switched off as it loads
 VARIANTS = {
     "onnxruntime ops": [(native, "library", lambda: None)],
-    "hotrod kernels, GELU and residual as nodes, fp32 attention": [(i8, "_is_gelu", lambda node: False),
-                                                                   (i8, "_residual", lambda *args: None),
-                                                                   (attention, "available", lambda: False)],
+    "hotrod kernels, products unfused, fp32 attention": [(i8, "_is_gelu", lambda node: False),
+                                                         (i8, "_residual", lambda *args: None),
+                                                         (i8, "quantize_outputs", lambda model: 0),
+                                                         (attention, "available", lambda: False)],
     "hotrod kernels, fp32 attention": [(attention, "available", lambda: False)],
     "hotrod kernels": [],
 }

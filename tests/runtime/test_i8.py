@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -66,9 +67,11 @@ def split_product(k: int, width: int, sizes: list[int] | None = None, seed: int 
 
 
 def rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
+    """As a graph is loaded: the products, the per-row quantization, the products quantizing their outputs."""
     out = _copy(model)
     assert i8.rewrite(out) > 0
     rows.rewrite(out)
+    i8.quantize_outputs(out)
     return out
 
 
@@ -244,6 +247,46 @@ def test_a_residual_that_does_not_broadcast_gives_nan():
     model = rewritten(residual_product(64, 64, ["a", "b"]))
     out = run_feeds(model, {"x": np.ones((5, 64), np.float32), "r": np.ones((4, 64), np.float32)}, library=True)
     assert np.isnan(out).all()
+
+
+def test_a_product_read_only_by_the_next_ones_quantization_quantizes_its_output_itself():
+    model = products(64, (64, 64, 32), gelu=GELUS["com.microsoft"])
+    assert i8.rewrite(model) == 3 and rows.rewrite(model) == 3
+    assert i8.quantize_outputs(model) == 2  # the last product's output is the graph's
+    ops = _ops(model)
+    assert ops.count(i8.ROWS_OP) == 2 and ops.count(rows.OP) == 1 and ops.count(i8.OP) == 1
+    known = {"x", ""} | {init.name for init in model.graph.initializer}
+    for node in model.graph.node:  # in an order onnxruntime can run
+        assert set(node.input) <= known
+        known |= set(node.output)
+    big = products(128, (256, 32))
+    i8.rewrite(big), rows.rewrite(big)
+    with mock.patch.object(i8, "ROWS_WEIGHT_BYTES", 128 * 256 - 1):  # weights past the core's cache: left
+        assert i8.quantize_outputs(big) == 0
+    residual = residual_product(64, 64, None)
+    i8.rewrite(residual), rows.rewrite(residual)
+    assert i8.quantize_outputs(residual) == 0
+
+
+@amx
+@pytest.mark.parametrize("count", [1, 17, 255, 256, 300, 1000])
+def test_a_quantized_output_is_quantize_rows_to_the_bit(count):
+    """Few rows (the product made whole, then quantized) and many (units of 32 whole rows, a last one short);
+    rows of zeros as onnxruntime's nodes answer them, and of NaN as QuantizeRows does."""
+    rng = np.random.default_rng(count)
+    x = (rng.standard_normal((count, 128)) * np.exp(rng.uniform(-5, 5, (count, 1)))).astype(np.float32)
+    x[count // 2] = 0.0
+    for gelu in (None, GELUS["com.microsoft"]):
+        model = products(128, (128, 64, 40), gelu=gelu)
+        ours = rewritten(model)
+        assert _ops(ours).count(i8.ROWS_OP) == 2
+        assert np.array_equal(run(model, x), run(ours, x, library=True))
+    model = products(128, (128, 40))
+    x[min(3, count - 1), 7] = np.nan  # QuantizeRows answers NaN for the row (see test_rows): so does the op
+    apart = _copy(model)
+    i8.rewrite(apart), rows.rewrite(apart)
+    theirs, ours = run(apart, x, library=True), run(rewritten(model), x, library=True)
+    assert np.array_equal(theirs, ours, equal_nan=True) and np.isnan(ours).any()
 
 
 @amx

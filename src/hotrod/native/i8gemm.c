@@ -28,6 +28,7 @@
 
 #include "gelu.h"
 #include "i8gemm.h"
+#include "rows.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -37,6 +38,7 @@
 #define TILE_BYTES (TILE_ROWS * 64)         /* one tile of weights: 16 rows of 64 bytes */
 #define STEP_BYTES (2 * TILE_BYTES)         /* the two weight tiles of 32 columns at one depth step */
 #define NARROW_ROWS 8                       /* fewer rows than a tile's 16 run on VNNI, this many at a time */
+#define FUSED_MIN_ROWS (8 * BLOCK_ROWS)      /* rows for units of whole rows to keep every thread busy */
 
 typedef struct {
   uint8_t palette, start_row, reserved[14];
@@ -71,12 +73,15 @@ typedef struct {
   int64_t rows, k, n, padded_n, unit_cols, col_units, width;
   int activation; /* HOTROD_I8_GELU: GELU on each biased value */
   const float* residual; /* [rows, n], added last; or NULL */
+  uint8_t* q_out; /* where given: Y quantized per row (rows.h) into q_out and scales_out, Y itself not kept */
+  float* scales_out;
+  int64_t unit_rows, y_row; /* rows of a unit of work; the row that y's first holds */
 } Problem;
 
 /* Where column `col` of row `row` goes: its output, at its place there. */
 static inline float* place(const Problem* p, int64_t row, int64_t col) {
   const int64_t part = col / p->width;
-  return p->y[part] + row * p->width + (col - part * p->width);
+  return p->y[part] + (row - p->y_row) * p->width + (col - part * p->width);
 }
 
 /* Rows [row, row + 32) of q, or a zero-padded copy where fewer remain (tiles read 16 whole rows). */
@@ -201,18 +206,13 @@ static void store(int32_t* sums) {
   _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
-/* One unit: up to UNIT_ROWS rows by unit_cols columns. A block's epilogue runs after the next block's
- * products are issued, so the vector units finish one block while the tiles multiply the next. */
-static void unit(void* data, size_t index) {
-  const Problem* p = data;
-  const int64_t first_row = (int64_t)index / p->col_units * UNIT_ROWS;
-  const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
-  const int64_t last_row = first_row + UNIT_ROWS < p->rows ? first_row + UNIT_ROWS : p->rows;
-  const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
+/* Rows [first_row, last_row) by columns [first_col, last_col) of Y. A block's epilogue runs after the next
+ * block's products are issued, so the vector units finish one block while the tiles multiply the next. */
+static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
   if (p->rows < TILE_ROWS) {
     for (int64_t col = first_col; col < last_col; col += 32)
-      for (int64_t row = 0; row < p->rows; row += NARROW_ROWS)
-        narrow(p, row, p->rows - row < NARROW_ROWS ? p->rows - row : NARROW_ROWS, col);
+      for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
+        narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
     return;
   }
   int32_t sums[2][BLOCK_ROWS * 32] __attribute__((aligned(64)));
@@ -238,6 +238,36 @@ static void unit(void* data, size_t index) {
   _tile_release();
 }
 
+/* One unit: up to unit_rows rows by unit_cols columns. Where Y is quantized per row, a unit is whole rows: Y's
+ * rows are made in a buffer of the unit's own, which stays in the core's cache, and quantized from there. */
+static void unit(void* data, size_t index) {
+  const Problem* p = data;
+  const int64_t first_row = (int64_t)index / p->col_units * p->unit_rows;
+  const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
+  const int64_t last_row = first_row + p->unit_rows < p->rows ? first_row + p->unit_rows : p->rows;
+  const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
+  if (p->q_out == NULL) {
+    compute(p, first_row, last_row, first_col, last_col);
+    return;
+  }
+  float* rows = malloc((size_t)((last_row - first_row) * p->n) * sizeof(float));
+  Problem own = *p;
+  own.y = &rows, own.y_row = first_row;
+  if (rows != NULL) compute(&own, first_row, last_row, first_col, last_col);
+  if (rows == NULL) /* memory ran out: NaN scales, which no caller takes for an answer */
+    for (int64_t r = first_row; r < last_row; r++) p->scales_out[r] = __builtin_nanf("");
+  else
+    hotrod_quantize_rows(rows, last_row - first_row, p->n, p->q_out + first_row * p->n, p->scales_out + first_row);
+  free(rows);
+}
+
+/* Y's rows quantized in units of this many, where Y is made whole first (`made`). */
+static void quantize_part(void* data, size_t index) {
+  const Problem* p = data;
+  const int64_t first = (int64_t)index * BLOCK_ROWS, count = p->rows - first < BLOCK_ROWS ? p->rows - first : BLOCK_ROWS;
+  hotrod_quantize_rows(p->y[0] + first * p->n, count, p->n, p->q_out + first * p->n, p->scales_out + first);
+}
+
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                      const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
                      int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
@@ -246,7 +276,8 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
       (parts > 1 && n / parts % 16 != 0) || activation < HOTROD_I8_LINEAR || activation > HOTROD_I8_GELU ||
       (residual != NULL && parts > 1))
     return -1;
-  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation, residual};
+  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation, residual,
+               NULL, NULL, UNIT_ROWS, 0};
   p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
   /* wide units keep a block of weights in cache longer; narrow ones share a small product among threads */
@@ -255,5 +286,28 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
     p.unit_cols /= 2;
   p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
   parallel(runner, unit, &p, (size_t)(row_units * p.col_units));
+  return 0;
+}
+
+int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
+                          const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
+                          uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
+  if (rows < FUSED_MIN_ROWS) { /* too few units of whole rows for the threads: Y made whole, then quantized */
+    float* made = malloc((size_t)(rows * n) * sizeof(float));
+    if (made == NULL) return -1;
+    const int status = hotrod_i8_matmul(q, a_scale, rows, k, w, offsets, w_scale, bias, n, &made, 1, activation, NULL,
+                                        parallel, runner);
+    Problem p = {.y = &made, .rows = rows, .n = n, .q_out = q_out, .scales_out = scales_out};
+    if (status == 0) parallel(runner, quantize_part, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
+    free(made);
+    return status;
+  }
+  if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0 || activation < HOTROD_I8_LINEAR ||
+      activation > HOTROD_I8_GELU)
+    return -1;
+  Problem p = {q, a_scale, w_scale, bias, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL, q_out, scales_out,
+               BLOCK_ROWS, 0};
+  p.padded_n = p.unit_cols = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
+  parallel(runner, unit, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
   return 0;
 }

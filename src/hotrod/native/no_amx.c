@@ -17,6 +17,14 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
   return -1;
 }
 
+int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
+                          const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
+                          uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
+  (void)q, (void)a_scale, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias, (void)n;
+  (void)activation, (void)q_out, (void)scales_out, (void)parallel, (void)runner;
+  return -1;
+}
+
 int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
                           const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,

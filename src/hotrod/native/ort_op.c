@@ -9,6 +9,8 @@
  *   int8 products on AMX tiles (i8gemm.c; the Python side uses it only where the CPU has AMX);
  *   an optional attribute `activation` (1: GELU after the bias, as onnxruntime's Gelu computes it) and an
  *   optional seventh input, a residual added last (in the epilogue where it has the product's shape);
+ * - Int8MatMulRows: the same (no residual) with its output quantized per row as QuantizeRows would, for the
+ *   next product: outputs uint8 [..., N] and float scales [..., 1];
  * - Int8MatMulSplit: the same with its columns in three outputs of N / 3 each (a fused Q/K/V product's);
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D], an optional additive float mask broadcasting to
  *   [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder self-attention with bf16 products
@@ -174,17 +176,19 @@ static size_t rows_outputs(const CustomOp* op) { (void)op; return 2; }
 static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, provider, rows_input_type, rows_inputs,
                                        rows_output_type, rows_outputs, compute_rows, destroy_rows, required, required};
 
-/* -- Int8MatMul, Int8MatMulSplit ------------------------------------------------------------ */
+/* -- Int8MatMul, Int8MatMulRows, Int8MatMulSplit ---------------------------------------------- */
 
-/* N, the outputs its columns are split into (1: Int8MatMul, 3: Int8MatMulSplit), and the activation its
- * epilogue applies (the attribute `activation`, absent for none: HOTROD_I8_LINEAR or HOTROD_I8_GELU). */
+/* N, the outputs its columns are split into (1: Int8MatMul and Int8MatMulRows, 3: Int8MatMulSplit), and the
+ * activation its epilogue applies (the attribute `activation`, absent for none: HOTROD_I8_LINEAR or
+ * HOTROD_I8_GELU). */
 typedef struct { int64_t n, parts, activation; } Int8Kernel;
 
 static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)table;
   Int8Kernel* kernel = calloc(1, sizeof(Int8Kernel));
   if (kernel == NULL) return NULL;
-  kernel->parts = (int64_t)op->GetOutputTypeCount(op);
+  /* float outputs are the product's parts; Int8MatMulRows's two (q, scales) are one product's */
+  kernel->parts = op->GetOutputType(op, 0) == FLOAT ? (int64_t)op->GetOutputTypeCount(op) : 1;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "activation", &kernel->activation)))
     kernel->activation = HOTROD_I8_LINEAR;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
@@ -327,7 +331,36 @@ static void compute_int8(void* state, OrtKernelContext* context) {
   free(product);
 }
 
+/* Int8MatMulRows: Int8MatMul's product (no residual) as the next product's quantized rows and their scales. */
+static void compute_int8_rows(void* state, OrtKernelContext* context) {
+  const Int8Kernel* kernel = state;
+  const OrtValue* in[7] = {NULL};
+  for (size_t i = 0; i < 6; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
+  const Int8Call c = int8_call(kernel, in);
+  if (c.count == 0) return;
+  int64_t dims[8];
+  memcpy(dims, c.dims, sizeof(dims));
+  OrtValue *q = NULL, *scales = NULL;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, c.count, &q))) return;
+  dims[c.count - 1] = 1;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, c.count, &scales))) return;
+  uint8_t* qs = data_of(q);
+  float* s = data_of(scales);
+  if (c.rows == 0 || s == NULL) return;
+  void* data[6];
+  for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
+  /* inputs that do not fit (or no tile state, or memory that ran out): NaN scales, which no caller takes for an
+   * answer (the next product multiplies by them) */
+  if (!c.fits || qs == NULL || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL ||
+      data[4] == NULL || data[5] == NULL ||
+      hotrod_i8_matmul_rows(data[0], data[1], c.rows, c.k, data[2], data[3], data[4], data[5], kernel->n,
+                            (int)kernel->activation, qs, s, run_parallel, context) != 0)
+    for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
+}
+
 static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }
+static const char* int8_rows_name(const CustomOp* op) { (void)op; return "Int8MatMulRows"; }
 static const char* int8_split_name(const CustomOp* op) { (void)op; return "Int8MatMulSplit"; }
 static int int8_input_type(const CustomOp* op, size_t i) {
   (void)op;
@@ -342,6 +375,9 @@ static size_t three(const CustomOp* op) { (void)op; return 3; }
 static const CustomOp int8_matmul = {API_VERSION, create_int8, int8_name, provider, int8_input_type,
                                      int8_residual_inputs, output_type, outputs, compute_int8, destroy,
                                      residual_optional, required};
+static const CustomOp int8_matmul_rows = {API_VERSION, create_int8, int8_rows_name, provider, int8_input_type,
+                                          int8_inputs, rows_output_type, rows_outputs, compute_int8_rows, destroy,
+                                          required, required};
 static const CustomOp int8_matmul_split = {API_VERSION, create_int8, int8_split_name, provider, int8_input_type,
                                            int8_inputs, output_type, three, compute_int8, destroy, required,
                                            required};
@@ -422,6 +458,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &quantize_rows);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul_split);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &int8_matmul_rows);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;

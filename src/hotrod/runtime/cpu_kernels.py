@@ -42,6 +42,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         ops.add(i8.OP)
     if model is not None and rows.rewrite(model):
         ops.add(rows.OP)
+        if i8.OP in ops and i8.quantize_outputs(model):
+            ops.add(i8.ROWS_OP)
     if model is not None and attention.available() and attention.rewrite(model):
         ops.add(attention.OP)
     with native.graph_file(model if ops else None) as file:

@@ -23,10 +23,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.optimize.row_scales import SHARED, ZERO_POINT
-from hotrod.runtime import native
+from hotrod.runtime import native, rows
 
 OP = "Int8MatMul"
 SPLIT_OP = "Int8MatMulSplit"  # the same, its columns in three equal outputs (a fused Q/K/V product's)
+ROWS_OP = "Int8MatMulRows"  # the same, its output quantized per row for the next product (QuantizeRows's outputs)
+# The most packed weight bytes a product may have for its output to be quantized in the op: each unit of work
+# then makes 32 whole rows and streams all the weights through its core, which pays where they stay in the
+# core's L2 cache (2 MiB on the CPUs with AMX, beside the rows) and loses where they come from the shared L3.
+ROWS_WEIGHT_BYTES = 1 << 20
 DEPTH = 64  # the kernel's depth step: K must be a multiple
 COLS = 32  # the kernel's columns a step: weights are padded to a multiple
 GELU = 1  # the op's `activation` for a GELU after the bias (HOTROD_I8_GELU)
@@ -193,6 +198,38 @@ def _residual(add: onnx.NodeProto, value: str, constants: dict) -> str | None:
         return None
     other = add.input[1] if add.input[0] == value else add.input[0]
     return None if other in constants or other == value or not other else other
+
+
+def quantize_outputs(model: onnx.ModelProto) -> int:
+    """Every Int8MatMul of `model` (rewritten already, without a residual) whose one reader is the next
+    product's per-row quantization (QuantizeRows: `hotrod.runtime.rows`), and whose weights are at most
+    ROWS_WEIGHT_BYTES, as one Int8MatMulRows with that quantization's outputs, in place; returns how many. The
+    output is quantized as QuantizeRows quantizes it (the same kernel), so the answers stay the same."""
+    graph = model.graph
+    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    fused, dropped = 0, set()
+    for node in graph.node:
+        if node.op_type != OP or node.domain != native.DOMAIN or len(node.input) != 6 \
+                or sizes.get(node.input[2], ROWS_WEIGHT_BYTES + 1) > ROWS_WEIGHT_BYTES:
+            continue
+        following = readers.get(node.output[0], [])
+        if len(following) != 1 or following[0].op_type != rows.OP or node.output[0] in outputs:
+            continue
+        node.op_type = ROWS_OP
+        del node.output[:]
+        node.output.extend(following[0].output)
+        dropped.add(id(following[0]))
+        fused += 1
+    if fused:
+        kept = [node for node in graph.node if id(node) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return fused
 
 
 def _is_gelu(node: onnx.NodeProto) -> bool:
