@@ -44,7 +44,8 @@ HOTROD_GELU __m512 hotrod_erf_big(__m512 a) {
   q = _mm512_fmadd_ps(q, a, hotrod_splat(6.34846687e-1f));
   q = _mm512_fmadd_ps(q, a, hotrod_splat(1.28717512e-1f));
   q = _mm512_fmadd_ps(q, a, a);
-  const __m512 x = _mm512_max_ps(hotrod_bits(_mm512_xor_si512(hotrod_ints(q), _mm512_set1_epi32(INT32_MIN))), hotrod_splat(-88.3762626647949f));
+  const __m512 negated = hotrod_bits(_mm512_xor_si512(hotrod_ints(q), _mm512_set1_epi32(INT32_MIN)));
+  const __m512 x = _mm512_max_ps(negated, hotrod_splat(-88.3762626647949f));
   const __m512 round = hotrod_splat(1.25829120e+7f);
   const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(hotrod_splat(1.44269504088896341f), x, round), round);
   __m512 f = _mm512_fmadd_ps(hotrod_splat(-6.93145752e-1f), n, x);

@@ -264,7 +264,8 @@ static void unit(void* data, size_t index) {
 /* Y's rows quantized in units of this many, where Y is made whole first (`made`). */
 static void quantize_part(void* data, size_t index) {
   const Problem* p = data;
-  const int64_t first = (int64_t)index * BLOCK_ROWS, count = p->rows - first < BLOCK_ROWS ? p->rows - first : BLOCK_ROWS;
+  const int64_t first = (int64_t)index * BLOCK_ROWS;
+  const int64_t count = p->rows - first < BLOCK_ROWS ? p->rows - first : BLOCK_ROWS;
   hotrod_quantize_rows(p->y[0] + first * p->n, count, p->n, p->q_out + first * p->n, p->scales_out + first);
 }
 

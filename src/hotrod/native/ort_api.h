@@ -1,5 +1,5 @@
 /* The few entries of onnxruntime's C API (version 8) that hotrod's custom ops call, by their positions in
- * its function table (see ort_op.c), and helpers over them. Each library that includes it has its own copy. */
+ * its function table (see ort_op.c), helpers over them, and what the op files share (ort_op.c, ort_int8.c). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -44,9 +44,9 @@ typedef struct CustomOp {
 
 enum { REQUIRED = 0, OPTIONAL = 1 }; /* an input's characteristic */
 
-static const Entry* api;
+extern const Entry* hotrod_api; /* the version-8 table, set as the library is registered (ort_op.c) */
 
-#define CALL(index, type, ...) (((type)api[index])(__VA_ARGS__))
+#define CALL(index, type, ...) (((type)hotrod_api[index])(__VA_ARGS__))
 typedef OrtStatus* (*GetInputFn)(const OrtKernelContext*, size_t, const OrtValue**);
 typedef OrtStatus* (*GetOutputFn)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
 typedef OrtStatus* (*DataFn)(OrtValue*, void**);
@@ -60,19 +60,19 @@ typedef OrtStatus* (*FloatAttributeFn)(const OrtKernelInfo*, const char*, float*
 typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
 
 /* A failed call: its status released, and the kernel told so. */
-static int failed(OrtStatus* status) {
+static inline int failed(OrtStatus* status) {
   if (status == NULL) return 0;
   CALL(RELEASE_STATUS, ReleaseStatusFn, status);
   return 1;
 }
 
-static void* data_of(const OrtValue* value) {
+static inline void* data_of(const OrtValue* value) {
   void* data = NULL;
   return failed(CALL(TENSOR_DATA, DataFn, (OrtValue*)value, &data)) ? NULL : data;
 }
 
 /* A tensor's dimensions (at most 8): their count (0 for a scalar), or -1 where they cannot be read. */
-static int rank_of(const OrtValue* value, int64_t* dims) {
+static inline int rank_of(const OrtValue* value, int64_t* dims) {
   OrtShape* shape = NULL;
   size_t count = 0;
   int rank = -1;
@@ -85,8 +85,27 @@ static int rank_of(const OrtValue* value, int64_t* dims) {
 }
 
 /* A tensor's dimensions (at most 8): their count, or 0 for a scalar or where they cannot be read. */
-static size_t dims_of(const OrtValue* value, int64_t* dims) {
+static inline size_t dims_of(const OrtValue* value, int64_t* dims) {
   const int rank = rank_of(value, dims);
   return rank > 0 ? (size_t)rank : 0;
 }
 
+
+/* -- shared by the op files (defined in ort_op.c) ---------------------------------------------- */
+
+typedef void (*hotrod_op_task)(void* data, size_t index);
+
+/* task(data, i) for each i < count on onnxruntime's intra-op threads (`runner`: the kernel's context), or on
+ * the calling thread where the runtime lacks them. */
+void hotrod_run_parallel(void* runner, hotrod_op_task task, void* data, size_t count);
+
+void hotrod_free_kernel(void* kernel);
+const char* hotrod_cpu_provider(const CustomOp* op);
+int hotrod_float_type(const CustomOp* op, size_t i);
+size_t hotrod_one(const CustomOp* op);
+int hotrod_required(const CustomOp* op, size_t i);
+int hotrod_quantized_type(const CustomOp* op, size_t i); /* uint8 rows, then float scales */
+size_t hotrod_two(const CustomOp* op);
+
+/* The int8 product ops (ort_int8.c). */
+extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;

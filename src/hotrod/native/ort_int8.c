@@ -1,0 +1,224 @@
+/* hotrod's int8 product ops on AMX (i8gemm.c), registered by ort_op.c in the domain "hotrod":
+ * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
+ *   weights, int32 zero-point offsets, float column scales and bias, an optional residual; attributes N and an
+ *   optional `activation`, 1 for GELU after the bias as onnxruntime's Gelu computes it; output float
+ *   [..., N], or the residual's broadcast shape): the residual is added last, in the epilogue where it has the
+ *   product's shape;
+ * - Int8MatMulRows: the same (no residual) with its output quantized per row as QuantizeRows would, for the
+ *   next product: outputs uint8 [..., N] and float scales [..., 1];
+ * - Int8MatMulSplit: the same as Int8MatMul (no residual) with its columns in three outputs of N / 3 each (a
+ *   fused Q/K/V product's).
+ * The Python side uses them only where the CPU has AMX (`hotrod.runtime.i8`). A version-8 op cannot return an
+ * error: inputs that do not fit give NaN, which no caller takes for an answer.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "i8gemm.h"
+#include "ort_api.h"
+
+/* -- Int8MatMul, Int8MatMulRows, Int8MatMulSplit ---------------------------------------------- */
+
+/* N, the outputs its columns are split into (1: Int8MatMul and Int8MatMulRows, 3: Int8MatMulSplit), and the
+ * activation its epilogue applies (the attribute `activation`, absent for none: HOTROD_I8_LINEAR or
+ * HOTROD_I8_GELU). */
+typedef struct { int64_t n, parts, activation; } Int8Kernel;
+
+static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)table;
+  Int8Kernel* kernel = calloc(1, sizeof(Int8Kernel));
+  if (kernel == NULL) return NULL;
+  /* float outputs are the product's parts; Int8MatMulRows's two (q, scales) are one product's */
+  kernel->parts = op->GetOutputType(op, 0) == FLOAT ? (int64_t)op->GetOutputTypeCount(op) : 1;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "activation", &kernel->activation)))
+    kernel->activation = HOTROD_I8_LINEAR;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
+      kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0) ||
+      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+/* Whether the row scales, packed weights, offsets, column scales and bias fit Q's shape and N. */
+static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* const* in) {
+  const int64_t k = q[count - 1], padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
+  int64_t d[8];
+  if (k <= 0 || k % HOTROD_I8_DEPTH != 0 || dims_of(in[1], d) != count || d[count - 1] != 1) return 0;
+  for (size_t i = 0; i + 1 < count; i++)
+    if (d[i] != q[i]) return 0;
+  if (dims_of(in[2], d) != 3 || d[0] != padded_n / HOTROD_I8_COLS || d[1] != k / HOTROD_I8_DEPTH ||
+      d[2] != HOTROD_I8_COLS * HOTROD_I8_DEPTH)
+    return 0;
+  for (int i = 3; i < 6; i++)
+    if (dims_of(in[i], d) != 1 || d[0] != padded_n) return 0;
+  return 1;
+}
+
+/* numpy's broadcast of shapes a and b (right-aligned) into out; 0, out untouched, where they do not
+ * broadcast. */
+static int broadcast(const int64_t* a, size_t na, const int64_t* b, size_t nb, int64_t* out, size_t* n) {
+  const size_t count = na > nb ? na : nb;
+  int64_t dims[8];
+  for (size_t i = 0; i < count; i++) {
+    const int64_t x = i < count - na ? 1 : a[i - (count - na)], y = i < count - nb ? 1 : b[i - (count - nb)];
+    if (x != y && x != 1 && y != 1) return 0;
+    dims[i] = x == 1 ? y : x;
+  }
+  memcpy(out, dims, count * sizeof(int64_t));
+  *n = count;
+  return 1;
+}
+
+/* Element strides of a tensor of shape d (na dimensions) read at out's n-dimensional indices: 0 along the
+ * dimensions it is broadcast over. */
+static void strides(const int64_t* d, size_t na, size_t n, int64_t* s) {
+  int64_t stride = 1;
+  for (size_t i = n; i-- > 0;) {
+    const int64_t dim = i < n - na ? 1 : d[i - (n - na)];
+    s[i] = dim == 1 ? 0 : stride;
+    stride *= dim;
+  }
+}
+
+/* out = a + b, each broadcast to out's shape (a residual that is not of the product's own shape: rare, so
+ * index by index). */
+static void add_broadcast(const float* a, const int64_t* ad, size_t na, const float* b, const int64_t* bd, size_t nb,
+                          float* out, const int64_t* od, size_t n) {
+  int64_t sa[8], sb[8], index[8] = {0}, total = 1, ia = 0, ib = 0;
+  strides(ad, na, n, sa);
+  strides(bd, nb, n, sb);
+  for (size_t i = 0; i < n; i++) total *= od[i];
+  for (int64_t e = 0; e < total; e++) {
+    out[e] = a[ia] + b[ib];
+    for (size_t i = n; i-- > 0;) { /* the next index, odometer-wise */
+      ia += sa[i], ib += sb[i];
+      if (++index[i] < od[i]) break;
+      ia -= sa[i] * od[i], ib -= sb[i] * od[i], index[i] = 0;
+    }
+  }
+}
+
+/* The product's own shape (its outputs' `dims`, `count` of them, `rows` x `width` values), and where it adds
+ * an optional residual (input 6): in the epilogue where the residual has that shape, after it where the
+ * residual broadcasts otherwise (`out_dims`: the sum's shape). */
+typedef struct {
+  int64_t dims[8], out_dims[8], residual_dims[8], rows, k, width;
+  size_t count, out_count;
+  int residual_rank; /* -1: none */
+  const float* residual;
+  int fused, fits;
+} Int8Call;
+
+static Int8Call int8_call(const Int8Kernel* kernel, const OrtValue* const* in) {
+  Int8Call c = {.residual_rank = -1};
+  c.count = dims_of(in[0], c.dims);
+  if (c.count == 0) return c;
+  c.k = c.dims[c.count - 1];
+  c.rows = 1;
+  for (size_t i = 0; i + 1 < c.count; i++) c.rows *= c.dims[i];
+  c.fits = int8_fits(kernel->n, c.dims, c.count, in);
+  c.width = kernel->n / kernel->parts;
+  c.dims[c.count - 1] = c.width;
+  memcpy(c.out_dims, c.dims, sizeof(c.dims));
+  c.out_count = c.count;
+  if (in[6] == NULL) return c;
+  c.residual_rank = rank_of(in[6], c.residual_dims);
+  c.residual = data_of(in[6]);
+  c.fused = c.residual_rank == (int)c.count && memcmp(c.residual_dims, c.dims, c.count * sizeof(int64_t)) == 0;
+  if (c.residual == NULL || c.residual_rank < 0 ||
+      (!c.fused && !broadcast(c.dims, c.count, c.residual_dims, (size_t)c.residual_rank, c.out_dims, &c.out_count)))
+    c.fits = 0;
+  return c;
+}
+
+static void compute_int8(void* state, OrtKernelContext* context) {
+  const Int8Kernel* kernel = state;
+  const OrtValue* in[7] = {NULL};
+  for (size_t i = 0; i < 6; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
+  if (kernel->parts == 1 && failed(CALL(CONTEXT_INPUT, GetInputFn, context, 6, &in[6]))) in[6] = NULL;
+  const Int8Call c = int8_call(kernel, in);
+  if (c.count == 0) return;
+  int64_t values = 1;
+  for (size_t i = 0; i < c.out_count; i++) values *= c.out_dims[i];
+  float* out[3] = {NULL, NULL, NULL};
+  for (int64_t i = 0; i < kernel->parts; i++) {
+    OrtValue* y = NULL;
+    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, (size_t)i, c.out_dims, c.out_count, &y)) ||
+        (out[i] = data_of(y)) == NULL)
+      return;
+  }
+  if (values == 0) return;
+  void* data[6];
+  for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
+  const int later = c.residual != NULL && !c.fused;
+  float* product = later ? malloc((size_t)(c.rows * c.width) * sizeof(float)) : NULL;
+  float* const* targets = later ? &product : out;
+  /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
+   * takes for an answer */
+  if (!c.fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
+      data[5] == NULL || (later && product == NULL) ||
+      hotrod_i8_matmul(data[0], data[1], c.rows, c.k, data[2], data[3], data[4], data[5], kernel->n, targets,
+                       kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL, hotrod_run_parallel,
+                       context) != 0) {
+    for (int64_t i = 0; i < kernel->parts; i++)
+      for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
+  } else if (later) {
+    add_broadcast(product, c.dims, c.count, c.residual, c.residual_dims, (size_t)c.residual_rank, out[0], c.out_dims,
+                  c.out_count);
+  }
+  free(product);
+}
+
+/* Int8MatMulRows: Int8MatMul's product (no residual) as the next product's quantized rows and their scales. */
+static void compute_int8_rows(void* state, OrtKernelContext* context) {
+  const Int8Kernel* kernel = state;
+  const OrtValue* in[7] = {NULL};
+  for (size_t i = 0; i < 6; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
+  const Int8Call c = int8_call(kernel, in);
+  if (c.count == 0) return;
+  int64_t dims[8];
+  memcpy(dims, c.dims, sizeof(dims));
+  OrtValue *q = NULL, *scales = NULL;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, c.count, &q))) return;
+  dims[c.count - 1] = 1;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, c.count, &scales))) return;
+  uint8_t* qs = data_of(q);
+  float* s = data_of(scales);
+  if (c.rows == 0 || s == NULL) return;
+  void* data[6];
+  for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
+  /* inputs that do not fit (or no tile state, or memory that ran out): NaN scales, which no caller takes for an
+   * answer (the next product multiplies by them) */
+  if (!c.fits || qs == NULL || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL ||
+      data[4] == NULL || data[5] == NULL ||
+      hotrod_i8_matmul_rows(data[0], data[1], c.rows, c.k, data[2], data[3], data[4], data[5], kernel->n,
+                            (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0)
+    for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
+}
+
+static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }
+static const char* int8_rows_name(const CustomOp* op) { (void)op; return "Int8MatMulRows"; }
+static const char* int8_split_name(const CustomOp* op) { (void)op; return "Int8MatMulSplit"; }
+static int int8_input_type(const CustomOp* op, size_t i) {
+  (void)op;
+  static const int types[6] = {UINT8, FLOAT, INT8, INT32, FLOAT, FLOAT};
+  return i < 6 ? types[i] : FLOAT;
+}
+static size_t int8_inputs(const CustomOp* op) { (void)op; return 6; }
+static size_t int8_residual_inputs(const CustomOp* op) { (void)op; return 7; }
+static int residual_optional(const CustomOp* op, size_t i) { (void)op; return i == 6 ? OPTIONAL : REQUIRED; }
+static size_t three(const CustomOp* op) { (void)op; return 3; }
+
+const CustomOp hotrod_int8_matmul = {API_VERSION,        create_int8,          int8_name,         hotrod_cpu_provider,
+                                     int8_input_type,    int8_residual_inputs, hotrod_float_type, hotrod_one,
+                                     compute_int8,       hotrod_free_kernel,   residual_optional, hotrod_required};
+const CustomOp hotrod_int8_matmul_rows = {
+    API_VERSION,       create_int8,        int8_rows_name,  hotrod_cpu_provider, int8_input_type, int8_inputs,
+    hotrod_quantized_type, hotrod_two,     compute_int8_rows, hotrod_free_kernel, hotrod_required, hotrod_required};
+const CustomOp hotrod_int8_matmul_split = {API_VERSION,     create_int8,        int8_split_name,   hotrod_cpu_provider,
+                                           int8_input_type, int8_inputs,        hotrod_float_type, three,
+                                           compute_int8,    hotrod_free_kernel, hotrod_required,   hotrod_required};
