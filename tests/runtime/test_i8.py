@@ -224,6 +224,48 @@ def test_a_residual_added_after_a_product_goes_into_the_op():
     assert i8.rewrite(constant) == 1 and "Add" in _ops(constant)
 
 
+def two_products_added(k: int, n: int) -> onnx.ModelProto:
+    """x [rows, k] -> (MatMul + bias) + (MatMul + bias): an Add that both products' chains could end at."""
+    rng = np.random.default_rng(k + n)
+    nodes, weights = [], []
+    for i in range(2):
+        nodes += [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]), helper.make_node("Add", [f"m{i}", f"b{i}"],
+                                                                                        [f"y{i}"])]
+        weights += [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) * 0.1, f"w{i}"),
+                    numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), f"b{i}")]
+    nodes.append(helper.make_node("Add", ["y0", "y1"], ["out"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], weights)
+    return int8_dynamic(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), per_row=True)
+
+
+def test_an_add_of_two_products_goes_into_one_of_them():
+    model = two_products_added(64, 32)
+    assert i8.rewrite(model) == 2
+    ops = [node for node in model.graph.node if node.op_type == i8.OP]
+    assert len(ops) == 2 and sum(len(node.input) == 7 for node in ops) == 1 and "Add" not in _ops(model)
+    known = {"x", ""} | {init.name for init in model.graph.initializer}
+    for node in model.graph.node:  # in an order onnxruntime can run
+        assert set(node.input) <= known
+        known |= set(node.output)
+
+
+def test_a_graph_output_within_a_chain_ends_it_there():
+    model = products(64, (64,), gelu=GELUS["com.microsoft"])
+    bias = next(node for node in model.graph.node if node.op_type == "Gelu").input[0]
+    model.graph.output.append(helper.make_tensor_value_info(bias, TensorProto.FLOAT, None))
+    assert i8.rewrite(model) == 1  # the product (with its bias) still goes; the Gelu stays a node
+    assert "Gelu" in _ops(model) and not any(a.name == "activation" for node in model.graph.node
+                                              for a in node.attribute)
+
+
+@amx
+def test_an_add_of_two_products_gives_onnxruntimes_answer():
+    x = np.random.default_rng(8).standard_normal((40, 64)).astype(np.float32)
+    model = two_products_added(64, 32)
+    assert np.array_equal(run(model, x), run(rewritten(model), x, library=True))
+
+
 @amx
 @pytest.mark.parametrize("shape", [None, [1, 64], [64], [3, 1, 64], [], [5, 1]],
                          ids=["own", "one row", "one vector", "wider", "scalar", "one column"])

@@ -38,7 +38,7 @@
 #define TILE_BYTES (TILE_ROWS * 64)         /* one tile of weights: 16 rows of 64 bytes */
 #define STEP_BYTES (2 * TILE_BYTES)         /* the two weight tiles of 32 columns at one depth step */
 #define NARROW_ROWS 8                       /* fewer rows than a tile's 16 run on VNNI, this many at a time */
-#define FUSED_MIN_ROWS (8 * BLOCK_ROWS)      /* rows for units of whole rows to keep every thread busy */
+#define FUSED_MIN_ROWS (8 * BLOCK_ROWS)      /* fewer rows: too few units of whole rows to share among threads */
 
 typedef struct {
   uint8_t palette, start_row, reserved[14];
@@ -261,7 +261,7 @@ static void unit(void* data, size_t index) {
   free(rows);
 }
 
-/* Y's rows quantized in units of this many, where Y is made whole first (`made`). */
+/* Y's rows quantized BLOCK_ROWS at a time, where Y is made whole first (hotrod_i8_matmul_rows's `made`). */
 static void quantize_part(void* data, size_t index) {
   const Problem* p = data;
   const int64_t first = (int64_t)index * BLOCK_ROWS;

@@ -35,7 +35,8 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
 /* The same product (one output, no residual) quantized per row as the next product's input, as
  * hotrod_quantize_rows quantizes it (rows.h): q_out [rows][n] and scales_out [rows], Y itself not kept. Where
  * there are enough rows, each unit of work makes whole rows in its own buffer, in the core's cache, and
- * quantizes them from there. Returns as hotrod_i8_matmul (-1 also where memory ran out). */
+ * quantizes them from there. Returns as hotrod_i8_matmul (also -1 where memory for the whole product ran
+ * out); a unit whose buffer could not be had gives its rows NaN scales, which no caller takes for an answer. */
 int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                           const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
                           uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner);

@@ -10,8 +10,9 @@ which onnxruntime fuses into MatMulIntegerToFloat, an AVX-512 VNNI kernel at bes
 there each such chain becomes one Int8MatMul: the same quantized rows and row scales in, the weights packed
 once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added, a
 following GELU applied (with onnxruntime's own arithmetic: the same answers, without the Gelu node's pass over
-the feed-forward layer's widest activations) and a following residual added, all in the same pass. Elsewhere (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is.
-The op runs on onnxruntime's own threads, so a graph keeps its session's thread count.
+the feed-forward layer's widest activations) and a following residual added, all in the same pass. Elsewhere
+(no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is. The op runs on
+onnxruntime's own threads, so a graph keeps its session's thread count.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def rewrite(model: onnx.ModelProto) -> int:
     added: list[onnx.TensorProto] = []
     replacements, dropped, replaced, sizes = {}, set(), set(), set()
     for chain in chains:  # every array read before the graph changes
+        if chain.residual and id(chain.nodes[-1]) in replacements:  # an Add of two products: the first takes it
+            chain.nodes.pop()
+            chain.residual = None
         key = (chain.weights, chain.column_scales, chain.bias, chain.negated)
         if key not in packed:
             packed[key] = [native.unused_name(f"{chain.weights}_{stem}", taken)
@@ -173,16 +177,17 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
         if other in constants and _per_column(constants[other], n):
             nodes.append(following)
             bias, negated = other, following.op_type == "Sub"
-    gelu = _only(consumers, nodes[-1].output[0], None)
+    outputs = {value.name for value in graph.output}  # a graph output ends the chain: the op writes it
+    gelu = None if nodes[-1].output[0] in outputs else _only(consumers, nodes[-1].output[0], None)
     gelu = gelu if gelu is not None and _is_gelu(gelu) else None
     if gelu is not None:
         nodes.append(gelu)
-    add = _only(consumers, nodes[-1].output[0], "Add")
+    add = None if nodes[-1].output[0] in outputs else _only(consumers, nodes[-1].output[0], "Add")
     residual = _residual(add, nodes[-1].output[0], constants) if add is not None else None
     if residual is not None:
         nodes.append(add)
     inner = {step.output[0] for step in nodes[:-1]}  # what the op no longer writes
-    if any(value.name in inner for value in graph.output):
+    if inner & outputs:
         return None
     chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n, gelu is not None, residual)
     if gelu is None and residual is None:
@@ -218,7 +223,8 @@ def quantize_outputs(model: onnx.ModelProto) -> int:
                 or sizes.get(node.input[2], ROWS_WEIGHT_BYTES + 1) > ROWS_WEIGHT_BYTES:
             continue
         following = readers.get(node.output[0], [])
-        if len(following) != 1 or following[0].op_type != rows.OP or node.output[0] in outputs:
+        if len(following) != 1 or following[0].op_type != rows.OP or following[0].domain != native.DOMAIN \
+                or node.output[0] in outputs:
             continue
         node.op_type = ROWS_OP
         del node.output[:]
