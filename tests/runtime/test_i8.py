@@ -430,15 +430,22 @@ def test_calls_from_several_threads_at_once_each_get_their_own_answer():
     assert all(np.array_equal(out, alone[i]) for i, outs in results.items() for out in outs)
 
 
+def _forked_model() -> onnx.ModelProto:
+    """Int8MatMulRows (with its GELU, at enough rows for its units of whole rows) feeding Int8MatMul."""
+    model = rewritten(products(128, (128, 64), gelu=GELUS["com.microsoft"]))
+    assert {i8.ROWS_OP, i8.OP} <= set(_ops(model))
+    return model
+
+
 def _forked_run(queue) -> None:  # noqa: ANN001
-    x = np.random.default_rng(2).standard_normal((70, 128)).astype(np.float32)
-    queue.put(run(rewritten(products(128, (64,))), x, library=True))
+    x = np.random.default_rng(2).standard_normal((300, 128)).astype(np.float32)
+    queue.put(run(_forked_model(), x, library=True))
 
 
 @amx
 def test_the_op_runs_in_a_forked_process():
-    x = np.random.default_rng(2).standard_normal((70, 128)).astype(np.float32)
-    here = run(rewritten(products(128, (64,))), x, library=True)
+    x = np.random.default_rng(2).standard_normal((300, 128)).astype(np.float32)
+    here = run(_forked_model(), x, library=True)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_forked_run, args=(queue,))
