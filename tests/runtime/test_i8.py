@@ -411,7 +411,7 @@ def test_calls_from_several_threads_at_once_each_get_their_own_answer():
     options.intra_op_num_threads = 2
     native.use_library(options)
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    inputs = [np.random.default_rng(seed).standard_normal((1 + 40 * seed, 256)).astype(np.float32)
+    inputs = [np.random.default_rng(seed).standard_normal((1 + 60 * seed, 256)).astype(np.float32)
               for seed in range(6)]
     alone = [session.run(None, {"x": x})[0] for x in inputs]
     results: dict[int, list[np.ndarray]] = {i: [] for i in range(len(inputs))}
