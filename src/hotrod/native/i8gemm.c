@@ -269,12 +269,17 @@ static void quantize_part(void* data, size_t index) {
   hotrod_quantize_rows(p->y[0] + first * p->n, count, p->n, p->q_out + first * p->n, p->scales_out + first);
 }
 
+/* Whether the tiles can compute a product of depth k with this activation. */
+static int computable(int64_t k, int activation) {
+  return hotrod_amx_ready() && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
+         activation <= HOTROD_I8_GELU;
+}
+
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                      const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
                      int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
                      void* runner) {
-  if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0 || parts < 1 || n % parts != 0 ||
-      (parts > 1 && n / parts % 16 != 0) || activation < HOTROD_I8_LINEAR || activation > HOTROD_I8_GELU ||
+  if (!computable(k, activation) || parts < 1 || n % parts != 0 || (parts > 1 && n / parts % 16 != 0) ||
       (residual != NULL && parts > 1))
     return -1;
   Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation, residual,
@@ -303,9 +308,7 @@ int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, 
     free(made);
     return status;
   }
-  if (!hotrod_amx_ready() || k % HOTROD_I8_DEPTH != 0 || activation < HOTROD_I8_LINEAR ||
-      activation > HOTROD_I8_GELU)
-    return -1;
+  if (!computable(k, activation)) return -1;
   Problem p = {q, a_scale, w_scale, bias, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL, q_out, scales_out,
                BLOCK_ROWS, 0};
   p.padded_n = p.unit_cols = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "i8gemm.h" /* hotrod_task */
+
 #define API_VERSION 8
 
 typedef struct OrtStatus OrtStatus;
@@ -93,11 +95,9 @@ static inline size_t dims_of(const OrtValue* value, int64_t* dims) {
 
 /* -- shared by the op files (defined in ort_op.c) ---------------------------------------------- */
 
-typedef void (*hotrod_op_task)(void* data, size_t index);
-
 /* task(data, i) for each i < count on onnxruntime's intra-op threads (`runner`: the kernel's context), or on
- * the calling thread where the runtime lacks them. */
-void hotrod_run_parallel(void* runner, hotrod_op_task task, void* data, size_t count);
+ * the calling thread where the runtime lacks them: the kernels' hotrod_parallel. */
+void hotrod_run_parallel(void* runner, hotrod_task task, void* data, size_t count);
 
 void hotrod_free_kernel(void* kernel);
 const char* hotrod_cpu_provider(const CustomOp* op);

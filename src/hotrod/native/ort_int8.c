@@ -100,25 +100,33 @@ static void add_broadcast(const float* a, const int64_t* ad, size_t na, const fl
   }
 }
 
-/* The product's own shape (its outputs' `dims`, `count` of them, `rows` x `width` values), and where it adds
- * an optional residual (input 6): in the epilogue where the residual has that shape, after it where the
- * residual broadcasts otherwise (`out_dims`: the sum's shape). */
+/* One call's inputs (their data: NULL where unreadable), the product's own shape (its outputs' `dims`, `count`
+ * of them, `rows` x `width` values), and where it adds an optional residual (input 6): in the epilogue where the
+ * residual has that shape, after it where the residual broadcasts otherwise (`out_dims`: the sum's shape).
+ * `fits`: every input readable and of a shape the packed weights and N call for. */
 typedef struct {
+  void* data[6];
   int64_t dims[8], out_dims[8], residual_dims[8], rows, k, width;
-  size_t count, out_count;
-  int residual_rank; /* -1: none */
+  size_t count, out_count; /* count 0: the inputs could not be had */
+  int residual_rank;       /* -1: none */
   const float* residual;
   int fused, fits;
 } Int8Call;
 
-static Int8Call int8_call(const Int8Kernel* kernel, const OrtValue* const* in) {
+static Int8Call int8_call(const Int8Kernel* kernel, OrtKernelContext* context, int with_residual) {
   Int8Call c = {.residual_rank = -1};
+  const OrtValue* in[7] = {NULL};
+  for (size_t i = 0; i < 6; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return c;
+  if (with_residual && failed(CALL(CONTEXT_INPUT, GetInputFn, context, 6, &in[6]))) in[6] = NULL;
   c.count = dims_of(in[0], c.dims);
   if (c.count == 0) return c;
   c.k = c.dims[c.count - 1];
   c.rows = 1;
   for (size_t i = 0; i + 1 < c.count; i++) c.rows *= c.dims[i];
   c.fits = int8_fits(kernel->n, c.dims, c.count, in);
+  for (int i = 0; i < 6; i++)
+    if ((c.data[i] = data_of(in[i])) == NULL) c.fits = 0;
   c.width = kernel->n / kernel->parts;
   c.dims[c.count - 1] = c.width;
   memcpy(c.out_dims, c.dims, sizeof(c.dims));
@@ -135,11 +143,7 @@ static Int8Call int8_call(const Int8Kernel* kernel, const OrtValue* const* in) {
 
 static void compute_int8(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
-  const OrtValue* in[7] = {NULL};
-  for (size_t i = 0; i < 6; i++)
-    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
-  if (kernel->parts == 1 && failed(CALL(CONTEXT_INPUT, GetInputFn, context, 6, &in[6]))) in[6] = NULL;
-  const Int8Call c = int8_call(kernel, in);
+  const Int8Call c = int8_call(kernel, context, kernel->parts == 1);
   if (c.count == 0) return;
   int64_t values = 1;
   for (size_t i = 0; i < c.out_count; i++) values *= c.out_dims[i];
@@ -151,18 +155,15 @@ static void compute_int8(void* state, OrtKernelContext* context) {
       return;
   }
   if (values == 0) return;
-  void* data[6];
-  for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
   const int later = c.residual != NULL && !c.fused;
   float* product = later ? malloc((size_t)(c.rows * c.width) * sizeof(float)) : NULL;
   float* const* targets = later ? &product : out;
   /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
    * takes for an answer */
-  if (!c.fits || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL || data[4] == NULL ||
-      data[5] == NULL || (later && product == NULL) ||
-      hotrod_i8_matmul(data[0], data[1], c.rows, c.k, data[2], data[3], data[4], data[5], kernel->n, targets,
-                       kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL, hotrod_run_parallel,
-                       context) != 0) {
+  if (!c.fits || (later && product == NULL) ||
+      hotrod_i8_matmul(c.data[0], c.data[1], c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5], kernel->n,
+                       targets, kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL,
+                       hotrod_run_parallel, context) != 0) {
     for (int64_t i = 0; i < kernel->parts; i++)
       for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
   } else if (later) {
@@ -175,10 +176,7 @@ static void compute_int8(void* state, OrtKernelContext* context) {
 /* Int8MatMulRows: Int8MatMul's product (no residual) as the next product's quantized rows and their scales. */
 static void compute_int8_rows(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
-  const OrtValue* in[7] = {NULL};
-  for (size_t i = 0; i < 6; i++)
-    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
-  const Int8Call c = int8_call(kernel, in);
+  const Int8Call c = int8_call(kernel, context, 0);
   if (c.count == 0) return;
   int64_t dims[8];
   memcpy(dims, c.dims, sizeof(dims));
@@ -189,13 +187,10 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
   uint8_t* qs = data_of(q);
   float* s = data_of(scales);
   if (c.rows == 0 || s == NULL) return;
-  void* data[6];
-  for (int i = 0; i < 6; i++) data[i] = data_of(in[i]);
   /* inputs that do not fit (or no tile state, or memory that ran out): NaN scales, which no caller takes for an
    * answer (the next product multiplies by them) */
-  if (!c.fits || qs == NULL || data[0] == NULL || data[1] == NULL || data[2] == NULL || data[3] == NULL ||
-      data[4] == NULL || data[5] == NULL ||
-      hotrod_i8_matmul_rows(data[0], data[1], c.rows, c.k, data[2], data[3], data[4], data[5], kernel->n,
+  if (!c.fits || qs == NULL ||
+      hotrod_i8_matmul_rows(c.data[0], c.data[1], c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5], kernel->n,
                             (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0)
     for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
 }

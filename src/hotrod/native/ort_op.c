@@ -108,7 +108,7 @@ static const CustomOp q4_matmul = {API_VERSION,       create_kernel,      name, 
 static const Entry* parallel_api; /* a table that has KernelContext_ParallelFor, or NULL */
 
 /* hotrod_parallel over onnxruntime's intra-op pool (`runner` is the kernel's context). */
-void hotrod_run_parallel(void* runner, hotrod_op_task task, void* data, size_t count) {
+void hotrod_run_parallel(void* runner, hotrod_task task, void* data, size_t count) {
   if (count > 1 && parallel_api != NULL &&
       !failed(((ParallelForFn)parallel_api[PARALLEL_FOR])(runner, task, count, 0, data)))
     return;

@@ -73,10 +73,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     graph = model.graph
     fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
     constants = {init.name: init for init in graph.initializer if init.name not in fed}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _readers(graph)
     producers = {out: node for node in graph.node for out in node.output}
     chains = [chain for node in graph.node
               if (chain := _chain(node, constants, consumers, producers, graph)) is not None]
@@ -212,24 +209,20 @@ def quantize_outputs(model: onnx.ModelProto) -> int:
     output is quantized as QuantizeRows quantizes it (the same kernel), so the answers stay the same."""
     graph = model.graph
     sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     outputs = {value.name for value in graph.output}
     fused, dropped = 0, set()
     for node in graph.node:
         if node.op_type != OP or node.domain != native.DOMAIN or len(node.input) != 6 \
                 or sizes.get(node.input[2], ROWS_WEIGHT_BYTES + 1) > ROWS_WEIGHT_BYTES:
             continue
-        following = readers.get(node.output[0], [])
-        if len(following) != 1 or following[0].op_type != rows.OP or following[0].domain != native.DOMAIN \
-                or node.output[0] in outputs:
+        following = _only(readers, node.output[0], rows.OP)
+        if following is None or following.domain != native.DOMAIN or node.output[0] in outputs:
             continue
         node.op_type = ROWS_OP
         del node.output[:]
-        node.output.extend(following[0].output)
-        dropped.add(id(following[0]))
+        node.output.extend(following.output)
+        dropped.add(id(following))
         fused += 1
     if fused:
         kept = [node for node in graph.node if id(node) not in dropped]
@@ -283,6 +276,15 @@ def _constant_ints(name: str, constants: dict, producers: dict) -> list[int] | N
     if node is None or node.op_type != "Constant" or node.attribute[0].name != "value":
         return None
     return numpy_helper.to_array(node.attribute[0].t).tolist()
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Each value's reading nodes."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
 
 
 def _only(consumers: dict, name: str, op: str | None) -> onnx.NodeProto | None:
