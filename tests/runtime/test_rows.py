@@ -93,6 +93,33 @@ def test_the_same_q_and_scales_as_the_nodes(k, count):
     assert np.array_equal(theirs[0], ours[0])
 
 
+def _near_ties(top: float, rng: np.random.Generator, k: int = 1024) -> np.ndarray:
+    """A row whose maximum is `top` and whose other values lie on and a few ulps around (n + 1/2) * scale:
+    the quotients where a multiplication by 1 / scale could round apart from the nodes' division."""
+    scale = np.float32(np.float32(top) / np.float32(127.0))
+    n = rng.integers(-127, 127, k).astype(np.float32)
+    row = (n + np.float32(0.5)) * scale
+    for step in range(k):  # 0..3 ulps either way
+        for _ in range(int(rng.integers(0, 4))):
+            row[step] = np.nextafter(row[step], np.float32(np.inf if step % 2 else -np.inf), dtype=np.float32)
+    row = np.clip(row, -np.float32(top), np.float32(top))
+    row[rng.integers(0, k)] = np.float32(top)
+    return row
+
+
+@library
+def test_the_same_q_as_the_nodes_division_on_and_around_rounding_ties():
+    """The kernel multiplies by 1 / scale where no tie is near, and divides where one is: q stays the nodes'
+    division's at every scale, from subnormal scales (where it divides throughout) to 1e30 / 127."""
+    rng = np.random.default_rng(7)
+    tops = [1.0, 2.5, 1e-3, 3.3e5, 1e-30, 1e30, 1.5e-36, 1e-39, 1.17549435e-38 * 127]
+    x = np.stack([_near_ties(top, rng) for top in tops for _ in range(8)])
+    model = products(x.shape[1])
+    theirs, ours = run(model, x), run(model, x, kernel=True)
+    for a, b in zip(theirs[1:], ours[1:]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
 @library
 def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
     rng = np.random.default_rng(1)

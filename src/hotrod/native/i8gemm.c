@@ -123,16 +123,32 @@ static inline Targets targets(const Problem* p, int64_t row, int64_t col) {
   return t;
 }
 
-/* The 32 x 32 int32 sums as floats in y, for the rows and columns that exist. */
-static void finish(const Problem* p, const int32_t* sums, int64_t row, int64_t col) {
+/* A finished 32 x 32 block of int32 sums whose epilogue is still to run: its row-halves (16 columns of one row)
+ * are emitted a few at a time between the next block's tile steps (`emit_until`). The tiles multiply on their
+ * own unit, but the core keeps only so many instructions in flight: an epilogue run whole after the next
+ * block's products were issued waits behind them, one spread among them runs beside them. */
+typedef struct {
+  const int32_t* sums;
+  int64_t row;
+  int halves, next, total; /* row-halves: per row, done, in all */
+  Columns c[2];
+  Targets t[2];
+} Pending;
+
+static inline void pending(const Problem* p, Pending* e, const int32_t* sums, int64_t row, int64_t col) {
   const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
-  const int activation = p->activation;
-  for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
-    const Columns c = columns(p, col + half * 16);
-    const Targets t = targets(p, row, col + half * 16);
-    for (int64_t r = 0; r < rows; r++)
-      emit(&c, _mm512_loadu_si512(sums + r * 32 + half * 16), p->a_scale[row + r], activation,
-           t.residual == NULL ? NULL : t.residual + r * p->n, t.out + r * p->width);
+  e->sums = sums, e->row = row, e->halves = col + 16 < p->n ? 2 : 1, e->next = 0, e->total = (int)rows * e->halves;
+  for (int half = 0; half < e->halves; half++)
+    e->c[half] = columns(p, col + half * 16), e->t[half] = targets(p, row, col + half * 16);
+}
+
+/* The pending block's row-halves before `until` as floats in y. */
+static inline void emit_until(const Problem* p, Pending* e, int until) {
+  for (; e->next < until; e->next++) {
+    const int r = e->next / e->halves, half = e->next % e->halves;
+    const Targets* t = &e->t[half];
+    emit(&e->c[half], _mm512_loadu_si512(e->sums + r * 32 + half * 16), p->a_scale[e->row + r], p->activation,
+         t->residual == NULL ? NULL : t->residual + r * p->n, t->out + r * p->width);
   }
 }
 
@@ -179,10 +195,13 @@ static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
   }
 }
 
-/* The k loop of one 32 x 32 block: its sums left in tiles 0-3. */
-static void multiply(const Problem* p, const uint8_t* a, int64_t col) {
+/* The k loop of one 32 x 32 block, its sums left in tiles 0-3, with the pending block's epilogue spread over
+ * its steps (done by the end). */
+static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e) {
   const int8_t* w = p->w + (col / 32) * (p->k / 64) * STEP_BYTES;
   const size_t stride = (size_t)p->k;
+  const int per_step = (int)((e->total + p->k / 64 - 1) / (p->k / 64));
+  int until = 0;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -196,7 +215,10 @@ static void multiply(const Problem* p, const uint8_t* a, int64_t col) {
     _tile_dpbusd(1, 4, 7);
     _tile_dpbusd(2, 5, 6);
     _tile_dpbusd(3, 5, 7);
+    until += per_step;
+    emit_until(p, e, until < e->total ? until : e->total);
   }
+  emit_until(p, e, e->total);
 }
 
 static void store(int32_t* sums) {
@@ -206,8 +228,8 @@ static void store(int32_t* sums) {
   _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
-/* Rows [first_row, last_row) by columns [first_col, last_col) of Y. A block's epilogue runs after the next
- * block's products are issued, so the vector units finish one block while the tiles multiply the next. */
+/* Rows [first_row, last_row) by columns [first_col, last_col) of Y: each block's epilogue runs among the next
+ * block's tile steps (Pending), the last one's after them. */
 static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
   if (p->rows < TILE_ROWS) {
     for (int64_t col = first_col; col < last_col; col += 32)
@@ -215,25 +237,25 @@ static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
     return;
   }
-  int32_t sums[2][BLOCK_ROWS * 32] __attribute__((aligned(64)));
-  int64_t done = 0, pending_row = 0, pending_col = 0;
+  int32_t sums[BLOCK_ROWS * 32] __attribute__((aligned(64))); /* read by the next multiply before it is stored */
+  Pending e = {.total = 0};
   uint8_t* spare = NULL;
   hotrod_configure_tiles(); /* per call: the thread may be any of the pool's */
   for (int64_t row = first_row; row < last_row; row += BLOCK_ROWS) {
     if (row + BLOCK_ROWS > p->rows && spare == NULL && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
+      emit_until(p, &e, e.total);
       for (int64_t r = row; r < last_row; r++)  /* memory ran out: NaN, which no caller takes for an answer */
         for (int64_t c = first_col; c < last_col && c < p->n; c++) *place(p, r, c) = __builtin_nanf("");
       break;
     }
     const uint8_t* a = block_rows(p, row, spare);
-    for (int64_t col = first_col; col < last_col; col += 32, done++) {
-      multiply(p, a, col);
-      if (done > 0) finish(p, sums[(done - 1) & 1], pending_row, pending_col);
-      store(sums[done & 1]);
-      pending_row = row, pending_col = col;
+    for (int64_t col = first_col; col < last_col; col += 32) {
+      multiply(p, a, col, &e);
+      store(sums);
+      pending(p, &e, sums, row, col);
     }
   }
-  if (done > 0) finish(p, sums[(done - 1) & 1], pending_row, pending_col);
+  emit_until(p, &e, e.total);
   free(spare);
   _tile_release();
 }
