@@ -75,14 +75,16 @@ def rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def run_all(model: onnx.ModelProto, x: np.ndarray, threads: int = 2, library: bool = False) -> list[np.ndarray]:
+def run_all(model: onnx.ModelProto, x: np.ndarray | dict[str, np.ndarray], threads: int = 2,
+            library: bool = False) -> list[np.ndarray]:
+    """The graph's outputs for `x` (its input "x", or every input by name) in a session as hotrod opens them."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if library:
         native.use_library(options)
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
                                    disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
-    return session.run(None, {"x": x})
+    return session.run(None, x if isinstance(x, dict) else {"x": x})
 
 
 def run(model: onnx.ModelProto, x: np.ndarray, threads: int = 2, library: bool = False) -> np.ndarray:

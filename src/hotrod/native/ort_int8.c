@@ -1,5 +1,6 @@
 /* hotrod's int8 product ops on AMX (i8gemm.c), registered by ort_op.c in the domain "hotrod":
- * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, the packed int8
+ * - Int8MatMul (inputs: Q uint8 [..., K] and its row scales [..., 1] from QuantizeRows, or one scale [1] for
+ *   every row (a calibrated graph's: its static scale taken into the column scales, and 1 here), the packed int8
  *   weights, int32 zero-point offsets, float column scales and bias, an optional residual; attributes N and an
  *   optional `activation`, 1 for GELU after the bias as onnxruntime's Gelu computes it; output float
  *   [..., N], or the residual's broadcast shape): the residual is added last, in the epilogue where it has the
@@ -41,13 +42,22 @@ static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernel
   return kernel;
 }
 
+/* Whether the row scales [..., 1] are one per row of Q (0), or one for all rows ([1]: 1); -1 where neither. */
+static int shared_scale(const int64_t* q, size_t count, const OrtValue* scales) {
+  int64_t d[8];
+  const size_t rank = dims_of(scales, d);
+  if (rank == 1 && d[0] == 1) return 1;
+  if (rank != count || d[count - 1] != 1) return -1;
+  for (size_t i = 0; i + 1 < count; i++)
+    if (d[i] != q[i]) return -1;
+  return 0;
+}
+
 /* Whether the row scales, packed weights, offsets, column scales and bias fit Q's shape and N. */
 static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* const* in) {
   const int64_t k = q[count - 1], padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   int64_t d[8];
-  if (k <= 0 || k % HOTROD_I8_DEPTH != 0 || dims_of(in[1], d) != count || d[count - 1] != 1) return 0;
-  for (size_t i = 0; i + 1 < count; i++)
-    if (d[i] != q[i]) return 0;
+  if (k <= 0 || k % HOTROD_I8_DEPTH != 0 || shared_scale(q, count, in[1]) < 0) return 0;
   if (dims_of(in[2], d) != 3 || d[0] != padded_n / HOTROD_I8_COLS || d[1] != k / HOTROD_I8_DEPTH ||
       d[2] != HOTROD_I8_COLS * HOTROD_I8_DEPTH)
     return 0;
@@ -103,9 +113,11 @@ static void add_broadcast(const float* a, const int64_t* ad, size_t na, const fl
 /* One call's inputs (their data: NULL where unreadable), the product's own shape (its outputs' `dims`, `count`
  * of them, `rows` x `width` values), and where it adds an optional residual (input 6): in the epilogue where the
  * residual has that shape, after it where the residual broadcasts otherwise (`out_dims`: the sum's shape).
- * `fits`: every input readable and of a shape the packed weights and N call for. */
+ * `fits`: every input readable and of a shape the packed weights and N call for. A scale shared by every row
+ * is given to the kernel as one per row (`own`, which the caller frees). */
 typedef struct {
   void* data[6];
+  float* own;
   int64_t dims[8], out_dims[8], residual_dims[8], rows, k, width;
   size_t count, out_count; /* count 0: the inputs could not be had */
   int residual_rank;       /* -1: none */
@@ -127,6 +139,11 @@ static Int8Call int8_call(const Int8Kernel* kernel, OrtKernelContext* context, i
   c.fits = int8_fits(kernel->n, c.dims, c.count, in);
   for (int i = 0; i < 6; i++)
     if ((c.data[i] = data_of(in[i])) == NULL) c.fits = 0;
+  if (c.fits && shared_scale(c.dims, c.count, in[1]) == 1) {
+    if ((c.own = malloc((size_t)(c.rows > 0 ? c.rows : 1) * sizeof(float))) == NULL) c.fits = 0;
+    for (int64_t r = 0; c.own != NULL && r < c.rows; r++) c.own[r] = *(const float*)c.data[1];
+    c.data[1] = c.own;
+  }
   c.width = kernel->n / kernel->parts;
   c.dims[c.count - 1] = c.width;
   memcpy(c.out_dims, c.dims, sizeof(c.dims));
@@ -143,7 +160,7 @@ static Int8Call int8_call(const Int8Kernel* kernel, OrtKernelContext* context, i
 
 static void compute_int8(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
-  const Int8Call c = int8_call(kernel, context, kernel->parts == 1);
+  Int8Call c = int8_call(kernel, context, kernel->parts == 1);
   if (c.count == 0) return;
   int64_t values = 1;
   for (size_t i = 0; i < c.out_count; i++) values *= c.out_dims[i];
@@ -152,9 +169,12 @@ static void compute_int8(void* state, OrtKernelContext* context) {
     OrtValue* y = NULL;
     if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, (size_t)i, c.out_dims, c.out_count, &y)) ||
         (out[i] = data_of(y)) == NULL)
-      return;
+      values = 0;
   }
-  if (values == 0) return;
+  if (values == 0) {
+    free(c.own);
+    return;
+  }
   const int later = c.residual != NULL && !c.fused;
   float* product = later ? malloc((size_t)(c.rows * c.width) * sizeof(float)) : NULL;
   float* const* targets = later ? &product : out;
@@ -171,6 +191,7 @@ static void compute_int8(void* state, OrtKernelContext* context) {
                   c.out_count);
   }
   free(product);
+  free(c.own);
 }
 
 /* Int8MatMulRows: Int8MatMul's product (no residual) as the next product's quantized rows and their scales. */
@@ -181,18 +202,21 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
   int64_t dims[8];
   memcpy(dims, c.dims, sizeof(dims));
   OrtValue *q = NULL, *scales = NULL;
-  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, c.count, &q))) return;
-  dims[c.count - 1] = 1;
-  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, c.count, &scales))) return;
-  uint8_t* qs = data_of(q);
-  float* s = data_of(scales);
-  if (c.rows == 0 || s == NULL) return;
+  uint8_t* qs = NULL;
+  float* s = NULL;
+  if (!failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, c.count, &q))) {
+    dims[c.count - 1] = 1;
+    if (!failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, c.count, &scales)))
+      qs = data_of(q), s = data_of(scales);
+  }
   /* inputs that do not fit (or no tile state, or memory that ran out): NaN scales, which no caller takes for an
    * answer (the next product multiplies by them) */
-  if (!c.fits || qs == NULL ||
-      hotrod_i8_matmul_rows(c.data[0], c.data[1], c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5], kernel->n,
-                            (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0)
+  if (c.rows > 0 && s != NULL &&
+      (!c.fits || qs == NULL ||
+       hotrod_i8_matmul_rows(c.data[0], c.data[1], c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5], kernel->n,
+                             (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0))
     for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
+  free(c.own);
 }
 
 static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }

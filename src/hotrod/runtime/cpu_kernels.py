@@ -34,7 +34,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     """The graph at `path` with what hotrod's kernels compute rewritten to their ops, for the span of the
     block; None where none applies (or the library is missing, or this CPU cannot run it)."""
     int4 = q4.library() is not None  # elsewhere an int4 graph is not even parsed
-    model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),))
+    calibrated = (b"DequantizeLinear",) if i8.available() else ()  # int8-static's products
+    model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated)
     ops = set()
     if model is not None and int4 and q4.rewrite_all(model, threads):
         ops.add(q4.OP)

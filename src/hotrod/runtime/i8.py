@@ -13,6 +13,15 @@ following GELU applied (with onnxruntime's own arithmetic: the same answers, wit
 the feed-forward layer's widest activations) and a following residual added, all in the same pass. Elsewhere
 (no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is. The op runs on
 onnxruntime's own threads, so a graph keeps its session's thread count.
+
+Calibrated graphs (int8-static: onnxruntime's static quantization, QDQ) spell a product as
+
+    MatMul(DequantizeLinear(q, s, z), DequantizeLinear(W, column scales, 0)) [-> Add(bias)] [-> Gelu] [-> Add]
+
+with q = QuantizeLinear(x, s, z), one scale s and zero point z for every row; onnxruntime runs it as
+MatMulIntegerToFloat, the exact sums times (s * column scale), the bias added after. The same Int8MatMul
+computes that with one row scale of 1 (exact) and column scales s * column scale, z taken back per column as
+the dynamic graphs' 128 is; the QuantizeLinear stays onnxruntime's node.
 """
 
 from __future__ import annotations
@@ -44,12 +53,13 @@ def available() -> bool:
     return native.tiles_ready(_NEEDED_FLAGS)
 
 
-def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None
-         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None, zero_point: int = ZERO_POINT,
+         row_scale: np.float32 | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """int8 weights [K, N] (K a multiple of DEPTH) in the kernel's layout, [N' / 32, K / 64, 2048] where
     byte 64 r + 4 c + j of a [16, 64] tile holds W[64 d + 4 r + j, 32 b + 16 h + c] (N' = N padded with
-    zero columns to COLS); with 128 * each column's sum (the uint8 rows' zero point, taken back per column)
-    and the column scales and bias (zeros where there is none) padded alike."""
+    zero columns to COLS); with `zero_point` (the uint8 rows', 128 in the dynamic graphs) * each column's sum,
+    taken back per column, and the column scales (times `row_scale` in float32, where one scale serves every
+    row) and bias (zeros where there is none) padded alike."""
     k, n = weights.shape
     padded_n = -(-n // COLS) * COLS
     padded = np.zeros((k, padded_n), dtype=np.int8)
@@ -57,9 +67,11 @@ def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None
     tiles = padded.reshape(k // DEPTH, 16, 4, padded_n // COLS, 2, 16)  # [d, r, j, b, h, c]
     packed = np.ascontiguousarray(tiles.transpose(3, 0, 4, 1, 5, 2)).reshape(padded_n // COLS, k // DEPTH, 2048)
     offsets = np.zeros(padded_n, dtype=np.int32)
-    offsets[:n] = ZERO_POINT * weights.astype(np.int32).sum(axis=0)
+    offsets[:n] = int(zero_point) * weights.astype(np.int32).sum(axis=0)
     column_scales = np.zeros(padded_n, dtype=np.float32)
     column_scales[:n] = np.broadcast_to(scales.astype(np.float32).reshape(-1), (n,))
+    if row_scale is not None:  # onnxruntime's multiplier: the two scales' product, one float32 rounding
+        column_scales[:n] = np.float32(row_scale) * column_scales[:n]
     padded_bias = np.zeros(padded_n, dtype=np.float32)
     if bias is not None:
         padded_bias[:n] = np.broadcast_to(bias.astype(np.float32).reshape(-1), (n,))
@@ -67,9 +79,9 @@ def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None
 
 
 def rewrite(model: onnx.ModelProto) -> int:
-    """Every per-row int8 product chain of `model` that the kernel computes as Int8MatMul (or, with the Split
-    of a fused Q/K/V product, Int8MatMulSplit), in place; returns how many. Weights two products share are
-    packed once."""
+    """Every int8 product chain of `model` (per-row or calibrated) that the kernel computes as Int8MatMul (or,
+    with the Split of a fused Q/K/V product, Int8MatMulSplit), in place; returns how many. Weights two products
+    share are packed once."""
     graph = model.graph
     fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
     constants = {init.name: init for init in graph.initializer if init.name not in fed}
@@ -83,11 +95,17 @@ def rewrite(model: onnx.ModelProto) -> int:
     packed: dict[tuple, list[str]] = {}
     added: list[onnx.TensorProto] = []
     replacements, dropped, replaced, sizes = {}, set(), set(), set()
+    unit = None  # a calibrated graph's row scale: 1, its own scale taken into the column scales
     for chain in chains:  # every array read before the graph changes
         if chain.residual and id(chain.nodes[-1]) in replacements:  # an Add of two products: the first takes it
             chain.nodes.pop()
             chain.residual = None
-        key = (chain.weights, chain.column_scales, chain.bias, chain.negated)
+        if chain.row_scale is not None:
+            if unit is None:
+                unit = native.unused_name("hotrod_i8_unit_scale", taken)
+                added.append(numpy_helper.from_array(np.ones(1, np.float32), unit))
+            chain.row_scales = unit
+        key = (chain.weights, chain.column_scales, chain.bias, chain.negated, chain.zero_point, chain.row_scale)
         if key not in packed:
             packed[key] = [native.unused_name(f"{chain.weights}_{stem}", taken)
                            for stem in ("i8", "offsets", "scales", "bias")]
@@ -96,9 +114,11 @@ def rewrite(model: onnx.ModelProto) -> int:
         replacements[id(chain.nodes[-1])] = _op(chain, packed[key])  # where a residual is surely computed
         dropped.update(id(node) for node in (*chain.nodes[:-1], *([chain.split] if chain.split else [])))
         sizes.update(name for name in (chain.split.input[1:2] if chain.split else ()) if name)
-        replaced.update(name for node in chain.nodes for name in node.input if name in constants)
+        replaced.update(name for node in (*chain.nodes, *chain.dequantized) for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
     read = {name for node in nodes for name in node.input} | {value.name for value in graph.output}
+    dequantized = {id(node) for chain in chains for node in chain.dequantized if node.output[0] not in read}
+    nodes = [node for node in nodes if id(node) not in dequantized]  # what only the products read
     unread = sizes - read
     nodes = [node for node in nodes if node.op_type != "Constant" or node.output[0] not in unread]  # Splits' sizes
     del graph.node[:]
@@ -110,24 +130,30 @@ def rewrite(model: onnx.ModelProto) -> int:
 
 @dataclass
 class _Chain:
-    # MatMulInteger, Cast, the scales' Mul, the scaling Mul[, the bias' Sub or Add][, Gelu][, the residual's Add]
+    # the product's nodes: MatMulInteger, Cast, the scales' Mul, the scaling Mul (a dynamic graph's) or the MatMul
+    # (a calibrated graph's); then [the bias' Sub or Add][, Gelu][, the residual's Add]
     nodes: list[onnx.NodeProto]
     rows: str  # the quantized rows
-    row_scales: str
+    row_scales: str  # their scales; a calibrated graph's: "" until the rewrite names its unit scale
     weights: str
     column_scales: str
-    bias: str | None
-    negated: bool  # the bias is subtracted (`row_scales` writes it negated)
     n: int
+    bias: str | None = None
+    negated: bool = False  # the bias is subtracted (`row_scales` writes it negated)
     gelu: bool = False  # a GELU after the bias, taken into the op's epilogue
     residual: str | None = None  # what an Add after them adds, taken into the op
     split: onnx.NodeProto | None = None  # the Split of a fused Q/K/V product, taken into the op
+    zero_point: str | None = None  # a calibrated graph's rows' zero point (the dynamic graphs': 128)
+    row_scale: str | None = None  # a calibrated graph's one scale for every row, taken into the column scales
+    dequantized: tuple[onnx.NodeProto, ...] = ()  # a calibrated graph's DequantizeLinear nodes feeding the MatMul
 
 
 def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
     bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
+    zero_point = int(numpy_helper.to_array(constants[chain.zero_point])) if chain.zero_point else ZERO_POINT
+    row_scale = np.float32(numpy_helper.to_array(constants[chain.row_scale])) if chain.row_scale else None
     return pack(numpy_helper.to_array(constants[chain.weights]), numpy_helper.to_array(constants[chain.column_scales]),
-                None if bias is None else (-bias if chain.negated else bias))
+                None if bias is None else (-bias if chain.negated else bias), zero_point, row_scale)
 
 
 def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
@@ -141,17 +167,45 @@ def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
 
 def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict,
            graph: onnx.GraphProto) -> _Chain | None:
-    """The product chain starting at `node` (a MatMulInteger), where it is one `row_scales` writes and
-    nothing else reads what lies within; None otherwise."""
+    """The product chain starting at `node` (a dynamic graph's MatMulInteger or a calibrated graph's MatMul),
+    where the kernel computes it and nothing else reads what lies within; None otherwise."""
+    chain = _dynamic(node, constants, consumers, producers) or _calibrated(node, constants, producers)
+    if chain is None:
+        return None
+    n, outputs = chain.n, {value.name for value in graph.output}  # a graph output ends the chain: the op writes it
+    product = chain.nodes[-1].output[0]
+    following = None if product in outputs else _only(consumers, product, None)
+    if following is not None and following.domain in ("", "ai.onnx") and len(following.input) == 2 and (
+            following.op_type == "Add" and product in following.input  # a float sum is the same either way
+            or following.op_type == "Sub" and following.input[0] == product):
+        other = following.input[1] if following.input[0] == product else following.input[0]
+        if other in constants and _per_column(constants[other], n):
+            chain.nodes.append(following)
+            chain.bias, chain.negated = other, following.op_type == "Sub"
+    gelu = None if chain.nodes[-1].output[0] in outputs else _only(consumers, chain.nodes[-1].output[0], None)
+    chain.gelu = gelu is not None and _is_gelu(gelu)
+    if chain.gelu:
+        chain.nodes.append(gelu)
+    add = None if chain.nodes[-1].output[0] in outputs else _only(consumers, chain.nodes[-1].output[0], "Add")
+    chain.residual = _residual(add, chain.nodes[-1].output[0], constants) if add is not None else None
+    if chain.residual is not None:
+        chain.nodes.append(add)
+    if {step.output[0] for step in chain.nodes[:-1]} & outputs:  # what the op no longer writes
+        return None
+    if not chain.gelu and chain.residual is None:
+        chain.split = _split_after(chain, consumers, producers, constants, graph)
+    return chain
+
+
+def _dynamic(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict) -> _Chain | None:
+    """A dynamic graph's product (`row_scales`) up to its scaling Mul, where `node` is its MatMulInteger."""
     if node.op_type != "MatMulInteger" or node.domain not in ("", "ai.onnx") or len(node.input) != 4:
         return None
     rows, weights, zero_point, weight_zero_points = node.input
-    if zero_point != f"{SHARED}_zero_point" or weights not in constants or weight_zero_points not in constants:
+    if zero_point != f"{SHARED}_zero_point" or weight_zero_points not in constants:
         return None
-    w = constants[weights]
-    if w.data_type != TensorProto.INT8 or len(w.dims) != 2 or w.dims[0] % DEPTH:
-        return None
-    if np.any(numpy_helper.to_array(constants[weight_zero_points])):
+    w = _weights(weights, constants)
+    if w is None or np.any(numpy_helper.to_array(constants[weight_zero_points])):
         return None
     cast = _only(consumers, node.output[0], "Cast")
     if cast is None or helper.get_attribute_value(cast.attribute[0]) != TensorProto.FLOAT:
@@ -167,29 +221,45 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
     n = int(w.dims[1])
     if len(column) != 1 or len(row_scales) != 1 or not _per_column(constants[column[0]], n):
         return None
-    nodes, bias, negated = [node, cast, scales, scaled], None, False
-    following = _only(consumers, scaled.output[0], None)
-    if following is not None and following.op_type in ("Sub", "Add") and following.input[0] == scaled.output[0]:
-        other = following.input[1]
-        if other in constants and _per_column(constants[other], n):
-            nodes.append(following)
-            bias, negated = other, following.op_type == "Sub"
-    outputs = {value.name for value in graph.output}  # a graph output ends the chain: the op writes it
-    gelu = None if nodes[-1].output[0] in outputs else _only(consumers, nodes[-1].output[0], None)
-    gelu = gelu if gelu is not None and _is_gelu(gelu) else None
-    if gelu is not None:
-        nodes.append(gelu)
-    add = None if nodes[-1].output[0] in outputs else _only(consumers, nodes[-1].output[0], "Add")
-    residual = _residual(add, nodes[-1].output[0], constants) if add is not None else None
-    if residual is not None:
-        nodes.append(add)
-    inner = {step.output[0] for step in nodes[:-1]}  # what the op no longer writes
-    if inner & outputs:
+    return _Chain([node, cast, scales, scaled], rows, row_scales[0], weights, column[0], n)
+
+
+def _calibrated(node: onnx.NodeProto, constants: dict, producers: dict) -> _Chain | None:
+    """A calibrated graph's product, where `node` is a MatMul of its dequantized rows (uint8, one constant scale
+    and zero point) by its dequantized weights (constant int8 [K, N], a scale per column or one, zero points 0)."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
-    chain = _Chain(nodes, rows, row_scales[0], weights, column[0], bias, negated, n, gelu is not None, residual)
-    if gelu is None and residual is None:
-        chain.split = _split_after(chain, consumers, producers, constants, graph)
-    return chain
+    rows, weights = (producers.get(name) for name in node.input)
+    if not (_dequantizes(rows, constants) and _dequantizes(weights, constants)) or len(rows.input) != 3:
+        return None
+    q, scale, zero_point = rows.input
+    if constants[zero_point].data_type != TensorProto.UINT8 or np.size(numpy_helper.to_array(constants[scale])) != 1:
+        return None
+    w = _weights(weights.input[0], constants)
+    if w is None:
+        return None
+    n = int(w.dims[1])
+    attrs = {a.name: helper.get_attribute_value(a) for a in weights.attribute}
+    column = weights.input[1]
+    if not _per_column(constants[column], n) or (list(constants[column].dims) == [n] and attrs.get("axis", 1) not in (1, -1)):
+        return None
+    if len(weights.input) == 3 and np.any(numpy_helper.to_array(constants[weights.input[2]])):
+        return None
+    return _Chain([node], q, "", weights.input[0], column, n, zero_point=zero_point, row_scale=scale,
+                  dequantized=(rows, weights))
+
+
+def _dequantizes(node: onnx.NodeProto | None, constants: dict) -> bool:
+    """Whether `node` is a DequantizeLinear whose scale and zero point are constants."""
+    return node is not None and node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx") \
+        and len(node.input) in (2, 3) and all(name in constants for name in node.input[1:])
+
+
+def _weights(name: str, constants: dict) -> onnx.TensorProto | None:
+    """The constant int8 weights [K, N] the kernel packs (K a multiple of DEPTH), or None."""
+    w = constants.get(name)
+    return w if w is not None and w.data_type == TensorProto.INT8 and len(w.dims) == 2 and not w.dims[0] % DEPTH \
+        else None
 
 
 def _residual(add: onnx.NodeProto, value: str, constants: dict) -> str | None:
