@@ -10,8 +10,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+import torch
+from onnx import TensorProto, helper, numpy_helper
 
+import hotrod
 from hotrod import precisions
 from hotrod.precisions import ATTENTION_KEY, ask_attention
 from hotrod.runtime import attention, native
@@ -34,6 +36,27 @@ def graph(heads: int, mask: bool = True, asked: bool = True, mask_type: int = Te
     model = helper.make_model(helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(
         "y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 23)])
     return ask_attention(model, "bf16") if asked else model
+
+
+def multi_head(heads: int, head: int, bias: bool = True, transposed: bool = True, **attrs) -> onnx.ModelProto:
+    """q [B, S, W]; k, v [B, S_k, W] reshaped to [B, S_k, H, D] and transposed to [B, H, S_k, D] (and an additive
+    bias m) -> com.microsoft's MultiHeadAttention -> y, as T5's encoders are exported."""
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", None, heads * head]) for name in "qkv"]
+    shape = numpy_helper.from_array(np.array([0, -1, heads, head], np.int64), "split_heads")
+    nodes = []
+    for name in "kv":
+        nodes.append(helper.make_node("Reshape", [name, "split_heads"], [f"{name}4"]))
+        if transposed:
+            nodes.append(helper.make_node("Transpose", [f"{name}4"], [f"{name}t"], perm=[0, 2, 1, 3]))
+    if bias:
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, None))
+    kv = ["kt", "vt"] if transposed else ["k4", "v4"]
+    nodes.append(helper.make_node("MultiHeadAttention", ["q", *kv, "", "", *(["m"] if bias else [])], ["y"],
+                                  domain="com.microsoft", **({"num_heads": heads} | attrs)))
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, None)], [shape]), opset_imports=[helper.make_opsetid("", 17),
+                                                                 helper.make_opsetid("com.microsoft", 1)])
+    return ask_attention(model, "bf16")
 
 
 def rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -122,6 +145,36 @@ def test_a_row_is_the_same_alone_in_any_padded_batch_and_at_any_thread_count(thr
 
 
 @amx
+@pytest.mark.parametrize("kv_seq", [None, 23])
+@pytest.mark.parametrize("scale", [1.0, None])
+def test_multi_head_attention_on_transposed_keys_with_a_position_bias(kv_seq, scale):
+    """T5's form: keys and values [B, H, S, D] from a Transpose, the op reading them from before it; a bias per
+    head, query and key (T5's relative positions plus its padding), T5's scale of 1 or the default."""
+    feeds = inputs(2, 19, 4, 32, seed=4, kv_seq=kv_seq)
+    feeds["m"] = np.random.default_rng(5).standard_normal((1, 4, 19, kv_seq or 19)).astype(np.float32)
+    feeds["m"] = feeds["m"] + padding_mask([kv_seq or 19, 7], kv_seq or 19, rows=19)
+    model = multi_head(4, 32, **({"scale": scale} if scale else {}))
+    out = _copy(model)
+    assert attention.rewrite(out) == 1
+    assert [node.op_type for node in out.graph.node] == ["Reshape", "Reshape", attention.OP]  # the Transposes go
+    fast, slow = run(out, feeds), run(model, feeds, library=False)
+    np.testing.assert_allclose(fast, reference(feeds, 4, scale), atol=2e-3, rtol=0)
+    cosine = (fast * slow).sum(-1) / (np.linalg.norm(fast, axis=-1) * np.linalg.norm(slow, axis=-1))
+    assert cosine.min() > 0.999  # onnxruntime's fp32 op: the same attention, unscaled scores rounded to bf16
+
+
+@pytest.mark.parametrize("change", [dict(unidirectional=1), dict(transposed=False), dict(mask_filter_value=-1.0e4)])
+def test_multi_head_attention_the_kernel_does_not_compute_is_left_as_it_is(change):
+    """A causal one, keys of a layout not known without shapes (a decoder's cache); an attribute the kernel
+    does not read (mask_filter_value applies only to a key padding mask, which it never has: still taken)."""
+    model = multi_head(2, 32, **change)
+    assert attention.rewrite(_copy(model)) == (1 if "mask_filter_value" in change else 0)
+    padded = multi_head(2, 32)
+    padded.graph.node[-1].input[4] = "m"  # a key padding mask
+    assert attention.rewrite(_copy(padded)) == 0
+
+
+@amx
 def test_a_row_whose_keys_are_all_masked_gets_zeros_not_nan():
     feeds = inputs(1, 6, 2, 32)
     feeds["m"] = np.full((1, 1, 6, 6), -np.inf, dtype=np.float32)
@@ -172,3 +225,22 @@ def test_a_loaded_int8_encoder_attends_on_the_kernel_close_to_fp32_attention(zoo
     span = mask[1].bool()  # the short row alone, unpadded: the same bits
     alone = model(ids[1:2, span], attention_mask=mask[1:2, span]).last_hidden_state
     assert np.array_equal(alone.numpy(), fast[1:2, span].numpy())
+
+
+@amx
+@pytest.mark.parametrize("name", ["t5", "mt5"])
+def test_a_loaded_int8_t5_encoder_attends_on_the_kernel_with_the_same_tokens(zoo, tmp_path, name, monkeypatch):
+    out = hotrod.optimize(zoo.at_trained_scale(name), tmp_path / name, precision="int8", force=True,
+                          progress=False, verify_examples=0)
+    model = hotrod.load(out)
+    assert attention.OP in model.backend.kernel_ops["encoder"]
+    monkeypatch.setattr(attention, "available", lambda: False)
+    plain = hotrod.load(out)
+    ids, mask = prompt_batch(CASES[name], (7, 4))
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=8),
+                       plain.generate(ids, attention_mask=mask, max_new_tokens=8))
+    fast, slow = (m(ids, attention_mask=mask, decoder_input_ids=ids[:, :3]).encoder_last_hidden_state
+                  for m in (model, plain))
+    real = mask.bool()
+    cosine = (fast[real] * slow[real]).sum(-1) / (fast[real].norm(dim=-1) * slow[real].norm(dim=-1))
+    assert cosine.min() > 0.999

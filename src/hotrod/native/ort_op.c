@@ -6,9 +6,9 @@
  *   quantization of a product's input in one pass (rows.c, AVX2);
  * - Int8MatMul, Int8MatMulRows, Int8MatMulSplit: int8 products on AMX tiles (ort_int8.c, i8gemm.c; the
  *   Python side uses them only where the CPU has AMX);
- * - Bf16Attention (inputs: Q, K, V float [B, S, H x D], an optional additive float mask broadcasting to
- *   [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder self-attention with bf16 products
- *   on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked).
+ * - Bf16Attention (inputs: Q, K, V float [B, S, H x D] (K and V also [B, S, H, D]), an optional additive float
+ *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder attention with
+ *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked).
  *
  * QuantizeRows, the int8 products and Bf16Attention run on onnxruntime's intra-op threads
  * (KernelContext_ParallelFor, from the version-17 table on; on the calling thread alone where the runtime lacks
@@ -191,12 +191,25 @@ static void* create_attention(const CustomOp* op, const Entry* table, const OrtK
   return kernel;
 }
 
-/* K's length S_k where K and V are [B, S_k, W] for Q's [B, S_q, W], W a multiple of the heads; 0 otherwise. */
+/* K's or V's [B, S_k, W] for Q's [B, S_q, W]: as it is, or from [B, S_k, heads, W / heads] (the same values in
+ * the same order); its first two dimensions, or zeros where it is neither. */
+static void attention_rows(const AttentionKernel* kernel, const int64_t* q, const OrtValue* x, int64_t* rows) {
+  int64_t d[8];
+  const size_t count = dims_of(x, d);
+  rows[0] = rows[1] = 0;
+  if ((count == 3 && d[2] == q[2]) || (count == 4 && d[2] == kernel->heads && d[2] * d[3] == q[2]))
+    rows[0] = d[0], rows[1] = d[1];
+}
+
+/* K's length S_k where K and V are [B, S_k, W] (or [B, S_k, heads, W / heads]) for Q's [B, S_q, W], W a multiple
+ * of the heads; 0 otherwise. */
 static int64_t attention_keys(const AttentionKernel* kernel, const int64_t* q, size_t count, const OrtValue* k,
                               const OrtValue* v) {
-  int64_t dk[8], dv[8];
-  if (count != 3 || q[2] % kernel->heads != 0 || dims_of(k, dk) != 3 || dims_of(v, dv) != 3) return 0;
-  return dk[0] == q[0] && dv[0] == q[0] && dk[2] == q[2] && dv[2] == q[2] && dk[1] == dv[1] ? dk[1] : 0;
+  int64_t dk[2], dv[2];
+  if (count != 3 || q[2] % kernel->heads != 0) return 0;
+  attention_rows(kernel, q, k, dk);
+  attention_rows(kernel, q, v, dv);
+  return dk[0] == q[0] && dv[0] == q[0] && dk[1] == dv[1] ? dk[1] : 0;
 }
 
 static void compute_attention(void* state, OrtKernelContext* context) {

@@ -23,6 +23,7 @@ OP = "Bf16Attention"
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
+_MULTI_HEAD = {"num_heads", "scale", "unidirectional", "mask_filter_value"}
 
 
 def available() -> bool:
@@ -37,28 +38,36 @@ def asked(model: onnx.ModelProto) -> bool:
 
 def rewrite(model: onnx.ModelProto) -> int:
     """Every plain self-attention node of `model` as Bf16Attention, in place, where its build asked for it;
-    returns how many. Plain: ONNX's Attention on [B, S, H x D] inputs with as many key as query heads, no
-    cache, no causal mask, no soft cap, and a float additive mask or none."""
+    returns how many. Plain: ONNX's Attention on [B, S, H x D] inputs with as many key as query heads, or
+    com.microsoft's MultiHeadAttention (T5's encoders, their position bias the additive mask) on a [B, S, H x D]
+    query and keys and values [B, H, S, D] transposed from [B, S, H, D] (which the op reads as they were before
+    the Transpose); no cache, no causal mask, no soft cap, and a float additive mask or
+    none."""
     if not asked(model):
         return 0
     graph = model.graph
     types = _float_values(graph)
+    producers = {out: node for node in graph.node for out in node.output}
     count = 0
     for node in graph.node:
-        plain = _plain(node, types)
+        plain = _plain(node, types) or _multi_head(node, types, producers)
         if plain is not None:
-            heads, scale = plain
-            node.CopyFrom(helper.make_node(OP, list(node.input), [node.output[0]], name=f"{node.name}_bf16",
+            inputs, heads, scale = plain
+            node.CopyFrom(helper.make_node(OP, inputs, [node.output[0]], name=f"{node.name}_bf16",
                                            domain=native.DOMAIN, num_heads=heads, scale=scale))
             count += 1
     if count:
+        read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+        kept = [node for node in graph.node if node.op_type != "Transpose" or node.output[0] in read]
+        del graph.node[:]
+        graph.node.extend(kept)
         native.add_domain(model)
     return count
 
 
-def _plain(node: onnx.NodeProto, floats: set[str]) -> tuple[int, float] | None:
-    """(heads, scale) of a self-attention node the kernel computes (scale 0: 1 / sqrt(head size), found by
-    the kernel's caller from the inputs' width); None for any other node."""
+def _plain(node: onnx.NodeProto, floats: set[str]) -> tuple[list[str], int, float] | None:
+    """(inputs, heads, scale) of an ONNX Attention node the kernel computes (scale 0: 1 / sqrt(head size),
+    found by the kernel's caller from the inputs' width); None for any other node."""
     if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
         return None
     if len(node.input) not in (3, 4) or not all(node.input[:3]) or len(node.output) != 1 or not node.output[0]:
@@ -75,7 +84,34 @@ def _plain(node: onnx.NodeProto, floats: set[str]) -> tuple[int, float] | None:
     scale = float(attrs.get("scale", 0.0))
     if scale and not math.isfinite(scale):
         return None
-    return heads, scale
+    return list(node.input), heads, scale
+
+
+def _multi_head(node: onnx.NodeProto, floats: set[str], producers: dict) -> tuple[list[str], int, float] | None:
+    """(inputs, heads, scale) of a com.microsoft MultiHeadAttention node the kernel computes: query, key and
+    value, no bias, key padding mask or cache, an additive float attention bias or none, one output."""
+    if node.op_type != "MultiHeadAttention" or node.domain != "com.microsoft" or len(node.output) != 1:
+        return None
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    if not all(inputs[:3]) or any(inputs[3:5]) or any(inputs[6:]) or (inputs[5] and inputs[5] not in floats):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if set(attrs) - _MULTI_HEAD or attrs.get("unidirectional", 0) or not attrs.get("num_heads"):
+        return None
+    scale = float(attrs.get("scale", 0.0))
+    key, value = (_before_transpose(name, producers) for name in inputs[1:3])
+    if key is None or value is None or (scale and not math.isfinite(scale)):
+        return None  # keys or values whose layout is not known here without shapes (a decoder's cache: [B, H, S, D])
+    return [inputs[0], key, value] + ([inputs[5]] if inputs[5] else []), attrs["num_heads"], scale
+
+
+def _before_transpose(name: str, producers: dict) -> str | None:
+    """The [B, S, H, D] tensor a [B, H, S, D] key or value was transposed from; None where it was not."""
+    node = producers.get(name)
+    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    perm = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"), None)
+    return node.input[0] if perm is not None and list(perm) == [0, 2, 1, 3] else None
 
 
 def _float_values(graph: onnx.GraphProto) -> set[str]:
