@@ -172,6 +172,10 @@ def test_multi_head_attention_the_kernel_does_not_compute_is_left_as_it_is(chang
     padded = multi_head(2, 32)
     padded.graph.node[-1].input[4] = "m"  # a key padding mask
     assert attention.rewrite(_copy(padded)) == 0
+    cached = multi_head(2, 32)  # a transposed key that is also a graph output (a cache): its Transpose stays
+    cached.graph.output.append(helper.make_tensor_value_info("kt", TensorProto.FLOAT, None))
+    out = _copy(cached)
+    assert attention.rewrite(out) == 1 and [n.op_type for n in out.graph.node].count("Transpose") == 1
 
 
 @amx

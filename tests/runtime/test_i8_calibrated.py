@@ -19,21 +19,21 @@ from tests.zoo import CASES, prompt_batch
 
 def calibrated(k: int, n: int, zero_point: int = 117, scale: float = 0.02, bias: str | None = "first",
                gelu: bool = False, residual: bool = False, weight_zero: int = 0, column_scales: bool = True,
-               seed: int = 0) -> onnx.ModelProto:
+               seed: int = 0, shape: tuple = (), axis: int = 1) -> onnx.ModelProto:
     """x [1, rows, k] -> QuantizeLinear -> DequantizeLinear -> MatMul by DequantizeLinear(int8 W [k, n]) [-> Add
     of a bias, on the side `bias` names] [-> com.microsoft Gelu] [-> Add of a residual input r], as onnxruntime's
     static quantization writes a product (uint8 rows, one scale and zero point; int8 weights, 7 bits)."""
     rng = np.random.default_rng(seed)
     w_scales = rng.uniform(0.001, 0.02, n if column_scales else 1).astype(np.float32)
-    inits = [numpy_helper.from_array(np.array(scale, np.float32), "s"),
-             numpy_helper.from_array(np.array(zero_point, np.uint8), "z"),
+    inits = [numpy_helper.from_array(np.full(shape, scale, np.float32), "s"),  # shape: () or (1,), per tensor
+             numpy_helper.from_array(np.full(shape, zero_point, np.uint8), "z"),
              numpy_helper.from_array(rng.integers(-64, 65, (k, n)).astype(np.int8), "wq"),
              numpy_helper.from_array(w_scales if column_scales else w_scales.reshape(()), "ws"),
              numpy_helper.from_array(np.full(n if column_scales else (), weight_zero, np.int8), "wz"),
              numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=axis),
              helper.make_node("MatMul", ["xd", "wd"], ["y"])]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", k])]
     if bias is not None:
@@ -95,6 +95,13 @@ def test_bias_gelu_and_residual_as_onnxruntime_computes_them(bias, gelu, residua
 
 
 @amx
+def test_a_scale_and_zero_point_of_one_element_as_scalars():
+    model = calibrated(64, 48, zero_point=201, shape=(1,))
+    theirs, ours = both(model, feeds(model, 21))
+    assert np.array_equal(theirs, ours)
+
+
+@amx
 def test_one_weight_scale_for_every_column_and_a_row_alone_as_in_its_batch():
     model = calibrated(64, 32, column_scales=False)
     inputs = feeds(model, 50)
@@ -114,6 +121,13 @@ def test_what_the_kernel_cannot_compute_alike_is_left_as_it_is():
     fed = calibrated(64, 32)
     fed.graph.input.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, []))  # a scale a caller may give
     assert i8.rewrite(fed) == 0
+    other_axis = calibrated(64, 64)
+    other_axis.graph.node[2].attribute[0].i = 0  # [64] scales along K, not along the columns
+    assert i8.rewrite(other_axis) == 0
+    requantized = calibrated(64, 32, bias=None)  # quantized again at once: onnxruntime's QLinearMatMul, not ours
+    requantized.graph.node.append(helper.make_node("QuantizeLinear", ["y", "s", "z"], ["yq"]))
+    requantized.graph.output[0].CopyFrom(helper.make_tensor_value_info("yq", TensorProto.UINT8, None))
+    assert i8.rewrite(requantized) == 0
 
 
 @amx

@@ -293,7 +293,7 @@ static void quantize_part(void* data, size_t index) {
 
 /* Whether the tiles can compute a product of depth k with this activation. */
 static int computable(int64_t k, int activation) {
-  return hotrod_amx_ready() && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
+  return hotrod_amx_ready() && k > 0 && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
          activation <= HOTROD_I8_GELU;
 }
 

@@ -96,9 +96,9 @@ WIDE static float row_max_wide(const float* x, int64_t k) {
 
 /* round_half_even(x / s) for 16 values, the quotient's rounding without its division where that cannot differ:
  * a division of 16 floats costs several times the rest of a value's work. y = x * (1 / s) is within
- * |q| 2^-22 of the exact quotient q = x / s (two roundings of 2^-24 each; |q| <= 127 (1 + 2^-23) here, as
- * |x| <= 127 s by the row's maximum), so within 3.1e-5; the divided float is within half an ulp of q, at most
- * 2^-18 below 128. Where y lies farther than NEAR (2^-12: seven times that sum) from every half-integer, no
+ * |q| 2^-23 of the exact quotient q = x / s (two roundings of 2^-24 each; |q| <= 127 (1 + 2^-23) here, as
+ * |x| <= 127 s by the row's maximum), so within 1.6e-5; the divided float is within half an ulp of q, at most
+ * 2^-18 below 128. Where y lies farther than NEAR (2^-12: twelve times that sum) from every half-integer, no
  * half-integer separates y, q and the quotient, and all three round to the same integer; the few lanes nearer
  * one (about 1 in 2,000 values), and NaN, are divided. `r` is 1 / s, finite, s normal (the caller's check). */
 #define NEAR 0x1p-12f

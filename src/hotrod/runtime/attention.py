@@ -48,17 +48,18 @@ def rewrite(model: onnx.ModelProto) -> int:
     graph = model.graph
     types = _float_values(graph)
     producers = {out: node for node in graph.node for out in node.output}
-    count = 0
+    count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
     for node in graph.node:
         plain = _plain(node, types) or _multi_head(node, types, producers)
         if plain is not None:
             inputs, heads, scale = plain
+            detached |= {id(producers[name]) for name in set(node.input) - set(inputs) if name in producers}
             node.CopyFrom(helper.make_node(OP, inputs, [node.output[0]], name=f"{node.name}_bf16",
                                            domain=native.DOMAIN, num_heads=heads, scale=scale))
             count += 1
     if count:
-        read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
-        kept = [node for node in graph.node if node.op_type != "Transpose" or node.output[0] in read]
+        read = native.read_names(graph)
+        kept = [node for node in graph.node if id(node) not in detached or node.output[0] in read]
         del graph.node[:]
         graph.node.extend(kept)
         native.add_domain(model)

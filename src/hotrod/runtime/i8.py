@@ -116,7 +116,7 @@ def rewrite(model: onnx.ModelProto) -> int:
         sizes.update(name for name in (chain.split.input[1:2] if chain.split else ()) if name)
         replaced.update(name for node in (*chain.nodes, *chain.dequantized) for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
-    read = {name for node in nodes for name in node.input} | {value.name for value in graph.output}
+    read = native.read_names(graph, nodes)
     dequantized = {id(node) for chain in chains for node in chain.dequantized if node.output[0] not in read}
     nodes = [node for node in nodes if id(node) not in dequantized]  # what only the products read
     unread = sizes - read
@@ -150,10 +150,15 @@ class _Chain:
 
 def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
     bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
-    zero_point = int(numpy_helper.to_array(constants[chain.zero_point])) if chain.zero_point else ZERO_POINT
-    row_scale = np.float32(numpy_helper.to_array(constants[chain.row_scale])) if chain.row_scale else None
+    zero_point = _scalar(constants, chain.zero_point) if chain.zero_point else ZERO_POINT
+    row_scale = np.float32(_scalar(constants, chain.row_scale)) if chain.row_scale else None
     return pack(numpy_helper.to_array(constants[chain.weights]), numpy_helper.to_array(constants[chain.column_scales]),
                 None if bias is None else (-bias if chain.negated else bias), zero_point, row_scale)
+
+
+def _scalar(constants: dict, name: str) -> np.generic:
+    """A one-element constant's value ([] or [1])."""
+    return numpy_helper.to_array(constants[name]).reshape(-1)[0]
 
 
 def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
@@ -169,7 +174,7 @@ def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
            graph: onnx.GraphProto) -> _Chain | None:
     """The product chain starting at `node` (a dynamic graph's MatMulInteger or a calibrated graph's MatMul),
     where the kernel computes it and nothing else reads what lies within; None otherwise."""
-    chain = _dynamic(node, constants, consumers, producers) or _calibrated(node, constants, producers)
+    chain = _dynamic(node, constants, consumers, producers) or _calibrated(node, constants, consumers, producers)
     if chain is None:
         return None
     n, outputs = chain.n, {value.name for value in graph.output}  # a graph output ends the chain: the op writes it
@@ -224,16 +229,18 @@ def _dynamic(node: onnx.NodeProto, constants: dict, consumers: dict, producers: 
     return _Chain([node, cast, scales, scaled], rows, row_scales[0], weights, column[0], n)
 
 
-def _calibrated(node: onnx.NodeProto, constants: dict, producers: dict) -> _Chain | None:
+def _calibrated(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict) -> _Chain | None:
     """A calibrated graph's product, where `node` is a MatMul of its dequantized rows (uint8, one constant scale
-    and zero point) by its dequantized weights (constant int8 [K, N], a scale per column or one, zero points 0)."""
+    and zero point) by its dequantized weights (constant int8 [K, N], a scale per column or one, zero points 0).
+    None where its one reader quantizes it again: onnxruntime runs that as QLinearMatMul, one rounding fewer."""
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
     rows, weights = (producers.get(name) for name in node.input)
     if not (_dequantizes(rows, constants) and _dequantizes(weights, constants)) or len(rows.input) != 3:
         return None
     q, scale, zero_point = rows.input
-    if constants[zero_point].data_type != TensorProto.UINT8 or np.size(numpy_helper.to_array(constants[scale])) != 1:
+    if constants[zero_point].data_type != TensorProto.UINT8 or _size(constants[scale]) != 1 \
+            or _size(constants[zero_point]) != 1 or _only(consumers, node.output[0], "QuantizeLinear") is not None:
         return None
     w = _weights(weights.input[0], constants)
     if w is None:
@@ -241,12 +248,17 @@ def _calibrated(node: onnx.NodeProto, constants: dict, producers: dict) -> _Chai
     n = int(w.dims[1])
     attrs = {a.name: helper.get_attribute_value(a) for a in weights.attribute}
     column = weights.input[1]
-    if not _per_column(constants[column], n) or (list(constants[column].dims) == [n] and attrs.get("axis", 1) not in (1, -1)):
+    if not _per_column(constants[column], n) or (list(constants[column].dims) == [n] and n > 1
+                                                  and attrs.get("axis", 1) not in (1, -1)):
         return None
     if len(weights.input) == 3 and np.any(numpy_helper.to_array(constants[weights.input[2]])):
         return None
     return _Chain([node], q, "", weights.input[0], column, n, zero_point=zero_point, row_scale=scale,
                   dequantized=(rows, weights))
+
+
+def _size(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims))
 
 
 def _dequantizes(node: onnx.NodeProto | None, constants: dict) -> bool:

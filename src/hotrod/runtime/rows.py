@@ -95,6 +95,6 @@ def _op(chain: list[onnx.NodeProto]) -> onnx.NodeProto:
 def _drop_unread_constants(graph: onnx.GraphProto) -> None:
     """The chains' shared constants, where no node reads them any more (removed one by one: a few small
     entries, where rebuilding the list would copy every weight)."""
-    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    read = native.read_names(graph)
     for init in [init for init in graph.initializer if init.name.startswith(SHARED) and init.name not in read]:
         graph.initializer.remove(init)
