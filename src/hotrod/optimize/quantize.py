@@ -40,6 +40,7 @@ import onnx
 
 from hotrod.errors import HotrodError, check_choice
 from hotrod.export.onnx import save_model
+from hotrod.optimize import graphs
 from hotrod.optimize.calibration import graph_feed, spread
 from hotrod.optimize.row_scales import per_row_activations
 
@@ -149,10 +150,7 @@ def fold_bias(model: onnx.ModelProto) -> onnx.ModelProto:
     the same logits without them)."""
     graph = model.graph
     vectors = {t.name: list(t.dims) for t in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = graphs.readers(graph)
     outputs = {o.name for o in graph.output}
     folded: set[int] = set()
     for node in graph.node:

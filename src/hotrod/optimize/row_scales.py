@@ -41,6 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hotrod.optimize import graphs
 from hotrod.optimize.fusion import raise_opset
 
 LEVELS = 127.0  # symmetric int8 steps either side of zero
@@ -83,10 +84,7 @@ def _biases_after_scaling(graph: onnx.GraphProto) -> None:
     """Each `MatMulInteger -> Cast -> Mul (scales) -> Add (constant bias)` becomes `... -> Sub (negated bias)`,
     so onnxruntime fuses the scaled product without the bias (see the module docstring), or, before a GELU,
     hands the bias to a FastGelu."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = graphs.readers(graph)
     weights = {tensor.name: tensor for tensor in graph.initializer}
     negated: dict[str, str] = {}
     dropped: list[onnx.NodeProto] = []

@@ -16,6 +16,7 @@ import math
 import onnx
 from onnx import TensorProto, helper
 
+from hotrod.optimize import graphs
 from hotrod.precisions import ATTENTION_KEY
 from hotrod.runtime import native
 
@@ -58,7 +59,7 @@ def rewrite(model: onnx.ModelProto) -> int:
                                            domain=native.DOMAIN, num_heads=heads, scale=scale))
             count += 1
     if count:
-        read = native.read_names(graph)
+        read = graphs.read_names(graph)
         kept = [node for node in graph.node if id(node) not in detached or node.output[0] in read]
         del graph.node[:]
         graph.node.extend(kept)

@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hotrod.optimize import graphs
 from hotrod.optimize.row_scales import SHARED, ZERO_POINT
 from hotrod.runtime import native, rows
 
@@ -85,7 +86,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     graph = model.graph
     fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
     constants = {init.name: init for init in graph.initializer if init.name not in fed}
-    consumers = _readers(graph)
+    consumers = graphs.readers(graph)
     producers = {out: node for node in graph.node for out in node.output}
     chains = [chain for node in graph.node
               if (chain := _chain(node, constants, consumers, producers, graph)) is not None]
@@ -116,7 +117,7 @@ def rewrite(model: onnx.ModelProto) -> int:
         sizes.update(name for name in (chain.split.input[1:2] if chain.split else ()) if name)
         replaced.update(name for node in (*chain.nodes, *chain.dequantized) for name in node.input if name in constants)
     nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
-    read = native.read_names(graph, nodes)
+    read = graphs.read_names(graph, nodes)
     dequantized = {id(node) for chain in chains for node in chain.dequantized if node.output[0] not in read}
     nodes = [node for node in nodes if id(node) not in dequantized]  # what only the products read
     unread = sizes - read
@@ -291,7 +292,7 @@ def quantize_outputs(model: onnx.ModelProto) -> int:
     output is quantized as QuantizeRows quantizes it (the same kernel), so the answers stay the same."""
     graph = model.graph
     sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
-    readers = _readers(graph)
+    readers = graphs.readers(graph)
     outputs = {value.name for value in graph.output}
     fused, dropped = 0, set()
     for node in graph.node:
@@ -358,15 +359,6 @@ def _constant_ints(name: str, constants: dict, producers: dict) -> list[int] | N
     if node is None or node.op_type != "Constant" or node.attribute[0].name != "value":
         return None
     return numpy_helper.to_array(node.attribute[0].t).tolist()
-
-
-def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    """Each value's reading nodes."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
 
 
 def _only(consumers: dict, name: str, op: str | None) -> onnx.NodeProto | None:

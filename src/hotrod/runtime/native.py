@@ -22,6 +22,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from hotrod.optimize import graphs
+
 DOMAIN = "hotrod"
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / "libhotrod_cpu.so"
 _LOADS_WITH = ("avx2", "fma")
@@ -75,22 +77,10 @@ def unused_name(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def read_names(graph: onnx.GraphProto, nodes: list[onnx.NodeProto] | None = None) -> set[str]:
-    """The names `nodes` (the graph's, where not given) read, those their subgraphs (If, Loop, Scan bodies) read,
-    and the graph's outputs: what a rewrite must keep."""
-    read = {value.name for value in graph.output}
-    for node in graph.node if nodes is None else nodes:
-        read.update(node.input)
-        for attribute in node.attribute:
-            for body in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
-                read |= read_names(body)
-    return read
-
-
 def swap_initializers(graph: onnx.GraphProto, replaced: set[str], added: list[onnx.TensorProto]) -> None:
     """`added` in; those of `replaced` that no node or graph output reads any more out. The rest are copied
     over: clearing the list frees the originals."""
-    read = read_names(graph)
+    read = graphs.read_names(graph)
     kept = []
     for init in graph.initializer:
         if init.name not in replaced or init.name in read:

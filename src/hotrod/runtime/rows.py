@@ -20,6 +20,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from hotrod.optimize import graphs
 from hotrod.optimize.row_scales import SHARED
 from hotrod.runtime import native
 
@@ -95,6 +96,6 @@ def _op(chain: list[onnx.NodeProto]) -> onnx.NodeProto:
 def _drop_unread_constants(graph: onnx.GraphProto) -> None:
     """The chains' shared constants, where no node reads them any more (removed one by one: a few small
     entries, where rebuilding the list would copy every weight)."""
-    read = native.read_names(graph)
+    read = graphs.read_names(graph)
     for init in [init for init in graph.initializer if init.name.startswith(SHARED) and init.name not in read]:
         graph.initializer.remove(init)
