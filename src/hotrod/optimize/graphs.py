@@ -15,6 +15,11 @@ def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return found
 
 
+def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Each value's writing node."""
+    return {out: node for node in graph.node for out in node.output}
+
+
 def read_names(graph: onnx.GraphProto, nodes: list[onnx.NodeProto] | None = None) -> set[str]:
     """The names `nodes` (the graph's, where not given) read, those their subgraphs (If, Loop, Scan bodies) read,
     and the graph's outputs: what a rewrite must keep."""

@@ -42,13 +42,12 @@ def rewrite(model: onnx.ModelProto) -> int:
     returns how many. Plain: ONNX's Attention on [B, S, H x D] inputs with as many key as query heads, or
     com.microsoft's MultiHeadAttention (T5's encoders, their position bias the additive mask) on a [B, S, H x D]
     query and keys and values [B, H, S, D] transposed from [B, S, H, D] (which the op reads as they were before
-    the Transpose); no cache, no causal mask, no soft cap, and a float additive mask or
-    none."""
+    the Transpose); no cache, no causal mask, no soft cap, and a float additive mask or none."""
     if not asked(model):
         return 0
     graph = model.graph
     types = _float_values(graph)
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = graphs.producers(graph)
     count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
     for node in graph.node:
         plain = _plain(node, types) or _multi_head(node, types, producers)

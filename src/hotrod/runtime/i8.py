@@ -87,7 +87,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
     constants = {init.name: init for init in graph.initializer if init.name not in fed}
     consumers = graphs.readers(graph)
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = graphs.producers(graph)
     chains = [chain for node in graph.node
               if (chain := _chain(node, constants, consumers, producers, graph)) is not None]
     if not chains:

@@ -31,7 +31,7 @@ _LEVELS, _HUGE = f"{SHARED}_levels", f"{SHARED}_huge"
 def rewrite(model: onnx.ModelProto) -> int:
     """Every per-row quantizing chain of `model` as QuantizeRows, in place; returns how many."""
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = graphs.producers(graph)
     readers: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
