@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 
 # hotrod's CPU kernels, loaded into onnxruntime as custom ops (`hotrod.runtime.native`): the int4 products
 # (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`), per-row int8 quantization (AVX2:
-# `hotrod.runtime.rows`), int8 products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`) and
+# `hotrod.runtime.rows`), LayerNormalization with onnxruntime's arithmetic (AVX2: `hotrod.runtime.norm`), int8
+# products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`) and
 # encoder attention in bf16 on AMX tiles (only where the CPU has AMX-BF16 and the build asked for it:
 # `hotrod.runtime.attention`).
 # Each file is built for its own instructions, the library's entry point for AVX2, so it loads on any x86-64
@@ -40,17 +41,20 @@ AMX_BUILD = echo "hotrod: this compiler knows no AMX: the int8 and attention ker
 AMX_OBJECTS = $$tmp/no_amx.o
 endif
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
+		$(NATIVE_DIR)/norm.c $(NATIVE_DIR)/norm.h $(NATIVE_DIR)/ort_norm.c \
 		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
 		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -ffp-contract=off -c -o $$tmp/norm.o $(NATIVE_DIR)/norm.c && \
 		$(AMX_BUILD) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_int8.o $(NATIVE_DIR)/ort_int8.c && \
-		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $(AMX_OBJECTS) \
-			$$tmp/ort_op.o $$tmp/ort_int8.o -lm && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_norm.o $(NATIVE_DIR)/ort_norm.c && \
+		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $$tmp/norm.o \
+			$(AMX_OBJECTS) $$tmp/ort_op.o $$tmp/ort_int8.o $$tmp/ort_norm.o -lm && \
 		mv -f $$tmp/lib.so $@; \
 		status=$$?; rm -rf $$tmp; exit $$status; \
 	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi

@@ -1,5 +1,6 @@
 /* The few entries of onnxruntime's C API (version 8) that hotrod's custom ops call, by their positions in
- * its function table (see ort_op.c), helpers over them, and what the op files share (ort_op.c, ort_int8.c). */
+ * its function table (see ort_op.c), helpers over them, and what the op files share (ort_op.c, ort_int8.c,
+ * ort_norm.c). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -109,3 +110,5 @@ size_t hotrod_two(const CustomOp* op);
 
 /* The int8 product ops (ort_int8.c). */
 extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;
+/* The LayerNormalization ops (ort_norm.c). */
+extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op;

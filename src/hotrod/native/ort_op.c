@@ -10,7 +10,9 @@
  *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder attention with
  *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked).
  *
- * QuantizeRows, the int8 products and Bf16Attention run on onnxruntime's intra-op threads
+ * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
+ *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2);
+ * QuantizeRows, the int8 products, Bf16Attention and the LayerNorm ops run on onnxruntime's intra-op threads
  * (KernelContext_ParallelFor, from the version-17 table on; on the calling thread alone where the runtime lacks
  * it). Q4MatMul brings its own.
  *
@@ -267,6 +269,8 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_int8_matmul_split);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_int8_matmul_rows);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_op);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_rows_op);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

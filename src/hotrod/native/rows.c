@@ -74,7 +74,7 @@ static void quantize_row(const float* x, int64_t k, uint8_t* q, float* scale) {
 
 /* The same row on AVX-512, 16 values a step, where the CPU has it: the same maximum (order does not change
  * a maximum), the same division and rounding per value, so the same q and scale. */
-#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 WIDE static float row_max_wide(const float* x, int64_t k) {
   __m512 top = _mm512_setzero_ps();
@@ -94,22 +94,23 @@ WIDE static float row_max_wide(const float* x, int64_t k) {
   return bad ? NAN : best;
 }
 
-/* round_half_even(x / s) for 16 values, the quotient's rounding without its division where that cannot differ:
- * a division of 16 floats costs several times the rest of a value's work. y = x * (1 / s) is within
+/* round_half_even(x / s) for 16 values as int32, the quotient's rounding without its division where that cannot
+ * differ: a division of 16 floats costs several times the rest of a value's work. y = x * (1 / s) is within
  * |q| 2^-23 of the exact quotient q = x / s (two roundings of 2^-24 each; |q| <= 127 (1 + 2^-23) here, as
  * |x| <= 127 s by the row's maximum), so within 1.6e-5; the divided float is within half an ulp of q, at most
  * 2^-18 below 128. Where y lies farther than NEAR (2^-12: twelve times that sum) from every half-integer, no
  * half-integer separates y, q and the quotient, and all three round to the same integer; the few lanes nearer
- * one (about 1 in 2,000 values), and NaN, are divided. `r` is 1 / s, finite, s normal (the caller's check). */
+ * one (about 1 in 2,000 values) are divided. VREDUCEPS gives y's distance from its nearest integer in one step.
+ * `r` is 1 / s, finite, s normal, x finite (the caller's checks). */
 #define NEAR 0x1p-12f
+#define NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-WIDE static inline __m512 divided_rounded(__m512 x, __m512 s, __m512 r) {
-  const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+WIDE static inline __m512i divided_rounded(__m512 x, __m512 s, __m512 r) {
   const __m512 y = _mm512_mul_ps(x, r);
-  const __m512 n = _mm512_roundscale_ps(y, nearest);
-  const __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, n)), _mm512_set1_ps(0.5f - NEAR),
-                                            _CMP_NLT_UQ);
-  return near ? _mm512_mask_roundscale_ps(n, near, _mm512_maskz_div_ps(near, x, s), nearest) : n;
+  const __m512 residue = _mm512_reduce_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(residue), _mm512_set1_ps(0.5f - NEAR), _CMP_GE_OQ);
+  const __m512i n = _mm512_cvt_roundps_epi32(y, NEAREST);
+  return near ? _mm512_mask_cvt_roundps_epi32(n, near, _mm512_maskz_div_ps(near, x, s), NEAREST) : n;
 }
 
 WIDE static void quantize_row_wide(const float* x, int64_t k, uint8_t* q, float* scale) {
@@ -121,15 +122,21 @@ WIDE static void quantize_row_wide(const float* x, int64_t k, uint8_t* q, float*
     return;
   }
   const float reciprocal = 1.0f / s;
-  const int multiply = isnormal(s) && isfinite(reciprocal);  /* where the bound above holds */
-  const __m512 vs = _mm512_set1_ps(s), vr = _mm512_set1_ps(reciprocal), zero = _mm512_set1_ps(ZERO_POINT);
-  const __m512 low = _mm512_setzero_ps(), high = _mm512_set1_ps(255.0f);
-  for (; i + 16 <= k; i += 16) {
-    const __m512 values = _mm512_loadu_ps(x + i);
-    __m512 v = multiply ? divided_rounded(values, vs, vr)
-                        : _mm512_roundscale_ps(_mm512_div_ps(values, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, zero), low), high);
-    _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  const __m512 vs = _mm512_set1_ps(s);
+  if (isnormal(s) && isfinite(reciprocal)) { /* where the bound above holds: |q| <= 127, no clipping */
+    const __m512 vr = _mm512_set1_ps(reciprocal);
+    const __m512i zero = _mm512_set1_epi32((int)ZERO_POINT);
+    for (; i + 16 <= k; i += 16) {
+      const __m512i n = divided_rounded(_mm512_loadu_ps(x + i), vs, vr);
+      _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(_mm512_add_epi32(n, zero)));
+    }
+  } else { /* a subnormal or infinite scale: divided throughout, and clipped (x / inf: NaN for an infinite x) */
+    const __m512 zero = _mm512_set1_ps(ZERO_POINT), low = _mm512_setzero_ps(), high = _mm512_set1_ps(255.0f);
+    for (; i + 16 <= k; i += 16) {
+      __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), vs), NEAREST);
+      v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, zero), low), high);
+      _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    }
   }
   for (; i < k; i++) q[i] = one(x[i], s);
 }
@@ -139,7 +146,8 @@ static int wide_cpu(void) {
   static int wide = -1;
   if (wide < 0) {
     __builtin_cpu_init();
-    wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   }
   return wide;
 }

@@ -1,6 +1,6 @@
 """Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
 (`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`), per-row int8 quantization
-(`hotrod.runtime.rows`) and bf16 attention where the build asked for it (`hotrod.runtime.attention`), each
+(`hotrod.runtime.rows`), LayerNormalization (`hotrod.runtime.norm`) and bf16 attention where the build asked for it (`hotrod.runtime.attention`), each
 where this CPU runs it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from hotrod.runtime import attention, i8, native, q4, rows
+from hotrod.runtime import attention, i8, native, norm, q4, rows
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         ops.add(rows.OP)
         if i8.OP in ops and i8.quantize_outputs(model):
             ops.add(i8.ROWS_OP)
+    if model is not None and norm.rewrite(model):
+        ops.add(norm.OP)
     if model is not None and attention.available() and attention.rewrite(model):
         ops.add(attention.OP)
     with native.graph_file(model if ops else None) as file:

@@ -1,0 +1,81 @@
+/* LayerNormalization with onnxruntime's own arithmetic, several rows at a time; the kernel behind hotrod's
+ * LayerNorm and LayerNormRows ops.
+ *
+ * onnxruntime's CPU LayerNormalization (its AVX2 code, the one it runs on CPUs with AVX2, those with AVX-512
+ * included) computes a row of k values as:
+ *     mean  = (float)(sum / (double)k), sum in double over four lanes (lane j adds x[4i + j] in order), the lanes
+ *             then added as (l0 + l2) + (l1 + l3);
+ *     var   = sum of fma(d, d, .) over eight float lanes, d = x - mean (lane j takes x[8i + j] in order), the lanes
+ *             then added as ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)); var / (float)k + epsilon;
+ *     inv   = 1 / sqrt(var);
+ *     y     = fma((x - mean) * inv, gamma, beta).
+ * Each of its rows is two chains of additions, each waiting on the last (a few cycles each): a row at a time,
+ * the core idles most of the while. Here the same chains, in the same order, run for GROUP rows side by side,
+ * so the core issues one row's step while another's completes: the same bits, a fraction of the time. The
+ * Python side uses this op only where a probe found onnxruntime's LayerNormalization giving these bits
+ * (`hotrod.runtime.norm`), and only for k a multiple of 8 (onnxruntime's tails take other paths).
+ *
+ * LayerNormRows also quantizes each row of y for the next product as QuantizeRows does (rows.c), while the row
+ * is in the cache. Rows are independent: a row's values are the same alone and in any batch.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "norm.h"
+#include "rows.h"
+
+#define GROUP 8 /* rows whose chains run side by side (measured: 8 beside 4 and 2) */
+
+/* Each row's mean and 1 / sqrt(var + epsilon), for GROUP rows (`x[g]`, `k` values each). */
+static void statistics(const float* const* x, int64_t k, float epsilon, float* mean, float* inv) {
+  __m256d sums[GROUP];
+  for (int g = 0; g < GROUP; g++) sums[g] = _mm256_setzero_pd();
+  for (int64_t i = 0; i < k; i += 4)
+    for (int g = 0; g < GROUP; g++) sums[g] = _mm256_add_pd(sums[g], _mm256_cvtps_pd(_mm_loadu_ps(x[g] + i)));
+  __m256 squares[GROUP], means[GROUP];
+  for (int g = 0; g < GROUP; g++) {
+    double lanes[4];
+    _mm256_storeu_pd(lanes, sums[g]);
+    mean[g] = (float)(((lanes[0] + lanes[2]) + (lanes[1] + lanes[3])) / (double)k);
+    means[g] = _mm256_set1_ps(mean[g]);
+    squares[g] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; i += 8)
+    for (int g = 0; g < GROUP; g++) {
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x[g] + i), means[g]);
+      squares[g] = _mm256_fmadd_ps(d, d, squares[g]);
+    }
+  for (int g = 0; g < GROUP; g++) {
+    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(squares[g]), _mm256_extractf128_ps(squares[g], 1));
+    const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    const float var = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs))) / (float)k + epsilon;
+    inv[g] = 1.0f / sqrtf(var);
+  }
+}
+
+/* y = fma((x - mean) * inv, gamma, beta) for one row. */
+static void normalize(const float* x, int64_t k, float mean, float inv, const float* gamma, const float* beta,
+                      float* y) {
+  const __m256 m = _mm256_set1_ps(mean), s = _mm256_set1_ps(inv);
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), s);
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(t, _mm256_loadu_ps(gamma + i), _mm256_loadu_ps(beta + i)));
+  }
+}
+
+void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gamma, const float* beta,
+                       float epsilon, float* y, uint8_t* q, float* scales) {
+  for (int64_t first = 0; first < rows; first += GROUP) {
+    const float* group[GROUP];
+    float mean[GROUP], inv[GROUP];
+    for (int g = 0; g < GROUP; g++)  /* a last, short group repeats its last row (computed, not written) */
+      group[g] = x + (first + g < rows ? first + g : rows - 1) * k;
+    statistics(group, k, epsilon, mean, inv);
+    for (int g = 0; g < GROUP && first + g < rows; g++) {
+      const int64_t r = first + g;
+      normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
+      if (q != NULL) hotrod_quantize_rows(y + r * k, 1, k, q + r * k, scales + r);
+    }
+  }
+}

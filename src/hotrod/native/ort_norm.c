@@ -1,0 +1,98 @@
+/* hotrod's LayerNormalization ops (norm.c), registered by ort_op.c in the domain "hotrod":
+ * - LayerNorm (inputs: X float [..., K], gamma and beta float [K]; attribute epsilon; output float like X):
+ *   ONNX's LayerNormalization over the last axis with onnxruntime's arithmetic, K a multiple of 8;
+ * - LayerNormRows: the same, with each row of the output also quantized for the next product as QuantizeRows
+ *   does: outputs float like X, uint8 like X, float scales [..., 1].
+ * Rows are split among onnxruntime's intra-op threads. A version-8 op cannot return an error: inputs that do not
+ * fit give NaN, which no caller takes for an answer.
+ */
+#include <stdlib.h>
+
+#include "norm.h"
+#include "ort_api.h"
+
+/* epsilon, and whether the op quantizes its output too (LayerNormRows: three outputs) */
+typedef struct { float epsilon; int quantize; } NormKernel;
+
+static void* create_norm(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)table;
+  NormKernel* kernel = calloc(1, sizeof(NormKernel));
+  if (kernel == NULL) return NULL;
+  kernel->quantize = op->GetOutputTypeCount(op) == 3;
+  if (failed(CALL(ATTRIBUTE_FLOAT, FloatAttributeFn, info, "epsilon", &kernel->epsilon))) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+/* Inputs this small are normalized on the calling thread: waking the pool would cost more. */
+#define PARALLEL_VALUES (32 * 1024)
+#define ROWS_PER_TASK 16
+
+typedef struct {
+  const float *x, *gamma, *beta;
+  float epsilon;
+  float* y;
+  uint8_t* q;
+  float* scales;
+  int64_t rows, k, parts;
+} NormTask;
+
+static void normalize_part(void* data, size_t index) {
+  const NormTask* t = data;
+  const int64_t per = t->parts == 1 ? t->rows : ROWS_PER_TASK, first = (int64_t)index * per;
+  const int64_t count = first + per < t->rows ? per : t->rows - first, at = first * t->k;
+  hotrod_layer_norm(t->x + at, count, t->k, t->gamma, t->beta, t->epsilon, t->y + at, t->q ? t->q + at : NULL,
+                    t->scales ? t->scales + first : NULL);
+}
+
+/* Whether gamma and beta are [K] for X's last dimension K, a multiple of 8. */
+static int norm_fits(int64_t k, const OrtValue* gamma, const OrtValue* beta) {
+  int64_t g[8], b[8];
+  return k > 0 && k % 8 == 0 && dims_of(gamma, g) == 1 && g[0] == k && dims_of(beta, b) == 1 && b[0] == k;
+}
+
+static void compute_norm(void* state, OrtKernelContext* context) {
+  const NormKernel* kernel = state;
+  const OrtValue *in[3] = {NULL, NULL, NULL};
+  OrtValue *y = NULL, *q = NULL, *scales = NULL;
+  int64_t dims[8];
+  for (size_t i = 0; i < 3; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
+  const size_t count = dims_of(in[0], dims);
+  if (count == 0 || failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y))) return;
+  int64_t rows = 1;
+  const int64_t k = dims[count - 1];
+  for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
+  float* out = data_of(y);
+  if (out == NULL || rows * k == 0) return;
+  NormTask task = {data_of(in[0]), data_of(in[1]), data_of(in[2]), kernel->epsilon, out, NULL, NULL, rows, k, 1};
+  if (kernel->quantize) {
+    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, count, &q))) return;
+    dims[count - 1] = 1;
+    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 2, dims, count, &scales))) return;
+    task.q = data_of(q), task.scales = data_of(scales);
+    if (task.q == NULL || task.scales == NULL) task.x = NULL;
+  }
+  if (task.x == NULL || task.gamma == NULL || task.beta == NULL || !norm_fits(k, in[1], in[2])) {
+    for (int64_t i = 0; i < rows * k; i++) out[i] = __builtin_nanf("");
+    for (int64_t r = 0; task.scales != NULL && r < rows; r++) task.scales[r] = __builtin_nanf("");
+    return;
+  }
+  task.parts = rows * k >= PARALLEL_VALUES ? (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK : 1;
+  hotrod_run_parallel(context, normalize_part, &task, (size_t)task.parts);
+}
+
+static const char* norm_name(const CustomOp* op) { (void)op; return "LayerNorm"; }
+static const char* norm_rows_name(const CustomOp* op) { (void)op; return "LayerNormRows"; }
+static size_t three(const CustomOp* op) { (void)op; return 3; }
+static int norm_rows_type(const CustomOp* op, size_t i) { (void)op; return i == 1 ? UINT8 : FLOAT; }
+
+const CustomOp hotrod_layer_norm_op = {API_VERSION,  create_norm,        norm_name,        hotrod_cpu_provider,
+                                       hotrod_float_type, three,         hotrod_float_type, hotrod_one,
+                                       compute_norm, hotrod_free_kernel, hotrod_required,  hotrod_required};
+
+const CustomOp hotrod_layer_norm_rows_op = {API_VERSION,  create_norm,        norm_rows_name, hotrod_cpu_provider,
+                                            hotrod_float_type, three,         norm_rows_type, three,
+                                            compute_norm, hotrod_free_kernel, hotrod_required, hotrod_required};

@@ -1,0 +1,139 @@
+"""LayerNormalization on hotrod's kernel (`hotrod/native/norm.c`): the same bits as onnxruntime's, several rows at
+a time, and where the next product quantizes its output per row, that quantization in the same op.
+
+onnxruntime's CPU LayerNormalization sums each row in two chains of dependent additions, one row after another:
+at a BERT encoder's 128 x 768 it takes about as long as one of the layer's products takes to read its weights.
+hotrod's LayerNorm runs the same chains, in the same order, for several rows side by side, so the answers are
+the same to the bit; LayerNormRows also quantizes each normalized row as QuantizeRows does
+(`hotrod.runtime.rows`), while the row is in the cache.
+
+The arithmetic is onnxruntime's as of its AVX2 code; another version (or another CPU's code path) may sum
+otherwise. So before a graph takes the op, a probe runs onnxruntime's own LayerNormalization and the kernel on
+the same rows (once a process for each width and epsilon), and the graph takes it only where the two agree to
+the bit. Left alone: a LayerNormalization over other than the last axis, with gamma or beta not constant [K], K
+not a multiple of 8, its statistics read, or reading the embeddings' sum (which onnxruntime's session may fuse
+into its EmbedLayerNormalization).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from hotrod.optimize import graphs
+from hotrod.runtime import native, rows
+
+OP = "LayerNorm"
+ROWS_OP = "LayerNormRows"  # the same, its output also quantized per row for the next product (QuantizeRows's outputs)
+_STEP = 8  # K must be a multiple: onnxruntime takes other paths for a row's tail
+
+
+def rewrite(model: onnx.ModelProto) -> int:
+    """Every LayerNormalization of `model` the kernel computes as onnxruntime does as LayerNorm, and as
+    LayerNormRows where a QuantizeRows reads its output, in place; returns how many."""
+    graph = model.graph
+    constants = {init.name: init for init in graph.initializer}
+    producers, readers = graphs.producers(graph), graphs.readers(graph)
+    dropped: set[int] = set()
+    count = 0
+    for node in graph.node:
+        epsilon = _epsilon(node, constants, producers)
+        if epsilon is not None and same_as_onnxruntime(int(constants[node.input[1]].dims[0]), epsilon):
+            _replace(node, epsilon, readers, dropped)
+            count += 1
+    if dropped:
+        kept = [node for node in graph.node if id(node) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+    if count:
+        native.add_domain(model)
+    return count
+
+
+def _epsilon(node: onnx.NodeProto, constants: dict, producers: dict) -> float | None:
+    """The epsilon of a LayerNormalization the op computes (see the module's docstring); None for any other."""
+    if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("axis", -1) != -1 or attrs.get("stash_type", 1) != 1 or set(attrs) - {"axis", "epsilon", "stash_type"}:
+        return None
+    if any(node.output[1:]):  # its mean or inverse deviation asked for
+        return None
+    shapes = [constants.get(name) for name in node.input[1:]]
+    if any(init is None or init.data_type != TensorProto.FLOAT or len(init.dims) != 1 for init in shapes):
+        return None
+    width = shapes[0].dims[0]
+    if width <= 0 or width % _STEP or shapes[1].dims[0] != width or _embeddings(node.input[0], producers):
+        return None
+    return float(attrs.get("epsilon", 1e-5))
+
+
+def _embeddings(name: str, producers: dict) -> bool:
+    """Whether `name` is a sum of looked-up rows (an Add reading a Gather, directly or through one more Add)."""
+    node = producers.get(name)
+    if node is None or node.op_type != "Add":
+        return False
+    inner = [producers.get(value) for value in node.input]
+    if any(n is not None and n.op_type == "Gather" for n in inner):
+        return True
+    return any(n is not None and n.op_type == "Add" and any(
+        (p := producers.get(value)) is not None and p.op_type == "Gather" for value in n.input) for n in inner)
+
+
+def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, dropped: set[int]) -> None:
+    """`node` as LayerNorm, in place; as LayerNormRows, taking the outputs of the one QuantizeRows that reads
+    its output (which joins `dropped`), where there is one."""
+    output = node.output[0]
+    quantizing = [n for n in readers.get(output, []) if n.op_type == rows.OP and n.domain == native.DOMAIN]
+    outputs = [output] + (list(quantizing[0].output) if len(quantizing) == 1 else [])
+    if len(quantizing) == 1:
+        dropped.add(id(quantizing[0]))
+    node.CopyFrom(helper.make_node(ROWS_OP if len(outputs) == 3 else OP, list(node.input), outputs,
+                                   name=node.name, domain=native.DOMAIN, epsilon=epsilon))
+
+
+@functools.cache
+def same_as_onnxruntime(width: int, epsilon: float) -> bool:
+    """Whether onnxruntime's LayerNormalization and the kernel give the same bits for rows of `width` values
+    with `epsilon`: rows of assorted scales and offsets, a group and a short one."""
+    kernel = _kernel()
+    if kernel is None:
+        return False
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((7, width)) * np.logspace(-3, 4, 7)[:, None] + rng.standard_normal((7, 1)) * 10
+    x, gamma, beta = x.astype(np.float32), *rng.standard_normal((2, width)).astype(np.float32)
+    ours = np.empty_like(x)
+    kernel(x.ctypes.data, 7, width, gamma.ctypes.data, beta.ctypes.data, epsilon, ours.ctypes.data, None, None)
+    return bool(np.array_equal(ours, _onnxruntime(x, gamma, beta, epsilon)))
+
+
+def _onnxruntime(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, epsilon: float) -> np.ndarray:
+    node = helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"], axis=-1, epsilon=epsilon)
+    graph = helper.make_graph(
+        [node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+        [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(beta, "beta")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@functools.cache
+def _kernel():
+    """The library's hotrod_layer_norm, typed; None where the library is not here."""
+    path = native.library()
+    if path is None:
+        return None
+    function = ctypes.CDLL(str(path)).hotrod_layer_norm
+    pointer = ctypes.c_void_p
+    function.argtypes = [pointer, ctypes.c_int64, ctypes.c_int64, pointer, pointer, ctypes.c_float, pointer,
+                         pointer, pointer]
+    function.restype = None
+    return function
