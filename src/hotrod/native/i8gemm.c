@@ -291,6 +291,15 @@ static void quantize_part(void* data, size_t index) {
   hotrod_quantize_rows(p->y[0] + first * p->n, count, p->n, p->q_out + first * p->n, p->scales_out + first);
 }
 
+int hotrod_gelu_values(const float* x, int64_t n, float* y) {
+  if (!__builtin_cpu_supports("avx512f")) return -1;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, hotrod_gelu(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+  return 0;
+}
+
 /* Whether the tiles can compute a product of depth k with this activation. */
 static int computable(int64_t k, int activation) {
   return hotrod_amx_ready() && k > 0 && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&

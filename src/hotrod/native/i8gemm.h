@@ -40,3 +40,7 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
 int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
                           const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
                           uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner);
+
+/* y[i] = GELU(x[i]) for i < n, as the epilogue computes it (gelu.h), for the kernel's tests to compare with
+ * onnxruntime's own Gelu. Returns 0, or -1 where this CPU lacks AVX-512 or the library the AMX kernels. */
+int hotrod_gelu_values(const float* x, int64_t n, float* y);
