@@ -68,25 +68,57 @@ static inline __m512 exp_neg(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-/* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512. A key's
- * 16 depth pairs of a step go down one column of the tile (a scatter). Keys past the last are zeros up to
- * the 64 Q K^T reads; their scores are never read, but zeros keep the tiles free of stale values. */
-static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
-  const int64_t steps = p->depth / 32, width = p->heads * p->head_size, tile_pairs = TILE_HALVES / 2;
-  const int64_t first_padded = p->seq_k / 16 * 16;
-  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(16));
-  memset(packed + first_padded * p->depth, 0, (size_t)((p->padded_k - first_padded) * p->depth) * sizeof(uint16_t));
-  for (int64_t key = 0; key < p->seq_k; key++) {
-    int32_t* tiles = (int32_t*)(packed + (key / 16) * steps * TILE_HALVES) + key % 16;
-    for (int64_t step = 0; step < steps; step++) {
-      const float* row = k + key * width + step * 32;
-      const int64_t left = p->head_size - step * 32;
-      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bf16(_mm512_maskz_loadu_ps(first(left), row))),
-                                              bf16(_mm512_maskz_loadu_ps(first(left - 16), row + 16)), 1);
-      _mm512_i32scatter_epi32(tiles + step * tile_pairs, column, both, 4);
-    }
+/* The 16 x 16 matrix of 32-bit elements in r[0..16) transposed in place (four rounds of shuffles). */
+static inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
+/* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512, its row r
+ * holding depths 2r and 2r + 1 of each of 16 keys: 16 keys' pairs of a step, one vector a key, transposed. Keys
+ * past the last are zeros up to the 64 Q K^T reads; their scores are never read, but zeros keep the tiles free
+ * of stale values. */
+static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
+  const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
+  const int64_t blocks = (p->seq_k + 15) / 16;
+  memset(packed + blocks * 16 * p->depth, 0, (size_t)((p->padded_k - blocks * 16) * p->depth) * sizeof(uint16_t));
+  for (int64_t block = 0; block < blocks; block++)
+    for (int64_t step = 0; step < steps; step++) {
+      __m512i keys[16];
+      const int64_t left = p->head_size - step * 32;
+      for (int64_t j = 0; j < 16; j++) {
+        const int64_t key = block * 16 + j;
+        const float* row = k + key * width + step * 32;
+        keys[j] = _mm512_setzero_si512();
+        if (key < p->seq_k)
+          keys[j] = _mm512_inserti64x4(_mm512_castsi256_si512(bf16(_mm512_maskz_loadu_ps(first(left), row))),
+                                       bf16(_mm512_maskz_loadu_ps(first(left - 16), row + 16)), 1);
+      }
+      transpose16(keys);
+      uint16_t* tile = packed + (block * steps + step) * TILE_HALVES;
+      for (int r = 0; r < 16; r++) _mm512_storeu_si512(tile + r * 32, keys[r]);
+    }
 }
 
 /* V's keys of one unit as P V's second operand: tile (pair block, column block) at

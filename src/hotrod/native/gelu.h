@@ -49,18 +49,19 @@ HOTROD_GELU __m512 hotrod_erf_big(__m512 a) {
   q = _mm512_fmadd_ps(q, a, hotrod_splat(6.34846687e-1f));
   q = _mm512_fmadd_ps(q, a, hotrod_splat(1.28717512e-1f));
   q = _mm512_fmadd_ps(q, a, a);
-  const __m512 x = hotrod_bits(_mm512_xor_si512(hotrod_ints(q), _mm512_set1_epi32(INT32_MIN)));
+  /* MLAS's exponential of x = -q, each step written with q (g = -f): a fused multiply-add of a negated operand
+   * rounds the negated exact sum, so FNMADD(b, c, d) = FMA(-b, c, d) and FMA(b, c, -d) = -FMA(-b, c, d) */
   const __m512 round = hotrod_splat(1.25829120e+7f);
-  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(hotrod_splat(1.44269504088896341f), x, round), round);
-  __m512 f = _mm512_fmadd_ps(hotrod_splat(-6.93145752e-1f), n, x);
-  f = _mm512_fmadd_ps(n, hotrod_splat(-1.42860677e-6f), f);
+  const __m512 n = _mm512_sub_ps(_mm512_fnmadd_ps(hotrod_splat(1.44269504088896341f), q, round), round);
+  __m512 g = _mm512_fmadd_ps(hotrod_splat(6.93145752e-1f), n, q);
+  g = _mm512_fmadd_ps(n, hotrod_splat(1.42860677e-6f), g);
   __m512 e = hotrod_splat(1.38319808e-3f);
-  e = _mm512_fmadd_ps(e, f, hotrod_splat(8.37550033e-3f));
-  e = _mm512_fmadd_ps(e, f, hotrod_splat(4.16689515e-2f));
-  e = _mm512_fmadd_ps(e, f, hotrod_splat(1.66664466e-1f));
-  e = _mm512_fmadd_ps(e, f, hotrod_splat(4.99999851e-1f));
-  e = _mm512_fmadd_ps(e, f, hotrod_splat(1.0f));
-  e = _mm512_fmadd_ps(e, f, hotrod_splat(1.0f));
+  e = _mm512_fnmadd_ps(e, g, hotrod_splat(8.37550033e-3f));
+  e = _mm512_fnmadd_ps(e, g, hotrod_splat(4.16689515e-2f));
+  e = _mm512_fnmadd_ps(e, g, hotrod_splat(1.66664466e-1f));
+  e = _mm512_fnmadd_ps(e, g, hotrod_splat(4.99999851e-1f));
+  e = _mm512_fnmadd_ps(e, g, hotrod_splat(1.0f));
+  e = _mm512_fnmadd_ps(e, g, hotrod_splat(1.0f));
   return _mm512_sub_ps(hotrod_splat(1.0f), _mm512_scalef_ps(e, n));
 }
 
