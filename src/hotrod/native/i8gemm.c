@@ -67,6 +67,7 @@ void hotrod_configure_tiles(void) {
 typedef struct {
   const uint8_t* q;
   const float *a_scale, *w_scale, *bias;
+  int64_t scale_stride; /* 1: a scale per row; 0: one for every row */
   const int8_t* w;
   const int32_t* offsets;
   float* const* y; /* the outputs, each `width` of the n columns */
@@ -147,7 +148,8 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
   for (; e->next < until; e->next++) {
     const int r = e->next / e->halves, half = e->next % e->halves;
     const Targets* t = &e->t[half];
-    emit(&e->c[half], _mm512_loadu_si512(e->sums + r * 32 + half * 16), p->a_scale[e->row + r], p->activation,
+    const float row_scale = p->a_scale[(e->row + r) * p->scale_stride];
+    emit(&e->c[half], _mm512_loadu_si512(e->sums + r * 32 + half * 16), row_scale, p->activation,
          t->residual == NULL ? NULL : t->residual + r * p->n, t->out + r * p->width);
   }
 }
@@ -176,8 +178,8 @@ static inline __attribute__((always_inline)) void narrow_rows(const Problem* p, 
     const Columns c = columns(p, col + half * 16);
     const Targets t = targets(p, row, col + half * 16);
     for (int r = 0; r < count; r++)
-      emit(&c, sums[r][half], p->a_scale[row + r], p->activation, t.residual == NULL ? NULL : t.residual + r * p->n,
-           t.out + r * p->width);
+      emit(&c, sums[r][half], p->a_scale[(row + r) * p->scale_stride], p->activation,
+           t.residual == NULL ? NULL : t.residual + r * p->n, t.out + r * p->width);
   }
 }
 
@@ -306,15 +308,15 @@ static int computable(int64_t k, int activation) {
          activation <= HOTROD_I8_GELU;
 }
 
-int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                     const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
                      void* runner) {
   if (!computable(k, activation) || parts < 1 || n % parts != 0 || (parts > 1 && n / parts % 16 != 0) ||
       (residual != NULL && parts > 1))
     return -1;
-  Problem p = {q, a_scale, w_scale, bias, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation, residual,
-               NULL, NULL, UNIT_ROWS, 0};
+  Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation,
+               residual, NULL, NULL, UNIT_ROWS, 0};
   p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
   /* wide units keep a block of weights in cache longer; narrow ones share a small product among threads */
@@ -326,22 +328,22 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
   return 0;
 }
 
-int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                          const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
-                          uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
+int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                          const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                          int activation, uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
   if (rows < FUSED_MIN_ROWS) { /* too few units of whole rows for the threads: Y made whole, then quantized */
     float* made = malloc((size_t)(rows * n) * sizeof(float));
     if (made == NULL) return -1;
-    const int status = hotrod_i8_matmul(q, a_scale, rows, k, w, offsets, w_scale, bias, n, &made, 1, activation, NULL,
-                                        parallel, runner);
+    const int status = hotrod_i8_matmul(q, a_scale, scale_stride, rows, k, w, offsets, w_scale, bias, n, &made, 1,
+                                        activation, NULL, parallel, runner);
     Problem p = {.y = &made, .rows = rows, .n = n, .q_out = q_out, .scales_out = scales_out};
     if (status == 0) parallel(runner, quantize_part, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
     free(made);
     return status;
   }
   if (!computable(k, activation)) return -1;
-  Problem p = {q, a_scale, w_scale, bias, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL, q_out, scales_out,
-               BLOCK_ROWS, 0};
+  Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL,
+               q_out, scales_out, BLOCK_ROWS, 0};
   p.padded_n = p.unit_cols = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   parallel(runner, unit, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
   return 0;

@@ -21,15 +21,16 @@ int hotrod_amx_ready(void);
 /* This thread's tiles configured as hotrod's AMX kernels use them: all eight 16 rows of 64 bytes. */
 void hotrod_configure_tiles(void);
 
-/* Y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r] + bias[j] for j < n,
+/* Y[r][j] = ((float)(sum_k q[r][k] * w[k][j] - offsets[j]) * w_scale[j]) * a_scale[r * scale_stride] + bias[j] for
+ * j < n (scale_stride 1: a scale per row; 0: one for every row, a calibrated graph's),
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
  * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns
  * each (a multiple of 16 where parts > 1); with `activation` applied to each Y[r][j], then residual[r][j] added
  * where a residual ([rows, n], one output only) is given. Returns 0, or -1 where the tile state is not granted
  * or the split, activation or residual does not fit (memory that ran out gives NaN). */
-int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                     const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
                      void* runner);
 
 /* The same product (one output, no residual) quantized per row as the next product's input, as
@@ -37,9 +38,9 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64
  * there are enough rows, each unit of work makes whole rows in its own buffer, in the core's cache, and
  * quantizes them from there. Returns as hotrod_i8_matmul (also -1 where memory for the whole product ran
  * out); a unit whose buffer could not be had gives its rows NaN scales, which no caller takes for an answer. */
-int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                          const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
-                          uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner);
+int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                          const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                          int activation, uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner);
 
 /* y[i] = GELU(x[i]) for i < n, as the epilogue computes it (gelu.h), for the kernel's tests to compare with
  * onnxruntime's own Gelu. Returns 0, or -1 where this CPU lacks AVX-512 or the library the AMX kernels. */

@@ -8,20 +8,20 @@ int hotrod_amx_ready(void) { return 0; }
 
 void hotrod_configure_tiles(void) {}
 
-int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                     const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, float* const* y,
-                     int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                     const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
                      void* runner) {
-  (void)q, (void)a_scale, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias, (void)n, (void)y;
-  (void)parts, (void)activation, (void)residual, (void)parallel, (void)runner;
+  (void)q, (void)a_scale, (void)scale_stride, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias;
+  (void)n, (void)y, (void)parts, (void)activation, (void)residual, (void)parallel, (void)runner;
   return -1;
 }
 
-int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t rows, int64_t k, const int8_t* w,
-                          const int32_t* offsets, const float* w_scale, const float* bias, int64_t n, int activation,
-                          uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
-  (void)q, (void)a_scale, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias, (void)n;
-  (void)activation, (void)q_out, (void)scales_out, (void)parallel, (void)runner;
+int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                          const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                          int activation, uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
+  (void)q, (void)a_scale, (void)scale_stride, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias;
+  (void)n, (void)activation, (void)q_out, (void)scales_out, (void)parallel, (void)runner;
   return -1;
 }
 

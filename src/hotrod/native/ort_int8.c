@@ -53,11 +53,12 @@ static int shared_scale(const int64_t* q, size_t count, const OrtValue* scales) 
   return 0;
 }
 
-/* Whether the row scales, packed weights, offsets, column scales and bias fit Q's shape and N. */
-static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* const* in) {
+/* Whether the row scales (`shared`: shared_scale's answer), packed weights, offsets, column scales and bias fit Q's
+ * shape and N. */
+static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* const* in, int shared) {
   const int64_t k = q[count - 1], padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   int64_t d[8];
-  if (k <= 0 || k % HOTROD_I8_DEPTH != 0 || shared_scale(q, count, in[1]) < 0) return 0;
+  if (k <= 0 || k % HOTROD_I8_DEPTH != 0 || shared < 0) return 0;
   if (dims_of(in[2], d) != 3 || d[0] != padded_n / HOTROD_I8_COLS || d[1] != k / HOTROD_I8_DEPTH ||
       d[2] != HOTROD_I8_COLS * HOTROD_I8_DEPTH)
     return 0;
@@ -113,11 +114,11 @@ static void add_broadcast(const float* a, const int64_t* ad, size_t na, const fl
 /* One call's inputs (their data: NULL where unreadable), the product's own shape (its outputs' `dims`, `count`
  * of them, `rows` x `width` values), and where it adds an optional residual (input 6): in the epilogue where the
  * residual has that shape, after it where the residual broadcasts otherwise (`out_dims`: the sum's shape).
- * `fits`: every input readable and of a shape the packed weights and N call for. A scale shared by every row
- * is given to the kernel as one per row (`own`, which the caller frees). */
+ * `fits`: every input readable and of a shape the packed weights and N call for. `scale_stride`: 1 for a scale
+ * per row, 0 for one shared by every row. */
 typedef struct {
   void* data[6];
-  float* own;
+  int64_t scale_stride;
   int64_t dims[8], out_dims[8], residual_dims[8], rows, k, width;
   size_t count, out_count; /* count 0: the inputs could not be had */
   int residual_rank;       /* -1: none */
@@ -136,14 +137,11 @@ static Int8Call int8_call(const Int8Kernel* kernel, OrtKernelContext* context, i
   c.k = c.dims[c.count - 1];
   c.rows = 1;
   for (size_t i = 0; i + 1 < c.count; i++) c.rows *= c.dims[i];
-  c.fits = int8_fits(kernel->n, c.dims, c.count, in);
+  const int shared = shared_scale(c.dims, c.count, in[1]);
+  c.fits = int8_fits(kernel->n, c.dims, c.count, in, shared);
+  c.scale_stride = shared == 1 ? 0 : 1;
   for (int i = 0; i < 6; i++)
     if ((c.data[i] = data_of(in[i])) == NULL) c.fits = 0;
-  if (c.fits && shared_scale(c.dims, c.count, in[1]) == 1) {
-    if ((c.own = malloc((size_t)(c.rows > 0 ? c.rows : 1) * sizeof(float))) == NULL) c.fits = 0;
-    for (int64_t r = 0; c.own != NULL && r < c.rows; r++) c.own[r] = *(const float*)c.data[1];
-    c.data[1] = c.own;
-  }
   c.width = kernel->n / kernel->parts;
   c.dims[c.count - 1] = c.width;
   memcpy(c.out_dims, c.dims, sizeof(c.dims));
@@ -171,18 +169,15 @@ static void compute_int8(void* state, OrtKernelContext* context) {
         (out[i] = data_of(y)) == NULL)
       values = 0;
   }
-  if (values == 0) {
-    free(c.own);
-    return;
-  }
+  if (values == 0) return;
   const int later = c.residual != NULL && !c.fused;
   float* product = later ? malloc((size_t)(c.rows * c.width) * sizeof(float)) : NULL;
   float* const* targets = later ? &product : out;
   /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
    * takes for an answer */
   if (!c.fits || (later && product == NULL) ||
-      hotrod_i8_matmul(c.data[0], c.data[1], c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5], kernel->n,
-                       targets, kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL,
+      hotrod_i8_matmul(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5],
+                       kernel->n, targets, kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL,
                        hotrod_run_parallel, context) != 0) {
     for (int64_t i = 0; i < kernel->parts; i++)
       for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
@@ -191,7 +186,6 @@ static void compute_int8(void* state, OrtKernelContext* context) {
                   c.out_count);
   }
   free(product);
-  free(c.own);
 }
 
 /* Int8MatMulRows: Int8MatMul's product (no residual) as the next product's quantized rows and their scales. */
@@ -213,10 +207,9 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
    * answer (the next product multiplies by them) */
   if (c.rows > 0 && s != NULL &&
       (!c.fits || qs == NULL ||
-       hotrod_i8_matmul_rows(c.data[0], c.data[1], c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5], kernel->n,
-                             (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0))
+       hotrod_i8_matmul_rows(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3], c.data[4],
+                             c.data[5], kernel->n, (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0))
     for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
-  free(c.own);
 }
 
 static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }

@@ -47,6 +47,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from hotrod.optimize import graphs
 from hotrod.registry import Dims
 
 # FusionOptions switches turned off for graphs built for the CPU (see above), and those of them turned back
@@ -103,7 +104,7 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     """Feed GroupQueryAttention its packed QKV ([B, S, 3*H*D], q | k | v, the op's packed form) where its
     q, k and v are the three equal parts of one Split of the last axis that nothing else reads."""
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
+    producer = graphs.producers(graph)
     readers = Counter(name for node in graph.node for name in node.input)
     readers.update(out.name for out in graph.output)
     constants = _constants(graph)
@@ -157,7 +158,7 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or not _bumpable(model):
         return model
-    producer = {out: node for node in graph.node for out in node.output}
+    producer = graphs.producers(graph)
     constants = _constants(graph)
     converted = 0
     for index, node in enumerate(graph.node):
