@@ -109,11 +109,12 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
       const int64_t left = p->head_size - step * 32;
       for (int64_t j = 0; j < 16; j++) {
         const int64_t key = block * 16 + j;
-        const float* row = k + key * width + step * 32;
         keys[j] = _mm512_setzero_si512();
-        if (key < p->seq_k)
+        if (key < p->seq_k) {
+          const float* row = k + key * width + step * 32;
           keys[j] = _mm512_inserti64x4(_mm512_castsi256_si512(bf16(_mm512_maskz_loadu_ps(first(left), row))),
                                        bf16(_mm512_maskz_loadu_ps(first(left - 16), row + 16)), 1);
+        }
       }
       transpose16(keys);
       uint16_t* tile = packed + (block * steps + step) * TILE_HALVES;

@@ -294,7 +294,8 @@ static void quantize_part(void* data, size_t index) {
 }
 
 int hotrod_gelu_values(const float* x, int64_t n, float* y) {
-  if (!__builtin_cpu_supports("avx512f")) return -1;
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+    return -1;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(y + i, m, hotrod_gelu(_mm512_maskz_loadu_ps(m, x + i)));

@@ -61,21 +61,25 @@ static void compute_norm(void* state, OrtKernelContext* context) {
   for (size_t i = 0; i < 3; i++)
     if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
   const size_t count = dims_of(in[0], dims);
-  if (count == 0 || failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y))) return;
+  if (count == 0) return;
   int64_t rows = 1;
   const int64_t k = dims[count - 1];
   for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
-  float* out = data_of(y);
+  /* every output asked for first, so that an empty input still makes all of them */
+  int made = !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y));
+  if (kernel->quantize) {
+    made = made && !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, count, &q));
+    dims[count - 1] = 1;
+    made = made && !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 2, dims, count, &scales));
+  }
+  float* out = y == NULL ? NULL : data_of(y);
   if (out == NULL || rows * k == 0) return;
   NormTask task = {data_of(in[0]), data_of(in[1]), data_of(in[2]), kernel->epsilon, out, NULL, NULL, rows, k, 1};
   if (kernel->quantize) {
-    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, count, &q))) return;
-    dims[count - 1] = 1;
-    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 2, dims, count, &scales))) return;
-    task.q = data_of(q), task.scales = data_of(scales);
-    if (task.q == NULL || task.scales == NULL) task.x = NULL;
+    task.q = q == NULL ? NULL : data_of(q), task.scales = scales == NULL ? NULL : data_of(scales);
+    if (task.q == NULL || task.scales == NULL) made = 0;
   }
-  if (task.x == NULL || task.gamma == NULL || task.beta == NULL || !norm_fits(k, in[1], in[2])) {
+  if (!made || task.x == NULL || task.gamma == NULL || task.beta == NULL || !norm_fits(k, in[1], in[2])) {
     for (int64_t i = 0; i < rows * k; i++) out[i] = __builtin_nanf("");
     for (int64_t r = 0; task.scales != NULL && r < rows; r++) task.scales[r] = __builtin_nanf("");
     return;

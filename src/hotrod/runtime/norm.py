@@ -39,10 +39,11 @@ def rewrite(model: onnx.ModelProto) -> int:
     graph = model.graph
     constants = {init.name: init for init in graph.initializer}
     producers, readers = graphs.producers(graph), graphs.readers(graph)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     dropped: set[int] = set()
     count = 0
     for node in graph.node:
-        epsilon = _epsilon(node, constants, producers)
+        epsilon = _epsilon(node, constants, producers, opset)
         if epsilon is not None and same_as_onnxruntime(int(constants[node.input[1]].dims[0]), epsilon):
             _replace(node, epsilon, readers, dropped)
             count += 1
@@ -55,9 +56,11 @@ def rewrite(model: onnx.ModelProto) -> int:
     return count
 
 
-def _epsilon(node: onnx.NodeProto, constants: dict, producers: dict) -> float | None:
+def _epsilon(node: onnx.NodeProto, constants: dict, producers: dict, opset: int) -> float | None:
     """The epsilon of a LayerNormalization the op computes (see the module's docstring); None for any other."""
     if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+        return None
+    if opset < 17:  # onnxruntime's older contrib op of that name, whose input may be another type than gamma's
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attrs.get("axis", -1) != -1 or attrs.get("stash_type", 1) != 1 or set(attrs) - {"axis", "epsilon", "stash_type"}:
