@@ -27,14 +27,16 @@
 
 #define GROUP 8 /* rows whose chains run side by side (measured: 8 beside 4 and 2) */
 
-/* Each row's mean and 1 / sqrt(var + epsilon), for GROUP rows (`x[g]`, `k` values each). */
-static void statistics(const float* const* x, int64_t k, float epsilon, float* mean, float* inv) {
+/* Each row's mean and 1 / sqrt(var + epsilon), for `count` rows (`x[g]`, `k` values each): GROUP, or for a last
+ * short group, the fewer rows it has (each count its own code: the sums stay in registers). */
+static inline __attribute__((always_inline)) void statistics(const float* const* x, const int count, int64_t k,
+                                                           float epsilon, float* mean, float* inv) {
   __m256d sums[GROUP];
-  for (int g = 0; g < GROUP; g++) sums[g] = _mm256_setzero_pd();
+  for (int g = 0; g < count; g++) sums[g] = _mm256_setzero_pd();
   for (int64_t i = 0; i < k; i += 4)
-    for (int g = 0; g < GROUP; g++) sums[g] = _mm256_add_pd(sums[g], _mm256_cvtps_pd(_mm_loadu_ps(x[g] + i)));
+    for (int g = 0; g < count; g++) sums[g] = _mm256_add_pd(sums[g], _mm256_cvtps_pd(_mm_loadu_ps(x[g] + i)));
   __m256 squares[GROUP], means[GROUP];
-  for (int g = 0; g < GROUP; g++) {
+  for (int g = 0; g < count; g++) {
     double lanes[4];
     _mm256_storeu_pd(lanes, sums[g]);
     mean[g] = (float)(((lanes[0] + lanes[2]) + (lanes[1] + lanes[3])) / (double)k);
@@ -42,11 +44,11 @@ static void statistics(const float* const* x, int64_t k, float epsilon, float* m
     squares[g] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i < k; i += 8)
-    for (int g = 0; g < GROUP; g++) {
+    for (int g = 0; g < count; g++) {
       const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x[g] + i), means[g]);
       squares[g] = _mm256_fmadd_ps(d, d, squares[g]);
     }
-  for (int g = 0; g < GROUP; g++) {
+  for (int g = 0; g < count; g++) {
     const __m128 half = _mm_add_ps(_mm256_castps256_ps128(squares[g]), _mm256_extractf128_ps(squares[g], 1));
     const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
     const float var = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs))) / (float)k + epsilon;
@@ -64,18 +66,29 @@ static void normalize(const float* x, int64_t k, float mean, float inv, const fl
   }
 }
 
+static void group_statistics(const float* const* x, int count, int64_t k, float epsilon, float* mean, float* inv) {
+  switch (count) {
+    case GROUP: statistics(x, GROUP, k, epsilon, mean, inv); break;
+    case 4: statistics(x, 4, k, epsilon, mean, inv); break;
+    case 2: statistics(x, 2, k, epsilon, mean, inv); break;
+    default: statistics(x, 1, k, epsilon, mean, inv); break;
+  }
+}
+
 void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gamma, const float* beta,
                        float epsilon, float* y, uint8_t* q, float* scales) {
-  for (int64_t first = 0; first < rows; first += GROUP) {
+  for (int64_t first = 0; first < rows;) {
+    const int64_t left = rows - first;
+    const int count = left >= GROUP ? GROUP : left >= 4 ? 4 : left >= 2 ? 2 : 1;  /* a decoding step's one row alone */
     const float* group[GROUP];
     float mean[GROUP], inv[GROUP];
-    for (int g = 0; g < GROUP; g++)  /* a last, short group repeats its last row (computed, not written) */
-      group[g] = x + (first + g < rows ? first + g : rows - 1) * k;
-    statistics(group, k, epsilon, mean, inv);
-    for (int g = 0; g < GROUP && first + g < rows; g++) {
+    for (int g = 0; g < count; g++) group[g] = x + (first + g) * k;
+    group_statistics(group, count, k, epsilon, mean, inv);
+    for (int g = 0; g < count; g++) {
       const int64_t r = first + g;
       normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
       if (q != NULL) hotrod_quantize_rows(y + r * k, 1, k, q + r * k, scales + r);
     }
+    first += count;
   }
 }
