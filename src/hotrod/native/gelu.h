@@ -6,9 +6,9 @@
  * 1 - e^-p(|t|) above it, |t| clamped to 3.925, every step one fused multiply-add; the exponential by a
  * rounding constant and a degree-6 polynomial); then (0.5 x) * (erf + 1). The same operations in the same
  * order, with the same constants (or fewer that give the same bits: see hotrod_erf_big and hotrod_erf), give
- * the same bits: the kernel's tests compare against onnxruntime's own op over every range of x. A version of onnxruntime that changed its erf would fail those tests, not the
- * answers quietly. The file that includes this one is built with -ffp-contract=off: only the fused
- * multiply-adds written here are fused.
+ * the same bits: the kernel's tests compare against onnxruntime's own op over every range of x. A version of
+ * onnxruntime that changed its erf would fail those tests, not the answers quietly. The file that includes this
+ * one is built with -ffp-contract=off: only the fused multiply-adds written here are fused.
  */
 #pragma once
 #include <immintrin.h>

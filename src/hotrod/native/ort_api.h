@@ -100,6 +100,21 @@ static inline size_t dims_of(const OrtValue* value, int64_t* dims) {
  * the calling thread where the runtime lacks them: the kernels' hotrod_parallel. */
 void hotrod_run_parallel(void* runner, hotrod_task task, void* data, size_t count);
 
+/* Row-wise ops' work split (QuantizeRows, the LayerNorm ops): tasks of HOTROD_TASK_ROWS rows where the input holds
+ * at least `parallel_values` values, one task of every row otherwise (waking the pool would cost more). */
+#define HOTROD_TASK_ROWS 16
+
+static inline int64_t hotrod_row_tasks(int64_t rows, int64_t k, int64_t parallel_values) {
+  return rows * k >= parallel_values ? (rows + HOTROD_TASK_ROWS - 1) / HOTROD_TASK_ROWS : 1;
+}
+
+/* Task `index`'s rows of `tasks`: its first (in *first) and how many. */
+static inline int64_t hotrod_task_rows(int64_t rows, int64_t tasks, size_t index, int64_t* first) {
+  const int64_t per = tasks == 1 ? rows : HOTROD_TASK_ROWS;
+  *first = (int64_t)index * per;
+  return *first + per < rows ? per : rows - *first;
+}
+
 void hotrod_free_kernel(void* kernel);
 const char* hotrod_cpu_provider(const CustomOp* op);
 int hotrod_float_type(const CustomOp* op, size_t i);
@@ -107,6 +122,7 @@ size_t hotrod_one(const CustomOp* op);
 int hotrod_required(const CustomOp* op, size_t i);
 int hotrod_quantized_type(const CustomOp* op, size_t i); /* uint8 rows, then float scales */
 size_t hotrod_two(const CustomOp* op);
+size_t hotrod_three(const CustomOp* op);
 
 /* The int8 product ops (ort_int8.c). */
 extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;

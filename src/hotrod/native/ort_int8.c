@@ -223,7 +223,6 @@ static int int8_input_type(const CustomOp* op, size_t i) {
 static size_t int8_inputs(const CustomOp* op) { (void)op; return 6; }
 static size_t int8_residual_inputs(const CustomOp* op) { (void)op; return 7; }
 static int residual_optional(const CustomOp* op, size_t i) { (void)op; return i == 6 ? OPTIONAL : REQUIRED; }
-static size_t three(const CustomOp* op) { (void)op; return 3; }
 
 const CustomOp hotrod_int8_matmul = {API_VERSION,        create_int8,          int8_name,         hotrod_cpu_provider,
                                      int8_input_type,    int8_residual_inputs, hotrod_float_type, hotrod_one,
@@ -232,5 +231,5 @@ const CustomOp hotrod_int8_matmul_rows = {
     API_VERSION,       create_int8,        int8_rows_name,  hotrod_cpu_provider, int8_input_type, int8_inputs,
     hotrod_quantized_type, hotrod_two,     compute_int8_rows, hotrod_free_kernel, hotrod_required, hotrod_required};
 const CustomOp hotrod_int8_matmul_split = {API_VERSION,     create_int8,        int8_split_name,   hotrod_cpu_provider,
-                                           int8_input_type, int8_inputs,        hotrod_float_type, three,
+                                           int8_input_type, int8_inputs,        hotrod_float_type, hotrod_three,
                                            compute_int8,    hotrod_free_kernel, hotrod_required,   hotrod_required};

@@ -26,9 +26,7 @@ static void* create_norm(const CustomOp* op, const Entry* table, const OrtKernel
   return kernel;
 }
 
-/* Inputs this small are normalized on the calling thread: waking the pool would cost more. */
-#define PARALLEL_VALUES (32 * 1024)
-#define ROWS_PER_TASK 16
+#define PARALLEL_VALUES (32 * 1024) /* fewer: normalized on the calling thread */
 
 typedef struct {
   const float *x, *gamma, *beta;
@@ -41,8 +39,8 @@ typedef struct {
 
 static void normalize_part(void* data, size_t index) {
   const NormTask* t = data;
-  const int64_t per = t->parts == 1 ? t->rows : ROWS_PER_TASK, first = (int64_t)index * per;
-  const int64_t count = first + per < t->rows ? per : t->rows - first, at = first * t->k;
+  int64_t first;
+  const int64_t count = hotrod_task_rows(t->rows, t->parts, index, &first), at = first * t->k;
   hotrod_layer_norm(t->x + at, count, t->k, t->gamma, t->beta, t->epsilon, t->y + at, t->q ? t->q + at : NULL,
                     t->scales ? t->scales + first : NULL);
 }
@@ -84,19 +82,18 @@ static void compute_norm(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; task.scales != NULL && r < rows; r++) task.scales[r] = __builtin_nanf("");
     return;
   }
-  task.parts = rows * k >= PARALLEL_VALUES ? (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK : 1;
+  task.parts = hotrod_row_tasks(rows, k, PARALLEL_VALUES);
   hotrod_run_parallel(context, normalize_part, &task, (size_t)task.parts);
 }
 
 static const char* norm_name(const CustomOp* op) { (void)op; return "LayerNorm"; }
 static const char* norm_rows_name(const CustomOp* op) { (void)op; return "LayerNormRows"; }
-static size_t three(const CustomOp* op) { (void)op; return 3; }
 static int norm_rows_type(const CustomOp* op, size_t i) { (void)op; return i == 1 ? UINT8 : FLOAT; }
 
-const CustomOp hotrod_layer_norm_op = {API_VERSION,  create_norm,        norm_name,        hotrod_cpu_provider,
-                                       hotrod_float_type, three,         hotrod_float_type, hotrod_one,
-                                       compute_norm, hotrod_free_kernel, hotrod_required,  hotrod_required};
+const CustomOp hotrod_layer_norm_op = {API_VERSION,       create_norm,        norm_name,         hotrod_cpu_provider,
+                                       hotrod_float_type, hotrod_three,       hotrod_float_type, hotrod_one,
+                                       compute_norm,      hotrod_free_kernel, hotrod_required,   hotrod_required};
 
-const CustomOp hotrod_layer_norm_rows_op = {API_VERSION,  create_norm,        norm_rows_name, hotrod_cpu_provider,
-                                            hotrod_float_type, three,         norm_rows_type, three,
-                                            compute_norm, hotrod_free_kernel, hotrod_required, hotrod_required};
+const CustomOp hotrod_layer_norm_rows_op = {API_VERSION,       create_norm,        norm_rows_name, hotrod_cpu_provider,
+                                            hotrod_float_type, hotrod_three,       norm_rows_type, hotrod_three,
+                                            compute_norm,      hotrod_free_kernel, hotrod_required, hotrod_required};

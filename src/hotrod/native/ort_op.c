@@ -8,10 +8,10 @@
  *   Python side uses them only where the CPU has AMX);
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D] (K and V also [B, S, H, D]), an optional additive float
  *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder attention with
- *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked).
- *
+ *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked);
  * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
- *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2);
+ *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2).
+ *
  * QuantizeRows, the int8 products, Bf16Attention and the LayerNorm ops run on onnxruntime's intra-op threads
  * (KernelContext_ParallelFor, from the version-17 table on; on the calling thread alone where the runtime lacks
  * it). Q4MatMul brings its own.
@@ -129,16 +129,14 @@ static void* create_rows(const CustomOp* op, const Entry* table, const OrtKernel
 
 static void destroy_rows(void* kernel) { (void)kernel; }
 
-/* Inputs this small are quantized on the calling thread: waking the pool would cost more. */
-#define PARALLEL_VALUES (64 * 1024)
-#define ROWS_PER_TASK 16
+#define PARALLEL_VALUES (64 * 1024) /* fewer: quantized on the calling thread */
 
 typedef struct { const float* x; uint8_t* q; float* scales; int64_t rows, k, parts; } RowsTask;
 
 static void quantize_part(void* data, size_t index) {
   const RowsTask* t = data;
-  const int64_t per = t->parts == 1 ? t->rows : ROWS_PER_TASK, first = (int64_t)index * per;
-  const int64_t count = first + per < t->rows ? per : t->rows - first;
+  int64_t first;
+  const int64_t count = hotrod_task_rows(t->rows, t->parts, index, &first);
   hotrod_quantize_rows(t->x + first * t->k, count, t->k, t->q + first * t->k, t->scales + first);
 }
 
@@ -163,7 +161,7 @@ static void compute_rows(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; s != NULL && r < rows; r++) s[r] = __builtin_nanf("");
     return;
   }
-  RowsTask task = {x, qs, s, rows, k, rows * k >= PARALLEL_VALUES ? (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK : 1};
+  RowsTask task = {x, qs, s, rows, k, hotrod_row_tasks(rows, k, PARALLEL_VALUES)};
   hotrod_run_parallel(context, quantize_part, &task, (size_t)task.parts);
 }
 
@@ -172,6 +170,7 @@ static int rows_input_type(const CustomOp* op, size_t i) { (void)op, (void)i; re
 static size_t rows_inputs(const CustomOp* op) { (void)op; return 1; }
 int hotrod_quantized_type(const CustomOp* op, size_t i) { (void)op; return i == 0 ? UINT8 : FLOAT; }
 size_t hotrod_two(const CustomOp* op) { (void)op; return 2; }
+size_t hotrod_three(const CustomOp* op) { (void)op; return 3; }
 
 static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, hotrod_cpu_provider, rows_input_type,
                                        rows_inputs, hotrod_quantized_type, hotrod_two, compute_rows, destroy_rows,

@@ -1,7 +1,7 @@
 """Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
 (`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`), per-row int8 quantization
-(`hotrod.runtime.rows`), LayerNormalization (`hotrod.runtime.norm`) and bf16 attention where the build asked for it (`hotrod.runtime.attention`), each
-where this CPU runs it."""
+(`hotrod.runtime.rows`), LayerNormalization (`hotrod.runtime.norm`) and bf16 attention where the build asked for
+it (`hotrod.runtime.attention`), each where this CPU runs it."""
 
 from __future__ import annotations
 

@@ -103,15 +103,17 @@ def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, dropped: set[i
 @functools.cache
 def same_as_onnxruntime(width: int, epsilon: float) -> bool:
     """Whether onnxruntime's LayerNormalization and the kernel give the same bits for rows of `width` values
-    with `epsilon`: rows of assorted scales and offsets, a group and a short one."""
+    with `epsilon`: rows of assorted scales and offsets, 15 of them, so that the kernel's every group size (8, 4,
+    2 and 1 rows side by side) is met."""
     kernel = _kernel()
     if kernel is None:
         return False
     rng = np.random.default_rng(width)
-    x = rng.standard_normal((7, width)) * np.logspace(-3, 4, 7)[:, None] + rng.standard_normal((7, 1)) * 10
+    count = 15
+    x = rng.standard_normal((count, width)) * np.logspace(-3, 4, count)[:, None] + rng.standard_normal((count, 1)) * 10
     x, gamma, beta = x.astype(np.float32), *rng.standard_normal((2, width)).astype(np.float32)
     ours = np.empty_like(x)
-    kernel(x.ctypes.data, 7, width, gamma.ctypes.data, beta.ctypes.data, epsilon, ours.ctypes.data, None, None)
+    kernel(x.ctypes.data, count, width, gamma.ctypes.data, beta.ctypes.data, epsilon, ours.ctypes.data, None, None)
     return bool(np.array_equal(ours, _onnxruntime(x, gamma, beta, epsilon)))
 
 
