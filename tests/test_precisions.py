@@ -88,7 +88,7 @@ def test_each_precision_describes_itself_as_manifests_always_have():
         attention = {"attention": "bf16 products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"}
         assert precisions.get(name).describe("entropy") == {
             "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations,
-            **(attention if name == "int8" else {})}
+            **(attention if name in ("int8", "int8-static") else {})}
     with pytest.raises(ValueError, match="attention"):
         precisions.Full(name="fp32", weight_bytes=4.0, attention="int4")
 

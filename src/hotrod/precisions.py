@@ -206,7 +206,7 @@ class Int8Static(Precision):
               name: str | None = None) -> tuple[onnx.ModelProto, dict]:
         from hotrod.optimize.quantize import int8_static
 
-        return int8_static(model, feeds, method), {}
+        return ask_attention(int8_static(model, feeds, method), self.attention), {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,7 +283,7 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
                 weights="int8 per-channel, 7-bit range (int8-call, dynamic)",
                 activations="uint8 per-tensor, range measured on every call (dynamic)"),
     Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
-               activations="uint8 per-tensor, static ranges calibrated with {method}"),
+               activations="uint8 per-tensor, static ranges calibrated with {method}", attention="bf16"),
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
     WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,
                weights="int8 block-32 symmetric (int8-weight, MatMulNBits)",

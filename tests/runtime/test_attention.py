@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import hotrod
 from hotrod import precisions
 from hotrod.precisions import ATTENTION_KEY, ask_attention
-from hotrod.runtime import attention, native
+from hotrod.runtime import attention, i8, native
 from tests.runtime.test_i8 import loaded_on_and_off
 from tests.runtime.test_rows import _copy
 from tests.zoo import CASES, prompt_batch
@@ -211,9 +211,46 @@ def test_what_the_kernel_does_not_compute_is_left_as_it_is(change):
 def test_the_int8_precision_asks_for_it_and_its_manifest_says_so():
     int8 = precisions.get("int8")
     assert int8.attention == "bf16" and "attention" in int8.describe()
-    assert precisions.get("int8-static").attention == "fp32" and "attention" not in precisions.get("fp32").describe()
+    assert precisions.get("int8-static").attention == "bf16" and "attention" not in precisions.get("fp32").describe()
     model = ask_attention(graph(2, asked=False), int8.attention)
     assert {p.key: p.value for p in model.metadata_props}[ATTENTION_KEY] == "bf16"
+
+
+def split_heads(heads: int, head: int, sizes: list[int] | None = None, axis: int = -1,
+                fused: bool = False) -> onnx.ModelProto:
+    """x [B, S, W] -> Split into q, k, v (`sizes`, or three equal parts) -> MultiHeadAttention -> y, as
+    onnxruntime's fusion leaves an int8-static encoder (`fused`: the Split taken into hotrod's int8 product)."""
+    width = heads * head
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", None, 3 * width])
+    sizes_init = numpy_helper.from_array(np.array(sizes or [width] * 3, np.int64), "sizes")
+    if fused:
+        split = helper.make_node(i8.SPLIT_OP, ["x"], ["q", "k", "v"], domain=native.DOMAIN, N=3 * width)
+    else:
+        split = helper.make_node("Split", ["x", "sizes"], ["q", "k", "v"], axis=axis)
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=heads)
+    model = helper.make_model(helper.make_graph([split, node], "g", [x], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, None)], [sizes_init]), opset_imports=[helper.make_opsetid("", 17),
+                                                                      helper.make_opsetid("com.microsoft", 1)])
+    return ask_attention(model, "bf16")
+
+
+@amx
+def test_multi_head_attention_on_one_fused_products_three_parts():
+    """An int8-static encoder's form: query, key and value the three equal parts of one Split of the last
+    axis, all [B, S, H x D]; the op reads them as they are."""
+    model = split_heads(4, 32)
+    out = rewritten(model)
+    assert [node.op_type for node in out.graph.node] == ["Split", attention.OP]
+    feeds = inputs(2, 21, 4, 32, seed=6)
+    x = np.concatenate([feeds[name] for name in "qkv"], axis=-1)
+    np.testing.assert_allclose(run(out, {"x": x}), reference(feeds, 4), atol=2e-3, rtol=0)
+    assert rewritten(split_heads(4, 32, fused=True)).graph.node[-1].op_type == attention.OP
+
+
+@pytest.mark.parametrize("change", [dict(sizes=[128, 96, 160]), dict(axis=1), dict(axis=0)])
+def test_parts_the_kernel_cannot_read_as_the_query_are_left_as_they_are(change):
+    """Keys or values not as wide as the query, or a Split of another axis (their layout unknown)."""
+    assert attention.rewrite(_copy(split_heads(4, 32, **change))) == 0
 
 
 @amx
@@ -229,6 +266,18 @@ def test_a_loaded_int8_encoder_attends_on_the_kernel_close_to_fp32_attention(zoo
     span = mask[1].bool()  # the short row alone, unpadded: the same bits
     alone = model(ids[1:2, span], attention_mask=mask[1:2, span]).last_hidden_state
     assert np.array_equal(alone.numpy(), fast[1:2, span].numpy())
+
+
+@amx
+def test_a_loaded_int8_static_encoder_attends_on_the_kernel_close_to_fp32_attention(zoo, tmp_path, monkeypatch):
+    """int8-static asks for it too: its QDQ graph's MultiHeadAttention on the fused product's three parts."""
+    model, plain = loaded_on_and_off(zoo, tmp_path, "bert", attention, monkeypatch, precision="int8-static")
+    ids, mask = prompt_batch(CASES["bert"], (7, 4))
+    fast = model(ids, attention_mask=mask).last_hidden_state
+    slow = plain(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    cosine = (fast[real] * slow[real]).sum(-1) / (fast[real].norm(dim=-1) * slow[real].norm(dim=-1))
+    assert cosine.min() > 0.999
 
 
 @amx

@@ -467,10 +467,11 @@ def test_without_amx_the_graph_is_left_to_onnxruntime(tmp_path, monkeypatch):
         assert graph is None or i8.OP not in graph.ops
 
 
-def loaded_on_and_off(zoo, tmp_path, name: str, kernel, monkeypatch) -> tuple:  # noqa: ANN001
-    """The zoo model `name` built at int8 and loaded twice: on `kernel`'s op (a module with OP and available;
-    every graph must take it) and with the kernel unavailable."""
-    out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision="int8", force=True, progress=False,
+def loaded_on_and_off(zoo, tmp_path, name: str, kernel, monkeypatch,  # noqa: ANN001
+                      precision: str = "int8") -> tuple:
+    """The zoo model `name` built at `precision` and loaded twice: on `kernel`'s op (a module with OP and
+    available; every graph must take it) and with the kernel unavailable."""
+    out = hotrod.optimize(zoo.checkpoint(name), tmp_path / name, precision=precision, force=True, progress=False,
                           verify_examples=0)
     model = hotrod.load(out)
     assert model.backend.kernel_ops and all(kernel.OP in ops for ops in model.backend.kernel_ops.values())

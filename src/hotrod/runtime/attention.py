@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.optimize import graphs
 from hotrod.precisions import ATTENTION_KEY
-from hotrod.runtime import native
+from hotrod.runtime import i8, native
 
 OP = "Bf16Attention"
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
@@ -42,15 +42,19 @@ def rewrite(model: onnx.ModelProto) -> int:
     returns how many. Plain: ONNX's Attention on [B, S, H x D] inputs with as many key as query heads, or
     com.microsoft's MultiHeadAttention (T5's encoders, their position bias the additive mask) on a [B, S, H x D]
     query and keys and values [B, H, S, D] transposed from [B, S, H, D] (which the op reads as they were before
-    the Transpose); no cache, no causal mask, no soft cap, and a float additive mask or none."""
+    the Transpose), or keys and values [B, S, H x D] split with the query from one fused product (an int8-static
+    encoder's); no cache, no causal mask, no soft cap, and a float additive mask or none."""
     if not asked(model):
         return 0
     graph = model.graph
     types = _float_values(graph)
     producers = graphs.producers(graph)
+    constants = {init.name: init for init in graph.initializer}
+    constants |= {n.output[0]: n.attribute[0].t for n in graph.node
+                  if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
     count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
     for node in graph.node:
-        plain = _plain(node, types) or _multi_head(node, types, producers)
+        plain = _plain(node, types) or _multi_head(node, types, producers, constants)
         if plain is not None:
             inputs, heads, scale = plain
             detached |= {id(producers[name]) for name in set(node.input) - set(inputs) if name in producers}
@@ -88,7 +92,8 @@ def _plain(node: onnx.NodeProto, floats: set[str]) -> tuple[list[str], int, floa
     return list(node.input), heads, scale
 
 
-def _multi_head(node: onnx.NodeProto, floats: set[str], producers: dict) -> tuple[list[str], int, float] | None:
+def _multi_head(node: onnx.NodeProto, floats: set[str], producers: dict,
+                constants: dict) -> tuple[list[str], int, float] | None:
     """(inputs, heads, scale) of a com.microsoft MultiHeadAttention node the kernel computes: query, key and
     value, no bias, key padding mask or cache, an additive float attention bias or none, one output."""
     if node.op_type != "MultiHeadAttention" or node.domain != "com.microsoft" or len(node.output) != 1:
@@ -100,10 +105,32 @@ def _multi_head(node: onnx.NodeProto, floats: set[str], producers: dict) -> tupl
     if set(attrs) - _MULTI_HEAD or attrs.get("unidirectional", 0) or not attrs.get("num_heads"):
         return None
     scale = float(attrs.get("scale", 0.0))
-    key, value = (_before_transpose(name, producers) for name in inputs[1:3])
+    if _split_together(inputs[:3], producers, constants):
+        key, value = inputs[1:3]
+    else:
+        key, value = (_before_transpose(name, producers) for name in inputs[1:3])
     if key is None or value is None or (scale and not math.isfinite(scale)):
         return None  # keys or values whose layout is not known here without shapes (a decoder's cache: [B, H, S, D])
     return [inputs[0], key, value] + ([inputs[5]] if inputs[5] else []), attrs["num_heads"], scale
+
+
+def _split_together(names: list[str], producers: dict, constants: dict) -> bool:
+    """Whether query, key and value are, in order, the three outputs of one Split of the last axis (a fused
+    Q/K/V product's, as onnxruntime's fusion leaves an int8-static encoder): the query is [B, S, H x D], so
+    the key and value split from the same tensor are too. Equal parts only."""
+    node = producers.get(names[0])
+    if node is None or list(node.output) != names:
+        return False
+    if node.op_type == i8.SPLIT_OP and node.domain == native.DOMAIN:
+        return True  # the Split taken into hotrod's int8 product (`i8`): three equal parts of the last axis
+    if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+        return False
+    if next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0) != -1:
+        return False
+    if len(node.input) < 2 or not node.input[1]:
+        return True  # num_outputs: equal parts
+    sizes = constants.get(node.input[1])  # the kernel reads keys and values as wide as the query
+    return sizes is not None and len(set(numpy_helper.to_array(sizes).reshape(-1).tolist())) == 1
 
 
 def _before_transpose(name: str, producers: dict) -> str | None:

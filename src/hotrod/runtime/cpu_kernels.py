@@ -12,6 +12,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from hotrod.precisions import ATTENTION_KEY
 from hotrod.runtime import attention, i8, native, norm, q4, rows
 
 
@@ -35,7 +36,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     block; None where none applies (or the library is missing, or this CPU cannot run it)."""
     int4 = q4.library() is not None  # elsewhere an int4 graph is not even parsed
     calibrated = (b"DequantizeLinear",) if i8.available() else ()  # int8-static's products
-    model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated)
+    asked = (ATTENTION_KEY.encode(),) if attention.available() else ()  # a build that asked for bf16 attention
+    model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated + asked)
     ops = set()
     if model is not None and int4 and q4.rewrite_all(model, threads):
         ops.add(q4.OP)
