@@ -14,8 +14,10 @@
  *   whose row r holds, for each of the 16 keys, its depths 2r and 2r + 1 (the pair layout TDPBF16PS reads);
  * - V likewise for P V: for each 32 keys and 16 columns, a tile whose row r holds keys 2r and 2r + 1 of each
  *   column;
- * - queries go 16 at a time: their scores for all keys (64 a step, four tiles of sums), the softmax of each
- *   row in fp32 with its numerators in bf16, then P V (up to 64 columns a step).
+ * - queries go 32 at a time: their scores for all keys (32 a step: two tiles of queries by two of keys, four
+ *   tiles of sums), the softmax of each row in fp32 with its numerators in bf16, then P V (32 columns a step:
+ *   two tiles of numerators by two of values). Each operand tile is loaded once a step and read by two
+ *   products, as the int8 products' 2 x 2 steps are.
  * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
  * Keys are padded to a multiple of 64 with zeros whose numerators are 0: a row's answer does not depend on
  * the padding, nor on its batch-mates, nor on the other queries of its block.
@@ -28,11 +30,12 @@
 #include "attention.h"
 
 #define TILE_ROWS 16
-#define KEY_STEP 64     /* keys a step of Q K^T: four tiles of sums */
+#define KEY_STEP 64     /* keys are padded to a multiple of this */
+#define QUERY_ROWS 32   /* queries a block: two tiles of rows */
 #define PAIR_KEYS 32    /* keys in one tile of P or of packed V */
 #define TILE_HALVES 512 /* bf16 values in a tile: 16 rows of 32 */
 
-/* Tiles (hotrod_configure_tiles): 0 queries or P, 1-3 packed K or V, 4-7 sums. */
+/* Tiles (hotrod_configure_tiles): 0, 1 queries or P (16 rows each), 2, 3 packed K or V, 4-7 sums. */
 
 typedef struct {
   const float *q, *k, *v, *mask;
@@ -141,38 +144,31 @@ static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
     }
 }
 
-/* Q K^T for 16 queries (their bf16 rows in `queries`, one tile per 32 of depth) into scores [16, padded_k]
- * (of the keys that exist: a last group's half that is all padding is skipped). */
+/* Q K^T for 32 queries (their bf16 rows in `queries`: per 32 of depth, two tiles of 16 rows) into scores
+ * [32, padded_k], 32 keys a step: the two query tiles by the two key tiles, four tiles of sums, each operand
+ * loaded once a depth step (keys past the last 32-key group that holds one are skipped: never read). */
 static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t* keys, float* scores) {
   const int64_t steps = p->depth / 32, stride = p->padded_k * (int64_t)sizeof(float);
-  for (int64_t key = 0; key < p->padded_k; key += KEY_STEP) {
+  for (int64_t key = 0; key < p->seq_k; key += PAIR_KEYS) {
     const uint16_t* block = keys + (key / 16) * steps * TILE_HALVES;
-    const int whole = p->seq_k - key > 32;
     _tile_zero(4);
     _tile_zero(5);
-    if (whole) {
-      _tile_zero(6);
-      _tile_zero(7);
-    }
+    _tile_zero(6);
+    _tile_zero(7);
     for (int64_t step = 0; step < steps; step++) {
-      _tile_loadd(0, queries + step * TILE_HALVES, 64);
-      _tile_loadd(1, block + step * TILE_HALVES, 64);
-      _tile_loadd(2, block + (steps + step) * TILE_HALVES, 64);
-      _tile_dpbf16ps(4, 0, 1);
-      _tile_dpbf16ps(5, 0, 2);
-      if (whole) {
-        _tile_loadd(3, block + (2 * steps + step) * TILE_HALVES, 64);
-        _tile_loadd(1, block + (3 * steps + step) * TILE_HALVES, 64);
-        _tile_dpbf16ps(6, 0, 3);
-        _tile_dpbf16ps(7, 0, 1);
-      }
+      _tile_loadd(0, queries + 2 * step * TILE_HALVES, 64);
+      _tile_loadd(2, block + step * TILE_HALVES, 64);
+      _tile_loadd(1, queries + (2 * step + 1) * TILE_HALVES, 64);
+      _tile_loadd(3, block + (steps + step) * TILE_HALVES, 64);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
     }
     _tile_stored(4, scores + key, stride);
     _tile_stored(5, scores + key + 16, stride);
-    if (whole) {
-      _tile_stored(6, scores + key + 32, stride);
-      _tile_stored(7, scores + key + 48, stride);
-    }
+    _tile_stored(6, scores + TILE_ROWS * p->padded_k + key, stride);
+    _tile_stored(7, scores + TILE_ROWS * p->padded_k + key + 16, stride);
   }
 }
 
@@ -180,16 +176,17 @@ static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t*
  * keys, up to the 32 P V reads), and 1 / their sum (0 where every key is masked to -inf). */
 static float softmax_row(const Problem* p, float* scores, const float* mask, uint16_t* numerators) {
   const __m512 scale = _mm512_set1_ps(p->scale);
-  __m512 largest = _mm512_set1_ps(-INFINITY);
+  __m512 largest[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)}; /* two chains of maxima: exact */
   for (int64_t key = 0; key < p->seq_k; key += 16) {
     const __mmask16 m = first(p->seq_k - key);
     const __m512 raw = _mm512_maskz_loadu_ps(m, scores + key);
     const __m512 s = mask == NULL ? _mm512_mul_ps(raw, scale)
                                   : _mm512_fmadd_ps(raw, scale, _mm512_maskz_loadu_ps(m, mask + key));
     _mm512_mask_storeu_ps(scores + key, m, s);
-    largest = _mm512_mask_max_ps(largest, m, largest, s);
+    __m512* chain = &largest[(key / 16) & 1];
+    *chain = _mm512_mask_max_ps(*chain, m, *chain, s);
   }
-  float top = _mm512_reduce_max_ps(largest);
+  float top = _mm512_reduce_max_ps(_mm512_max_ps(largest[0], largest[1]));
   if (top == -INFINITY) top = 0.0f;
   const __m512 shift = _mm512_set1_ps(top);
   __m512 sum = _mm512_setzero_ps();
@@ -205,57 +202,53 @@ static float softmax_row(const Problem* p, float* scores, const float* mask, uin
   return total > 0.0f ? 1.0f / total : 0.0f;
 }
 
-/* P V for 16 queries (P their bf16 numerators [16, padded_k]) into y, each row times its 1 / sum. */
+/* P V for 32 queries (P their bf16 numerators [32, padded_k]) into y, each row times its 1 / sum: 32 columns
+ * at a time, the two tiles of P by two tiles of V a step of 32 keys (one where a last block stands alone). */
 static void weighted_values(const Problem* p, const uint16_t* numerators, const uint16_t* values,
                             const float* inverse, float* y, int64_t rows, float* spill) {
-  const int64_t blocks = p->blocks, width = p->heads * p->head_size;
-  for (int64_t first_block = 0; first_block < blocks; first_block += 4) {
-    const int64_t count = blocks - first_block < 4 ? blocks - first_block : 4;
+  const int64_t blocks = p->blocks, width = p->heads * p->head_size, stride = p->padded_k * (int64_t)sizeof(uint16_t);
+  for (int64_t first_block = 0; first_block < blocks; first_block += 2) {
+    const int pair = blocks - first_block > 1;
     _tile_zero(4);
     _tile_zero(5);
     _tile_zero(6);
     _tile_zero(7);
     for (int64_t key = 0; key < p->pair_keys; key += PAIR_KEYS) {
       const uint16_t* tile = values + ((key / PAIR_KEYS) * blocks + first_block) * TILE_HALVES;
-      _tile_loadd(0, numerators + key, p->padded_k * (int64_t)sizeof(uint16_t));
-      _tile_loadd(1, tile, 64);
-      _tile_dpbf16ps(4, 0, 1);
-      if (count > 1) {
-        _tile_loadd(2, tile + TILE_HALVES, 64);
-        _tile_dpbf16ps(5, 0, 2);
-      }
-      if (count > 2) {
-        _tile_loadd(3, tile + 2 * TILE_HALVES, 64);
-        _tile_dpbf16ps(6, 0, 3);
-      }
-      if (count > 3) {
-        _tile_loadd(1, tile + 3 * TILE_HALVES, 64);
-        _tile_dpbf16ps(7, 0, 1);
+      _tile_loadd(0, numerators + key, stride);
+      _tile_loadd(2, tile, 64);
+      _tile_loadd(1, numerators + TILE_ROWS * p->padded_k + key, stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(6, 1, 2);
+      if (pair) {
+        _tile_loadd(3, tile + TILE_HALVES, 64);
+        _tile_dpbf16ps(5, 0, 3);
+        _tile_dpbf16ps(7, 1, 3);
       }
     }
-    _tile_stored(4, spill, 64 * sizeof(float));
-    _tile_stored(5, spill + 16, 64 * sizeof(float));
-    _tile_stored(6, spill + 32, 64 * sizeof(float));
-    _tile_stored(7, spill + 48, 64 * sizeof(float));
+    _tile_stored(4, spill, 32 * sizeof(float));
+    _tile_stored(5, spill + 16, 32 * sizeof(float));
+    _tile_stored(6, spill + TILE_ROWS * 32, 32 * sizeof(float));
+    _tile_stored(7, spill + TILE_ROWS * 32 + 16, 32 * sizeof(float));
     for (int64_t r = 0; r < rows; r++) {
       const __m512 factor = _mm512_set1_ps(inverse[r]);
-      for (int64_t b = 0; b < count; b++)
+      for (int64_t b = 0; b <= pair; b++)
         _mm512_mask_storeu_ps(y + r * width + (first_block + b) * 16, first(p->head_size - (first_block + b) * 16),
-                              _mm512_mul_ps(_mm512_loadu_ps(spill + r * 64 + b * 16), factor));
+                              _mm512_mul_ps(_mm512_loadu_ps(spill + r * 32 + b * 16), factor));
     }
   }
 }
 
-/* 16 query rows (fewer at the end) as bf16 tiles, one per 32 of depth, zero rows past the end. */
+/* 32 query rows (fewer at the end) as bf16 tiles, two of 16 rows per 32 of depth, zero rows past the end. */
 static void load_queries(const Problem* p, const float* q, int64_t rows, uint16_t* queries) {
   const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
   for (int64_t step = 0; step < steps; step++)
-    for (int64_t r = 0; r < TILE_ROWS; r++) {
+    for (int64_t r = 0; r < QUERY_ROWS; r++) {
       const float* row = q + r * width + step * 32;
       const int64_t left = r < rows ? p->head_size - step * 32 : 0;
       const __m512 low = _mm512_maskz_loadu_ps(first(left), row);
       const __m512 high = _mm512_maskz_loadu_ps(first(left - 16), row + 16);
-      uint16_t* to = queries + step * TILE_HALVES + r * 32;
+      uint16_t* to = queries + 2 * step * TILE_HALVES + r * 32;
       _mm256_storeu_si256((__m256i*)to, bf16(low));
       _mm256_storeu_si256((__m256i*)(to + 16), bf16(high));
     }
@@ -267,8 +260,8 @@ static void unit(void* data, size_t index) {
   const int64_t b = (int64_t)index / p->heads, h = (int64_t)index % p->heads;
   const int64_t width = p->heads * p->head_size, offset = h * p->head_size;
   const size_t packed = (size_t)(p->padded_k * p->depth) * sizeof(uint16_t); /* K's; V's take at most as much */
-  const size_t bytes = 2 * packed + TILE_ROWS * (size_t)p->padded_k * (sizeof(float) + sizeof(uint16_t)) +
-                       (size_t)(TILE_ROWS * p->depth) * sizeof(uint16_t) + TILE_ROWS * 64 * sizeof(float);
+  const size_t bytes = 2 * packed + QUERY_ROWS * (size_t)p->padded_k * (sizeof(float) + sizeof(uint16_t)) +
+                       (size_t)(QUERY_ROWS * p->depth) * sizeof(uint16_t) + QUERY_ROWS * 32 * sizeof(float);
   uint8_t* memory = aligned_alloc(64, (bytes + 63) / 64 * 64);
   float* y = p->y + b * p->seq_q * width + offset;
   if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer */
@@ -278,18 +271,18 @@ static void unit(void* data, size_t index) {
   }
   uint16_t *keys = (uint16_t*)memory, *values = (uint16_t*)(memory + packed);
   float* scores = (float*)(memory + 2 * packed);
-  uint16_t* numerators = (uint16_t*)(scores + TILE_ROWS * p->padded_k);
-  uint16_t* queries = numerators + TILE_ROWS * p->padded_k;
-  float* spill = (float*)(queries + TILE_ROWS * p->depth);
+  uint16_t* numerators = (uint16_t*)(scores + QUERY_ROWS * p->padded_k);
+  uint16_t* queries = numerators + QUERY_ROWS * p->padded_k;
+  float* spill = (float*)(queries + QUERY_ROWS * p->depth);
   pack_keys(p, p->k + b * p->seq_k * width + offset, keys);
   pack_values(p, p->v + b * p->seq_k * width + offset, values);
   hotrod_configure_tiles(); /* per unit: the thread may be any of the pool's */
-  for (int64_t row = 0; row < p->seq_q; row += TILE_ROWS) {
-    const int64_t rows = p->seq_q - row < TILE_ROWS ? p->seq_q - row : TILE_ROWS;
-    float inverse[TILE_ROWS] = {0};
+  for (int64_t row = 0; row < p->seq_q; row += QUERY_ROWS) {
+    const int64_t rows = p->seq_q - row < QUERY_ROWS ? p->seq_q - row : QUERY_ROWS;
+    float inverse[QUERY_ROWS] = {0};
     load_queries(p, p->q + (b * p->seq_q + row) * width + offset, rows, queries);
     scores_of(p, queries, keys, scores);
-    for (int64_t r = 0; r < TILE_ROWS; r++) {
+    for (int64_t r = 0; r < QUERY_ROWS; r++) {
       uint16_t* numerator = numerators + r * p->padded_k;
       if (r >= rows) { /* past the last query: no row to answer */
         memset(numerator, 0, (size_t)p->pair_keys * sizeof(uint16_t));
