@@ -43,9 +43,9 @@ def rewrite(model: onnx.ModelProto) -> int:
     dropped: set[int] = set()
     count = 0
     for node in graph.node:
-        epsilon = _epsilon(node, constants, producers, opset)
-        if epsilon is not None and same_as_onnxruntime(int(constants[node.input[1]].dims[0]), epsilon):
-            _replace(node, epsilon, readers, dropped)
+        taken = _taken(node, constants, producers, opset)
+        if taken is not None and same_as_onnxruntime(*taken):
+            _replace(node, taken[1], readers, dropped)
             count += 1
     if dropped:
         kept = [node for node in graph.node if id(node) not in dropped]
@@ -56,8 +56,9 @@ def rewrite(model: onnx.ModelProto) -> int:
     return count
 
 
-def _epsilon(node: onnx.NodeProto, constants: dict, producers: dict, opset: int) -> float | None:
-    """The epsilon of a LayerNormalization the op computes (see the module's docstring); None for any other."""
+def _taken(node: onnx.NodeProto, constants: dict, producers: dict, opset: int) -> tuple[int, float] | None:
+    """The width and epsilon of a LayerNormalization the op computes (see the module's docstring); None for any
+    other."""
     if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
         return None
     if opset < 17:  # onnxruntime's older contrib op of that name, whose input may be another type than gamma's
@@ -73,7 +74,7 @@ def _epsilon(node: onnx.NodeProto, constants: dict, producers: dict, opset: int)
     width = shapes[0].dims[0]
     if width <= 0 or width % _STEP or shapes[1].dims[0] != width or _embeddings(node.input[0], producers):
         return None
-    return float(attrs.get("epsilon", 1e-5))
+    return int(width), float(attrs.get("epsilon", 1e-5))
 
 
 def _embeddings(name: str, producers: dict) -> bool:

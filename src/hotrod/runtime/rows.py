@@ -32,11 +32,8 @@ def rewrite(model: onnx.ModelProto) -> int:
     """Every per-row quantizing chain of `model` as QuantizeRows, in place; returns how many."""
     graph = model.graph
     producers = graphs.producers(graph)
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    for value in graph.output:
+    readers = {name: len(nodes) for name, nodes in graphs.readers(graph).items()}
+    for value in graph.output:  # the graph's outputs read a value too
         readers[value.name] = readers.get(value.name, 0) + 1
     chains = [chain for node in graph.node if (chain := _chain(node, producers, readers)) is not None]
     if not chains:
