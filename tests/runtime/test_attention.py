@@ -253,6 +253,17 @@ def test_parts_the_kernel_cannot_read_as_the_query_are_left_as_they_are(change):
     assert attention.rewrite(_copy(split_heads(4, 32, **change))) == 0
 
 
+def test_parts_are_taken_only_where_their_sizes_are_known_equal():
+    unsized = split_heads(4, 32)  # num_outputs alone: the last part is narrower where the width does not divide
+    del unsized.graph.node[0].input[1:]
+    unsized.graph.node[0].attribute.append(helper.make_attribute("num_outputs", 3))
+    assert attention.rewrite(_copy(unsized)) == 0
+    listed = split_heads(4, 32)  # before opset 13 the sizes are an attribute: taken where they are equal
+    del listed.graph.node[0].input[1:]
+    listed.graph.node[0].attribute.append(helper.make_attribute("split", [128] * 3))
+    assert attention.rewrite(_copy(listed)) == 1
+
+
 @amx
 @pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
 def test_a_loaded_int8_encoder_attends_on_the_kernel_close_to_fp32_attention(zoo, tmp_path, name, monkeypatch):

@@ -125,12 +125,17 @@ def _split_together(names: list[str], producers: dict, constants: dict) -> bool:
         return True  # the Split taken into hotrod's int8 product (`i8`): three equal parts of the last axis
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
         return False
-    if next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0) != -1:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("axis", 0) != -1:
         return False
-    if len(node.input) < 2 or not node.input[1]:
-        return True  # num_outputs: equal parts
-    sizes = constants.get(node.input[1])  # the kernel reads keys and values as wide as the query
-    return sizes is not None and len(set(numpy_helper.to_array(sizes).reshape(-1).tolist())) == 1
+    # the kernel reads keys and values as wide as the query: sizes known to be equal (num_outputs alone leaves
+    # the last part narrower where the width does not divide)
+    if len(node.input) > 1 and node.input[1]:
+        sizes = constants.get(node.input[1])
+        sizes = None if sizes is None else numpy_helper.to_array(sizes).reshape(-1).tolist()
+    else:
+        sizes = attrs.get("split")  # before opset 13, an attribute
+    return sizes is not None and len(sizes) == 3 and len(set(sizes)) == 1
 
 
 def _before_transpose(name: str, producers: dict) -> str | None:
