@@ -186,6 +186,31 @@ def test_a_row_whose_keys_are_all_masked_gets_zeros_not_nan():
 
 
 @amx
+@pytest.mark.parametrize("where", ["q", "m"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_nan_or_infinite_score_gives_its_row_nan_as_fp32_attention_does(where, value):
+    """A NaN query value, or a NaN or +inf in the mask, makes the scores of that row unusable: its answer is
+    NaN (onnxruntime's fp32 op gives NaN too), never a finite row that left the key out; the other rows are as
+    they were."""
+    feeds = inputs(1, 48, 2, 32, seed=8)
+    feeds["m"] = np.zeros((1, 1, 48, 48), dtype=np.float32)
+    clean = run(rewritten(graph(2)), feeds)
+    if where == "q":
+        feeds["q"][0, 5, 3] = value  # head 0's query of row 5
+    else:
+        feeds["m"][0, 0, 5, 19] = value  # row 5's score of key 19, in every head
+    out = run(rewritten(graph(2)), feeds)
+    heads = slice(0, 32) if where == "q" else slice(None)
+    if where == "q" and np.isinf(value):  # an infinite query value gives infinite or NaN scores in its head
+        assert not np.isfinite(out[0, 5, heads]).all()
+    else:
+        assert np.isnan(out[0, 5, heads]).all()
+    rest = np.ones(48, bool)
+    rest[5] = False
+    np.testing.assert_array_equal(out[0, rest], clean[0, rest])
+
+
+@amx
 def test_a_mask_that_does_not_fit_gives_nan_not_a_read_past_it():
     feeds = inputs(1, 6, 2, 32)
     feeds["m"] = np.zeros((1, 1, 6, 5), dtype=np.float32)  # one key short

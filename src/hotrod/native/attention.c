@@ -173,10 +173,12 @@ static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t*
 }
 
 /* One query row's softmax: scores scaled and masked in fp32, numerators e^(s - max) in bf16 (0 past the
- * keys, up to the 32 P V reads), and 1 / their sum (0 where every key is masked to -inf). */
+ * keys, up to the 32 P V reads), and 1 / their sum (0 where every key is masked to -inf; NaN where a score is
+ * NaN or +inf, as fp32 attention's row would be, rather than a finite row that dropped it). */
 static float softmax_row(const Problem* p, float* scores, const float* mask, uint16_t* numerators) {
   const __m512 scale = _mm512_set1_ps(p->scale);
   __m512 largest[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)}; /* two chains of maxima: exact */
+  __mmask16 unusable = 0; /* lanes that met a NaN or +inf score */
   for (int64_t key = 0; key < p->seq_k; key += 16) {
     const __mmask16 m = first(p->seq_k - key);
     const __m512 raw = _mm512_maskz_loadu_ps(m, scores + key);
@@ -185,6 +187,7 @@ static float softmax_row(const Problem* p, float* scores, const float* mask, uin
     _mm512_mask_storeu_ps(scores + key, m, s);
     __m512* chain = &largest[(key / 16) & 1];
     *chain = _mm512_mask_max_ps(*chain, m, *chain, s);
+    unusable |= _mm512_mask_cmp_ps_mask(m, s, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);
   }
   float top = _mm512_reduce_max_ps(_mm512_max_ps(largest[0], largest[1]));
   if (top == -INFINITY) top = 0.0f;
@@ -199,6 +202,7 @@ static float softmax_row(const Problem* p, float* scores, const float* mask, uin
   }
   memset(numerators + key, 0, (size_t)(p->pair_keys - key) * sizeof(uint16_t));
   const float total = _mm512_reduce_add_ps(sum);
+  if (unusable) return __builtin_nanf("");
   return total > 0.0f ? 1.0f / total : 0.0f;
 }
 
