@@ -107,7 +107,7 @@ def pack_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     producer = graphs.producers(graph)
     readers = Counter(name for node in graph.node for name in node.input)
     readers.update(out.name for out in graph.output)
-    constants = _constants(graph)
+    constants = graphs.constants(graph)
     folded = set()
     for node in graph.node:
         if node.op_type != "GroupQueryAttention" or not all(node.input[:3]):
@@ -159,7 +159,7 @@ def onnx_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset is None or not _bumpable(model):
         return model
     producer = graphs.producers(graph)
-    constants = _constants(graph)
+    constants = graphs.constants(graph)
     converted = 0
     for index, node in enumerate(graph.node):
         attention = _as_onnx_attention(node, producer, constants)
@@ -243,24 +243,13 @@ def _unrotated(name: str, producer: dict) -> str:
     return name
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    """The graph's constant tensors by name, initializers and Constant nodes alike (read only where a
-    split's sizes are asked for)."""
-    constants = {t.name: t for t in graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in graph.node
-                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
-    return constants
-
-
 def _equal_last_axis_split(split: onnx.NodeProto, constants: dict) -> bool:
     """Whether `split` cuts the last axis of a [B, S, 3*H*D] tensor into three equal parts."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in split.attribute}
     if attrs.get("axis", 0) not in (-1, 2) or len(split.output) != 3:
         return False
-    if len(split.input) < 2 or not split.input[1]:
-        return "split" not in attrs or len(set(attrs["split"])) == 1  # no sizes: equal parts
-    sizes = constants.get(split.input[1])
-    return sizes is not None and len(set(onnx.numpy_helper.to_array(sizes).tolist())) == 1
+    sizes = graphs.split_sizes(split, constants)
+    return sizes is not None and len(set(sizes)) <= 1  # no sizes given: equal parts
 
 
 # Standard ops that are left where a fusion did not match: each is the telltale of a block the fused graph

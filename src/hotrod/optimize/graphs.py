@@ -4,6 +4,7 @@ rewrites alike) decide by, in one place."""
 from __future__ import annotations
 
 import onnx
+from onnx import helper, numpy_helper
 
 
 def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
@@ -30,3 +31,26 @@ def read_names(graph: onnx.GraphProto, nodes: list[onnx.NodeProto] | None = None
             for body in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
                 read |= read_names(body)
     return read
+
+
+def constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's constant tensors by name, initializers and Constant nodes' values alike."""
+    found = {t.name: t for t in graph.initializer}
+    found.update({n.output[0]: n.attribute[0].t for n in graph.node
+                  if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    return found
+
+
+def split_sizes(split: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> list[int] | None:
+    """The sizes a Split was given: its sizes input where that is a constant (`constants`), or before opset 13
+    its `split` attribute; [] where it was given none (equal parts, by num_outputs or its outputs' count, the
+    last narrower where the axis does not divide); None where its sizes are not known here (or given empty)."""
+    if len(split.input) > 1 and split.input[1]:
+        sizes = constants.get(split.input[1])
+        given = None if sizes is None else numpy_helper.to_array(sizes).reshape(-1).tolist()
+    else:
+        listed = [a for a in split.attribute if a.name == "split"]
+        if not listed:
+            return []
+        given = list(helper.get_attribute_value(listed[0]))
+    return given or None

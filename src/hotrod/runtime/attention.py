@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from hotrod.optimize import graphs
 from hotrod.precisions import ATTENTION_KEY
@@ -49,9 +49,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     graph = model.graph
     types = _float_values(graph)
     producers = graphs.producers(graph)
-    constants = {init.name: init for init in graph.initializer}
-    constants |= {n.output[0]: n.attribute[0].t for n in graph.node
-                  if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    constants = graphs.constants(graph)
     count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
     for node in graph.node:
         plain = _plain(node, types) or _multi_head(node, types, producers, constants)
@@ -125,16 +123,11 @@ def _split_together(names: list[str], producers: dict, constants: dict) -> bool:
         return True  # the Split taken into hotrod's int8 product (`i8`): three equal parts of the last axis
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
         return False
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("axis", 0) != -1:
+    if next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0) != -1:
         return False
-    # the kernel reads keys and values as wide as the query: sizes known to be equal (num_outputs alone leaves
-    # the last part narrower where the width does not divide)
-    if len(node.input) > 1 and node.input[1]:
-        sizes = constants.get(node.input[1])
-        sizes = None if sizes is None else numpy_helper.to_array(sizes).reshape(-1).tolist()
-    else:
-        sizes = attrs.get("split")  # before opset 13, an attribute
+    # the kernel reads keys and values as wide as the query: sizes given and equal (none given leaves the last
+    # part narrower where the width does not divide)
+    sizes = graphs.split_sizes(node, constants)
     return sizes is not None and len(sizes) == 3 and len(set(sizes)) == 1
 
 
