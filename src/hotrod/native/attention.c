@@ -19,7 +19,7 @@
  *   two tiles of numerators by two of values). Each operand tile is loaded once a step and read by two
  *   products, as the int8 products' 2 x 2 steps are.
  * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
- * Keys are padded to a multiple of 64 with zeros whose numerators are 0: a row's answer does not depend on
+ * Keys are padded to a multiple of 32 with zeros whose numerators are 0: a row's answer does not depend on
  * the padding, nor on its batch-mates, nor on the other queries of its block.
  */
 #include <immintrin.h>
@@ -30,9 +30,8 @@
 #include "attention.h"
 
 #define TILE_ROWS 16
-#define KEY_STEP 64     /* keys are padded to a multiple of this */
 #define QUERY_ROWS 32   /* queries a block: two tiles of rows */
-#define PAIR_KEYS 32    /* keys in one tile of P or of packed V */
+#define PAIR_KEYS 32    /* keys in one tile of P or of packed V, and a step of Q K^T; keys are padded to a multiple */
 #define TILE_HALVES 512 /* bf16 values in a tile: 16 rows of 32 */
 
 /* Tiles (hotrod_configure_tiles): 0, 1 queries or P (16 rows each), 2, 3 packed K or V, 4-7 sums. */
@@ -41,7 +40,7 @@ typedef struct {
   const float *q, *k, *v, *mask;
   float* y;
   int64_t batch, seq_q, seq_k, heads, head_size;
-  int64_t padded_k, pair_keys; /* keys padded for Q K^T (to 64) and for P V (to 32) */
+  int64_t padded_k; /* keys padded to a multiple of PAIR_KEYS */
   int64_t depth, blocks; /* the head size padded with zeros to a multiple of 32; its blocks of 16 columns */
   int64_t mask_stride[3]; /* floats between the mask's batch rows, heads, query rows; 0 where broadcast */
   float scale;
@@ -100,8 +99,8 @@ static inline void transpose16(__m512i* r) {
 
 /* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512, its row r
  * holding depths 2r and 2r + 1 of each of 16 keys: 16 keys' pairs of a step, one vector a key, transposed. Keys
- * past the last are zeros up to the 64 Q K^T reads; their scores are never read, but zeros keep the tiles free
- * of stale values. */
+ * past the last are zeros up to the 32 a step of Q K^T reads; their scores are never read, but zeros keep the
+ * tiles free of stale values. */
 static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
   const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
   const int64_t blocks = (p->seq_k + 15) / 16;
@@ -131,7 +130,7 @@ static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
   const int64_t blocks = p->blocks, width = p->heads * p->head_size;
   const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  for (int64_t key = 0; key < p->pair_keys; key += 2)
+  for (int64_t key = 0; key < p->padded_k; key += 2)
     for (int64_t block = 0; block < blocks; block++) {
       const __mmask16 columns = first(p->head_size - block * 16);
       const __m512 zero = _mm512_setzero_ps();
@@ -200,7 +199,7 @@ static float softmax_row(const Problem* p, float* scores, const float* mask, uin
     sum = _mm512_add_ps(sum, e);
     _mm256_storeu_si256((__m256i*)(numerators + key), bf16(e));
   }
-  memset(numerators + key, 0, (size_t)(p->pair_keys - key) * sizeof(uint16_t));
+  memset(numerators + key, 0, (size_t)(p->padded_k - key) * sizeof(uint16_t));
   const float total = _mm512_reduce_add_ps(sum);
   if (unusable) return __builtin_nanf("");
   return total > 0.0f ? 1.0f / total : 0.0f;
@@ -217,7 +216,7 @@ static void weighted_values(const Problem* p, const uint16_t* numerators, const 
     _tile_zero(5);
     _tile_zero(6);
     _tile_zero(7);
-    for (int64_t key = 0; key < p->pair_keys; key += PAIR_KEYS) {
+    for (int64_t key = 0; key < p->padded_k; key += PAIR_KEYS) {
       const uint16_t* tile = values + ((key / PAIR_KEYS) * blocks + first_block) * TILE_HALVES;
       _tile_loadd(0, numerators + key, stride);
       _tile_loadd(2, tile, 64);
@@ -289,7 +288,7 @@ static void unit(void* data, size_t index) {
     for (int64_t r = 0; r < QUERY_ROWS; r++) {
       uint16_t* numerator = numerators + r * p->padded_k;
       if (r >= rows) { /* past the last query: no row to answer */
-        memset(numerator, 0, (size_t)p->pair_keys * sizeof(uint16_t));
+        memset(numerator, 0, (size_t)p->padded_k * sizeof(uint16_t));
         continue;
       }
       const float* mask = p->mask == NULL ? NULL
@@ -325,11 +324,10 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
                           const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,
                           void* runner) {
   if (!hotrod_amx_ready() || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
-  Problem p = {q, k, v, mask, y, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, 0, {0, 0, 0}, scale};
+  Problem p = {q, k, v, mask, y, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale};
   p.depth = (head_size + 31) / 32 * 32;
   p.blocks = (head_size + 15) / 16;
-  p.padded_k = (seq_k + KEY_STEP - 1) / KEY_STEP * KEY_STEP;
-  p.pair_keys = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;
+  p.padded_k = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;
   if (mask != NULL && !mask_strides(&p, mask_dims, mask_count, p.mask_stride)) return -1;
   if (batch * heads * seq_q > 0) parallel(runner, unit, &p, (size_t)(batch * heads));
   return 0;

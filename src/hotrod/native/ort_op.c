@@ -8,7 +8,8 @@
  *   Python side uses them only where the CPU has AMX);
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D] (K and V also [B, S, H, D]), an optional additive float
  *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder attention with
- *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the build asked);
+ *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the
+ *   build asked);
  * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
  *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2).
  *
