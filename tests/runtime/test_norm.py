@@ -80,9 +80,10 @@ def test_edge_values_give_what_onnxruntime_gives():
 
 
 @probed
+@pytest.mark.parametrize("width", [24, 768])  # 24: a last step of 8 values on the AVX-512 path
 @pytest.mark.parametrize("count", [1, 37, 300])
-def test_the_quantized_output_is_quantize_rows_of_the_same_bits(count):
-    model, x = layer_norm(768, quantized=True), _rows(count, 768, seed=5)
+def test_the_quantized_output_is_quantize_rows_of_the_same_bits(count, width):
+    model, x = layer_norm(width, quantized=True), _rows(count, width, seed=5)
     theirs, ours = run(model, x, kernel=False), run(model, x, kernel=True)
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
@@ -90,6 +91,24 @@ def test_the_quantized_output_is_quantize_rows_of_the_same_bits(count):
     assert [node.op_type for node in rewritten.graph.node] == [norm.ROWS_OP]
     for a, b in zip(theirs, ours):
         assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@probed
+@pytest.mark.parametrize("width", [40, 64])
+def test_edge_values_quantize_as_quantize_rows_quantizes_them(width):
+    """The largest |y| the normalizing pass finds for the quantization: a NaN or an infinity in the row (a NaN
+    scale), a zero row, a constant one, huge and tiny values, a last value larger than the rest."""
+    x = np.ones((8, width), np.float32)
+    x[1] = 0.0
+    x[2] = 3e38
+    x[3, 5] = np.inf
+    x[4, 9] = np.nan
+    x[5] = np.linspace(-1e-30, 1e-30, width)
+    x[6, -1] = 1e4
+    x[7, -1] = np.nan
+    model = layer_norm(width, quantized=True)
+    for a, b in zip(run(model, x, kernel=False), run(model, x, kernel=True)):
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
 
 
 @probed

@@ -63,7 +63,8 @@ static void quantize_row(const float* x, int64_t k, uint8_t* q, float* scale) {
   const __m256 vs = _mm256_set1_ps(s), zero = _mm256_set1_ps(ZERO_POINT);
   const __m256 low = _mm256_setzero_ps(), high = _mm256_set1_ps(255.0f);
   for (; i + 8 <= k; i += 8) {
-    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
+    v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(v, zero), low), high);
     const __m256i w = _mm256_cvtps_epi32(v);                                  /* 8 x int32 in 0..255 */
     const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
@@ -113,8 +114,9 @@ WIDE static inline __m512i divided_rounded(__m512 x, __m512 s, __m512 r) {
   return near ? _mm512_mask_cvt_roundps_epi32(n, near, _mm512_maskz_div_ps(near, x, s), NEAREST) : n;
 }
 
-WIDE static void quantize_row_wide(const float* x, int64_t k, uint8_t* q, float* scale) {
-  const float s = row_max_wide(x, k) / LEVELS;
+/* The row quantized with its largest |x| (or NaN) known already. */
+WIDE static void quantize_row_known(const float* x, int64_t k, float top, uint8_t* q, float* scale) {
+  const float s = top / LEVELS;
   *scale = s;
   int64_t i = 0;
   if (!(s > 0.0f)) {
@@ -141,6 +143,10 @@ WIDE static void quantize_row_wide(const float* x, int64_t k, uint8_t* q, float*
   for (; i < k; i++) q[i] = one(x[i], s);
 }
 
+WIDE static void quantize_row_wide(const float* x, int64_t k, uint8_t* q, float* scale) {
+  quantize_row_known(x, k, row_max_wide(x, k), q, scale);
+}
+
 /* Whether this CPU has the AVX-512 the wide row needs (asked once). */
 static int wide_cpu(void) {
   static int wide = -1;
@@ -155,4 +161,13 @@ static int wide_cpu(void) {
 void hotrod_quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* scales) {
   void (*const row)(const float*, int64_t, uint8_t*, float*) = wide_cpu() ? quantize_row_wide : quantize_row;
   for (int64_t r = 0; r < rows; r++) row(x + r * k, k, q + r * k, scales + r);
+}
+
+int hotrod_rows_wide(void) { return wide_cpu(); }
+
+void hotrod_quantize_row_known(const float* x, int64_t k, float top, uint8_t* q, float* scale) {
+  if (wide_cpu())
+    quantize_row_known(x, k, top, q, scale);
+  else
+    quantize_row(x, k, q, scale);
 }
