@@ -115,6 +115,24 @@ def test_a_fused_qkv_products_split_goes_into_the_op():
         assert i8.rewrite(other) == 1 and "Split" in _ops(other) and i8.SPLIT_OP not in _ops(other)
 
 
+def _split_node(model: onnx.ModelProto) -> onnx.NodeProto:
+    return next(node for node in model.graph.node if node.op_type == "Split")
+
+
+def test_a_split_without_sizes_goes_in_one_whose_sizes_a_caller_may_feed_stays():
+    """No sizes input: three equal parts by its outputs' count. Sizes from an initializer that is also a graph
+    input: a caller may feed others, so the Split stays."""
+    plain = split_product(64, 48)
+    del _split_node(plain).input[1:]
+    assert i8.rewrite(plain) == 1 and i8.SPLIT_OP in _ops(plain) and "Split" not in _ops(plain)
+    fed = split_product(64, 48)
+    constant = next(node for node in fed.graph.node if node.op_type == "Constant" and node.output[0] == "sizes")
+    fed.graph.node.remove(constant)
+    fed.graph.initializer.append(numpy_helper.from_array(np.array([48] * 3, np.int64), "sizes"))
+    fed.graph.input.append(helper.make_tensor_value_info("sizes", TensorProto.INT64, [3]))
+    assert i8.rewrite(fed) == 1 and "Split" in _ops(fed) and i8.SPLIT_OP not in _ops(fed)
+
+
 @amx
 @pytest.mark.parametrize("count", [1, 5, 33])
 def test_the_split_outputs_are_onnxruntimes_split_to_the_bit(count):

@@ -335,7 +335,8 @@ def _per_column(tensor: onnx.TensorProto, n: int) -> bool:
 def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dict,
                  graph: onnx.GraphProto) -> onnx.NodeProto | None:
     """The Split, where the product's one reader splits its last axis into three equal parts of a multiple of
-    16 columns (the kernel writes them as three outputs); None otherwise."""
+    16 columns (the kernel writes them as three outputs); None otherwise. Its sizes are read as the build's
+    fusion reads them (`graphs.split_sizes`), from an initializer no caller may feed or a Constant node."""
     out = chain.nodes[-1].output[0]
     split = _only(consumers, out, "Split")
     if split is None or len(split.output) != 3 or any(value.name == out for value in graph.output):
@@ -343,22 +344,13 @@ def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dic
     attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
     if attrs.get("axis") != -1 or chain.n % 3 or chain.n // 3 % 16:
         return None
-    if len(split.input) > 1 and split.input[1]:
-        if _constant_ints(split.input[1], constants, producers) != [chain.n // 3] * 3:
-            return None
-    elif attrs.get("num_outputs") != 3:
-        return None
-    return split
-
-
-def _constant_ints(name: str, constants: dict, producers: dict) -> list[int] | None:
-    """The integers of a constant input (an initializer or a Constant node's value)."""
-    if name in constants:
-        return numpy_helper.to_array(constants[name]).tolist()
-    node = producers.get(name)
-    if node is None or node.op_type != "Constant" or node.attribute[0].name != "value":
-        return None
-    return numpy_helper.to_array(node.attribute[0].t).tolist()
+    known = dict(constants)
+    source = producers.get(split.input[1]) if len(split.input) > 1 else None
+    if source is not None and source.op_type == "Constant" and source.attribute \
+            and source.attribute[0].name == "value":
+        known[source.output[0]] = source.attribute[0].t
+    # [] (no sizes given): three equal parts, as the width divides by three
+    return split if graphs.split_sizes(split, known) in ([], [chain.n // 3] * 3) else None
 
 
 def _only(consumers: dict, name: str, op: str | None) -> onnx.NodeProto | None:
