@@ -83,29 +83,20 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
     (recording every node costs time of its own), once with it, for the kernels' times."""
     import hotrod
 
-    for name, value, high in (("batch", batch, 256), ("length", length, MAX_TOKENS),
-                              ("new tokens", new_tokens, MAX_TOKENS), ("runs", runs, MAX_RUNS)):
-        check_number(name, value, 1, high)
-        if not isinstance(value, int):
-            raise HotrodError(f"{name} must be a whole number, got {value!r}")
-    artifact = art.open_artifact(path)
+    artifact, ids = work_inputs(path, batch, length, new_tokens, runs, "profile times the CPU provider's kernels "
+                                "against this machine's floor")
     manifest = artifact.manifest
-    device = manifest["options"].get("device", "cpu")
-    if device != "cpu":
-        raise HotrodError(f"profile times the CPU provider's kernels against this machine's floor; {artifact.path} "
-                          f"was built for {device}")
-    ids = torch.randint(0, manifest["dims"]["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(0))
     spec = kind_spec(manifest["kind"])
     plain = hotrod.load(artifact.path, device="cpu", threads=threads)
-    _timed(plain, ids, spec.generates, new_tokens, 1)  # the warm-up
+    time_work(plain, ids, spec.generates, new_tokens, 1)  # the warm-up
     plain.backend.run_ms = Counter()  # time inside onnxruntime's runs, from here on
-    walls = _timed(plain, ids, spec.generates, new_tokens, runs)
+    walls = time_work(plain, ids, spec.generates, new_tokens, runs)
     runs_ms = sum(plain.backend.run_ms.values()) / runs
     del plain
     model = hotrod.load(artifact.path, device="cpu", threads=threads, profile=True)
-    _timed(model, ids, spec.generates, new_tokens, 1)  # the warm-up: its graph runs are skipped
+    time_work(model, ids, spec.generates, new_tokens, 1)  # the warm-up: its graph runs are skipped
     warm = dict(model.backend.profiled_runs)
-    _timed(model, ids, spec.generates, new_tokens, runs)
+    time_work(model, ids, spec.generates, new_tokens, runs)
     done = dict(model.backend.profiled_runs)
     events = model.backend.profile_events()
     floor = machine(cpu_threads(threads))
@@ -129,8 +120,26 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
                    graphs=times)
 
 
-def _timed(model, ids: torch.Tensor, generates: bool, new_tokens: int, runs: int) -> list[float]:
-    """Milliseconds of each of `runs` runs of the work."""
+def work_inputs(path: str | Path, batch: int, length: int, new_tokens: int, runs: int,
+                what: str) -> tuple[art.Artifact, torch.Tensor]:
+    """The CPU artifact at `path` and `batch` x `length` seeded token ids for its work, the figures checked;
+    `what` says why another device's artifact is refused."""
+    for name, value, high in (("batch", batch, 256), ("length", length, MAX_TOKENS),
+                              ("new tokens", new_tokens, MAX_TOKENS), ("runs", runs, MAX_RUNS)):
+        check_number(name, value, 1, high)
+        if not isinstance(value, int):
+            raise HotrodError(f"{name} must be a whole number, got {value!r}")
+    artifact = art.open_artifact(path)
+    manifest = artifact.manifest
+    device = manifest["options"].get("device", "cpu")
+    if device != "cpu":
+        raise HotrodError(f"{what}; {artifact.path} was built for {device}")
+    ids = torch.randint(0, manifest["dims"]["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(0))
+    return artifact, ids
+
+
+def time_work(model, ids: torch.Tensor, generates: bool, new_tokens: int, runs: int) -> list[float]:
+    """Milliseconds of each of `runs` runs of the work: a greedy generation of `new_tokens`, or a forward."""
     mask = torch.ones_like(ids)
 
     def work() -> None:

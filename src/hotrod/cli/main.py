@@ -147,19 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="folder for results.json, report.md and charts")
     p.set_defaults(handler=_bench)
 
-    p = sub.add_parser("profile", help="time an artifact operator by operator, against each graph's floor")
-    p.add_argument("artifact")
-    p.add_argument("--batch", type=int, default=1, help="rows of seeded token ids")
-    p.add_argument("--length", type=int, default=32, help="tokens a row (the prompt, for language models)")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per run (language models)")
-    p.add_argument("--runs", type=int, default=3, help="profiled runs after a warm-up")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    p.add_argument("--top", type=int, default=12, help="operators listed per graph")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures to FILE")
-    p.set_defaults(handler=_profile)
 
+    from hotrod.cli.measure import add_measure_parsers
     from hotrod.serve.command import add_serve_parser
 
+    add_measure_parsers(sub)
     add_serve_parser(sub, _runtime_args)
 
     p = sub.add_parser("demo", help="optimize the built-in models for this machine, verify them, time them "
@@ -355,21 +347,6 @@ def _bench(args) -> int:
     report = write_report(results, out)
     print(report.read_text())
     print(f"report: {report}")
-    return 0
-
-
-def _profile(args) -> int:
-    from hotrod.bench.ops import check_output, format_profile, profile_artifact, write_profile
-    from hotrod.errors import check_number
-
-    check_number("--top", args.top, 1)
-    if args.json:
-        check_output(Path(args.json))
-    profile = profile_artifact(args.artifact, batch=args.batch, length=args.length, new_tokens=args.new_tokens,
-                               runs=args.runs, threads=args.threads)
-    print(format_profile(profile, top=args.top))
-    if args.json:
-        print(f"figures: {write_profile(profile, Path(args.json))}")
     return 0
 
 

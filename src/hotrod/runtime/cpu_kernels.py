@@ -1,7 +1,8 @@
 """Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
 (`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`), per-row int8 quantization
 (`hotrod.runtime.rows`), LayerNormalization (`hotrod.runtime.norm`) and bf16 attention where the build asked for
-it (`hotrod.runtime.attention`), each where this CPU runs it."""
+it (`hotrod.runtime.attention`), each where this CPU runs it and this machine's measurement did not leave it
+out (`hotrod.runtime.kernel_choice`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from hotrod.precisions import ATTENTION_KEY
-from hotrod.runtime import attention, i8, native, norm, q4, rows
+from hotrod.runtime import attention, i8, kernel_choice, native, norm, q4, rows
 
 
 @dataclass(frozen=True)
@@ -34,22 +35,25 @@ class KernelGraph:
 def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     """The graph at `path` with what hotrod's kernels compute rewritten to their ops, for the span of the
     block; None where none applies (or the library is missing, or this CPU cannot run it)."""
-    int4 = q4.library() is not None  # elsewhere an int4 graph is not even parsed
-    calibrated = (b"DequantizeLinear",) if i8.available() else ()  # int8-static's products
-    asked = (ATTENTION_KEY.encode(),) if attention.available() else ()  # a build that asked for bf16 attention
+    out = kernel_choice.left_out()
+    int4 = q4.library() is not None and kernel_choice.INT4 not in out  # elsewhere an int4 graph is not even parsed
+    int8 = i8.available() and kernel_choice.INT8 not in out
+    calibrated = (b"DequantizeLinear",) if int8 else ()  # int8-static's products
+    bf16 = attention.available() and kernel_choice.ATTENTION not in out
+    asked = (ATTENTION_KEY.encode(),) if bf16 else ()  # a build that asked for bf16 attention
     model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated + asked)
     ops = set()
     if model is not None and int4 and q4.rewrite_all(model, threads):
         ops.add(q4.OP)
-    if model is not None and i8.available() and i8.rewrite(model):
+    if model is not None and int8 and i8.rewrite(model):
         ops.add(i8.OP)
-    if model is not None and rows.rewrite(model):
+    if model is not None and kernel_choice.ROWS not in out and rows.rewrite(model):
         ops.add(rows.OP)
         if i8.OP in ops and i8.quantize_outputs(model):
             ops.add(i8.ROWS_OP)
-    if model is not None and norm.rewrite(model):
+    if model is not None and kernel_choice.LAYERNORM not in out and norm.rewrite(model):
         ops.update(node.op_type for node in model.graph.node if node.op_type in (norm.OP, norm.ROWS_OP))
-    if model is not None and attention.available() and attention.rewrite(model):
+    if model is not None and bf16 and attention.rewrite(model):
         ops.add(attention.OP)
     with native.graph_file(model if ops else None) as file:
         yield KernelGraph(file, frozenset(ops)) if file is not None else None

@@ -1,0 +1,93 @@
+"""Which of hotrod's CPU kernels this machine should run, chosen by measurement (`hotrod tune ARTIFACT`).
+
+The artifact is loaded once with every kernel that applies to it and once without each of them in turn; the
+loads' work (a greedy generation of a forced length, or one forward, as `hotrod profile` runs it) is timed
+interleaved, a round at a time, so that a phase of the machine falls on every variant alike, and each kernel is
+judged by the median over the rounds of its round's ratio (the work without it over the work with it, run
+moments apart), which a phase that moves between rounds does not sway. A kernel is recorded as left out on this
+machine (`hotrod.runtime.kernel_choice`) where the work ran faster without it in at least MAJORITY of the
+rounds and both that median ratio and the ratio of the two medians are below 1 / MARGIN; models loaded
+afterwards run onnxruntime's ops in its place. One that ties by any of these stays, so that noise alone does
+not flip a choice. Kernels that do not apply to this artifact keep
+what an earlier measurement chose for them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotrod.bench.ops import time_work, work_inputs
+from hotrod.errors import HotrodError
+from hotrod.kinds import spec as kind_spec
+from hotrod.runtime import kernel_choice
+from hotrod.timing import interleaved
+
+ALL = "every kernel"
+MARGIN = 1.02  # how much faster the work must run without a kernel for it to be left out
+MAJORITY = 2 / 3  # the share of rounds it must run faster in
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    kernel: str
+    with_ms: float  # the work's median with every kernel
+    without_ms: float  # its median with this one left out
+    speedup: float  # what the kernel gains here: the median over rounds of the work without it over with it
+    losing: float  # the share of rounds the work ran faster without it
+
+    @property
+    def left_out(self) -> bool:
+        return self.losing >= MAJORITY and self.speedup * MARGIN < 1.0 and self.without_ms * MARGIN < self.with_ms
+
+
+@dataclass(frozen=True)
+class Tuning:
+    timings: list[KernelTiming]
+    left_out: frozenset[str]  # on this machine from now on, this artifact's kernels and others' alike
+    record: Path
+
+
+def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_tokens: int = 32, runs: int = 15,
+                  threads: int = 0) -> Tuning:
+    """Times the artifact's work with each of hotrod's kernels and without it, and records for this machine
+    the kernels whose absence was faster."""
+    import hotrod
+
+    artifact, ids = work_inputs(path, batch, length, new_tokens, runs, "tune chooses among hotrod's CPU kernels")
+    generates = kind_spec(artifact.manifest["kind"]).generates
+    with kernel_choice.leaving_out(set()):
+        models = {ALL: hotrod.load(artifact.path, device="cpu", threads=threads)}
+    used = kernel_choice.kernels_in(set().union(*models[ALL].backend.kernel_ops.values()))
+    if not used:
+        raise HotrodError(f"none of hotrod's CPU kernels applies to {artifact.path} on this CPU: "
+                          "onnxruntime's ops run it either way")
+    for name in used:
+        with kernel_choice.leaving_out({name}):
+            models[name] = hotrod.load(artifact.path, device="cpu", threads=threads)
+
+    def work(model):
+        return lambda: time_work(model, ids, generates, new_tokens, 1)
+
+    for model in models.values():  # the warm-up
+        time_work(model, ids, generates, new_tokens, 1)
+    times = interleaved({name: work(model) for name, model in models.items()}, runs=runs, warmup=0)
+    medians = {name: statistics.median(samples) * 1e3 for name, samples in times.items()}
+    ratios = {name: [b / a for a, b in zip(times[ALL], times[name])] for name in used}
+    timings = [KernelTiming(name, medians[ALL], medians[name], statistics.median(ratios[name]),
+                            sum(r < 1.0 for r in ratios[name]) / runs) for name in used]
+    previous = kernel_choice.left_out() - set(used)  # kernels this artifact could not measure keep their choice
+    chosen = previous | {t.kernel for t in timings if t.left_out}
+    measured = {t.kernel: {"with_ms": t.with_ms, "without_ms": t.without_ms, "speedup": t.speedup,
+                           "rounds_faster_without": t.losing, "artifact": str(artifact.path), "runs": runs,
+                           "threads": threads} for t in timings}
+    return Tuning(timings, frozenset(chosen), kernel_choice.record(chosen, measured))
+
+
+def format_tuning(tuning: Tuning) -> str:
+    lines = [f"  {'kernel':<10} {'with it ms':>11} {'without ms':>11} {'gain':>6}  here",
+             *(f"  {t.kernel:<10} {t.with_ms:11.3f} {t.without_ms:11.3f} {t.speedup:5.2f}x  "
+               f"{'onnxruntime runs instead' if t.left_out else 'runs'}" for t in tuning.timings)]
+    out = ", ".join(sorted(tuning.left_out)) or "none"
+    return "\n".join([*lines, f"left out on this machine: {out}", f"record: {tuning.record}"])

@@ -1,0 +1,140 @@
+"""Which of hotrod's CPU kernels this machine runs, where a measurement chose (`hotrod tune`).
+
+Each kernel is measured against onnxruntime's own ops on the CPUs the project meets, but not every CPU is one of
+them, and a kernel that wins on one may lose on another (the int4 kernel gains nothing on a Zen 4, whose
+AVX-512 runs on 256-bit units). `hotrod tune` times an artifact's work with every kernel and without each, in
+turn, on this machine; a kernel whose absence was faster is recorded here as left out, and graphs loaded
+afterwards keep onnxruntime's ops where it would have run. The record is this machine's: named by the CPU's
+model and flags and by the kernels' library, so another CPU, or a rebuilt library, starts with every kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotrod.errors import HotrodError
+from hotrod.runtime import attention, i8, native, norm, q4, rows
+from hotrod.source import cache_dir
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # as `hotrod tune` and its record name it
+    ops: tuple[str, ...]  # hotrod's ops it brings into a graph
+    what: str
+
+
+INT4, INT8, ROWS, LAYERNORM, ATTENTION = "int4-matmul", "int8-matmul", "quantize-rows", "layernorm", "attention"
+KERNELS = {kernel.name: kernel for kernel in (
+    Kernel(INT4, (q4.OP,), "int4 products (onnxruntime's MatMulNBits)"),
+    Kernel(INT8, (i8.OP, i8.SPLIT_OP, i8.ROWS_OP), "int8 products on AMX tiles"),
+    Kernel(ROWS, (rows.OP,), "per-row int8 quantization of a product's input"),
+    Kernel(LAYERNORM, (norm.OP, norm.ROWS_OP), "LayerNormalization, with the next quantization"),
+    Kernel(ATTENTION, (attention.OP,), "encoder attention in bf16 on AMX tiles"),
+)}
+
+_override: frozenset[str] | None = None  # kernels left out for a measurement, whatever the record says
+
+
+def kernels_in(ops: frozenset[str] | set[str]) -> list[str]:
+    """The kernels whose ops a loaded graph holds, in the registry's order."""
+    return [kernel.name for kernel in KERNELS.values() if set(kernel.ops) & set(ops)]
+
+
+def record_path() -> Path:
+    """This machine's record: named by the CPU's model and flags and by the built library's contents."""
+    return cache_dir() / "kernels" / f"{_machine()}.json"
+
+
+@functools.cache
+def _machine() -> str:
+    library = native.library()
+    digest = hashlib.sha256(_cpu_model().encode())
+    digest.update(" ".join(sorted(native.cpu_flags())).encode())
+    digest.update(hashlib.sha256(library.read_bytes()).hexdigest().encode() if library else b"no library")
+    return digest.hexdigest()[:16]
+
+
+def left_out() -> frozenset[str]:
+    """The kernels this machine leaves out as graphs load: those `hotrod tune` measured slower here."""
+    if _override is not None:
+        return _override
+    path = record_path()
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:  # no record: every kernel runs
+        return frozenset()
+    return _recorded(path, stamp)
+
+
+@functools.cache
+def _recorded(path: Path, stamp: int) -> frozenset[str]:
+    """The record at `path` as it was at `stamp` (its modification time): read once, again when it changes."""
+    try:
+        names = json.loads(path.read_text())["left_out"]
+        if not isinstance(names, list) or not all(isinstance(name, str) and name in KERNELS for name in names):
+            raise ValueError("left_out must list kernels by name")
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged record must not stop a model loading
+        warnings.warn(f"hotrod: {path} is not a kernel record ({exc}); every kernel runs", stacklevel=2)
+        return frozenset()
+    return frozenset(names)
+
+
+@contextlib.contextmanager
+def leaving_out(names: set[str] | frozenset[str]) -> Iterator[None]:
+    """Graphs loaded within the block leave out `names` (and only those), whatever the record says."""
+    global _override
+    unknown = set(names) - set(KERNELS)
+    if unknown:
+        raise HotrodError(f"unknown kernels {sorted(unknown)}; hotrod's are {', '.join(KERNELS)}")
+    before, _override = _override, frozenset(names)
+    try:
+        yield
+    finally:
+        _override = before
+
+
+def record(names: set[str], measured: dict[str, dict]) -> Path:
+    """Writes this machine's record: `names` left out, with the measurements that chose them (by kernel, beside
+    those of kernels measured before and not now)."""
+    unknown = set(names) - set(KERNELS)
+    if unknown:
+        raise HotrodError(f"unknown kernels {sorted(unknown)}; hotrod's are {', '.join(KERNELS)}")
+    path = record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        before = json.loads(path.read_text()).get("measured", {})
+    except (OSError, ValueError, AttributeError):  # none yet, or a damaged one: this measurement starts it
+        before = {}
+    before = before if isinstance(before, dict) else {}
+    body = {"cpu": _cpu_model(), "left_out": sorted(names), "measured": {**before, **measured}}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
+        json.dump(body, out, indent=2)
+    os.replace(out.name, path)  # whole or not at all: a load never reads half a record
+    return path
+
+
+def forget() -> bool:
+    """Removes this machine's record (every kernel runs again); whether there was one."""
+    path = record_path()
+    if not path.is_file():
+        return False
+    path.unlink()
+    return True
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")

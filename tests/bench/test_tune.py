@@ -1,0 +1,80 @@
+"""`hotrod tune`: each of hotrod's CPU kernels an artifact uses timed with and without it, interleaved, and the
+ones this machine runs faster without recorded as left out; the rule that chooses, the record it writes, and
+the command's errors. Nothing here asserts which kernel is faster: that is the machine's to say."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import hotrod
+from hotrod.bench import tune
+from hotrod.bench.tune import KernelTiming
+from hotrod.cli import main
+from hotrod.runtime import kernel_choice, native
+
+library = pytest.mark.skipif(native.library() is None, reason="no kernels' library for this CPU: onnxruntime's ops run")
+
+
+@pytest.fixture(scope="module")
+def int8_bert(zoo, tmp_path_factory):
+    return hotrod.optimize(zoo.checkpoint("bert"), tmp_path_factory.mktemp("bert-int8"), precision="int8",
+                           progress=False, verify_examples=0)
+
+
+@pytest.mark.parametrize(("losing", "speedup", "without_ms", "left_out"), [
+    (1.0, 0.90, 9.0, True),    # slower with it in every round, by any measure
+    (0.6, 0.90, 9.0, False),   # faster without it in too few rounds
+    (1.0, 0.99, 9.0, False),   # within the margin: a tie stays
+    (1.0, 0.90, 9.9, False),   # the medians tie
+    (0.0, 1.30, 13.0, False),  # the kernel gains
+])
+def test_a_kernel_is_left_out_only_on_consistent_evidence(losing, speedup, without_ms, left_out):
+    assert KernelTiming("quantize-rows", 10.0, without_ms, speedup, losing).left_out is left_out
+
+
+@library
+def test_tune_times_each_kernel_the_artifact_uses_and_records_the_choice(int8_bert, capsys):
+    kernel_choice.record({"int4-matmul"}, {"int4-matmul": {"speedup": 0.9}})  # a kernel this artifact cannot measure
+    assert main(["tune", str(int8_bert), "--length", "8", "--runs", "3", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    body = json.loads(kernel_choice.record_path().read_text())
+    with kernel_choice.leaving_out(set()):
+        every = hotrod.load(int8_bert, device="cpu", threads=1)
+    used = kernel_choice.kernels_in(set().union(*every.backend.kernel_ops.values()))
+    assert {"quantize-rows", "layernorm"} <= set(used) and set(used) | {"int4-matmul"} == set(body["measured"])
+    assert "int4-matmul" in body["left_out"] and "int4-matmul" in body["measured"]  # kept: not measured here
+    for name in used:
+        figures = body["measured"][name]
+        timing = KernelTiming(name, figures["with_ms"], figures["without_ms"], figures["speedup"],
+                              figures["rounds_faster_without"])
+        assert (name in body["left_out"]) is timing.left_out and figures["runs"] == 3
+        assert f"  {name} " in out
+    assert f"record: {kernel_choice.record_path()}" in out
+
+
+def test_tune_refuses_an_artifact_no_kernel_applies_to(zoo, capsys):
+    assert main(["tune", str(zoo.artifact("bert")), "--runs", "2", "--length", "8"]) == 1  # fp32: none
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hotrod: error:") and "none of hotrod's CPU kernels" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["tune"], ["tune", "--show", "--forget"], ["tune", "x", "--show"],
+                                  ["tune", "x", "--forget"], ["tune", "x", "--runs", "0"]])
+def test_tune_errors_are_one_line(argv, tmp_path, capsys):
+    argv = [str(tmp_path) if a == "x" else a for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hotrod: error:") and len(err.splitlines()) == 1
+
+
+def test_show_and_forget(capsys):
+    assert main(["tune", "--show"]) == 0
+    assert "left out on this machine: none" in capsys.readouterr().out
+    kernel_choice.record({"attention"}, {})
+    assert main(["tune", "--show"]) == 0
+    assert "left out on this machine: attention" in capsys.readouterr().out
+    assert main(["tune", "--forget"]) == 0 and "record removed" in capsys.readouterr().out
+    assert main(["tune", "--forget"]) == 0 and "no record" in capsys.readouterr().out
+    assert tune.MARGIN > 1.0 and 0.5 < tune.MAJORITY <= 1.0

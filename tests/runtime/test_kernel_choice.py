@@ -1,0 +1,78 @@
+"""This machine's record of the CPU kernels a measurement left out (`hotrod tune`): graphs loaded afterwards
+keep onnxruntime's ops where such a kernel would have run, with the same answers; a damaged record leaves
+nothing out; the record is kept whole, per machine and library, under hotrod's cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hotrod
+from hotrod.errors import HotrodError
+from hotrod.runtime import kernel_choice, native, rows
+from tests.zoo import CASES, prompt_batch
+
+library = pytest.mark.skipif(native.library() is None, reason="no kernels' library for this CPU: onnxruntime's ops run")
+
+
+@pytest.fixture(scope="module")
+def int8_bert(zoo, tmp_path_factory):
+    return hotrod.optimize(zoo.checkpoint("bert"), tmp_path_factory.mktemp("bert-int8"), precision="int8",
+                           progress=False, verify_examples=0)
+
+
+def _ops(model) -> set[str]:
+    return set().union(*model.backend.kernel_ops.values())
+
+
+def test_without_a_record_every_kernel_runs():
+    assert not kernel_choice.record_path().exists() and kernel_choice.left_out() == frozenset()
+
+
+@library
+def test_a_kernel_left_out_here_gives_way_to_onnxruntimes_ops_with_the_same_answers(int8_bert):
+    ids, mask = prompt_batch(CASES["bert"], (7, 4))
+    every = hotrod.load(int8_bert, device="cpu", threads=1)
+    assert rows.OP in _ops(every)
+    path = kernel_choice.record({"quantize-rows"}, {"quantize-rows": {"speedup": 0.9}})
+    assert path.parent == kernel_choice.record_path().parent and kernel_choice.left_out() == {"quantize-rows"}
+    fewer = hotrod.load(int8_bert, device="cpu", threads=1)
+    assert rows.OP not in _ops(fewer)
+    with torch.no_grad():
+        answers = [model(input_ids=ids, attention_mask=mask).last_hidden_state for model in (every, fewer)]
+    assert torch.equal(*answers)
+    with kernel_choice.leaving_out(set()):  # a measurement's own choice, whatever the record says
+        assert rows.OP in _ops(hotrod.load(int8_bert, device="cpu", threads=1))
+    assert kernel_choice.forget() and kernel_choice.left_out() == frozenset() and not kernel_choice.forget()
+
+
+def test_a_record_keeps_earlier_measurements_and_is_written_whole():
+    kernel_choice.record({"int4-matmul"}, {"int4-matmul": {"speedup": 0.95}})
+    kernel_choice.record({"int4-matmul"}, {"quantize-rows": {"speedup": 1.3}})
+    body = json.loads(kernel_choice.record_path().read_text())
+    assert body["left_out"] == ["int4-matmul"] and set(body["measured"]) == {"int4-matmul", "quantize-rows"}
+    assert not list(kernel_choice.record_path().parent.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("text", ["{", '{"left_out": ["turbo"]}', '{"left_out": "rows"}', "[]", '{"other": 1}'])
+def test_a_damaged_record_warns_and_leaves_nothing_out(text):
+    path = kernel_choice.record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    with pytest.warns(UserWarning, match="not a kernel record"):
+        assert kernel_choice.left_out() == frozenset()
+
+
+def test_unknown_kernels_are_refused_by_name():
+    with pytest.raises(HotrodError, match="unknown kernels \\['turbo'\\]"), kernel_choice.leaving_out({"turbo"}):
+        pass
+    with pytest.raises(HotrodError, match="unknown kernels"):
+        kernel_choice.record({"turbo"}, {})
+
+
+def test_every_kernel_names_the_ops_it_brings():
+    ops = [op for kernel in kernel_choice.KERNELS.values() for op in kernel.ops]
+    assert len(ops) == len(set(ops))
+    assert kernel_choice.kernels_in({rows.OP, "Int8MatMulSplit", "MatMul"}) == ["int8-matmul", "quantize-rows"]
