@@ -5,15 +5,17 @@ loads' work (a greedy generation of a forced length, or one forward, as `hotrod 
 interleaved, a round at a time, so that a phase of the machine falls on every variant alike, and each kernel is
 judged by the median over the rounds of its round's ratio (the work without it over the work with it, run
 moments apart), which a phase that moves between rounds does not sway. A kernel is recorded as left out on this
-machine (`hotrod.runtime.kernel_choice`) where the work ran faster without it in at least MAJORITY of the
-rounds and both that median ratio and the ratio of the two medians are below 1 / MARGIN; models loaded
-afterwards run onnxruntime's ops in its place. One that ties by any of these stays, so that noise alone does
-not flip a choice. Kernels that do not apply to this artifact keep
+machine (`hotrod.runtime.kernel_choice`) where the work ran faster without it in more rounds than chance
+allows (a one-sided sign test at ALPHA: with 15 rounds, 13 or more) and both that median ratio and the ratio of
+the two medians are below 1 / MARGIN; models loaded afterwards run onnxruntime's ops in its place. One that
+passes only some of these stays, so that noise alone does not flip a choice; a small loss needs more rounds
+(`--runs`) to be found. Kernels that do not apply to this artifact keep
 what an earlier measurement chose for them.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ from hotrod.timing import interleaved
 
 ALL = "every kernel"
 MARGIN = 1.02  # how much faster the work must run without a kernel for it to be left out
-MAJORITY = 2 / 3  # the share of rounds it must run faster in
+ALPHA = 0.01  # the chance, were the kernel no slower, of its losing as many rounds as it did
 
 
 @dataclass(frozen=True)
@@ -35,11 +37,17 @@ class KernelTiming:
     with_ms: float  # the work's median with every kernel
     without_ms: float  # its median with this one left out
     speedup: float  # what the kernel gains here: the median over rounds of the work without it over with it
-    losing: float  # the share of rounds the work ran faster without it
+    lost: int  # rounds in which the work ran faster without it
+    rounds: int
+
+    @property
+    def chance(self) -> float:
+        """The sign test's p: the chance of losing at least `lost` of the rounds by a coin's toss."""
+        return sum(math.comb(self.rounds, k) for k in range(self.lost, self.rounds + 1)) / 2 ** self.rounds
 
     @property
     def left_out(self) -> bool:
-        return self.losing >= MAJORITY and self.speedup * MARGIN < 1.0 and self.without_ms * MARGIN < self.with_ms
+        return self.chance < ALPHA and self.speedup * MARGIN < 1.0 and self.without_ms * MARGIN < self.with_ms
 
 
 @dataclass(frozen=True)
@@ -76,11 +84,11 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
     medians = {name: statistics.median(samples) * 1e3 for name, samples in times.items()}
     ratios = {name: [b / a for a, b in zip(times[ALL], times[name])] for name in used}
     timings = [KernelTiming(name, medians[ALL], medians[name], statistics.median(ratios[name]),
-                            sum(r < 1.0 for r in ratios[name]) / runs) for name in used]
+                            sum(r < 1.0 for r in ratios[name]), runs) for name in used]
     previous = kernel_choice.left_out() - set(used)  # kernels this artifact could not measure keep their choice
     chosen = previous | {t.kernel for t in timings if t.left_out}
     measured = {t.kernel: {"with_ms": t.with_ms, "without_ms": t.without_ms, "speedup": t.speedup,
-                           "rounds_faster_without": t.losing, "artifact": str(artifact.path), "runs": runs,
+                           "rounds_faster_without": t.lost, "artifact": str(artifact.path), "runs": runs,
                            "threads": threads} for t in timings}
     return Tuning(timings, frozenset(chosen), kernel_choice.record(chosen, measured))
 
