@@ -34,7 +34,7 @@ def main() -> None:
     from hotrod.bench.harness import cached_artifact
     from hotrod.bench.tune import tune_artifact
 
-    results, lines = [], ["| artifact | kernel | with it ms | without ms | gain | rounds lost | p | here |", "|---|" * 8]
+    results, lines = [], ["| artifact | kernel | with it ms | without ms | gain | rounds lost | p | here |", "|" + "---|" * 8]
     for workload, precision, batch, length, new_tokens in CASES:
         artifact = cached_artifact(workloads.checkpoint(workloads.WORKLOADS[workload]), precision)
         with tempfile.TemporaryDirectory() as cache:  # the record goes here, not into this machine's cache
