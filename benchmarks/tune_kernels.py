@@ -38,12 +38,15 @@ def main() -> None:
     for workload, precision, batch, length, new_tokens in CASES:
         artifact = cached_artifact(workloads.checkpoint(workloads.WORKLOADS[workload]), precision)
         with tempfile.TemporaryDirectory() as cache:  # the record goes here, not into this machine's cache
-            os.environ["HOTROD_CACHE"] = cache
+            before, os.environ["HOTROD_CACHE"] = os.environ.get("HOTROD_CACHE"), cache
             try:
                 tuning = tune_artifact(artifact, batch=batch, length=length, new_tokens=max(new_tokens, 1),
                                        runs=args.runs, threads=args.threads)
             finally:
-                del os.environ["HOTROD_CACHE"]
+                if before is None:
+                    del os.environ["HOTROD_CACHE"]
+                else:
+                    os.environ["HOTROD_CACHE"] = before
         name = f"{workload} {precision}"
         for t in tuning.timings:
             results.append({"artifact": name, **asdict(t), "p": t.chance, "left_out": t.left_out})

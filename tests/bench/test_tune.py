@@ -40,8 +40,8 @@ def test_a_kernel_is_left_out_only_on_consistent_evidence(lost, speedup, without
 
 @library
 def test_tune_times_each_kernel_the_artifact_uses_and_records_the_choice(int8_bert, capsys):
-    kernel_choice.record({"int4-matmul"}, {"int4-matmul": {"speedup": 0.9}})  # a kernel this artifact cannot measure
-    assert main(["tune", str(int8_bert), "--length", "8", "--runs", "3", "--threads", "1"]) == 0
+    kernel_choice.record({"int4-matmul": True}, {"int4-matmul": {"speedup": 0.9}})  # one this artifact cannot measure
+    assert main(["tune", str(int8_bert), "--length", "8", "--runs", str(tune.MIN_RUNS), "--threads", "1"]) == 0
     out = capsys.readouterr().out
     body = json.loads(kernel_choice.record_path().read_text())
     with kernel_choice.leaving_out(set()):
@@ -53,21 +53,21 @@ def test_tune_times_each_kernel_the_artifact_uses_and_records_the_choice(int8_be
         figures = body["measured"][name]
         timing = KernelTiming(name, figures["with_ms"], figures["without_ms"], figures["speedup"],
                               figures["rounds_faster_without"], figures["runs"])
-        assert (name in body["left_out"]) is timing.left_out and figures["runs"] == 3
+        assert (name in body["left_out"]) is timing.left_out and figures["runs"] == tune.MIN_RUNS
         assert f"  {name} " in out
     assert f"record: {kernel_choice.record_path()}" in out
 
 
 def test_tune_refuses_an_artifact_no_kernel_applies_to(zoo, capsys):
-    assert main(["tune", str(zoo.artifact("bert")), "--runs", "2", "--length", "8"]) == 1  # fp32: none
+    assert main(["tune", str(zoo.artifact("bert")), "--length", "8"]) == 1  # fp32: none
     err = capsys.readouterr().err.strip()
     assert err.startswith("hotrod: error:") and "none of hotrod's CPU kernels" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv", [["tune"], ["tune", "--show", "--forget"], ["tune", "x", "--show"],
-                                  ["tune", "x", "--forget"], ["tune", "x", "--runs", "0"]])
+                                  ["tune", "x", "--forget"], ["tune", "x", "--runs", "0"], ["tune", "y", "--runs", "6"]])
 def test_tune_errors_are_one_line(argv, tmp_path, capsys):
-    argv = [str(tmp_path) if a == "x" else a for a in argv]
+    argv = [str(tmp_path) if a == "x" else a for a in argv]  # "y": never read, the runs refused first
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("hotrod: error:") and len(err.splitlines()) == 1
@@ -76,9 +76,9 @@ def test_tune_errors_are_one_line(argv, tmp_path, capsys):
 def test_show_and_forget(capsys):
     assert main(["tune", "--show"]) == 0
     assert "left out on this machine: none" in capsys.readouterr().out
-    kernel_choice.record({"attention"}, {})
+    kernel_choice.record({"attention": True}, {})
     assert main(["tune", "--show"]) == 0
     assert "left out on this machine: attention" in capsys.readouterr().out
     assert main(["tune", "--forget"]) == 0 and "record removed" in capsys.readouterr().out
     assert main(["tune", "--forget"]) == 0 and "no record" in capsys.readouterr().out
-    assert tune.MARGIN > 1.0 and 0.0 < tune.ALPHA < 0.5
+    assert tune.MARGIN > 1.0 and 0.0 < tune.ALPHA < 0.5 and 0.5 ** tune.MIN_RUNS < tune.ALPHA <= 0.5 ** (tune.MIN_RUNS - 1)

@@ -1,6 +1,7 @@
 """This machine's record of the CPU kernels a measurement left out (`hotrod tune`): graphs loaded afterwards
-keep onnxruntime's ops where such a kernel would have run, with the same answers; a damaged record leaves
-nothing out; the record is kept whole, per machine and library, under hotrod's cache."""
+keep onnxruntime's ops where such a kernel would have run (the same answers, where the kernel computes
+onnxruntime's arithmetic); a damaged record leaves nothing out; the record is kept whole, per machine and
+library, under hotrod's cache, earlier choices kept where not measured again."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_a_kernel_left_out_here_gives_way_to_onnxruntimes_ops_with_the_same_answ
     ids, mask = prompt_batch(CASES["bert"], (7, 4))
     every = hotrod.load(int8_bert, device="cpu", threads=1)
     assert rows.OP in _ops(every)
-    path = kernel_choice.record({"quantize-rows"}, {"quantize-rows": {"speedup": 0.9}})
+    path, chosen = kernel_choice.record({"quantize-rows": True}, {"quantize-rows": {"speedup": 0.9}})
+    assert chosen == {"quantize-rows"}
     assert path.parent == kernel_choice.record_path().parent and kernel_choice.left_out() == {"quantize-rows"}
     fewer = hotrod.load(int8_bert, device="cpu", threads=1)
     assert rows.OP not in _ops(fewer)
@@ -48,11 +50,24 @@ def test_a_kernel_left_out_here_gives_way_to_onnxruntimes_ops_with_the_same_answ
     assert kernel_choice.forget() and kernel_choice.left_out() == frozenset() and not kernel_choice.forget()
 
 
-def test_a_record_keeps_earlier_measurements_and_is_written_whole():
-    kernel_choice.record({"int4-matmul"}, {"int4-matmul": {"speedup": 0.95}})
-    kernel_choice.record({"int4-matmul"}, {"quantize-rows": {"speedup": 1.3}})
+def test_a_record_keeps_earlier_choices_and_measurements_and_is_written_whole():
+    kernel_choice.record({"int4-matmul": True}, {"int4-matmul": {"speedup": 0.95}})
+    _, chosen = kernel_choice.record({"quantize-rows": False}, {"quantize-rows": {"speedup": 1.3}})
     body = json.loads(kernel_choice.record_path().read_text())
-    assert body["left_out"] == ["int4-matmul"] and set(body["measured"]) == {"int4-matmul", "quantize-rows"}
+    assert chosen == {"int4-matmul"} and body["left_out"] == ["int4-matmul"]  # not measured the second time: kept
+    assert set(body["measured"]) == {"int4-matmul", "quantize-rows"}
+    _, chosen = kernel_choice.record({"int4-matmul": False}, {})  # measured again, and kept now
+    assert chosen == frozenset() == kernel_choice.left_out()
+    assert not list(kernel_choice.record_path().parent.glob("*.tmp"))
+    assert kernel_choice.record_path().stat().st_mode & 0o044  # readable as the user's other files are
+
+
+def test_a_write_that_fails_leaves_the_record_as_it_was(monkeypatch):
+    kernel_choice.record({"attention": True}, {})
+    monkeypatch.setattr(kernel_choice.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(OSError):
+        kernel_choice.record({"attention": False}, {})
+    assert kernel_choice.left_out() == {"attention"}
     assert not list(kernel_choice.record_path().parent.glob("*.tmp"))
 
 
@@ -69,7 +84,7 @@ def test_unknown_kernels_are_refused_by_name():
     with pytest.raises(HotrodError, match="unknown kernels \\['turbo'\\]"), kernel_choice.leaving_out({"turbo"}):
         pass
     with pytest.raises(HotrodError, match="unknown kernels"):
-        kernel_choice.record({"turbo"}, {})
+        kernel_choice.record({"turbo": True}, {})
 
 
 def test_every_kernel_names_the_ops_it_brings():

@@ -29,6 +29,7 @@ from hotrod.timing import interleaved
 ALL = "every kernel"
 MARGIN = 1.02  # how much faster the work must run without a kernel for it to be left out
 ALPHA = 0.01  # the chance, were the kernel no slower, of its losing as many rounds as it did
+MIN_RUNS = math.ceil(math.log2(1 / ALPHA))  # the fewest rounds in which a loss in every one passes the test
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
     the kernels whose absence was faster."""
     import hotrod
 
+    if runs < MIN_RUNS:
+        raise HotrodError(f"tune needs at least {MIN_RUNS} runs: with fewer, no loss passes its sign test "
+                          f"(p < {ALPHA}), got {runs}")
     artifact, ids = work_inputs(path, batch, length, new_tokens, runs, "tune chooses among hotrod's CPU kernels")
     generates = kind_spec(artifact.manifest["kind"]).generates
     with kernel_choice.leaving_out(set()):
@@ -80,17 +84,29 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
 
     for model in models.values():  # the warm-up
         time_work(model, ids, generates, new_tokens, 1)
-    times = interleaved({name: work(model) for name, model in models.items()}, runs=runs, warmup=0)
+    times = _rounds({name: work(model) for name, model in models.items()}, runs)
     medians = {name: statistics.median(samples) * 1e3 for name, samples in times.items()}
     ratios = {name: [b / a for a, b in zip(times[ALL], times[name])] for name in used}
     timings = [KernelTiming(name, medians[ALL], medians[name], statistics.median(ratios[name]),
                             sum(r < 1.0 for r in ratios[name]), runs) for name in used]
-    previous = kernel_choice.left_out() - set(used)  # kernels this artifact could not measure keep their choice
-    chosen = previous | {t.kernel for t in timings if t.left_out}
     measured = {t.kernel: {"with_ms": t.with_ms, "without_ms": t.without_ms, "speedup": t.speedup,
                            "rounds_faster_without": t.lost, "artifact": str(artifact.path), "runs": runs,
                            "threads": threads} for t in timings}
-    return Tuning(timings, frozenset(chosen), kernel_choice.record(chosen, measured))
+    # kernels this artifact could not measure keep their choice
+    path, chosen = kernel_choice.record({t.kernel: t.left_out for t in timings}, measured)
+    return Tuning(timings, chosen, path)
+
+
+def _rounds(variants: dict, runs: int) -> dict[str, list[float]]:
+    """Seconds of each variant's work per round, interleaved (`hotrod.timing.interleaved`), the order turned by
+    one each round so that no variant always runs first after the pause."""
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(runs):
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        for name, seconds in interleaved({name: variants[name] for name in order}, runs=1, warmup=0).items():
+            times[name].extend(seconds)
+    return times
 
 
 def format_tuning(tuning: Tuning) -> str:

@@ -11,6 +11,7 @@ model and flags and by the kernels' library, so another CPU, or a rebuilt librar
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -70,15 +71,16 @@ def left_out() -> frozenset[str]:
         return _override
     path = record_path()
     try:
-        stamp = path.stat().st_mtime_ns
+        status = path.stat()
     except OSError:  # no record: every kernel runs
         return frozenset()
-    return _recorded(path, stamp)
+    return _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))
 
 
 @functools.cache
-def _recorded(path: Path, stamp: int) -> frozenset[str]:
-    """The record at `path` as it was at `stamp` (its modification time): read once, again when it changes."""
+def _recorded(path: Path, stamp: tuple[int, int, int]) -> frozenset[str]:
+    """The record at `path` as it was at `stamp` (its inode, modification time and size; each write is a new
+    file put in place): read once, again when it changes."""
     try:
         names = json.loads(path.read_text())["left_out"]
         if not isinstance(names, list) or not all(isinstance(name, str) and name in KERNELS for name in names):
@@ -103,24 +105,54 @@ def leaving_out(names: set[str] | frozenset[str]) -> Iterator[None]:
         _override = before
 
 
-def record(names: set[str], measured: dict[str, dict]) -> Path:
-    """Writes this machine's record: `names` left out, with the measurements that chose them (by kernel, beside
-    those of kernels measured before and not now)."""
-    unknown = set(names) - set(KERNELS)
+def record(decided: dict[str, bool], measured: dict[str, dict]) -> tuple[Path, frozenset[str]]:
+    """Writes this machine's record: each kernel in `decided` left out or not as it says, every other keeping
+    its earlier choice, with the measurements that chose them (by kernel, beside earlier ones). Two tunes at
+    once take turns (a lock beside the record), so neither drops the other's choices. Returns the record and
+    the kernels it now leaves out."""
+    unknown = set(decided) - set(KERNELS)
     if unknown:
         raise HotrodError(f"unknown kernels {sorted(unknown)}; hotrod's are {', '.join(KERNELS)}")
     path = record_path()
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        before = _read(path)
+        kept = {name for name in before.get("left_out", []) if name in KERNELS and name not in decided}
+        chosen = frozenset(kept | {name for name, out in decided.items() if out})
+        earlier = before.get("measured", {})
+        body = {"cpu": _cpu_model(), "left_out": sorted(chosen),
+                "measured": {**(earlier if isinstance(earlier, dict) else {}), **measured}}
+        _write_whole(path, json.dumps(body, indent=2))
+    return path, chosen
+
+
+def _read(path: Path) -> dict:
+    """The record's contents, or {} where there is none or it is damaged (this measurement starts it again)."""
     try:
-        before = json.loads(path.read_text()).get("measured", {})
-    except (OSError, ValueError, AttributeError):  # none yet, or a damaged one: this measurement starts it
-        before = {}
-    before = before if isinstance(before, dict) else {}
-    body = {"cpu": _cpu_model(), "left_out": sorted(names), "measured": {**before, **measured}}
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
-        json.dump(body, out, indent=2)
-    os.replace(out.name, path)  # whole or not at all: a load never reads half a record
-    return path
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) and isinstance(body.get("left_out", []), list) else {}
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` at `path`, whole or not at all: a load never reads half a record, and a failed write leaves none
+    of its own behind."""
+    fd, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(name, 0o666 & ~umask)  # as any file this user writes, not mkstemp's owner-only
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
 
 
 def forget() -> bool:
