@@ -53,6 +53,9 @@ def test_sweep_writes_figures_and_report(zoo, tmp_path, capsys, no_floor_measure
                 assert system["tokens_per_s"] > 0 and 0 < system["first_token_s"]
         assert result["systems"]["hotrod fp32"]["agreement"] > 0.999
         assert result["systems"]["ctranslate2 fp32"]["agreement"] > 0.999  # same weights, same ids, same answer
+        for precision in ("fp32", "int8"):  # which of hotrod's CPU kernels ran, and none left out here
+            hotrod_figures = result["systems"][f"hotrod {precision}"]
+            assert isinstance(hotrod_figures["kernel_ops"], list) and hotrod_figures["kernels_left_out"] == []
     report = (out / "report.md").read_text()
     assert "| hotrod int8 |" in report and "x floor" in report
     for chart in ("speedup.png", "latency_vs_batch.png", "latency_vs_seq.png"):

@@ -33,6 +33,7 @@ from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError, first_line
 from hotrod.kinds import spec as kind_spec
 from hotrod.options import PRECISIONS, check_choice
+from hotrod.runtime import kernel_choice
 from hotrod.source import cache_dir, open_source
 from hotrod.timing import interleaved, synchronized
 
@@ -228,8 +229,10 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
         model = hotrod.load(path, device=plan.device, threads=plan.threads)  # refuses a silent CPU fallback
     first = hotrod_runner(model, ids, mask, _one_token(case)) if case.spec.generates else None
     call = hotrod_runner(model, ids, mask, case.generate_kwargs(), case.task, case.token_types(mask))
-    return System(call, first, precision, dir_size(path),
-                  figures={"backend": backend})
+    # which of hotrod's CPU kernels ran, and which this machine's `hotrod tune` record left out
+    ran = sorted(set().union(*getattr(model.backend, "kernel_ops", {}).values()))
+    return System(call, first, precision, dir_size(path), figures={
+        "backend": backend, "kernel_ops": ran, "kernels_left_out": sorted(kernel_choice.left_out())})
 
 
 def _one_token(case: Case) -> dict:
