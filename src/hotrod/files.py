@@ -1,4 +1,5 @@
-"""Files that a manifest or a checkpoint's index names: kept inside their directory, and hashed.
+"""Files that a manifest or a checkpoint's index names: kept inside their directory, and hashed; and files
+hotrod writes whole or not at all.
 
 Both the artifact (its manifest's files) and the loader (a sharded checkpoint's index, the weights'
 hash an artifact records) read files named by someone else; the two checks live here, below both.
@@ -6,7 +7,10 @@ hash an artifact records) read files named by someone else; the two checks live 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import tempfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from hotrod.errors import HotrodError
@@ -35,3 +39,23 @@ def file_sha256(file: Path) -> str:
         while chunk := handle.read(1 << 24):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def write_whole(path: Path, text: str) -> Path:
+    """`text` at `path`, whole or not at all: a reader never meets half a file, and a failed write leaves no
+    file of its own behind (a temporary file beside `path`, flushed to disk, renamed into place)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(name, 0o666 & ~umask)  # as any file this user writes, not mkstemp's owner-only
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+    return path

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hotrod
+from hotrod import files
 from hotrod.errors import HotrodError
 from hotrod.runtime import kernel_choice, native, rows
 from tests.zoo import CASES, prompt_batch
@@ -64,7 +65,7 @@ def test_a_record_keeps_earlier_choices_and_measurements_and_is_written_whole():
 
 def test_a_write_that_fails_leaves_the_record_as_it_was(monkeypatch):
     kernel_choice.record({"attention": True}, {})
-    monkeypatch.setattr(kernel_choice.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.setattr(files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(OSError):
         kernel_choice.record({"attention": False}, {})
     assert kernel_choice.left_out() == {"attention"}

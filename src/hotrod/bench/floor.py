@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,7 +53,9 @@ METHOD = 3  # 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotro
 
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
     """This machine's figures, measured once per (CPU, cores, threads, device) and then read from the cache."""
-    cpu = _cpu_name()
+    from hotrod.runtime.native import cpu_name
+
+    cpu = cpu_name()
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     # METHOD: bumped when a figure is measured another way, so figures cached the old way are measured again.
     identity = f"{METHOD}|{cpu}|{os.cpu_count()}|{threads}" + (f"|{device}|{gpu}" if gpu else "")
@@ -180,16 +181,6 @@ def _graph_seconds(nodes: list, constants: list, feed: dict, out_type: int, thre
         native.use_library(options)
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return _best(lambda: session.run(None, feed), 5)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def matmul_params(model: torch.nn.Module, kind: str) -> tuple[int, int]:

@@ -17,7 +17,6 @@ runs (a decoder graph's prompt among its steps).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -31,6 +30,7 @@ import torch
 from hotrod import artifact as art
 from hotrod.bench.floor import machine
 from hotrod.errors import HotrodError, check_number
+from hotrod.files import write_whole
 from hotrod.kinds import spec as kind_spec
 from hotrod.registry import Dims
 from hotrod.runtime.base import cpu_threads
@@ -249,11 +249,5 @@ def check_output(path: Path) -> Path:
 
 
 def write_profile(profile: Profile, path: Path) -> Path:
-    """The figures as JSON at `path`, written whole or not at all (a temporary file renamed into place)."""
-    tmp = check_output(path).with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps({**asdict(profile), "outside_ms": profile.outside_ms}, indent=2))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """The figures as JSON at `path`, written whole or not at all (`hotrod.files.write_whole`)."""
+    return write_whole(check_output(path), json.dumps({**asdict(profile), "outside_ms": profile.outside_ms}, indent=2))

@@ -15,14 +15,13 @@ import fcntl
 import functools
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from hotrod.errors import HotrodError
+from hotrod.files import file_sha256, write_whole
 from hotrod.runtime import attention, i8, native, norm, q4, rows
 from hotrod.source import cache_dir
 
@@ -31,16 +30,15 @@ from hotrod.source import cache_dir
 class Kernel:
     name: str  # as `hotrod tune` and its record name it
     ops: tuple[str, ...]  # hotrod's ops it brings into a graph
-    what: str
 
 
 INT4, INT8, ROWS, LAYERNORM, ATTENTION = "int4-matmul", "int8-matmul", "quantize-rows", "layernorm", "attention"
 KERNELS = {kernel.name: kernel for kernel in (
-    Kernel(INT4, (q4.OP,), "int4 products (onnxruntime's MatMulNBits)"),
-    Kernel(INT8, (i8.OP, i8.SPLIT_OP, i8.ROWS_OP), "int8 products on AMX tiles"),
-    Kernel(ROWS, (rows.OP,), "per-row int8 quantization of a product's input"),
-    Kernel(LAYERNORM, (norm.OP, norm.ROWS_OP), "LayerNormalization, with the next quantization"),
-    Kernel(ATTENTION, (attention.OP,), "encoder attention in bf16 on AMX tiles"),
+    Kernel(INT4, (q4.OP,)),  # int4 products, onnxruntime's MatMulNBits
+    Kernel(INT8, (i8.OP, i8.SPLIT_OP, i8.ROWS_OP)),  # int8 products on AMX tiles
+    Kernel(ROWS, (rows.OP,)),  # per-row int8 quantization of a product's input
+    Kernel(LAYERNORM, (norm.OP, norm.ROWS_OP)),  # LayerNormalization, with the next quantization
+    Kernel(ATTENTION, (attention.OP,)),  # encoder attention in bf16 on AMX tiles
 )}
 
 _override: frozenset[str] | None = None  # kernels left out for a measurement, whatever the record says
@@ -59,9 +57,9 @@ def record_path() -> Path:
 @functools.cache
 def _machine() -> str:
     library = native.library()
-    digest = hashlib.sha256(_cpu_model().encode())
+    digest = hashlib.sha256(native.cpu_name().encode())
     digest.update(" ".join(sorted(native.cpu_flags())).encode())
-    digest.update(hashlib.sha256(library.read_bytes()).hexdigest().encode() if library else b"no library")
+    digest.update(file_sha256(library).encode() if library else b"no library")
     return digest.hexdigest()[:16]
 
 
@@ -121,9 +119,9 @@ def record(decided: dict[str, bool], measured: dict[str, dict]) -> tuple[Path, f
         kept = {name for name in before.get("left_out", []) if name in KERNELS and name not in decided}
         chosen = frozenset(kept | {name for name, out in decided.items() if out})
         earlier = before.get("measured", {})
-        body = {"cpu": _cpu_model(), "left_out": sorted(chosen),
+        body = {"cpu": native.cpu_name(), "left_out": sorted(chosen),
                 "measured": {**(earlier if isinstance(earlier, dict) else {}), **measured}}
-        _write_whole(path, json.dumps(body, indent=2))
+        write_whole(path, json.dumps(body, indent=2))
     return path, chosen
 
 
@@ -136,25 +134,6 @@ def _read(path: Path) -> dict:
     return body if isinstance(body, dict) and isinstance(body.get("left_out", []), list) else {}
 
 
-def _write_whole(path: Path, text: str) -> None:
-    """`text` at `path`, whole or not at all: a load never reads half a record, and a failed write leaves none
-    of its own behind."""
-    fd, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(name, 0o666 & ~umask)  # as any file this user writes, not mkstemp's owner-only
-        os.replace(name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
-
-
 def forget() -> bool:
     """Removes this machine's record (every kernel runs again); whether there was one."""
     path = record_path()
@@ -162,11 +141,3 @@ def forget() -> bool:
         return False
     path.unlink()
     return True
-
-
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")

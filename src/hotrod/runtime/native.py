@@ -14,6 +14,7 @@ import ctypes
 import functools
 import mmap
 import os
+import platform
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,17 @@ def cpu_flags() -> frozenset[str]:
     except OSError:  # not Linux
         return frozenset()
     return frozenset(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+
+
+@functools.cache
+def cpu_name() -> str:
+    """This CPU's model as Linux reports it; elsewhere what the platform says."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        lines = []
+    found = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    return found or platform.processor() or platform.machine()
 
 
 @functools.cache
