@@ -49,6 +49,9 @@ typedef struct {
 /* 16 floats as bf16, rounded to nearest even. */
 static inline __m256i bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
+/* 32 floats as bf16 in one vector, low's 16 then high's, rounded as bf16() rounds them. */
+static inline __m512i bf16_pair(__m512 low, __m512 high) { return (__m512i)_mm512_cvtne2ps_pbh(high, low); }
+
 /* The first `count` of 16 lanes (none for count <= 0). */
 static inline __mmask16 first(int64_t count) {
   return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
@@ -56,11 +59,16 @@ static inline __mmask16 first(int64_t count) {
 
 /* e^x for x <= 0 (larger values are not asked for): 2^n 2^f with n = round(x log2 e), f in [-1/2, 1/2] on a
  * degree-5 polynomial (relative error below 3e-6, far below bf16's 4e-3); -inf and anything below about -104
- * give 0, so a masked key's numerator is exactly 0. */
+ * give 0, so a masked key's numerator is exactly 0; NaN gives NaN. n is rounded by adding and taking away
+ * 1.5 * 2^23 (to nearest even, as a rounding instruction would, in two single-cycle steps; t at or below -2^22
+ * is an integer already, or so large that 2^n is 0 whatever f). */
 static inline __m512 exp_neg(__m512 x) {
-  const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-1e30f)), _mm512_set1_ps(1.44269504f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
+  /* written with explicit rounding: each step rounded on its own, never fused into a multiply-add */
+  const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 t = _mm512_mul_round_ps(_mm512_max_ps(_mm512_set1_ps(-1e30f), x), _mm512_set1_ps(1.44269504f), nearest);
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_round_ps(_mm512_add_round_ps(t, round, nearest), round, nearest);
+  const __m512 f = _mm512_sub_round_ps(t, n, nearest);
   __m512 p = _mm512_set1_ps(1.3333558e-3f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
@@ -114,8 +122,8 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
         keys[j] = _mm512_setzero_si512();
         if (key < p->seq_k) {
           const float* row = k + key * width + step * 32;
-          keys[j] = _mm512_inserti64x4(_mm512_castsi256_si512(bf16(_mm512_maskz_loadu_ps(first(left), row))),
-                                       bf16(_mm512_maskz_loadu_ps(first(left - 16), row + 16)), 1);
+          keys[j] = bf16_pair(_mm512_maskz_loadu_ps(first(left), row),
+                              _mm512_maskz_loadu_ps(first(left - 16), row + 16));
         }
       }
       transpose16(keys);
@@ -128,16 +136,15 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
  * (pair block * blocks + column block) * 512, row r holding keys 2r and 2r + 1 of 16 columns. */
 static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
   const int64_t blocks = p->blocks, width = p->heads * p->head_size;
-  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
-                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int64_t key = 0; key < p->padded_k; key += 2)
     for (int64_t block = 0; block < blocks; block++) {
       const __mmask16 columns = first(p->head_size - block * 16);
       const __m512 zero = _mm512_setzero_ps();
       const __m512 even = key < p->seq_k ? _mm512_maskz_loadu_ps(columns, v + key * width + block * 16) : zero;
       const __m512 odd = key + 1 < p->seq_k ? _mm512_maskz_loadu_ps(columns, v + (key + 1) * width + block * 16) : zero;
-      const __m512i pair = _mm512_permutex2var_epi16(_mm512_castsi256_si512(bf16(even)), interleave,
-                                                     _mm512_castsi256_si512(bf16(odd)));
+      const __m512i pair = _mm512_permutexvar_epi16(interleave, bf16_pair(even, odd));
       uint16_t* tile = packed + ((key / PAIR_KEYS) * blocks + block) * TILE_HALVES;
       _mm512_storeu_si512(tile + (key % PAIR_KEYS / 2) * 32, pair);
     }
@@ -171,45 +178,70 @@ static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t*
   }
 }
 
-/* One query row's softmax: scores scaled and masked in fp32, numerators e^(s - max) in bf16 (0 past the
- * keys, up to the 32 P V reads), and 1 / their sum (0 where every key is masked to -inf; NaN where a score is
- * NaN or +inf, as fp32 attention's row would be, rather than a finite row that dropped it). */
-static float softmax_row(const Problem* p, float* scores, const float* mask, uint16_t* numerators) {
+/* Rows of scores whose softmax runs side by side: each row's chains of dependent steps (its maximum, its sum)
+ * overlap the others', where one row at a time waited on them. */
+#define SOFTMAX_ROWS 4
+
+/* The softmax of SOFTMAX_ROWS query rows: scores scaled and masked in fp32 (masks[i] NULL: none), numerators
+ * e^(s - max) in bf16 (0 past the keys, up to the 32 P V reads), and 1 / their sum in inverse (0 where every key is
+ * masked to -inf; NaN where a score is NaN or +inf, as fp32 attention's row would be, rather than a finite row
+ * that dropped it: such a score makes a NaN numerator, e^(NaN) or e^(inf - inf), and so a NaN sum). Each row's
+ * arithmetic is its own, in the same order as one row alone. */
+static void softmax_rows(const Problem* p, float* scores, const float* const* masks, uint16_t* numerators,
+                         float* inverse) {
   const __m512 scale = _mm512_set1_ps(p->scale);
-  __m512 largest[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)}; /* two chains of maxima: exact */
-  __mmask16 unusable = 0; /* lanes that met a NaN or +inf score */
+  __m512 largest[SOFTMAX_ROWS][2]; /* two chains of maxima a row: exact in any order */
+  for (int i = 0; i < SOFTMAX_ROWS; i++) largest[i][0] = largest[i][1] = _mm512_set1_ps(-INFINITY);
   for (int64_t key = 0; key < p->seq_k; key += 16) {
     const __mmask16 m = first(p->seq_k - key);
-    const __m512 raw = _mm512_maskz_loadu_ps(m, scores + key);
-    const __m512 s = mask == NULL ? _mm512_mul_ps(raw, scale)
-                                  : _mm512_fmadd_ps(raw, scale, _mm512_maskz_loadu_ps(m, mask + key));
-    _mm512_mask_storeu_ps(scores + key, m, s);
-    __m512* chain = &largest[(key / 16) & 1];
-    *chain = _mm512_mask_max_ps(*chain, m, *chain, s);
-    unusable |= _mm512_mask_cmp_ps_mask(m, s, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);
+    for (int i = 0; i < SOFTMAX_ROWS; i++) {
+      float* row = scores + i * p->padded_k + key;
+      const __m512 raw = _mm512_maskz_loadu_ps(m, row);
+      const __m512 s = masks[i] == NULL ? _mm512_mul_ps(raw, scale)
+                                        : _mm512_fmadd_ps(raw, scale, _mm512_maskz_loadu_ps(m, masks[i] + key));
+      _mm512_mask_storeu_ps(row, m, s);
+      __m512* chain = &largest[i][(key / 16) & 1];
+      *chain = _mm512_mask_max_ps(*chain, m, *chain, s);
+    }
   }
-  float top = _mm512_reduce_max_ps(_mm512_max_ps(largest[0], largest[1]));
-  if (top == -INFINITY) top = 0.0f;
-  const __m512 shift = _mm512_set1_ps(top);
-  __m512 sum = _mm512_setzero_ps();
-  int64_t key = 0;
-  for (; key < p->seq_k; key += 16) {
-    const __mmask16 m = first(p->seq_k - key);
-    const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + key), shift)));
-    sum = _mm512_add_ps(sum, e);
-    _mm256_storeu_si256((__m256i*)(numerators + key), bf16(e));
+  __m512 shift[SOFTMAX_ROWS], sum[SOFTMAX_ROWS];
+  for (int i = 0; i < SOFTMAX_ROWS; i++) {
+    const float top = _mm512_reduce_max_ps(_mm512_max_ps(largest[i][0], largest[i][1]));
+    shift[i] = _mm512_set1_ps(top == -INFINITY ? 0.0f : top);
+    sum[i] = _mm512_setzero_ps();
   }
-  memset(numerators + key, 0, (size_t)(p->padded_k - key) * sizeof(uint16_t));
-  const float total = _mm512_reduce_add_ps(sum);
-  if (unusable) return __builtin_nanf("");
-  return total > 0.0f ? 1.0f / total : 0.0f;
+  const int64_t whole = p->seq_k / 16 * 16;
+  for (int64_t key = 0; key < whole; key += 16) /* whole vectors: no lanes to clear */
+    for (int i = 0; i < SOFTMAX_ROWS; i++) {
+      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + i * p->padded_k + key), shift[i]));
+      sum[i] = _mm512_add_ps(sum[i], e);
+      _mm256_storeu_si256((__m256i*)(numerators + i * p->padded_k + key), bf16(e));
+    }
+  for (int i = 0; i < SOFTMAX_ROWS; i++) {
+    uint16_t* row = numerators + i * p->padded_k;
+    int64_t key = whole;
+    if (key < p->seq_k) {
+      const __mmask16 m = first(p->seq_k - key);
+      const __m512 s = _mm512_maskz_loadu_ps(m, scores + i * p->padded_k + key);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(s, shift[i])));
+      sum[i] = _mm512_add_ps(sum[i], e);
+      _mm256_storeu_si256((__m256i*)(row + key), bf16(e));
+      key += 16;
+    }
+    memset(row + key, 0, (size_t)(p->padded_k - key) * sizeof(uint16_t));
+    const float total = _mm512_reduce_add_ps(sum[i]);
+    inverse[i] = isnan(total) ? __builtin_nanf("") : total > 0.0f ? 1.0f / total : 0.0f;
+  }
 }
 
 /* P V for 32 queries (P their bf16 numerators [32, padded_k]) into y, each row times its 1 / sum: 32 columns
- * at a time, the two tiles of P by two tiles of V a step of 32 keys (one where a last block stands alone). */
+ * at a time, the two tiles of P by two tiles of V a step of 32 keys (one where a last block stands alone), the
+ * sums stored to `spill` [32, depth]; the rows are scaled into y once every column's sums are stored, not
+ * after each 32 columns: a load that follows a tile store to its address closely waits on it. */
 static void weighted_values(const Problem* p, const uint16_t* numerators, const uint16_t* values,
                             const float* inverse, float* y, int64_t rows, float* spill) {
   const int64_t blocks = p->blocks, width = p->heads * p->head_size, stride = p->padded_k * (int64_t)sizeof(uint16_t);
+  const size_t spill_stride = (size_t)p->depth * sizeof(float);
   for (int64_t first_block = 0; first_block < blocks; first_block += 2) {
     const int pair = blocks - first_block > 1;
     _tile_zero(4);
@@ -229,16 +261,17 @@ static void weighted_values(const Problem* p, const uint16_t* numerators, const 
         _tile_dpbf16ps(7, 1, 3);
       }
     }
-    _tile_stored(4, spill, 32 * sizeof(float));
-    _tile_stored(5, spill + 16, 32 * sizeof(float));
-    _tile_stored(6, spill + TILE_ROWS * 32, 32 * sizeof(float));
-    _tile_stored(7, spill + TILE_ROWS * 32 + 16, 32 * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-      const __m512 factor = _mm512_set1_ps(inverse[r]);
-      for (int64_t b = 0; b <= pair; b++)
-        _mm512_mask_storeu_ps(y + r * width + (first_block + b) * 16, first(p->head_size - (first_block + b) * 16),
-                              _mm512_mul_ps(_mm512_loadu_ps(spill + r * 32 + b * 16), factor));
-    }
+    float* sums = spill + first_block * 16;
+    _tile_stored(4, sums, spill_stride);
+    _tile_stored(5, sums + 16, spill_stride);
+    _tile_stored(6, sums + TILE_ROWS * p->depth, spill_stride);
+    _tile_stored(7, sums + TILE_ROWS * p->depth + 16, spill_stride);
+  }
+  for (int64_t r = 0; r < rows; r++) {
+    const __m512 factor = _mm512_set1_ps(inverse[r]);
+    for (int64_t block = 0; block < blocks; block++)
+      _mm512_mask_storeu_ps(y + r * width + block * 16, first(p->head_size - block * 16),
+                            _mm512_mul_ps(_mm512_loadu_ps(spill + r * p->depth + block * 16), factor));
   }
 }
 
@@ -251,9 +284,7 @@ static void load_queries(const Problem* p, const float* q, int64_t rows, uint16_
       const int64_t left = r < rows ? p->head_size - step * 32 : 0;
       const __m512 low = _mm512_maskz_loadu_ps(first(left), row);
       const __m512 high = _mm512_maskz_loadu_ps(first(left - 16), row + 16);
-      uint16_t* to = queries + 2 * step * TILE_HALVES + r * 32;
-      _mm256_storeu_si256((__m256i*)to, bf16(low));
-      _mm256_storeu_si256((__m256i*)(to + 16), bf16(high));
+      _mm512_storeu_si512(queries + 2 * step * TILE_HALVES + r * 32, bf16_pair(low, high));
     }
 }
 
@@ -264,7 +295,7 @@ static void unit(void* data, size_t index) {
   const int64_t width = p->heads * p->head_size, offset = h * p->head_size;
   const size_t packed = (size_t)(p->padded_k * p->depth) * sizeof(uint16_t); /* K's; V's take at most as much */
   const size_t bytes = 2 * packed + QUERY_ROWS * (size_t)p->padded_k * (sizeof(float) + sizeof(uint16_t)) +
-                       (size_t)(QUERY_ROWS * p->depth) * sizeof(uint16_t) + QUERY_ROWS * 32 * sizeof(float);
+                       (size_t)(QUERY_ROWS * p->depth) * (sizeof(uint16_t) + sizeof(float));
   uint8_t* memory = aligned_alloc(64, (bytes + 63) / 64 * 64);
   float* y = p->y + b * p->seq_q * width + offset;
   if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer */
@@ -285,16 +316,17 @@ static void unit(void* data, size_t index) {
     float inverse[QUERY_ROWS] = {0};
     load_queries(p, p->q + (b * p->seq_q + row) * width + offset, rows, queries);
     scores_of(p, queries, keys, scores);
-    for (int64_t r = 0; r < QUERY_ROWS; r++) {
-      uint16_t* numerator = numerators + r * p->padded_k;
-      if (r >= rows) { /* past the last query: no row to answer */
-        memset(numerator, 0, (size_t)p->padded_k * sizeof(uint16_t));
-        continue;
-      }
-      const float* mask = p->mask == NULL ? NULL
-                                          : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
-                                                (row + r) * p->mask_stride[2];
-      inverse[r] = softmax_row(p, scores + r * p->padded_k, mask, numerator);
+    for (int64_t r = 0; r < rows; r += SOFTMAX_ROWS) { /* QUERY_ROWS is a multiple of SOFTMAX_ROWS */
+      const float* masks[SOFTMAX_ROWS];
+      for (int i = 0; i < SOFTMAX_ROWS; i++) /* rows past the last query take its mask: never answered */
+        masks[i] = p->mask == NULL ? NULL
+                                   : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
+                                         (row + (r + i < rows ? r + i : rows - 1)) * p->mask_stride[2];
+      softmax_rows(p, scores + r * p->padded_k, masks, numerators + r * p->padded_k, inverse + r);
+    }
+    for (int64_t r = rows; r < QUERY_ROWS; r++) { /* past the last query: no row to answer (P V reads zeros) */
+      memset(numerators + r * p->padded_k, 0, (size_t)p->padded_k * sizeof(uint16_t));
+      inverse[r] = 0.0f;
     }
     weighted_values(p, numerators, values, inverse, y + row * width, rows, spill);
   }
