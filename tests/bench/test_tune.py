@@ -65,12 +65,19 @@ def test_tune_refuses_an_artifact_no_kernel_applies_to(zoo, capsys):
 
 
 @pytest.mark.parametrize("argv", [["tune"], ["tune", "--show", "--forget"], ["tune", "x", "--show"],
-                                  ["tune", "x", "--forget"], ["tune", "x", "--runs", "0"], ["tune", "y", "--runs", "6"]])
+                                  ["tune", "x", "--forget"], ["tune", "x", "--runs", "0"], ["tune", "y", "--runs", "6"],
+                                  ["tune", "--show", "--runs", "30"], ["tune", "--forget", "--batch", "1"],
+                                  ["tune", "--show", "--threads", "0", "--length", "64"]])
 def test_tune_errors_are_one_line(argv, tmp_path, capsys):
     argv = [str(tmp_path) if a == "x" else a for a in argv]  # "y": never read, the runs refused first
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("hotrod: error:") and len(err.splitlines()) == 1
+
+
+def test_show_and_forget_refuse_the_work_options_they_would_ignore(capsys):
+    assert main(["tune", "--show", "--runs", "30", "--new-tokens", "8"]) == 1
+    assert "leave out --new-tokens, --runs" in capsys.readouterr().err
 
 
 def test_show_and_forget(capsys):

@@ -6,12 +6,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# tune's work when its options are not given; left unset by the parser so that --show and --forget, which
+# measure nothing, can refuse them rather than ignore them
+TUNE_WORK = {"batch": 1, "length": 128, "new_tokens": 32, "runs": 15, "threads": 0}
 
-def _work_args(p: argparse.ArgumentParser, length: int, new_tokens: int) -> None:
-    """The work an artifact is timed on: seeded token ids, and the tokens a language model generates."""
-    p.add_argument("--batch", type=int, default=1, help="rows of seeded token ids")
-    p.add_argument("--length", type=int, default=length, help="tokens a row (the prompt, for language models)")
-    p.add_argument("--new-tokens", type=int, default=new_tokens, help="tokens generated per run (language models)")
+
+def _work_args(p: argparse.ArgumentParser, length: int, new_tokens: int, unset: bool = False) -> None:
+    """The work an artifact is timed on: seeded token ids, and the tokens a language model generates; with
+    `unset`, options not given are None (their defaults said in the help)."""
+    def option(name: str, value: int, what: str) -> None:
+        p.add_argument(name, type=int, default=None if unset else value, metavar="N",
+                       help=f"{what} (default {value})" if unset else what)
+
+    option("--batch", 1, "rows of seeded token ids")
+    option("--length", length, "tokens a row (the prompt, for language models)")
+    option("--new-tokens", new_tokens, "tokens generated per run (language models)")
 
 
 def add_measure_parsers(sub) -> None:
@@ -27,9 +36,10 @@ def add_measure_parsers(sub) -> None:
     p = sub.add_parser("tune", help="time an artifact with each of hotrod's CPU kernels and without it, and keep "
                                     "onnxruntime's ops on this machine where they were faster")
     p.add_argument("artifact", nargs="?", help="a CPU artifact whose work times the kernels it uses")
-    _work_args(p, length=128, new_tokens=32)
-    p.add_argument("--runs", type=int, default=15, help="interleaved rounds of timed runs")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    _work_args(p, length=TUNE_WORK["length"], new_tokens=TUNE_WORK["new_tokens"], unset=True)
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help=f"interleaved rounds of timed runs (default {TUNE_WORK['runs']})")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)")
     p.add_argument("--show", action="store_true", help="say what this machine leaves out now, and measure nothing")
     p.add_argument("--forget", action="store_true", help="remove this machine's record: every kernel runs again")
     p.set_defaults(handler=_tune)
@@ -57,8 +67,12 @@ def _tune(args: argparse.Namespace) -> int:
     if args.show and args.forget:
         raise HotrodError("--show and --forget are each a whole command: give one")
     if args.show or args.forget:
+        given = [f"--{name.replace('_', '-')}" for name in TUNE_WORK if getattr(args, name) is not None]
+        what = f"--{'show' if args.show else 'forget'} measures nothing: leave out"
         if args.artifact:
-            raise HotrodError(f"--{'show' if args.show else 'forget'} measures nothing: leave out {args.artifact}")
+            raise HotrodError(f"{what} {args.artifact}")
+        if given:
+            raise HotrodError(f"{what} {', '.join(given)}")
         if args.forget:
             print("record removed: every kernel runs" if kernel_choice.forget() else "no record: every kernel runs")
             return 0
@@ -69,7 +83,7 @@ def _tune(args: argparse.Namespace) -> int:
         raise HotrodError("tune needs an artifact to time (or --show, or --forget)")
     from hotrod.bench.tune import format_tuning, tune_artifact
 
-    tuning = tune_artifact(args.artifact, batch=args.batch, length=args.length, new_tokens=args.new_tokens,
-                           runs=args.runs, threads=args.threads)
+    work = {name: TUNE_WORK[name] if getattr(args, name) is None else getattr(args, name) for name in TUNE_WORK}
+    tuning = tune_artifact(args.artifact, **work)
     print(format_tuning(tuning))
     return 0
