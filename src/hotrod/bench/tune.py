@@ -84,7 +84,8 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
 
     for model in models.values():  # the warm-up
         time_work(model, ids, generates, new_tokens, 1)
-    times = _rounds({name: work(model) for name, model in models.items()}, runs)
+    # the order turns each round (`interleaved`), so that no variant always runs first after the pause
+    times = interleaved({name: work(model) for name, model in models.items()}, runs=runs, warmup=0)
     medians = {name: statistics.median(samples) * 1e3 for name, samples in times.items()}
     ratios = {name: [b / a for a, b in zip(times[ALL], times[name])] for name in used}
     timings = [KernelTiming(name, medians[ALL], medians[name], statistics.median(ratios[name]),
@@ -95,18 +96,6 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
     # kernels this artifact could not measure keep their choice
     path, chosen = kernel_choice.record({t.kernel: t.left_out for t in timings}, measured)
     return Tuning(timings, chosen, path)
-
-
-def _rounds(variants: dict, runs: int) -> dict[str, list[float]]:
-    """Seconds of each variant's work per round, interleaved (`hotrod.timing.interleaved`), the order turned by
-    one each round so that no variant always runs first after the pause."""
-    names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(runs):
-        order = names[round_ % len(names):] + names[:round_ % len(names)]
-        for name, seconds in interleaved({name: variants[name] for name in order}, runs=1, warmup=0).items():
-            times[name].extend(seconds)
-    return times
 
 
 def format_tuning(tuning: Tuning) -> str:
