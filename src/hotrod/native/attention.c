@@ -60,8 +60,8 @@ static inline __mmask16 first(int64_t count) {
 /* e^x for x <= 0 (larger values are not asked for): 2^n 2^f with n = round(x log2 e), f in [-1/2, 1/2] on a
  * degree-5 polynomial (relative error below 3e-6, far below bf16's 4e-3); -inf and anything below about -104
  * give 0, so a masked key's numerator is exactly 0; NaN gives NaN. n is rounded by adding and taking away
- * 1.5 * 2^23 (to nearest even, as a rounding instruction would, in two single-cycle steps; t at or below -2^22
- * is an integer already, or so large that 2^n is 0 whatever f). */
+ * 1.5 * 2^23: to nearest even for |t| <= 2^22, as a rounding instruction would, in two single-cycle steps;
+ * below -2^22, 2^n is 0 whatever n and f come out as (|f| stays below 1). */
 static inline __m512 exp_neg(__m512 x) {
   /* written with explicit rounding: each step rounded on its own, never fused into a multiply-add */
   const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
