@@ -22,17 +22,17 @@ SETTLE_S = 0.3  # longer than GNU OpenMP's default spin before its threads sleep
 
 
 def interleaved(systems: dict[str, Callable[[], object]], runs: int, warmup: int = 1,
-                settle: float = SETTLE_S, rotate: bool = True) -> dict[str, list[float]]:
-    """Seconds per run for each system; every system runs once per round, in turn. With `rotate`, the order
-    turns by one each round, so that no system always runs first after the pause or always right after the
-    same other one (whose caches, threads and memory traffic it would meet every time)."""
+                settle: float = SETTLE_S) -> dict[str, list[float]]:
+    """Seconds per run for each system; every system runs once per round, in turn, the order turned by one
+    each round, so that no system always runs first after the pause or always right after the same other one
+    (whose caches, threads and memory traffic it would meet every time)."""
     for fn in systems.values():
         for _ in range(warmup):
             fn()
     names = list(systems)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(runs):
-        turn = round_ % len(names) if rotate and names else 0
+        turn = round_ % len(names) if names else 0
         for name in names[turn:] + names[:turn]:
             time.sleep(settle)
             start = time.perf_counter()
