@@ -157,11 +157,12 @@ def test_the_packed_layout_is_the_tiles():
 
 @amx
 @pytest.mark.parametrize("k", [64, 192, 1024])
-@pytest.mark.parametrize("n", [1, 17, 32, 100])
+@pytest.mark.parametrize("n", [1, 17, 32, 100, 600, 2200])
 @pytest.mark.parametrize("count", [1, 16, 31, 33, 300])
 def test_the_same_answers_as_onnxruntimes_nodes(k, n, count):
-    """Row tails (past 16 and 32), column tails (past 16 and 32), more than one block of rows; with the
-    bias as the build writes it (subtracted, negated) and without one."""
+    """Row tails (past 16 and 32), column tails (past 16 and 32), more than one block of rows; units of
+    several column blocks (each asking for the next one's weights) and the widest units (2,200 columns); with
+    the bias as the build writes it (subtracted, negated) and without one."""
     rng = np.random.default_rng(k + n + count)
     x = (rng.standard_normal((count, k)) * rng.uniform(0.01, 100, (count, 1))).astype(np.float32)
     x[0, :4] = [1.0, -1.0, 0.5, -2.5]

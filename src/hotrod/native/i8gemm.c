@@ -197,9 +197,12 @@ static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
   }
 }
 
+/* Cache lines of weights that a block's steps ask for ahead of use (Ahead): `lines` a step from `next`. */
+typedef struct { const char* next; int lines; } Ahead;
+
 /* The k loop of one 32 x 32 block, its sums left in tiles 0-3, with the pending block's epilogue spread over
- * its steps (done by the end). */
-static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e) {
+ * its steps (done by the end), and the weights in `ahead` asked for into L2 a few lines a step. */
+static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e, Ahead ahead) {
   const int8_t* w = p->w + (col / 32) * (p->k / 64) * STEP_BYTES;
   const size_t stride = (size_t)p->k;
   const int per_step = (int)((e->total + p->k / 64 - 1) / (p->k / 64));
@@ -209,6 +212,8 @@ static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t depth = 0; depth < p->k; depth += 64, w += STEP_BYTES) {
+    for (int line = 0; line < ahead.lines; line++) _mm_prefetch(ahead.next + line * 64, _MM_HINT_T1);
+    ahead.next += ahead.lines * 64;
     _tile_loadd(4, a + depth, stride);
     _tile_loadd(5, a + 16 * stride + depth, stride);
     _tile_loadd(6, w, 64);
@@ -230,8 +235,13 @@ static void store(int32_t* sums) {
   _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
-/* Rows [first_row, last_row) by columns [first_col, last_col) of Y: each block's epilogue runs among the next
- * block's tile steps (Pending), the last one's after them. */
+/* Rows [first_row, last_row) by columns [first_col, last_col) of Y, a block of 32 columns at a time through
+ * every row block: its weights are read from memory once, by the first row block, and stay in the core's
+ * cache for the others. Each block's epilogue runs among the next block's tile steps (Pending), the last
+ * one's after them. While a column block goes through its row blocks, the next one's weights are asked for
+ * into L2, a share each row block: the wait for memory, which the first row block would otherwise meet
+ * alone, is spread over the tile work of all of them (the hardware's own prefetch stops at every 4 KB page).
+ * Only a unit's first column block meets it: units are wide (`unit_cols`). */
 static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
   if (p->rows < TILE_ROWS) {
     for (int64_t col = first_col; col < last_col; col += 32)
@@ -239,20 +249,28 @@ static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
     return;
   }
+  const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS;
+  const int64_t tail = first_row + (blocks - 1) * BLOCK_ROWS; /* the last row block: padded where short */
+  uint8_t* spare = NULL;
+  if (tail + BLOCK_ROWS > p->rows && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
+    for (int64_t r = first_row; r < last_row; r++) /* memory ran out: NaN, which no caller takes for an answer */
+      for (int64_t c = first_col; c < last_col && c < p->n; c++) *place(p, r, c) = __builtin_nanf("");
+    return;
+  }
+  const uint8_t* last = block_rows(p, tail, spare);
+  const int64_t steps = p->k / 64, lines = steps * (STEP_BYTES / 64); /* a column block's weights */
+  const int64_t share = (lines + blocks - 1) / blocks;                  /* of the next's, per row block */
+  const int per_step = (int)((share + steps - 1) / steps);
   int32_t sums[BLOCK_ROWS * 32] __attribute__((aligned(64))); /* read by the next multiply before it is stored */
   Pending e = {.total = 0};
-  uint8_t* spare = NULL;
   hotrod_configure_tiles(); /* per call: the thread may be any of the pool's */
-  for (int64_t row = first_row; row < last_row; row += BLOCK_ROWS) {
-    if (row + BLOCK_ROWS > p->rows && spare == NULL && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
-      emit_until(p, &e, e.total);
-      for (int64_t r = row; r < last_row; r++)  /* memory ran out: NaN, which no caller takes for an answer */
-        for (int64_t c = first_col; c < last_col && c < p->n; c++) *place(p, r, c) = __builtin_nanf("");
-      break;
-    }
-    const uint8_t* a = block_rows(p, row, spare);
-    for (int64_t col = first_col; col < last_col; col += 32) {
-      multiply(p, a, col, &e);
+  for (int64_t col = first_col; col < last_col; col += 32) {
+    const char* next = (const char*)(p->w + (col / 32 + 1) * steps * STEP_BYTES);
+    for (int64_t b = 0; b < blocks; b++) {
+      const int64_t row = first_row + b * BLOCK_ROWS;
+      /* none past the unit's columns (the last share may run a few lines past the next block: no harm) */
+      const Ahead ahead = {next + b * share * 64, col + 32 < last_col ? per_step : 0};
+      multiply(p, row == tail ? last : p->q + row * p->k, col, &e, ahead);
       store(sums);
       pending(p, &e, sums, row, col);
     }
@@ -320,8 +338,9 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_strid
                residual, NULL, NULL, UNIT_ROWS, 0};
   p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
-  /* wide units keep a block of weights in cache longer; narrow ones share a small product among threads */
-  p.unit_cols = 128;
+  /* wide units wait on memory for fewer first column blocks (compute); narrow ones share a small product among
+   * threads */
+  p.unit_cols = 256;
   while (p.unit_cols > HOTROD_I8_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
     p.unit_cols /= 2;
   p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
