@@ -77,6 +77,10 @@ typedef struct {
   uint8_t* q_out; /* where given: Y quantized per row (rows.h) into q_out and scales_out, Y itself not kept */
   float* scales_out;
   int64_t unit_rows, y_row; /* rows of a unit of work; the row that y's first holds */
+  uint8_t* q_static;        /* where given: Y quantized with one scale and zero point into it instead */
+  float static_scale;
+  int32_t static_zero;
+  const uint8_t* padded;    /* where given: the last block of rows, zero-padded to 32, made by the caller */
 } Problem;
 
 /* Where column `col` of row `row` goes: its output, at its place there. */
@@ -103,25 +107,41 @@ static inline Columns columns(const Problem* p, int64_t col) {
   return c;
 }
 
-/* 16 columns' sums of one row as floats at `out`: scaled as onnxruntime scales them, biased, through the GELU
- * where the graph had one after the product (gelu.h: onnxruntime's arithmetic), plus the residual where the
- * graph added one (one rounding, as its Add), clipped. */
-static inline void emit(const Columns* c, __m512i sum, float row_scale, int activation, const float* residual,
-                        float* out) {
-  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
-  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(row_scale)), c->bias);
-  if (activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
-  if (residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, residual));
-  _mm512_mask_storeu_ps(out, c->mask, v);
+/* 16 values quantized as onnxruntime's QuantizeLinear quantizes floats to uint8 with one scale and zero point
+ * (MLAS's kernel): divided by the scale, clamped to [-zero, 255 - zero] (a NaN quotient takes the lower bound:
+ * MAXPS answers its second operand), rounded to nearest even, the zero point added; stored `mask`'s lanes. */
+static inline void quantize_static(const Problem* p, __m512 v, __mmask16 mask, uint8_t* out) {
+  v = _mm512_div_ps(v, _mm512_set1_ps(p->static_scale));
+  v = _mm512_max_ps(v, _mm512_set1_ps((float)-p->static_zero));
+  v = _mm512_min_ps(v, _mm512_set1_ps((float)(255 - p->static_zero)));
+  const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                     _mm512_set1_epi32(p->static_zero));
+  _mm512_mask_cvtepi32_storeu_epi8(out, mask, q);
 }
 
 /* Where 16 columns from `col` (a multiple of 16: within one output) of rows from `row` go, and the residual
- * they add; the next row's are a row stride on (`width` floats, `n` for the residual). */
-typedef struct { float* out; const float* residual; } Targets;
+ * they add; the next row's are a row stride on (`width` floats, `n` for the residual). Where Y is quantized
+ * with one scale, `at` is the first value's index in q_static (one output), and `out` is not used. */
+typedef struct { float* out; const float* residual; int64_t at; } Targets;
 
 static inline Targets targets(const Problem* p, int64_t row, int64_t col) {
-  Targets t = {place(p, row, col), p->residual == NULL ? NULL : p->residual + row * p->n + col};
+  Targets t = {p->q_static != NULL ? NULL : place(p, row, col),
+               p->residual == NULL ? NULL : p->residual + row * p->n + col, (row - p->y_row) * p->width + col};
   return t;
+}
+
+/* 16 columns' sums of row `r` of `t`: scaled as onnxruntime scales them, biased, through the GELU where the
+ * graph had one after the product (gelu.h: onnxruntime's arithmetic), plus the residual where the graph added
+ * one (one rounding, as its Add), clipped; stored as floats, or quantized where Y is. */
+static inline void emit(const Problem* p, const Columns* c, __m512i sum, float row_scale, const Targets* t, int64_t r) {
+  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
+  v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(row_scale)), c->bias);
+  if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
+  if (t->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, t->residual + r * p->n));
+  if (p->q_static != NULL)
+    quantize_static(p, v, c->mask, p->q_static + t->at + r * p->width);
+  else
+    _mm512_mask_storeu_ps(t->out + r * p->width, c->mask, v);
 }
 
 /* A finished 32 x 32 block of int32 sums whose epilogue is still to run: its row-halves (16 columns of one row)
@@ -149,8 +169,7 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
     const int r = e->next / e->halves, half = e->next % e->halves;
     const Targets* t = &e->t[half];
     const float row_scale = p->a_scale[(e->row + r) * p->scale_stride];
-    emit(&e->c[half], _mm512_loadu_si512(e->sums + r * 32 + half * 16), row_scale, p->activation,
-         t->residual == NULL ? NULL : t->residual + r * p->n, t->out + r * p->width);
+    emit(p, &e->c[half], _mm512_loadu_si512(e->sums + r * 32 + half * 16), row_scale, t, r);
   }
 }
 
@@ -178,8 +197,7 @@ static inline __attribute__((always_inline)) void narrow_rows(const Problem* p, 
     const Columns c = columns(p, col + half * 16);
     const Targets t = targets(p, row, col + half * 16);
     for (int r = 0; r < count; r++)
-      emit(&c, sums[r][half], p->a_scale[(row + r) * p->scale_stride], p->activation,
-           t.residual == NULL ? NULL : t.residual + r * p->n, t.out + r * p->width);
+      emit(p, &c, sums[r][half], p->a_scale[(row + r) * p->scale_stride], &t, r);
   }
 }
 
@@ -252,12 +270,12 @@ static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64
   const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS;
   const int64_t tail = first_row + (blocks - 1) * BLOCK_ROWS; /* the last row block: padded where short */
   uint8_t* spare = NULL;
-  if (tail + BLOCK_ROWS > p->rows && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
+  if (tail + BLOCK_ROWS > p->rows && p->padded == NULL && (spare = malloc((size_t)(BLOCK_ROWS * p->k))) == NULL) {
     for (int64_t r = first_row; r < last_row; r++) /* memory ran out: NaN, which no caller takes for an answer */
       for (int64_t c = first_col; c < last_col && c < p->n; c++) *place(p, r, c) = __builtin_nanf("");
     return;
   }
-  const uint8_t* last = block_rows(p, tail, spare);
+  const uint8_t* last = tail + BLOCK_ROWS > p->rows && p->padded != NULL ? p->padded : block_rows(p, tail, spare);
   const int64_t steps = p->k / 64, lines = steps * (STEP_BYTES / 64); /* a column block's weights */
   const int64_t share = (lines + blocks - 1) / blocks;                  /* of the next's, per row block */
   const int per_step = (int)((share + steps - 1) / steps);
@@ -321,6 +339,19 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   return 0;
 }
 
+static size_t plan(Problem* p);
+
+int hotrod_quantize_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") || zero_point < 0 || zero_point > 255)
+    return -1;
+  Problem p = {.static_scale = scale, .static_zero = zero_point};
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    quantize_static(&p, _mm512_maskz_loadu_ps(m, x + i), m, q + i);
+  }
+  return 0;
+}
+
 /* Whether the tiles can compute a product of depth k with this activation. */
 static int computable(int64_t k, int activation) {
   return hotrod_amx_ready() && k > 0 && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
@@ -335,16 +366,39 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_strid
       (residual != NULL && parts > 1))
     return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation,
-               residual, NULL, NULL, UNIT_ROWS, 0};
-  p.padded_n = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
-  const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
+               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, NULL};
+  parallel(runner, unit, &p, plan(&p));
+  return 0;
+}
+
+/* Units of up to UNIT_ROWS rows by unit_cols columns for `p`: how many. */
+static size_t plan(Problem* p) {
+  p->padded_n = (p->n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
+  const int64_t row_units = (p->rows + UNIT_ROWS - 1) / UNIT_ROWS;
   /* wide units wait on memory for fewer first column blocks (compute); narrow ones share a small product among
    * threads */
-  p.unit_cols = 256;
-  while (p.unit_cols > HOTROD_I8_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
-    p.unit_cols /= 2;
-  p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
-  parallel(runner, unit, &p, (size_t)(row_units * p.col_units));
+  p->unit_cols = 256;
+  while (p->unit_cols > HOTROD_I8_COLS && row_units * ((p->padded_n + p->unit_cols - 1) / p->unit_cols) < 8)
+    p->unit_cols /= 2;
+  p->col_units = (p->padded_n + p->unit_cols - 1) / p->unit_cols;
+  return (size_t)(row_units * p->col_units);
+}
+
+int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                            const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias,
+                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out,
+                            hotrod_parallel parallel, void* runner) {
+  if (!computable(k, activation) || zero_point < 0 || zero_point > 255) return -1;
+  Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 0, n, activation,
+               NULL, NULL, NULL, UNIT_ROWS, 0, out, scale, zero_point, NULL};
+  /* the last rows' padded block made here, once: no unit can then run out of memory with its outputs half made */
+  uint8_t* padded = NULL;
+  if (rows >= TILE_ROWS && rows % BLOCK_ROWS != 0) {
+    if ((padded = malloc((size_t)(BLOCK_ROWS * k))) == NULL) return -1;
+    p.padded = block_rows(&p, rows / BLOCK_ROWS * BLOCK_ROWS, padded);
+  }
+  parallel(runner, unit, &p, plan(&p));
+  free(padded);
   return 0;
 }
 
@@ -363,7 +417,7 @@ int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_
   }
   if (!computable(k, activation)) return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL,
-               q_out, scales_out, BLOCK_ROWS, 0};
+               q_out, scales_out, BLOCK_ROWS, 0, NULL, 0.0f, 0, NULL};
   p.padded_n = p.unit_cols = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   parallel(runner, unit, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
   return 0;

@@ -25,6 +25,15 @@ int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_
   return -1;
 }
 
+int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                            const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias,
+                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out,
+                            hotrod_parallel parallel, void* runner) {
+  (void)q, (void)a_scale, (void)scale_stride, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias;
+  (void)n, (void)activation, (void)scale, (void)zero_point, (void)out, (void)parallel, (void)runner;
+  return -1;
+}
+
 int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
                           const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,
@@ -36,5 +45,10 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
 
 int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   (void)x, (void)n, (void)y;
+  return -1;
+}
+
+int hotrod_quantize_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
+  (void)x, (void)n, (void)scale, (void)zero_point, (void)q;
   return -1;
 }

@@ -126,5 +126,6 @@ size_t hotrod_three(const CustomOp* op);
 
 /* The int8 product ops (ort_int8.c). */
 extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;
+extern const CustomOp hotrod_int8_matmul_quantized;
 /* The LayerNormalization ops (ort_norm.c). */
 extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op;

@@ -212,6 +212,50 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
 }
 
+/* One scalar input's value (shape [] or [1]) at `i`, as `size` bytes into `value`; 0 where it is not one. */
+static int scalar_input(OrtKernelContext* context, size_t i, void* value, size_t size) {
+  const OrtValue* in = NULL;
+  int64_t d[8];
+  if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in))) return 0;
+  const size_t rank = dims_of(in, d);
+  const void* data = data_of(in);
+  if (data == NULL || rank > 1 || (rank == 1 && d[0] != 1)) return 0;
+  memcpy(value, data, size);
+  return 1;
+}
+
+/* Int8MatMulQuantized: Int8MatMul's product (no residual) quantized by the QuantizeLinear that read it, with
+ * its one scale (input 6) and uint8 zero point (input 7): the uint8 rows the next product reads. */
+static void compute_int8_static(void* state, OrtKernelContext* context) {
+  const Int8Kernel* kernel = state;
+  const Int8Call c = int8_call(kernel, context, 0);
+  if (c.count == 0) return;
+  OrtValue* y = NULL;
+  uint8_t* out = NULL;
+  if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, c.dims, c.count, &y)) || (out = data_of(y)) == NULL)
+    return;
+  float scale = 0.0f;
+  uint8_t zero_point = 0;
+  const int known = scalar_input(context, 6, &scale, sizeof(scale)) && scalar_input(context, 7, &zero_point, 1);
+  /* inputs that do not fit the packed weights (a graph edited after hotrod rewrote it), no tile state or no
+   * memory for 32 rows, none of which a graph hotrod loads meets: the zero point throughout, what a row of
+   * zeros quantizes to */
+  if (c.rows > 0 && (!known || !c.fits ||
+                     hotrod_i8_matmul_static(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3],
+                                             c.data[4], c.data[5], kernel->n, (int)kernel->activation, scale,
+                                             zero_point, out, hotrod_run_parallel, context) != 0))
+    memset(out, zero_point, (size_t)(c.rows * c.width));
+}
+
+static const char* int8_static_name(const CustomOp* op) { (void)op; return "Int8MatMulQuantized"; }
+static int int8_static_input_type(const CustomOp* op, size_t i) {
+  (void)op;
+  static const int types[8] = {UINT8, FLOAT, INT8, INT32, FLOAT, FLOAT, FLOAT, UINT8};
+  return i < 8 ? types[i] : FLOAT;
+}
+static size_t int8_static_inputs(const CustomOp* op) { (void)op; return 8; }
+static int uint8_type(const CustomOp* op, size_t i) { (void)op, (void)i; return UINT8; }
+
 static const char* int8_name(const CustomOp* op) { (void)op; return "Int8MatMul"; }
 static const char* int8_rows_name(const CustomOp* op) { (void)op; return "Int8MatMulRows"; }
 static const char* int8_split_name(const CustomOp* op) { (void)op; return "Int8MatMulSplit"; }
@@ -233,3 +277,7 @@ const CustomOp hotrod_int8_matmul_rows = {
 const CustomOp hotrod_int8_matmul_split = {API_VERSION,     create_int8,        int8_split_name,   hotrod_cpu_provider,
                                            int8_input_type, int8_inputs,        hotrod_float_type, hotrod_three,
                                            compute_int8,    hotrod_free_kernel, hotrod_required,   hotrod_required};
+const CustomOp hotrod_int8_matmul_quantized = {
+    API_VERSION,           create_int8,          int8_static_name, hotrod_cpu_provider, int8_static_input_type,
+    int8_static_inputs,    uint8_type,           hotrod_one,       compute_int8_static, hotrod_free_kernel,
+    hotrod_required,       hotrod_required};

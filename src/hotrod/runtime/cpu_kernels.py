@@ -47,6 +47,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         ops.add(q4.OP)
     if model is not None and int8 and i8.rewrite(model):
         ops.add(i8.OP)
+        if i8.quantize_static(model):
+            ops.add(i8.QUANTIZED_OP)
     if model is not None and kernel_choice.ROWS not in out and rows.rewrite(model):
         ops.add(rows.OP)
         if i8.OP in ops and i8.quantize_outputs(model):

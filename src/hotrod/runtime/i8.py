@@ -39,6 +39,7 @@ from hotrod.runtime import native, rows
 OP = "Int8MatMul"
 SPLIT_OP = "Int8MatMulSplit"  # the same, its columns in three equal outputs (a fused Q/K/V product's)
 ROWS_OP = "Int8MatMulRows"  # the same, its output quantized per row for the next product (QuantizeRows's outputs)
+QUANTIZED_OP = "Int8MatMulQuantized"  # the same, its output quantized as a calibrated QuantizeLinear that read it
 # The most packed weight bytes a product may have for its output to be quantized in the op: each unit of work
 # then makes 32 whole rows and streams all the weights through its core, which pays where they stay in the
 # core's L2 cache (2 MiB on the CPUs with AMX, beside the rows) and loses where they come from the shared L3.
@@ -290,19 +291,46 @@ def quantize_outputs(model: onnx.ModelProto) -> int:
     product's per-row quantization (QuantizeRows: `hotrod.runtime.rows`), and whose weights are at most
     ROWS_WEIGHT_BYTES, as one Int8MatMulRows with that quantization's outputs, in place; returns how many. The
     output is quantized as QuantizeRows quantizes it (the same kernel), so the answers stay the same."""
+    sizes = {init.name: int(np.prod(init.dims)) for init in model.graph.initializer}
+
+    def reader(node: onnx.NodeProto, readers: dict, constants: dict) -> onnx.NodeProto | None:
+        following = _only(readers, node.output[0], rows.OP)
+        small = sizes.get(node.input[2], ROWS_WEIGHT_BYTES + 1) <= ROWS_WEIGHT_BYTES
+        return following if small and following is not None and following.domain == native.DOMAIN else None
+
+    return _take_reader(model, ROWS_OP, reader)
+
+
+def quantize_static(model: onnx.ModelProto) -> int:
+    """Every Int8MatMul of `model` (rewritten, no residual) whose one reader is a QuantizeLinear to uint8 with one
+    constant scale and zero point (int8-static's input to the next product) as one Int8MatMulQuantized with its
+    output, in place; returns how many. The epilogue quantizes as that node did, to the bit: the floats are
+    neither written nor read again."""
+
+    def reader(node: onnx.NodeProto, readers: dict, constants: dict) -> onnx.NodeProto | None:
+        following = _only(readers, node.output[0], "QuantizeLinear")
+        return following if following is not None and following.domain in ("", "ai.onnx") \
+            and _static(following, constants) else None
+
+    return _take_reader(model, QUANTIZED_OP, reader)
+
+
+def _take_reader(model: onnx.ModelProto, op: str, reader) -> int:
+    """Every Int8MatMul without a residual, not a graph output, whose `reader(node, readers, constants)` names a
+    node, as one `op` taking that node's inputs past its first and giving its outputs, in place; how many."""
     graph = model.graph
-    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
+    fed = {value.name for value in graph.input}
+    constants = {init.name: init for init in graph.initializer if init.name not in fed}
     readers = graphs.readers(graph)
     outputs = {value.name for value in graph.output}
     fused, dropped = 0, set()
     for node in graph.node:
-        if node.op_type != OP or node.domain != native.DOMAIN or len(node.input) != 6 \
-                or sizes.get(node.input[2], ROWS_WEIGHT_BYTES + 1) > ROWS_WEIGHT_BYTES:
+        if node.op_type != OP or node.domain != native.DOMAIN or len(node.input) != 6 or node.output[0] in outputs:
             continue
-        following = _only(readers, node.output[0], rows.OP)
-        if following is None or following.domain != native.DOMAIN or node.output[0] in outputs:
+        if (following := reader(node, readers, constants)) is None:
             continue
-        node.op_type = ROWS_OP
+        node.op_type = op
+        node.input.extend(following.input[1:])
         del node.output[:]
         node.output.extend(following.output)
         dropped.add(id(following))
@@ -312,6 +340,17 @@ def quantize_outputs(model: onnx.ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(kept)
     return fused
+
+
+def _static(node: onnx.NodeProto, constants: dict) -> bool:
+    """Whether a QuantizeLinear quantizes to uint8 with one constant float scale and uint8 zero point."""
+    if len(node.input) != 3 or node.input[1] not in constants or node.input[2] not in constants:
+        return False
+    scale, zero_point = constants[node.input[1]], constants[node.input[2]]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return (scale.data_type == TensorProto.FLOAT and _size(scale) == 1 and zero_point.data_type == TensorProto.UINT8
+            and _size(zero_point) == 1 and not attrs.get("block_size", 0)
+            and attrs.get("output_dtype", TensorProto.UINT8) in (0, TensorProto.UINT8))
 
 
 def _is_gelu(node: onnx.NodeProto) -> bool:
