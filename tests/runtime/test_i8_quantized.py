@@ -119,9 +119,10 @@ def _values(scale: float, zero_point: int) -> np.ndarray:
 def test_the_epilogues_quantization_is_onnxruntimes_to_the_bit(scale, zero_point):
     x = _values(scale, zero_point)
     ours = np.empty(x.size, np.uint8)
-    function = ctypes.CDLL(str(native.library())).hotrod_quantize_static_values
+    function = ctypes.CDLL(str(native.library())).hotrod_quantize_static
     function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p]
-    assert function(x.ctypes.data, x.size, scale, zero_point, ours.ctypes.data) == 0
+    function.restype = None
+    function(x.ctypes.data, x.size, scale, zero_point, ours.ctypes.data)
     node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, [None])],

@@ -1,6 +1,7 @@
 """hotrod's LayerNormalization kernel: the same bits as onnxruntime's own op over widths, row counts (groups and
 short groups), scales, epsilons and edge values; with the next product's quantization fused, the same q and
-scales as QuantizeRows; a row the same alone and in any batch; graphs it cannot take left as they are."""
+scales as QuantizeRows, or the same q as a calibrated QuantizeLinear; a row the same alone and in any batch;
+graphs it cannot take left as they are."""
 
 from __future__ import annotations
 
@@ -83,14 +84,45 @@ def test_edge_values_give_what_onnxruntime_gives():
 @pytest.mark.parametrize("width", [24, 768])  # 24: a last step of 8 values on the AVX-512 path
 @pytest.mark.parametrize("count", [1, 37, 300])
 def test_the_quantized_output_is_quantize_rows_of_the_same_bits(count, width):
-    model, x = layer_norm(width, quantized=True), _rows(count, width, seed=5)
+    _one_op_with_the_same_outputs(layer_norm(width, quantized=True), _rows(count, width, seed=5), norm.ROWS_OP)
+
+
+def _one_op_with_the_same_outputs(model: onnx.ModelProto, x: np.ndarray, op: str) -> None:
+    """The graph rewritten is the one `op`, and its outputs are onnxruntime's own, to the bit."""
     theirs, ours = run(model, x, kernel=False), run(model, x, kernel=True)
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     norm.rewrite(rewritten)
-    assert [node.op_type for node in rewritten.graph.node] == [norm.ROWS_OP]
+    assert [node.op_type for node in rewritten.graph.node] == [op]
     for a, b in zip(theirs, ours):
         assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def calibrated_norm(width: int, scale: float, zero_point: int, shape: tuple = ()) -> onnx.ModelProto:
+    """layer_norm()'s y read by a QuantizeLinear with one scale and uint8 zero point (int8-static's next product's
+    input; `shape` (width,) and an axis: per channel), y and its q both graph outputs."""
+    model = layer_norm(width)
+    graph = model.graph
+    graph.initializer.extend([numpy_helper.from_array(np.full(shape, scale, np.float32), "qs"),
+                              numpy_helper.from_array(np.full(shape, zero_point, np.uint8), "qz")])
+    graph.node.append(helper.make_node("QuantizeLinear", ["y", "qs", "qz"], ["q"], **({"axis": -1} if shape else {})))
+    graph.output.append(helper.make_tensor_value_info("q", TensorProto.UINT8, None))
+    return model
+
+
+@probed
+@pytest.mark.parametrize("width", [24, 768])
+@pytest.mark.parametrize("count", [1, 37, 300])
+@pytest.mark.parametrize("scale, zero_point", [(0.05, 128), (0.004, 0), (0.3, 255)])
+def test_a_calibrated_quantization_after_it_gives_the_same_q(count, width, scale, zero_point):
+    _one_op_with_the_same_outputs(calibrated_norm(width, scale, zero_point), _rows(count, width, seed=6), norm.FIXED_OP)
+
+
+@probed
+def test_a_per_channel_quantization_after_it_stays_onnxruntimes():
+    model = calibrated_norm(64, 0.05, 128, shape=(64,))
+    assert norm.rewrite(model) == 1
+    assert [node.op_type for node in model.graph.node] == [norm.OP, "QuantizeLinear"]
 
 
 @probed

@@ -28,6 +28,7 @@
 
 #include "gelu.h"
 #include "i8gemm.h"
+#include "quantize.h"
 #include "rows.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -107,16 +108,9 @@ static inline Columns columns(const Problem* p, int64_t col) {
   return c;
 }
 
-/* 16 values quantized as onnxruntime's QuantizeLinear quantizes floats to uint8 with one scale and zero point
- * (MLAS's kernel): divided by the scale, clamped to [-zero, 255 - zero] (a NaN quotient takes the lower bound:
- * MAXPS answers its second operand), rounded to nearest even, the zero point added; stored `mask`'s lanes. */
+/* 16 values quantized with Y's one scale and zero point (quantize.h), `mask`'s lanes stored. */
 static inline void quantize_static(const Problem* p, __m512 v, __mmask16 mask, uint8_t* out) {
-  v = _mm512_div_ps(v, _mm512_set1_ps(p->static_scale));
-  v = _mm512_max_ps(v, _mm512_set1_ps((float)-p->static_zero));
-  v = _mm512_min_ps(v, _mm512_set1_ps((float)(255 - p->static_zero)));
-  const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                     _mm512_set1_epi32(p->static_zero));
-  _mm512_mask_cvtepi32_storeu_epi8(out, mask, q);
+  hotrod_quantize_static16(v, p->static_scale, p->static_zero, mask, out);
 }
 
 /* Where 16 columns from `col` (a multiple of 16: within one output) of rows from `row` go, and the residual
@@ -340,17 +334,6 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
 }
 
 static size_t plan(Problem* p);
-
-int hotrod_quantize_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") || zero_point < 0 || zero_point > 255)
-    return -1;
-  Problem p = {.static_scale = scale, .static_zero = zero_point};
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-    quantize_static(&p, _mm512_maskz_loadu_ps(m, x + i), m, q + i);
-  }
-  return 0;
-}
 
 /* Whether the tiles can compute a product of depth k with this activation. */
 static int computable(int64_t k, int activation) {

@@ -54,7 +54,3 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
                             hotrod_parallel parallel, void* runner);
 
 int hotrod_gelu_values(const float* x, int64_t n, float* y);
-
-/* x quantized as Int8MatMulQuantized's epilogue quantizes a product's values (its tests' entry): 0, or -1 where
- * the CPU lacks AVX-512 or the zero point is out of range. */
-int hotrod_quantize_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q);

@@ -47,8 +47,3 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   (void)x, (void)n, (void)y;
   return -1;
 }
-
-int hotrod_quantize_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
-  (void)x, (void)n, (void)scale, (void)zero_point, (void)q;
-  return -1;
-}

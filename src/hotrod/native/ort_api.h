@@ -120,6 +120,8 @@ const char* hotrod_cpu_provider(const CustomOp* op);
 int hotrod_float_type(const CustomOp* op, size_t i);
 size_t hotrod_one(const CustomOp* op);
 int hotrod_required(const CustomOp* op, size_t i);
+/* One scalar input's value (shape [] or [1]) at `i`, as `size` bytes into `value`; 0 where it is not one. */
+int hotrod_scalar_input(OrtKernelContext* context, size_t i, void* value, size_t size);
 int hotrod_quantized_type(const CustomOp* op, size_t i); /* uint8 rows, then float scales */
 size_t hotrod_two(const CustomOp* op);
 size_t hotrod_three(const CustomOp* op);
@@ -128,4 +130,4 @@ size_t hotrod_three(const CustomOp* op);
 extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;
 extern const CustomOp hotrod_int8_matmul_quantized;
 /* The LayerNormalization ops (ort_norm.c). */
-extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op;
+extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op, hotrod_layer_norm_fixed_op;

@@ -212,18 +212,6 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
 }
 
-/* One scalar input's value (shape [] or [1]) at `i`, as `size` bytes into `value`; 0 where it is not one. */
-static int scalar_input(OrtKernelContext* context, size_t i, void* value, size_t size) {
-  const OrtValue* in = NULL;
-  int64_t d[8];
-  if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in))) return 0;
-  const size_t rank = dims_of(in, d);
-  const void* data = data_of(in);
-  if (data == NULL || rank > 1 || (rank == 1 && d[0] != 1)) return 0;
-  memcpy(value, data, size);
-  return 1;
-}
-
 /* Int8MatMulQuantized: Int8MatMul's product (no residual) quantized by the QuantizeLinear that read it, with
  * its one scale (input 6) and uint8 zero point (input 7): the uint8 rows the next product reads. */
 static void compute_int8_static(void* state, OrtKernelContext* context) {
@@ -236,7 +224,8 @@ static void compute_int8_static(void* state, OrtKernelContext* context) {
     return;
   float scale = 0.0f;
   uint8_t zero_point = 0;
-  const int known = scalar_input(context, 6, &scale, sizeof(scale)) && scalar_input(context, 7, &zero_point, 1);
+  const int known = hotrod_scalar_input(context, 6, &scale, sizeof(scale)) &&
+                    hotrod_scalar_input(context, 7, &zero_point, 1);
   /* inputs that do not fit the packed weights (a graph edited after hotrod rewrote it), no tile state or no
    * memory for 32 rows, none of which a graph hotrod loads meets: the zero point throughout, what a row of
    * zeros quantizes to */

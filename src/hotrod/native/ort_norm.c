@@ -2,23 +2,29 @@
  * - LayerNorm (inputs: X float [..., K], gamma and beta float [K]; attribute epsilon; output float like X):
  *   ONNX's LayerNormalization over the last axis with onnxruntime's arithmetic, K a multiple of 8;
  * - LayerNormRows: the same, with each row of the output also quantized for the next product as QuantizeRows
- *   does: outputs float like X, uint8 like X, float scales [..., 1].
+ *   does: outputs float like X, uint8 like X, float scales [..., 1];
+ * - LayerNormQuantized: the same, the output also quantized as a calibrated QuantizeLinear does (inputs 3 and 4:
+ *   its one scale and uint8 zero point; rows.h): outputs float like X, uint8 like X.
  * Rows are split among onnxruntime's intra-op threads. A version-8 op cannot return an error: inputs that do not
  * fit give NaN, which no caller takes for an answer.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "norm.h"
 #include "ort_api.h"
+#include "rows.h"
 
-/* epsilon, and whether the op quantizes its output too (LayerNormRows: three outputs) */
-typedef struct { float epsilon; int quantize; } NormKernel;
+/* epsilon, and how the op quantizes its output too: per row (LayerNormRows: three outputs), with one scale
+ * (LayerNormQuantized: two), or not */
+typedef struct { float epsilon; int quantize, fixed; } NormKernel;
 
 static void* create_norm(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)table;
   NormKernel* kernel = calloc(1, sizeof(NormKernel));
   if (kernel == NULL) return NULL;
   kernel->quantize = op->GetOutputTypeCount(op) == 3;
+  kernel->fixed = op->GetOutputTypeCount(op) == 2;
   if (failed(CALL(ATTRIBUTE_FLOAT, FloatAttributeFn, info, "epsilon", &kernel->epsilon))) {
     free(kernel);
     return NULL;
@@ -35,6 +41,9 @@ typedef struct {
   uint8_t* q;
   float* scales;
   int64_t rows, k, parts;
+  uint8_t* fixed; /* where given: the output quantized with one scale and zero point, into it */
+  float scale;
+  int32_t zero_point;
 } NormTask;
 
 static void normalize_part(void* data, size_t index) {
@@ -43,6 +52,7 @@ static void normalize_part(void* data, size_t index) {
   const int64_t count = hotrod_task_rows(t->rows, t->parts, index, &first), at = first * t->k;
   hotrod_layer_norm(t->x + at, count, t->k, t->gamma, t->beta, t->epsilon, t->y + at, t->q ? t->q + at : NULL,
                     t->scales ? t->scales + first : NULL);
+  if (t->fixed != NULL) hotrod_quantize_static(t->y + at, count * t->k, t->scale, t->zero_point, t->fixed + at);
 }
 
 /* Whether gamma and beta are [K] for X's last dimension K, a multiple of 8. */
@@ -65,21 +75,32 @@ static void compute_norm(void* state, OrtKernelContext* context) {
   for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
   /* every output asked for first, so that an empty input still makes all of them */
   int made = !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y));
-  if (kernel->quantize) {
+  if (kernel->quantize || kernel->fixed)
     made = made && !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, count, &q));
+  if (kernel->quantize) {
     dims[count - 1] = 1;
     made = made && !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 2, dims, count, &scales));
   }
   float* out = y == NULL ? NULL : data_of(y);
   if (out == NULL || rows * k == 0) return;
-  NormTask task = {data_of(in[0]), data_of(in[1]), data_of(in[2]), kernel->epsilon, out, NULL, NULL, rows, k, 1};
+  NormTask task = {data_of(in[0]), data_of(in[1]), data_of(in[2]), kernel->epsilon, out, NULL, NULL, rows, k, 1,
+                   NULL, 0.0f, 0};
   if (kernel->quantize) {
     task.q = q == NULL ? NULL : data_of(q), task.scales = scales == NULL ? NULL : data_of(scales);
     if (task.q == NULL || task.scales == NULL) made = 0;
   }
+  uint8_t zero_point = 0;
+  if (kernel->fixed) {
+    task.fixed = q == NULL ? NULL : data_of(q);
+    made = made && task.fixed != NULL && hotrod_scalar_input(context, 3, &task.scale, sizeof(task.scale)) &&
+           hotrod_scalar_input(context, 4, &zero_point, 1);
+    task.zero_point = zero_point;
+  }
   if (!made || task.x == NULL || task.gamma == NULL || task.beta == NULL || !norm_fits(k, in[1], in[2])) {
     for (int64_t i = 0; i < rows * k; i++) out[i] = __builtin_nanf("");
     for (int64_t r = 0; task.scales != NULL && r < rows; r++) task.scales[r] = __builtin_nanf("");
+    /* a quantized output has no NaN: the zero point throughout, what zeros quantize to, beside NaN floats */
+    if (task.fixed != NULL) memset(task.fixed, zero_point, (size_t)(rows * k));
     return;
   }
   task.parts = hotrod_row_tasks(rows, k, PARALLEL_VALUES);
@@ -97,3 +118,12 @@ const CustomOp hotrod_layer_norm_op = {API_VERSION,       create_norm,        no
 const CustomOp hotrod_layer_norm_rows_op = {API_VERSION,       create_norm,        norm_rows_name, hotrod_cpu_provider,
                                             hotrod_float_type, hotrod_three,       norm_rows_type, hotrod_three,
                                             compute_norm,      hotrod_free_kernel, hotrod_required, hotrod_required};
+
+static const char* norm_fixed_name(const CustomOp* op) { (void)op; return "LayerNormQuantized"; }
+static int norm_fixed_input_type(const CustomOp* op, size_t i) { (void)op; return i == 4 ? UINT8 : FLOAT; }
+static size_t five(const CustomOp* op) { (void)op; return 5; }
+static size_t two(const CustomOp* op) { (void)op; return 2; }
+
+const CustomOp hotrod_layer_norm_fixed_op = {
+    API_VERSION,          create_norm,  norm_fixed_name, hotrod_cpu_provider, norm_fixed_input_type, five,
+    norm_rows_type,       two,          compute_norm,    hotrod_free_kernel,  hotrod_required,       hotrod_required};

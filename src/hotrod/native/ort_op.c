@@ -118,6 +118,17 @@ void hotrod_run_parallel(void* runner, hotrod_task task, void* data, size_t coun
   for (size_t i = 0; i < count; i++) task(data, i);
 }
 
+int hotrod_scalar_input(OrtKernelContext* context, size_t i, void* value, size_t size) {
+  const OrtValue* in = NULL;
+  int64_t d[8];
+  if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in))) return 0;
+  const size_t rank = dims_of(in, d);
+  const void* data = data_of(in);
+  if (data == NULL || rank > 1 || (rank == 1 && d[0] != 1)) return 0;
+  memcpy(value, data, size);
+  return 1;
+}
+
 /* -- QuantizeRows ------------------------------------------------------------------------------ */
 
 /* The op has no attributes: its kernel holds nothing (onnxruntime takes a NULL kernel for a failure). */
@@ -272,6 +283,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_rows_op);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_fixed_op);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "quantize.h"
 #include "rows.h"
 
 #define LEVELS 127.0f
@@ -170,4 +171,19 @@ void hotrod_quantize_row_known(const float* x, int64_t k, float top, uint8_t* q,
     quantize_row_known(x, k, top, q, scale);
   else
     quantize_row(x, k, q, scale);
+}
+
+WIDE static void quantize_static_wide(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    hotrod_quantize_static16(_mm512_maskz_loadu_ps(m, x + i), scale, zero_point, m, q + i);
+  }
+}
+
+void hotrod_quantize_static(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
+  if (wide_cpu()) {
+    quantize_static_wide(x, n, scale, zero_point, q);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) q[i] = hotrod_quantize_static1(x[i], scale, zero_point);
 }

@@ -54,7 +54,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         if i8.OP in ops and i8.quantize_outputs(model):
             ops.add(i8.ROWS_OP)
     if model is not None and kernel_choice.LAYERNORM not in out and norm.rewrite(model):
-        ops.update(node.op_type for node in model.graph.node if node.op_type in (norm.OP, norm.ROWS_OP))
+        ops.update(node.op_type for node in model.graph.node if node.op_type in (norm.OP, norm.ROWS_OP, norm.FIXED_OP))
     if model is not None and bf16 and attention.rewrite(model):
         ops.add(attention.OP)
     with native.graph_file(model if ops else None) as file:

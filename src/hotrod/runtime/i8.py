@@ -310,7 +310,7 @@ def quantize_static(model: onnx.ModelProto) -> int:
     def reader(node: onnx.NodeProto, readers: dict, constants: dict) -> onnx.NodeProto | None:
         following = _only(readers, node.output[0], "QuantizeLinear")
         return following if following is not None and following.domain in ("", "ai.onnx") \
-            and _static(following, constants) else None
+            and quantizes_static(following, constants) else None
 
     return _take_reader(model, QUANTIZED_OP, reader)
 
@@ -342,7 +342,7 @@ def _take_reader(model: onnx.ModelProto, op: str, reader) -> int:
     return fused
 
 
-def _static(node: onnx.NodeProto, constants: dict) -> bool:
+def quantizes_static(node: onnx.NodeProto, constants: dict) -> bool:
     """Whether a QuantizeLinear quantizes to uint8 with one constant float scale and uint8 zero point."""
     if len(node.input) != 3 or node.input[1] not in constants or node.input[2] not in constants:
         return False

@@ -5,7 +5,8 @@ onnxruntime's CPU LayerNormalization sums each row in two chains of dependent ad
 at a BERT encoder's 128 x 768 it takes about as long as one of the layer's products takes to read its weights.
 hotrod's LayerNorm runs the same chains, in the same order, for several rows side by side, so the answers are
 the same to the bit; LayerNormRows also quantizes each normalized row as QuantizeRows does
-(`hotrod.runtime.rows`), while the row is in the cache.
+(`hotrod.runtime.rows`), while the row is in the cache, and LayerNormQuantized as a calibrated graph's
+QuantizeLinear reading it does (int8-static's next product's input: one scale and zero point).
 
 The arithmetic is onnxruntime's as of its AVX2 code; another version (or another CPU's code path) may sum
 otherwise. So before a graph takes the op, a probe runs onnxruntime's own LayerNormalization and the kernel on
@@ -26,10 +27,11 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.optimize import graphs
-from hotrod.runtime import native, rows
+from hotrod.runtime import i8, native, rows
 
 OP = "LayerNorm"
 ROWS_OP = "LayerNormRows"  # the same, its output also quantized per row for the next product (QuantizeRows's outputs)
+FIXED_OP = "LayerNormQuantized"  # the same, its output also quantized as the QuantizeLinear that read it
 _STEP = 8  # K must be a multiple: onnxruntime takes other paths for a row's tail
 
 
@@ -38,6 +40,8 @@ def rewrite(model: onnx.ModelProto) -> int:
     LayerNormRows where a QuantizeRows reads its output, in place; returns how many."""
     graph = model.graph
     constants = {init.name: init for init in graph.initializer}
+    fed = {value.name for value in graph.input}
+    fixed = {name: init for name, init in constants.items() if name not in fed}  # what no caller may override
     producers, readers = graphs.producers(graph), graphs.readers(graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     dropped: set[int] = set()
@@ -45,7 +49,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     for node in graph.node:
         taken = _taken(node, constants, producers, opset)
         if taken is not None and same_as_onnxruntime(*taken):
-            _replace(node, taken[1], readers, dropped)
+            _replace(node, taken[1], readers, fixed, dropped)
             count += 1
     if dropped:
         kept = [node for node in graph.node if id(node) not in dropped]
@@ -89,16 +93,22 @@ def _embeddings(name: str, producers: dict) -> bool:
         (p := producers.get(value)) is not None and p.op_type == "Gather" for value in n.input) for n in inner)
 
 
-def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, dropped: set[int]) -> None:
+def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, constants: dict, dropped: set[int]) -> None:
     """`node` as LayerNorm, in place; as LayerNormRows, taking the outputs of the one QuantizeRows that reads
-    its output (which joins `dropped`), where there is one."""
+    its output, or as LayerNormQuantized, taking the input scale and zero point and the output of a
+    QuantizeLinear with one of each that reads it (either joins `dropped`), where there is one."""
     output = node.output[0]
     quantizing = [n for n in readers.get(output, []) if n.op_type == rows.OP and n.domain == native.DOMAIN]
-    outputs = [output] + (list(quantizing[0].output) if len(quantizing) == 1 else [])
+    static = [n for n in readers.get(output, []) if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx")
+              and i8.quantizes_static(n, constants)]
+    inputs, outputs, op = list(node.input), [output], OP
     if len(quantizing) == 1:
+        outputs, op = outputs + list(quantizing[0].output), ROWS_OP
         dropped.add(id(quantizing[0]))
-    node.CopyFrom(helper.make_node(ROWS_OP if len(outputs) == 3 else OP, list(node.input), outputs,
-                                   name=node.name, domain=native.DOMAIN, epsilon=epsilon))
+    elif static:
+        inputs, outputs, op = inputs + list(static[0].input[1:3]), outputs + [static[0].output[0]], FIXED_OP
+        dropped.add(id(static[0]))
+    node.CopyFrom(helper.make_node(op, inputs, outputs, name=node.name, domain=native.DOMAIN, epsilon=epsilon))
 
 
 @functools.cache
