@@ -1,8 +1,8 @@
 """Int8MatMulQuantized: a calibrated product whose one reader is a QuantizeLinear (int8-static's input to the next
 product) quantized in the kernel's epilogue: onnxruntime's uint8 answers to the bit over odd shapes, scales that
 saturate, zero points and the GELU, and the epilogue's quantization alone against onnxruntime's QuantizeLinear
-over every range of float32 and every half-way quotient; the QuantizeLinear nodes it cannot compute alike left
-as they are."""
+over every range of float32 and every half-way quotient; a row the same alone and in any batch; the
+QuantizeLinear nodes it cannot compute alike left as they are."""
 
 from __future__ import annotations
 
@@ -132,3 +132,14 @@ def test_the_epilogues_quantization_is_onnxruntimes_to_the_bit(scale, zero_point
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     differ = ours != theirs
     assert not differ.any(), f"{differ.sum()} values differ, first at x = {x[differ][:3]}"
+
+
+@amx
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count(threads):
+    model = fused(requantized(192, 600, seed=3))
+    inputs = feeds(model, 77)
+    whole = run_all(model, inputs, threads, library=True)[0]
+    for first, last in ((0, 1), (5, 6), (40, 77), (16, 48)):
+        part = {name: value[:, first:last] for name, value in inputs.items()}
+        assert np.array_equal(run_all(model, part, threads, library=True)[0], whole[:, first:last])
