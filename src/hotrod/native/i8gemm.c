@@ -108,11 +108,6 @@ static inline Columns columns(const Problem* p, int64_t col) {
   return c;
 }
 
-/* 16 values quantized with Y's one scale and zero point (quantize.h), `mask`'s lanes stored. */
-static inline void quantize_static(const Problem* p, __m512 v, __mmask16 mask, uint8_t* out) {
-  hotrod_quantize_static16(v, p->static_scale, p->static_zero, mask, out);
-}
-
 /* Where 16 columns from `col` (a multiple of 16: within one output) of rows from `row` go, and the residual
  * they add; the next row's are a row stride on (`width` floats, `n` for the residual). Where Y is quantized
  * with one scale, `at` is the first value's index in q_static (one output), and `out` is not used. */
@@ -132,8 +127,8 @@ static inline void emit(const Problem* p, const Columns* c, __m512i sum, float r
   v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(row_scale)), c->bias);
   if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
   if (t->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, t->residual + r * p->n));
-  if (p->q_static != NULL)
-    quantize_static(p, v, c->mask, p->q_static + t->at + r * p->width);
+  if (p->q_static != NULL) /* quantize.h: as the graph's QuantizeLinear */
+    hotrod_quantize_static16(v, p->static_scale, p->static_zero, c->mask, p->q_static + t->at + r * p->width);
   else
     _mm512_mask_storeu_ps(t->out + r * p->width, c->mask, v);
 }
@@ -333,25 +328,10 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   return 0;
 }
 
-static size_t plan(Problem* p);
-
 /* Whether the tiles can compute a product of depth k with this activation. */
 static int computable(int64_t k, int activation) {
   return hotrod_amx_ready() && k > 0 && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
          activation <= HOTROD_I8_GELU;
-}
-
-int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
-                     const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                     void* runner) {
-  if (!computable(k, activation) || parts < 1 || n % parts != 0 || (parts > 1 && n / parts % 16 != 0) ||
-      (residual != NULL && parts > 1))
-    return -1;
-  Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation,
-               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, NULL};
-  parallel(runner, unit, &p, plan(&p));
-  return 0;
 }
 
 /* Units of up to UNIT_ROWS rows by unit_cols columns for `p`: how many. */
@@ -365,6 +345,19 @@ static size_t plan(Problem* p) {
     p->unit_cols /= 2;
   p->col_units = (p->padded_n + p->unit_cols - 1) / p->unit_cols;
   return (size_t)(row_units * p->col_units);
+}
+
+int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
+                     const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
+                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+                     void* runner) {
+  if (!computable(k, activation) || parts < 1 || n % parts != 0 || (parts > 1 && n / parts % 16 != 0) ||
+      (residual != NULL && parts > 1))
+    return -1;
+  Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation,
+               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, NULL};
+  parallel(runner, unit, &p, plan(&p));
+  return 0;
 }
 
 int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,

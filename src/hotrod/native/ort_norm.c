@@ -122,8 +122,7 @@ const CustomOp hotrod_layer_norm_rows_op = {API_VERSION,       create_norm,     
 static const char* norm_fixed_name(const CustomOp* op) { (void)op; return "LayerNormQuantized"; }
 static int norm_fixed_input_type(const CustomOp* op, size_t i) { (void)op; return i == 4 ? UINT8 : FLOAT; }
 static size_t five(const CustomOp* op) { (void)op; return 5; }
-static size_t two(const CustomOp* op) { (void)op; return 2; }
 
 const CustomOp hotrod_layer_norm_fixed_op = {
     API_VERSION,          create_norm,  norm_fixed_name, hotrod_cpu_provider, norm_fixed_input_type, five,
-    norm_rows_type,       two,          compute_norm,    hotrod_free_kernel,  hotrod_required,       hotrod_required};
+    norm_rows_type,       hotrod_two,   compute_norm,    hotrod_free_kernel,  hotrod_required,       hotrod_required};
