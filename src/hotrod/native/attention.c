@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "quantize.h"
 
 #define TILE_ROWS 16
 #define QUERY_ROWS 32   /* queries a block: two tiles of rows */
@@ -38,7 +39,7 @@
 
 typedef struct {
   const float *q, *k, *v, *mask;
-  float* y;
+  hotrod_attention_out out;
   int64_t batch, seq_q, seq_k, heads, head_size;
   int64_t padded_k; /* keys padded to a multiple of PAIR_KEYS */
   int64_t depth, blocks; /* the head size padded with zeros to a multiple of 32; its blocks of 16 columns */
@@ -234,12 +235,13 @@ static void softmax_rows(const Problem* p, float* scores, const float* const* ma
   }
 }
 
-/* P V for 32 queries (P their bf16 numerators [32, padded_k]) into y, each row times its 1 / sum: 32 columns
+/* P V for 32 queries (P their bf16 numerators [32, padded_k]) into the output from element `at` on (y's, or
+ * quantized into q's), each row times its 1 / sum: 32 columns
  * at a time, the two tiles of P by two tiles of V a step of 32 keys (one where a last block stands alone), the
  * sums stored to `spill` [32, depth]; the rows are scaled into y once every column's sums are stored, not
  * after each 32 columns: a load that follows a tile store to its address closely waits on it. */
 static void weighted_values(const Problem* p, const uint16_t* numerators, const uint16_t* values,
-                            const float* inverse, float* y, int64_t rows, float* spill) {
+                            const float* inverse, int64_t at, int64_t rows, float* spill) {
   const int64_t blocks = p->blocks, width = p->heads * p->head_size, stride = p->padded_k * (int64_t)sizeof(uint16_t);
   const size_t spill_stride = (size_t)p->depth * sizeof(float);
   for (int64_t first_block = 0; first_block < blocks; first_block += 2) {
@@ -267,11 +269,18 @@ static void weighted_values(const Problem* p, const uint16_t* numerators, const 
     _tile_stored(6, sums + TILE_ROWS * p->depth, spill_stride);
     _tile_stored(7, sums + TILE_ROWS * p->depth + 16, spill_stride);
   }
+  const hotrod_attention_out* out = &p->out;
   for (int64_t r = 0; r < rows; r++) {
     const __m512 factor = _mm512_set1_ps(inverse[r]);
-    for (int64_t block = 0; block < blocks; block++)
-      _mm512_mask_storeu_ps(y + r * width + block * 16, first(p->head_size - block * 16),
-                            _mm512_mul_ps(_mm512_loadu_ps(spill + r * p->depth + block * 16), factor));
+    for (int64_t block = 0; block < blocks; block++) {
+      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(spill + r * p->depth + block * 16), factor);
+      const __mmask16 m = first(p->head_size - block * 16);
+      const int64_t to = at + r * width + block * 16;
+      if (out->y != NULL)
+        _mm512_mask_storeu_ps(out->y + to, m, y);
+      else
+        hotrod_quantize_static16(y, out->scale, out->zero_point, m, out->q + to);
+    }
   }
 }
 
@@ -297,10 +306,14 @@ static void unit(void* data, size_t index) {
   const size_t bytes = 2 * packed + QUERY_ROWS * (size_t)p->padded_k * (sizeof(float) + sizeof(uint16_t)) +
                        (size_t)(QUERY_ROWS * p->depth) * (sizeof(uint16_t) + sizeof(float));
   uint8_t* memory = aligned_alloc(64, (bytes + 63) / 64 * 64);
-  float* y = p->y + b * p->seq_q * width + offset;
-  if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer */
+  const int64_t at = b * p->seq_q * width + offset; /* the unit's first output */
+  if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer (the zero point quantized) */
     for (int64_t r = 0; r < p->seq_q; r++)
-      for (int64_t c = 0; c < p->head_size; c++) y[r * width + c] = __builtin_nanf("");
+      for (int64_t c = 0; c < p->head_size; c++)
+        if (p->out.y != NULL)
+          p->out.y[at + r * width + c] = __builtin_nanf("");
+        else
+          p->out.q[at + r * width + c] = (uint8_t)p->out.zero_point;
     return;
   }
   uint16_t *keys = (uint16_t*)memory, *values = (uint16_t*)(memory + packed);
@@ -328,7 +341,7 @@ static void unit(void* data, size_t index) {
       memset(numerators + r * p->padded_k, 0, (size_t)p->padded_k * sizeof(uint16_t));
       inverse[r] = 0.0f;
     }
-    weighted_values(p, numerators, values, inverse, y + row * width, rows, spill);
+    weighted_values(p, numerators, values, inverse, at + row * width, rows, spill);
   }
   _tile_release();
   free(memory);
@@ -353,10 +366,10 @@ static int mask_strides(const Problem* p, const int64_t* dims, size_t count, int
 
 int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
-                          const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,
-                          void* runner) {
+                          const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out,
+                          hotrod_parallel parallel, void* runner) {
   if (!hotrod_amx_ready() || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
-  Problem p = {q, k, v, mask, y, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale};
+  Problem p = {q, k, v, mask, *out, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale};
   p.depth = (head_size + 31) / 32 * 32;
   p.blocks = (head_size + 15) / 16;
   p.padded_k = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;

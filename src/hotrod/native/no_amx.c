@@ -36,10 +36,10 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
 
 int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
-                          const int64_t* mask_dims, size_t mask_count, float* y, hotrod_parallel parallel,
-                          void* runner) {
+                          const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out,
+                          hotrod_parallel parallel, void* runner) {
   (void)q, (void)k, (void)v, (void)batch, (void)seq_q, (void)seq_k, (void)heads, (void)head_size, (void)scale;
-  (void)mask, (void)mask_dims, (void)mask_count, (void)y, (void)parallel, (void)runner;
+  (void)mask, (void)mask_dims, (void)mask_count, (void)out, (void)parallel, (void)runner;
   return -1;
 }
 

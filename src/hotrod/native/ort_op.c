@@ -9,7 +9,8 @@
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D] (K and V also [B, S, H, D]), an optional additive float
  *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder attention with
  *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the
- *   build asked);
+ *   build asked); Bf16AttentionQuantized, the same with two more inputs (a float scale and a uint8 zero point)
+ *   and a uint8 output, quantized as QuantizeLinear quantizes (an int8-static graph's next product's input);
  * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
  *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2).
  *
@@ -225,31 +226,62 @@ static int64_t attention_keys(const AttentionKernel* kernel, const int64_t* q, s
   return dk[0] == q[0] && dv[0] == q[0] && dk[1] == dv[1] ? dk[1] : 0;
 }
 
-static void compute_attention(void* state, OrtKernelContext* context) {
-  const AttentionKernel* kernel = state;
-  const OrtValue *in[4] = {NULL, NULL, NULL, NULL};
-  OrtValue* out = NULL;
-  int64_t dims[8], mask_dims[8];
+/* The attention of the context's inputs 0-3 (Q, K, V, an optional mask) into `out`, Q's dimensions in dims;
+ * 0 where it was computed. */
+static int attend(const AttentionKernel* kernel, OrtKernelContext* context, const int64_t* dims, size_t count,
+                  const hotrod_attention_out* out) {
+  const OrtValue* in[4] = {NULL, NULL, NULL, NULL};
+  int64_t mask_dims[8];
   for (size_t i = 0; i < 4; i++)
-    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i])) && i < 3) return;
-  const size_t count = in[0] == NULL ? 0 : dims_of(in[0], dims);
-  if (count == 0 || failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &out))) return;
-  float* y = data_of(out);
-  int64_t values = 1;
-  for (size_t i = 0; i < count; i++) values *= dims[i];
-  if (y == NULL || values == 0) return;
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i])) && i < 3) return -1;
   const int64_t keys = attention_keys(kernel, dims, count, in[1], in[2]);
   const int64_t head_size = count == 3 ? dims[2] / kernel->heads : 0; /* scale 0: 1 / sqrt(head size) */
   const size_t mask_count = in[3] == NULL ? 0 : dims_of(in[3], mask_dims);
   const float *q = data_of(in[0]), *k = data_of(in[1]), *v = data_of(in[2]);
   const float* mask = in[3] == NULL ? NULL : data_of(in[3]);
+  if (keys == 0 || q == NULL || k == NULL || v == NULL || (in[3] != NULL && (mask == NULL || mask_count == 0)))
+    return -1;
+  return hotrod_bf16_attention(q, k, v, dims[0], dims[1], keys, kernel->heads, head_size,
+                               kernel->scale != 0.0f ? kernel->scale : 1.0f / sqrtf((float)head_size), mask,
+                               mask_dims, mask_count, out, hotrod_run_parallel, context);
+}
+
+/* The output, shaped as Q, and its element count (0 where there is none to write). */
+static void* attention_output(OrtKernelContext* context, int64_t* dims, size_t* count, int64_t* values) {
+  const OrtValue* q = NULL;
+  OrtValue* out = NULL;
+  *values = 0;
+  if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, 0, &q)) || q == NULL) return NULL;
+  *count = dims_of(q, dims);
+  if (*count == 0 || failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, *count, &out))) return NULL;
+  *values = 1;
+  for (size_t i = 0; i < *count; i++) *values *= dims[i];
+  return data_of(out);
+}
+
+static void compute_attention(void* state, OrtKernelContext* context) {
+  int64_t dims[8], values;
+  size_t count = 0;
+  const hotrod_attention_out out = {attention_output(context, dims, &count, &values), NULL, 0.0f, 0};
+  if (out.y == NULL || values == 0) return;
   /* inputs that do not fit (or no tile state, or a mask that cannot be read): NaN, which no caller takes
    * for an answer */
-  if (keys == 0 || q == NULL || k == NULL || v == NULL || (in[3] != NULL && (mask == NULL || mask_count == 0)) ||
-      hotrod_bf16_attention(q, k, v, dims[0], dims[1], keys, kernel->heads, head_size,
-                            kernel->scale != 0.0f ? kernel->scale : 1.0f / sqrtf((float)head_size), mask, mask_dims,
-                            mask_count, y, hotrod_run_parallel, context) != 0)
-    for (int64_t i = 0; i < values; i++) y[i] = __builtin_nanf("");
+  if (attend(state, context, dims, count, &out) != 0)
+    for (int64_t i = 0; i < values; i++) out.y[i] = __builtin_nanf("");
+}
+
+/* Bf16AttentionQuantized: the answers quantized to uint8 with the scale and zero point of inputs 4 and 5. */
+static void compute_attention_quantized(void* state, OrtKernelContext* context) {
+  int64_t dims[8], values;
+  size_t count = 0;
+  uint8_t zero_point = 0;
+  hotrod_attention_out out = {NULL, attention_output(context, dims, &count, &values), 0.0f, 0};
+  if (out.q == NULL || values == 0) return;
+  const int read = hotrod_scalar_input(context, 4, &out.scale, sizeof(out.scale)) &&
+                   hotrod_scalar_input(context, 5, &zero_point, 1);
+  out.zero_point = zero_point;
+  /* as Bf16Attention's NaN: the zero point, where nothing was computed */
+  if (!read || attend(state, context, dims, count, &out) != 0) memset(out.q, zero_point, (size_t)values);
 }
 
 static const char* attention_name(const CustomOp* op) { (void)op; return "Bf16Attention"; }
@@ -259,6 +291,16 @@ static int mask_optional(const CustomOp* op, size_t i) { (void)op; return i == 3
 static const CustomOp bf16_attention = {API_VERSION,       create_attention,   attention_name, hotrod_cpu_provider,
                                         hotrod_float_type, four,               hotrod_float_type, hotrod_one,
                                         compute_attention, hotrod_free_kernel, mask_optional,  hotrod_required};
+
+static const char* quantized_name(const CustomOp* op) { (void)op; return "Bf16AttentionQuantized"; }
+static int quantized_input_type(const CustomOp* op, size_t i) { (void)op; return i == 5 ? UINT8 : FLOAT; }
+static size_t six(const CustomOp* op) { (void)op; return 6; }
+static int uint8_type(const CustomOp* op, size_t i) { (void)op, (void)i; return UINT8; }
+
+static const CustomOp bf16_attention_quantized = {
+    API_VERSION,       create_attention, quantized_name,     hotrod_cpu_provider,         quantized_input_type, six,
+    uint8_type,        hotrod_one,       compute_attention_quantized, hotrod_free_kernel, mask_optional,
+    hotrod_required};
 
 /* -- registration ----------------------------------------------------------------------------- */
 
@@ -281,6 +323,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_int8_matmul_rows);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_int8_matmul_quantized);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention_quantized);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_rows_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_fixed_op);

@@ -21,6 +21,7 @@ from hotrod.precisions import ATTENTION_KEY
 from hotrod.runtime import i8, native
 
 OP = "Bf16Attention"
+QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
@@ -66,6 +67,37 @@ def rewrite(model: onnx.ModelProto) -> int:
         graph.node.extend(kept)
         native.add_domain(model)
     return count
+
+
+def quantize_static(model: onnx.ModelProto) -> int:
+    """Every Bf16Attention of `model` (rewritten already) whose one reader is a QuantizeLinear to uint8 with one
+    constant scale and zero point (int8-static's input to the output projection) as one Bf16AttentionQuantized
+    giving that node's output, in place; returns how many. The kernel quantizes each answer as that node did, to
+    the bit, from the same floats, which are neither written nor read again."""
+    graph = model.graph
+    fed = {value.name for value in graph.input}
+    constants = {init.name: init for init in graph.initializer if init.name not in fed}
+    readers = graphs.readers(graph)
+    outputs = {value.name for value in graph.output}
+    dropped = set()
+    for node in graph.node:
+        if node.op_type != OP or node.domain != native.DOMAIN or node.output[0] in outputs:
+            continue
+        following = readers.get(node.output[0], [])
+        if len(following) != 1 or following[0].op_type != "QuantizeLinear" \
+                or following[0].domain not in ("", "ai.onnx") or not i8.quantizes_static(following[0], constants):
+            continue
+        inputs = list(node.input) + [""] * (4 - len(node.input))  # no mask: its place left empty
+        node.op_type = QUANTIZED_OP
+        del node.input[:]
+        node.input.extend(inputs + list(following[0].input[1:]))
+        node.output[0] = following[0].output[0]
+        dropped.add(id(following[0]))
+    if dropped:
+        kept = [node for node in graph.node if id(node) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return len(dropped)
 
 
 def _plain(node: onnx.NodeProto, floats: set[str]) -> tuple[list[str], int, float] | None:

@@ -57,5 +57,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         ops.update(node.op_type for node in model.graph.node if node.op_type in (norm.OP, norm.ROWS_OP, norm.FIXED_OP))
     if model is not None and bf16 and attention.rewrite(model):
         ops.add(attention.OP)
+        if attention.quantize_static(model):
+            ops.add(attention.QUANTIZED_OP)
     with native.graph_file(model if ops else None) as file:
         yield KernelGraph(file, frozenset(ops)) if file is not None else None
