@@ -268,3 +268,131 @@ def distinct(stream: Iterator, count: int, key: Callable, exclude: set | None = 
             seen.add(k)
             items.append(item)
     return items
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Question answering: a context of several facts, a question about one of them, the answer a span of it.
+# Each fact is a sentence over named slots and the questions it answers, each naming the slot that answers.
+
+QA_FACTS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("{per} flew from {loc} to {loc2} last week.",
+     [("Who flew from {loc} to {loc2}?", "per"), ("Where did {per} fly from?", "loc"),
+      ("Where did {per} fly to last week?", "loc2")]),
+    ("{per} was born in {loc} and moved to {loc2} in {year}.",
+     [("Where was {per} born?", "loc"), ("Where did {per} move in {year}?", "loc2"),
+      ("When did {per} move to {loc2}?", "year")]),
+    ("The mayor of {loc}, {per}, opened the new bridge.",
+     [("Who is the mayor of {loc}?", "per"), ("Which city is {per} the mayor of?", "loc")]),
+    ("Our office in {loc} is run by {per}.",
+     [("Who runs the office in {loc}?", "per"), ("Where is the office that {per} runs?", "loc")]),
+    ("{per} works as a nurse in {loc}.",
+     [("Where does {per} work?", "loc"), ("Who works as a nurse in {loc}?", "per")]),
+    ("{per} has lived in {loc} for {count} years.",
+     [("How long has {per} lived in {loc}?", "count"), ("Who has lived in {loc} for {count} years?", "per")]),
+    ("Professor {per} gave a talk about climate change in {loc}.",
+     [("Who gave a talk about climate change?", "per"), ("Where was the talk about climate change?", "loc")]),
+    ("The train from {loc} to {loc2} leaves at {time}.",
+     [("When does the train to {loc2} leave?", "time"), ("Where does the train to {loc2} start?", "loc")]),
+    ("{per} paid {amount} for a concert ticket in {loc}.",
+     [("How much did {per} pay for the ticket?", "amount"), ("Who paid {amount} for a concert ticket?", "per")]),
+    ("The new museum in {loc} was designed by {per} and opened in {year}.",
+     [("Who designed the museum in {loc}?", "per"), ("When did the museum in {loc} open?", "year")]),
+    ("Police in {loc} are looking for {per}.",
+     [("Who are the police looking for?", "per"), ("Where are the police looking for {per}?", "loc")]),
+    ("{per} sold {count} paintings at the art fair in {loc}.",
+     [("How many paintings did {per} sell?", "count"), ("Where was the art fair?", "loc")]),
+]
+QA_YEARS = [str(year) for year in range(1950, 2025, 3)]
+QA_COUNTS = ["two", "three", "five", "seven", "ten", "twelve", "fifteen", "twenty", "4", "6", "8", "11", "30"]
+
+
+@dataclass(frozen=True)
+class QaExample:
+    question: str
+    context: str
+    answer: str  # as written in the context
+    start: int  # its first character there
+
+
+def _qa_slots(pools: Pools, rng: random.Random, capitalize: bool) -> dict[str, str]:
+    city, city2 = rng.sample(pools["city"], 2)
+    slots = {"per": _person(pools, rng), "loc": city, "loc2": city2}
+    if capitalize:
+        slots = {key: " ".join(w.capitalize() for w in value.split()) for key, value in slots.items()}
+    return {**slots, "year": rng.choice(QA_YEARS), "count": rng.choice(QA_COUNTS), "time": _time(rng),
+            "amount": _amount(rng)}
+
+
+def qa_example(pools: Pools, rng: random.Random) -> QaExample:
+    """A context of two to five facts (distinct kinds, so each question has one answer) and a question
+    about one of them; names and places capitalized in most contexts, as in running text."""
+    capitalize = rng.random() < 0.8
+    facts = rng.sample(QA_FACTS, rng.randint(2, 5))
+    asked = rng.randrange(len(facts))
+    context, answer, start, question = "", "", 0, ""
+    for i, (template, questions) in enumerate(facts):
+        slots = _qa_slots(pools, rng, capitalize)
+        text = template.format(**slots)
+        text = text[0].upper() + text[1:] if capitalize else text.lower()
+        if i == asked:
+            wording, slot = rng.choice(questions)
+            question = wording.format(**slots)
+            question = question if capitalize else question.lower()
+            before = template[:template.index("{" + slot + "}")].format(**slots)
+            answer, start = slots[slot], len(context) + (1 if context else 0) + len(before)
+        context += (" " if context else "") + text
+    assert context[start:start + len(answer)].lower() == answer.lower()
+    return QaExample(question, context, context[start:start + len(answer)], start)
+
+
+def qa_examples(pools: Pools, rng: random.Random) -> Iterator[QaExample]:
+    while True:
+        yield qa_example(pools, rng)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reranking: a question and candidate passages, one of which answers it. The others are the same kind of fact
+# about other people and places, facts about the same person or place that do not answer, and other facts.
+
+
+@dataclass(frozen=True)
+class RerankExample:
+    query: str
+    passages: list[str]
+    answer: int  # the index of the passage that answers
+
+
+def _fact(template: str, slots: dict[str, str], capitalize: bool) -> str:
+    text = template.format(**slots)
+    return text[0].upper() + text[1:] if capitalize else text.lower()
+
+
+def rerank_example(pools: Pools, rng: random.Random, candidates: int = 10) -> RerankExample:
+    """A question that names its fact's person or place, its fact, and `candidates - 1` passages that do not
+    answer it: two to four of the same kind with other values, a few about the same person or place (other
+    kinds of fact), the rest anything."""
+    capitalize = rng.random() < 0.8
+    named = [(t, q) for t, qs in QA_FACTS for q in qs if "{" in q[0]]
+    template, (wording, _) = rng.choice(named)
+    slots = _qa_slots(pools, rng, capitalize)
+    query = wording.format(**slots)
+    passages, seen = [_fact(template, slots, capitalize)], {wording.format(**slots).lower()}
+    while len(passages) < rng.randint(3, 5):  # the same kind of fact, asked of other values: does not answer
+        other = _qa_slots(pools, rng, capitalize)
+        if wording.format(**other).lower() not in seen:
+            seen.add(wording.format(**other).lower())
+            passages.append(_fact(template, other, capitalize))
+    kinds = [t for t, _ in QA_FACTS if t != template]
+    for kind in rng.sample(kinds, candidates - len(passages)):  # other kinds, some about the same person or place
+        other = _qa_slots(pools, rng, capitalize)
+        if rng.random() < 0.4:
+            other.update({k: slots[k] for k in ("per", "loc") if "{" + k + "}" in wording})
+        passages.append(_fact(kind, other, capitalize))
+    order = list(range(candidates))
+    rng.shuffle(order)
+    return RerankExample(query if capitalize else query.lower(), [passages[i] for i in order], order.index(0))
+
+
+def rerank_examples(pools: Pools, rng: random.Random) -> Iterator[RerankExample]:
+    while True:
+        yield rerank_example(pools, rng)

@@ -2,6 +2,9 @@
 
   minilm-intents  BertForSequenceClassification: a short request to an assistant -> one of ten intents
   minilm-ner      BertForTokenClassification: people and places in a sentence (O, B/I-PER, B/I-LOC)
+  minilm-qa       BertForQuestionAnswering: a question about one of a few facts -> the span that answers it
+  minilm-rerank   BertForSequenceClassification, one label (a cross-encoder): a question and ten passages ->
+                  the one that answers it first
 
 The backbone is frozen except its last layer, so what ships (`hotrod.demo.models.head_weights`) is that layer and
 the head: a few MB instead of the package's 90. The data comes from `demo_head_data.py`, seeded; the held-out
@@ -17,7 +20,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import demo_head_data as data
@@ -25,9 +28,9 @@ import torch
 
 from hotrod.demo.models import DEMO_MODELS
 from hotrod.demo.models.head_weights import HEAD_WEIGHTS, assemble, changed_tensors
-from hotrod.tasks.constants import CLASSIFY
+from hotrod.tasks.constants import ANSWER, CLASSIFY, RERANK
 
-TRAINABLE = ("bert.encoder.layer.5.", "bert.pooler.", "classifier.")  # the last layer and the head
+TRAINABLE = ("bert.encoder.layer.5.", "bert.pooler.", "classifier.", "qa_outputs.")  # the last layer, the head
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class HeadRecipe:
 HEAD_RECIPES = {
     "intents": HeadRecipe("minilm-intents", "BertForSequenceClassification", steps=300, batch_size=32, lr=5e-4),
     "ner": HeadRecipe("minilm-ner", "BertForTokenClassification", steps=600, batch_size=32, lr=5e-4),
+    "qa": HeadRecipe("minilm-qa", "BertForQuestionAnswering", steps=800, batch_size=32, lr=5e-4),
+    "rerank": HeadRecipe("minilm-rerank", "BertForSequenceClassification", steps=600, batch_size=32, lr=5e-4),
 }
 
 
@@ -89,6 +94,27 @@ def token_labels(tokenizer, items: list, label2id: dict[str, int]) -> dict[str, 
     return dict(batch)
 
 
+def qa_items(pools: data.Pools, seed: str, count: int, exclude: set | None = None) -> list[data.QaExample]:
+    return data.distinct(data.qa_examples(pools, random.Random(seed)), count, key=lambda e: (e.question, e.context),
+                         exclude=exclude)
+
+
+def qa_labels(tokenizer, items: list[data.QaExample]) -> dict[str, torch.Tensor]:
+    """A batch of (question, context) pairs with the answer's first and last token in the context."""
+    batch = tokenizer([e.question for e in items], [e.context for e in items], return_tensors="pt", padding=True,
+                      return_offsets_mapping=True)
+    offsets = batch.pop("offset_mapping")
+    starts, ends = [], []
+    for row, example in enumerate(items):
+        first, last = example.start, example.start + len(example.answer)
+        inside = [i for i, (sequence, (s, e)) in enumerate(zip(batch.sequence_ids(row), offsets[row].tolist()))
+                  if sequence == 1 and s < last and e > first]
+        starts.append(inside[0])
+        ends.append(inside[-1])
+    batch["start_positions"], batch["end_positions"] = torch.tensor(starts), torch.tensor(ends)
+    return dict(batch)
+
+
 def _word_spans(words: list[str]) -> list[tuple[int, int]]:
     """Character span of each word in `data.sentence(words)`."""
     spans, text = [], ""
@@ -97,6 +123,103 @@ def _word_spans(words: list[str]) -> list[tuple[int, int]]:
         spans.append((len(text), len(text) + len(word)))
         text += word
     return spans
+
+
+def rerank_items(pools: data.Pools, seed: str, count: int, exclude: set | None = None) -> list[data.RerankExample]:
+    return data.distinct(data.rerank_examples(pools, random.Random(seed)), count, key=lambda e: e.query,
+                         exclude=exclude)
+
+
+def rerank_pairs(tokenizer, items: list[data.RerankExample]) -> dict[str, torch.Tensor]:
+    """(query, passage) pairs of a batch of questions: each one's answer and three that do not answer (the
+    first of them of the same kind of fact), with `relevance` 1 or 0 for the cross-entropy on the one logit."""
+    queries, passages, relevance = [], [], []
+    for example in items:
+        wrong = [i for i in range(len(example.passages)) if i != example.answer]
+        for index in [example.answer, *wrong[:1], *random.Random(example.query).sample(wrong[1:], 2)]:
+            queries.append(example.query)
+            passages.append(example.passages[index])
+            relevance.append(float(index == example.answer))
+    batch = dict(tokenizer(queries, passages, return_tensors="pt", padding=True))
+    batch["relevance"] = torch.tensor(relevance)
+    return batch
+
+
+@dataclass(frozen=True)
+class HeadData:
+    """What one head trains on: its labels (none for a span or a score), held-out (text, target) pairs as
+    heldout.tsv writes them, training examples, the head class, its options and a batch of examples."""
+
+    labels: list[str]
+    heldout: list[tuple[str, str]]
+    examples: list
+    head_class: type
+    options: dict
+    batch: Callable[[list], dict]
+    config: dict = field(default_factory=dict)  # written into config.json beside the head class's own
+
+
+def _labelled(labels: list[str]) -> dict:
+    return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+            "label2id": {label: i for i, label in enumerate(labels)}}
+
+
+def intents_data(tokenizer, train: data.Pools, heldout: data.Pools, seed: str, size: int, count: int) -> HeadData:
+    from transformers import BertForSequenceClassification
+
+    labels = sorted(data.INTENTS)
+    found = intent_pairs(heldout, seed.format("heldout"), size)
+    ids = {label: i for i, label in enumerate(labels)}
+
+    def batch(chunk: list) -> dict:
+        encoded = dict(tokenizer([t for t, _ in chunk], return_tensors="pt", padding=True))
+        return {**encoded, "labels": torch.tensor([ids[label] for _, label in chunk])}
+
+    examples = intent_pairs(train, seed.format("train"), count, {t for t, _ in found})
+    return HeadData(labels, found, examples, BertForSequenceClassification, _labelled(labels), batch)
+
+
+def ner_data(tokenizer, train: data.Pools, heldout: data.Pools, seed: str, size: int, count: int) -> HeadData:
+    from transformers import BertForTokenClassification
+
+    labels = data.NER_LABELS
+    found = [(data.sentence(words), entity_target(words, tags))
+             for words, tags in ner_items(heldout, seed.format("heldout"), size)]
+    examples = ner_items(train, seed.format("train"), count, {t for t, _ in found}, compounds=True)
+    ids = {label: i for i, label in enumerate(labels)}
+    return HeadData(labels, found, examples, BertForTokenClassification, _labelled(labels),
+                    lambda chunk: token_labels(tokenizer, chunk, ids))
+
+
+def qa_data(tokenizer, train: data.Pools, heldout: data.Pools, seed: str, size: int, count: int) -> HeadData:
+    """A held-out text is the question and the context, a tab between; its target the answer."""
+    from transformers import BertForQuestionAnswering
+
+    found = qa_items(heldout, seed.format("heldout"), size)
+    examples = qa_items(train, seed.format("train"), count, {(e.question, e.context) for e in found})
+    return HeadData([], [(f"{e.question}\t{e.context}", e.answer) for e in found], examples,
+                    BertForQuestionAnswering, {}, lambda chunk: qa_labels(tokenizer, chunk))
+
+
+def rerank_data(tokenizer, train: data.Pools, heldout: data.Pools, seed: str, size: int, count: int) -> HeadData:
+    """A held-out text is the question and its passages, tabs between; its target the answer's index. A batch
+    of questions is four times as many (query, passage) pairs."""
+    from transformers import BertForSequenceClassification
+
+    found = rerank_items(heldout, seed.format("heldout"), size)
+    examples = rerank_items(train, seed.format("train"), count, {e.query for e in found})
+    # a one-label head with sentence-transformers' activation: its CrossEncoder and hotrod score with a sigmoid
+    activation = {"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}}
+    return HeadData([], [("\t".join([e.query, *e.passages]), str(e.answer)) for e in found], examples,
+                    BertForSequenceClassification, {"num_labels": 1}, lambda chunk: rerank_pairs(tokenizer, chunk),
+                    activation)
+
+
+HEAD_SCORES = ("accuracy", "entity_f1", "answer_f1", "mrr")  # each head's held-out score, as its demo.json names it
+MEASURED_WITH = {
+    "qa": "transformers' head class in fp32, spans picked as its 4.x question-answering pipeline did",
+    "rerank": "transformers' text-classification pipeline, fp32, each passage's score through a sigmoid"}
+TASK_DATA = {"intents": intents_data, "ner": ner_data, "qa": qa_data, "rerank": rerank_data}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,7 +246,11 @@ def train(model: torch.nn.Module, make_batch: Callable[[int], dict], recipe: Hea
     model.eval()
     start, running = time.perf_counter(), None
     for step in range(1, recipe.steps + 1):
-        loss = model(**make_batch(step)).loss
+        batch = make_batch(step)
+        relevance = batch.pop("relevance", None)  # a one-logit score: binary cross-entropy, as CrossEncoder trains
+        out = model(**batch)
+        loss = out.loss if relevance is None else \
+            torch.nn.functional.binary_cross_entropy_with_logits(out.logits[:, 0], relevance)
         loss.backward()
         optimizer.step()
         schedule.step()
@@ -144,13 +271,22 @@ def _cycle(items: list, size: int) -> Callable[[int], list]:
 
 
 def heldout_scores(checkpoint: Path, task: str, pairs: list[tuple[str, str]]) -> dict[str, float]:
-    """Intent accuracy, or the tagger's entity F1 and sentences with every entity right, from the pipeline."""
+    """Intent accuracy, the tagger's entity F1 and sentences with every entity right, the answers' F1 and exact
+    match, or the reranker's mean reciprocal rank and top-1 accuracy, from the reference."""
     from hotrod.demo import trained_heads as demo_heads
 
     texts, targets = [t for t, _ in pairs], [t for _, t in pairs]
     pipe = demo_heads.reference_pipeline(checkpoint, task)
     if task == CLASSIFY:
         return {"accuracy": demo_heads.accuracy(demo_heads.classify_pipeline(pipe, texts), targets)}
+    if task == RERANK:
+        predicted = demo_heads.rerank_pipeline(pipe, texts)
+        return {"mrr": demo_heads.reciprocal_rank(predicted, targets),
+                "top1_accuracy": demo_heads.accuracy([p.split(",")[0] for p in predicted], targets)}
+    if task == ANSWER:
+        predicted = demo_heads.answer_spans(pipe, texts)
+        return {"answer_f1": demo_heads.answer_f1(predicted, targets),
+                "exact_match": demo_heads.answer_exact_match(predicted, targets)}
     predicted = demo_heads.tag_pipeline(pipe, texts)
     return {"entity_f1": demo_heads.entity_f1(predicted, targets),
             "sentence_exact_match": demo_heads.accuracy(predicted, targets)}
@@ -164,7 +300,7 @@ def build_head(key: str, out_root: Path, seed: int, steps: int | None, heldout_s
     import importlib.metadata
 
     from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer, BertForSequenceClassification, BertForTokenClassification
+    from transformers import AutoTokenizer
 
     from hotrod.source import weights_sha256
 
@@ -176,28 +312,14 @@ def build_head(key: str, out_root: Path, seed: int, steps: int | None, heldout_s
     tokenizer = AutoTokenizer.from_pretrained(base)
     train_pools, heldout_pools = data.split_pools(seed)
     count = recipe.steps * recipe.batch_size  # each training example is seen once
-    if key == "intents":
-        labels = sorted(data.INTENTS)
-        heldout = intent_pairs(heldout_pools, f"intents-heldout-{seed}", heldout_size)
-        examples = intent_pairs(train_pools, f"intents-train-{seed}", count, {t for t, _ in heldout})
-        head_class = BertForSequenceClassification
-    else:
-        labels = data.NER_LABELS
-        items = ner_items(heldout_pools, f"ner-heldout-{seed}", heldout_size)
-        heldout = [(data.sentence(words), entity_target(words, tags)) for words, tags in items]
-        examples = ner_items(train_pools, f"ner-train-{seed}", count, {t for t, _ in heldout}, compounds=True)
-        head_class = BertForTokenClassification
-    label2id = {label: i for i, label in enumerate(labels)}
-    model = head_class.from_pretrained(base, num_labels=len(labels), id2label=dict(enumerate(labels)),
-                                       label2id=label2id)
+    task = TASK_DATA[key](tokenizer, train_pools, heldout_pools, f"{key}-{{}}-{seed}", heldout_size, count)
+    labels, heldout = task.labels, task.heldout
+    model = task.head_class.from_pretrained(base, **task.options)
+    for name, value in task.config.items():
+        setattr(model.config, name, value)
 
     def make_batch(step: int) -> dict:
-        chunk = _cycle(examples, recipe.batch_size)(step)
-        if key == "ner":
-            return token_labels(tokenizer, chunk, label2id)
-        batch = dict(tokenizer([t for t, _ in chunk], return_tensors="pt", padding=True))
-        batch["labels"] = torch.tensor([label2id[label] for _, label in chunk])
-        return batch
+        return task.batch(_cycle(task.examples, recipe.batch_size)(step))
 
     seconds = train(model, make_batch, recipe)
     out = out_root / recipe.name
@@ -218,11 +340,11 @@ def build_head(key: str, out_root: Path, seed: int, steps: int | None, heldout_s
         "shipped": {"file": HEAD_WEIGHTS, "tensors": sorted(shipped),
                     "parameters": sum(t.numel() for t in shipped.values())},
         "training": {"steps": recipe.steps, "batch_size": recipe.batch_size, "learning_rate": recipe.lr,
-                     "trained": "last encoder layer and head (the rest frozen)", "examples": len(examples),
+                     "trained": "last encoder layer and head (the rest frozen)", "examples": len(task.examples),
                      "optimizer": "AdamW, linear warm-up, cosine decay", "seed": seed, "threads": threads,
                      "seconds": round(seconds, 1), "torch": torch.__version__},
         "heldout": {"file": "heldout.tsv", "examples": len(heldout), "unseen": "names, cities and other slot values "
-                    "never seen in training", "measured_with": "transformers pipeline, fp32"},
+                    "never seen in training", "measured_with": MEASURED_WITH.get(key, "transformers pipeline, fp32")},
     }
     (out / "demo.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     scores = heldout_scores(assemble(out, base), DEMO_MODELS[recipe.name].task, heldout)

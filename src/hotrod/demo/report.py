@@ -54,7 +54,7 @@ def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_
         f"Machine: {platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads; "
         f"hotrod {__version__}, torch {torch.__version__}. Medians of {runs} interleaved runs after a warm-up. "
         f"Each model was optimized with `--precision auto --max-drop {max_drop}` and verified against its source; "
-        "the trained heads (minilm-*) were built at fp32 and int8 with optimize's defaults and are timed against "
+        "the trained heads (minilm-*) were built at fp32, int8 and int8-static with optimize's defaults and are timed against "
         "transformers' pipeline.",
         "",
         "| model | precision | accuracy measure | PyTorch | hotrod | PyTorch s | hotrod s | speedup | timed on |",
@@ -75,7 +75,12 @@ def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_
             lines += ["", f"## {r.name} {r.precision}", "", r.description, "",
                       f"Verification (manifest): {json.dumps(r.verification)}"]
             if same is not None:
-                lines += ["", f"Answers identical to transformers' pipeline on {same:.1%} of the held-out examples."]
+                means = r.accuracy.get("same_means", "answers identical")
+                lines += ["", f"Beside transformers' answers on the held-out examples: {means}, {same:.1%}."]
+            against = r.accuracy.get("score_against_pipeline")
+            if against is not None:
+                measure = r.accuracy["measure"].removeprefix("held-out ")
+                lines += ["", f"Its {measure} with transformers' answers as the targets: {against:.4f}."]
     report = directory / "report.md"
     report.write_text("\n".join(lines) + "\n")
     (directory / "report.json").write_text(json.dumps([{**r.__dict__, "speedup": r.speedup} for r in results],

