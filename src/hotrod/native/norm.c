@@ -17,6 +17,7 @@
  *
  * LayerNormRows also quantizes each row of y for the next product as QuantizeRows does (rows.c), while the row
  * is in the cache; on AVX-512 the pass that makes y also finds its largest |y|, which the quantization needs.
+ * LayerNormQuantized quantizes y with one scale and zero point (quantize.h); on AVX-512 in the same pass.
  * Rows are independent: a row's values are the same alone and in any batch.
  */
 #include <immintrin.h>
@@ -24,6 +25,7 @@
 #include <stdint.h>
 
 #include "norm.h"
+#include "quantize.h"
 #include "rows.h"
 
 #define GROUP 8 /* rows whose chains run side by side (measured: 8 beside 4 and 2) */
@@ -71,9 +73,9 @@ static void normalize(const float* x, int64_t k, float mean, float inv, const fl
 
 /* normalize on AVX-512 where the CPU has it, 16 values a step: each value's arithmetic is normalize's, so the
  * same y. It also gives the row's largest |y| (NaN where y holds one), so that the quantization after it does
- * not read y again to find it. */
+ * not read y again to find it, and quantizes y with one scale and zero point into `fixed` (NULL: not). */
 WIDE static float normalize_wide(const float* x, int64_t k, float mean, float inv, const float* gamma,
-                                 const float* beta, float* y) {
+                                 const float* beta, float* y, uint8_t* fixed, float scale, int32_t zero_point) {
   const __m512 m = _mm512_set1_ps(mean), s = _mm512_set1_ps(inv);
   __m512 top = _mm512_setzero_ps();
   __mmask16 nan = 0;
@@ -83,6 +85,7 @@ WIDE static float normalize_wide(const float* x, int64_t k, float mean, float in
     const __m512 g = _mm512_maskz_loadu_ps(lanes, gamma + i), b = _mm512_maskz_loadu_ps(lanes, beta + i);
     const __m512 v = _mm512_fmadd_ps(t, g, b);
     _mm512_mask_storeu_ps(y + i, lanes, v);
+    if (fixed != NULL) hotrod_quantize_static16(v, scale, zero_point, lanes, fixed + i);
     top = _mm512_mask_max_ps(top, lanes, top, _mm512_abs_ps(v));
     nan |= _mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_UNORD_Q);
   }
@@ -99,7 +102,7 @@ static void group_statistics(const float* const* x, int count, int64_t k, float 
 }
 
 void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gamma, const float* beta,
-                       float epsilon, float* y, uint8_t* q, float* scales) {
+                       float epsilon, float* y, uint8_t* q, float* scales, const hotrod_norm_fixed* fixed) {
   const int wide = hotrod_rows_wide();
   for (int64_t first = 0; first < rows;) {
     const int64_t left = rows - first;
@@ -110,13 +113,16 @@ void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gam
     group_statistics(group, count, k, epsilon, mean, inv);
     for (int g = 0; g < count; g++) {
       const int64_t r = first + g;
+      uint8_t* fixed_row = fixed == NULL ? NULL : fixed->q + r * k;
       if (wide) {
-        const float top = normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
+        const float top = normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k, fixed_row,
+                                         fixed == NULL ? 1.0f : fixed->scale, fixed == NULL ? 0 : fixed->zero_point);
         if (q != NULL) hotrod_quantize_row_known(y + r * k, k, top, q + r * k, scales + r);
         continue;
       }
       normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
       if (q != NULL) hotrod_quantize_rows(y + r * k, 1, k, q + r * k, scales + r);
+      if (fixed != NULL) hotrod_quantize_static(y + r * k, k, fixed->scale, fixed->zero_point, fixed_row);
     }
     first += count;
   }

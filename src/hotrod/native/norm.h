@@ -2,7 +2,16 @@
 #pragma once
 #include <stdint.h>
 
+/* Where given (q not NULL), a LayerNorm's output quantized to uint8 with one scale and zero point, as
+ * QuantizeLinear quantizes it (quantize.h): an int8-static graph's next product's input. */
+typedef struct {
+  uint8_t* q;
+  float scale;
+  int32_t zero_point;
+} hotrod_norm_fixed;
+
 /* y[rows][k] = LayerNorm(x[rows][k]) with gamma[k], beta[k] (k a multiple of 8), on the calling thread; where q
- * is not NULL, each row of y also quantized as QuantizeRows does (q[rows][k], scales[rows]). */
+ * is not NULL, each row of y also quantized as QuantizeRows does (q[rows][k], scales[rows]); where fixed is not
+ * NULL, y also quantized with its one scale and zero point into fixed->q[rows][k]. */
 void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gamma, const float* beta,
-                       float epsilon, float* y, uint8_t* q, float* scales);
+                       float epsilon, float* y, uint8_t* q, float* scales, const hotrod_norm_fixed* fixed);

@@ -50,9 +50,9 @@ static void normalize_part(void* data, size_t index) {
   const NormTask* t = data;
   int64_t first;
   const int64_t count = hotrod_task_rows(t->rows, t->parts, index, &first), at = first * t->k;
+  const hotrod_norm_fixed fixed = {t->fixed != NULL ? t->fixed + at : NULL, t->scale, t->zero_point};
   hotrod_layer_norm(t->x + at, count, t->k, t->gamma, t->beta, t->epsilon, t->y + at, t->q ? t->q + at : NULL,
-                    t->scales ? t->scales + first : NULL);
-  if (t->fixed != NULL) hotrod_quantize_static(t->y + at, count * t->k, t->scale, t->zero_point, t->fixed + at);
+                    t->scales ? t->scales + first : NULL, t->fixed != NULL ? &fixed : NULL);
 }
 
 /* Whether gamma and beta are [K] for X's last dimension K, a multiple of 8. */

@@ -124,7 +124,8 @@ def same_as_onnxruntime(width: int, epsilon: float) -> bool:
     x = rng.standard_normal((count, width)) * np.logspace(-3, 4, count)[:, None] + rng.standard_normal((count, 1)) * 10
     x, gamma, beta = x.astype(np.float32), *rng.standard_normal((2, width)).astype(np.float32)
     ours = np.empty_like(x)
-    kernel(x.ctypes.data, count, width, gamma.ctypes.data, beta.ctypes.data, epsilon, ours.ctypes.data, None, None)
+    kernel(x.ctypes.data, count, width, gamma.ctypes.data, beta.ctypes.data, epsilon, ours.ctypes.data, None, None,
+           None)
     return bool(np.array_equal(ours, _onnxruntime(x, gamma, beta, epsilon)))
 
 
@@ -150,6 +151,6 @@ def _kernel():
     function = ctypes.CDLL(str(path)).hotrod_layer_norm
     pointer = ctypes.c_void_p
     function.argtypes = [pointer, ctypes.c_int64, ctypes.c_int64, pointer, pointer, ctypes.c_float, pointer,
-                         pointer, pointer]
+                         pointer, pointer, pointer]
     function.restype = None
     return function
