@@ -41,6 +41,21 @@ def constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return found
 
 
+def fixed_initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's initializers that no caller may override (those not also graph inputs), by name: the values
+    a rewrite may take as constants."""
+    fed = {value.name for value in graph.input}
+    return {t.name: t for t in graph.initializer if t.name not in fed}
+
+
+def drop_nodes(graph: onnx.GraphProto, dropped: set[int]) -> None:
+    """`graph` without the nodes whose id() is in `dropped`, the others in their order."""
+    if dropped:
+        kept = [node for node in graph.node if id(node) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
 def split_sizes(split: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> list[int] | None:
     """The sizes a Split was given: its sizes input where that is a constant (`constants`), or before opset 13
     its `split` attribute; [] where it was given none (equal parts, by num_outputs or its outputs' count, the

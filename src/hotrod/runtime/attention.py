@@ -75,28 +75,22 @@ def quantize_static(model: onnx.ModelProto) -> int:
     giving that node's output, in place; returns how many. The kernel quantizes each answer as that node did, to
     the bit, from the same floats, which are neither written nor read again."""
     graph = model.graph
-    fed = {value.name for value in graph.input}
-    constants = {init.name: init for init in graph.initializer if init.name not in fed}
+    constants = graphs.fixed_initializers(graph)
     readers = graphs.readers(graph)
     outputs = {value.name for value in graph.output}
     dropped = set()
     for node in graph.node:
         if node.op_type != OP or node.domain != native.DOMAIN or node.output[0] in outputs:
             continue
-        following = readers.get(node.output[0], [])
-        if len(following) != 1 or following[0].op_type != "QuantizeLinear" \
-                or following[0].domain not in ("", "ai.onnx") or not i8.quantizes_static(following[0], constants):
+        if (following := i8.static_reader(readers, node.output[0], constants)) is None:
             continue
         inputs = list(node.input) + [""] * (4 - len(node.input))  # no mask: its place left empty
         node.op_type = QUANTIZED_OP
         del node.input[:]
-        node.input.extend(inputs + list(following[0].input[1:]))
-        node.output[0] = following[0].output[0]
-        dropped.add(id(following[0]))
-    if dropped:
-        kept = [node for node in graph.node if id(node) not in dropped]
-        del graph.node[:]
-        graph.node.extend(kept)
+        node.input.extend(inputs + list(following.input[1:]))
+        node.output[0] = following.output[0]
+        dropped.add(id(following))
+    graphs.drop_nodes(graph, dropped)
     return len(dropped)
 
 

@@ -306,21 +306,15 @@ def quantize_static(model: onnx.ModelProto) -> int:
     constant scale and zero point (int8-static's input to the next product) as one Int8MatMulQuantized with its
     output, in place; returns how many. The epilogue quantizes as that node did, to the bit: the floats are
     neither written nor read again."""
-
-    def reader(node: onnx.NodeProto, readers: dict, constants: dict) -> onnx.NodeProto | None:
-        following = _only(readers, node.output[0], "QuantizeLinear")
-        return following if following is not None and following.domain in ("", "ai.onnx") \
-            and quantizes_static(following, constants) else None
-
-    return _take_reader(model, QUANTIZED_OP, reader)
+    return _take_reader(model, QUANTIZED_OP,
+                        lambda node, readers, constants: static_reader(readers, node.output[0], constants))
 
 
 def _take_reader(model: onnx.ModelProto, op: str, reader) -> int:
     """Every Int8MatMul without a residual, not a graph output, whose `reader(node, readers, constants)` names a
     node, as one `op` taking that node's inputs past its first and giving its outputs, in place; how many."""
     graph = model.graph
-    fed = {value.name for value in graph.input}
-    constants = {init.name: init for init in graph.initializer if init.name not in fed}
+    constants = graphs.fixed_initializers(graph)
     readers = graphs.readers(graph)
     outputs = {value.name for value in graph.output}
     fused, dropped = 0, set()
@@ -335,11 +329,15 @@ def _take_reader(model: onnx.ModelProto, op: str, reader) -> int:
         node.output.extend(following.output)
         dropped.add(id(following))
         fused += 1
-    if fused:
-        kept = [node for node in graph.node if id(node) not in dropped]
-        del graph.node[:]
-        graph.node.extend(kept)
+    graphs.drop_nodes(graph, dropped)
     return fused
+
+
+def static_reader(readers: dict, name: str, constants: dict) -> onnx.NodeProto | None:
+    """The one node reading `name` where it is a QuantizeLinear that `quantizes_static`; else None."""
+    following = _only(readers, name, "QuantizeLinear")
+    return following if following is not None and following.domain in ("", "ai.onnx") \
+        and quantizes_static(following, constants) else None
 
 
 def quantizes_static(node: onnx.NodeProto, constants: dict) -> bool:

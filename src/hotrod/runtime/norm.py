@@ -40,8 +40,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     LayerNormRows where a QuantizeRows reads its output, in place; returns how many."""
     graph = model.graph
     constants = {init.name: init for init in graph.initializer}
-    fed = {value.name for value in graph.input}
-    fixed = {name: init for name, init in constants.items() if name not in fed}  # what no caller may override
+    fixed = graphs.fixed_initializers(graph)  # what no caller may override
     producers, readers = graphs.producers(graph), graphs.readers(graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     dropped: set[int] = set()
@@ -51,10 +50,7 @@ def rewrite(model: onnx.ModelProto) -> int:
         if taken is not None and same_as_onnxruntime(*taken):
             _replace(node, taken[1], readers, fixed, dropped)
             count += 1
-    if dropped:
-        kept = [node for node in graph.node if id(node) not in dropped]
-        del graph.node[:]
-        graph.node.extend(kept)
+    graphs.drop_nodes(graph, dropped)
     if count:
         native.add_domain(model)
     return count
