@@ -32,7 +32,7 @@ from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
 from hotrod.model_inputs import as_long, check_row, token_ids, token_types
 from hotrod.pipelines import languages, sentence
-from hotrod.pipelines.base import Row
+from hotrod.pipelines.base import Row, padded
 from hotrod.pipelines.sentence import SentencePipeline
 from hotrod.registry import Family
 
@@ -269,14 +269,9 @@ class HotrodModel:
         with torch_threads(self.backend.loop_threads):
             for group in plan([len(row) for row in rows], batch_size):
                 members = [rows[i] for i in group]
-                width = max(len(r) for r in members)
                 for row in members:
                     check_row(row.input_ids, self.dims)
-                ids = torch.tensor([r.input_ids + [pad] * (width - len(r)) for r in members], dtype=torch.long)
-                mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in members], dtype=torch.long)
-                types = torch.tensor([(r.token_type_ids or [0] * len(r)) + [0] * (width - len(r)) for r in members],
-                                     dtype=torch.long)
-                out = self._encode(ids, mask, types)
+                out = self._encode(*padded(members, pad))
                 for position, (index, row) in enumerate(zip(group, members)):
                     results[index] = {spec.name: out[spec.name][position, :len(row)] if "sequence" in spec.axes
                                       else out[spec.name][position] for spec in io.outputs}

@@ -22,7 +22,7 @@ from hotrod.artifact import MANIFEST, is_artifact
 from hotrod.build.graphs import code_fingerprint
 from hotrod.demo.models import DemoModel
 from hotrod.demo.report import DemoResult
-from hotrod.pipelines.base import Row
+from hotrod.pipelines.base import Row, padded
 from hotrod.source import weights_sha256
 from hotrod.tasks.constants import ANSWER, CLASSIFY, RERANK, TOKENS
 from hotrod.timing import interleaved, median
@@ -119,13 +119,10 @@ class TransformersAnswers:
     def run_rows(self, rows: Sequence[Row], batch_size: int) -> list[dict]:
         import torch
 
-        outputs, pad = [], self.tokenizer.pad_token_id
+        outputs = []
         for first in range(0, len(rows), batch_size):
             chunk = rows[first:first + batch_size]
-            width = max(len(r) for r in chunk)
-            ids = torch.tensor([r.input_ids + [pad] * (width - len(r)) for r in chunk])
-            mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in chunk])
-            types = torch.tensor([(r.token_type_ids or [0] * len(r)) + [0] * (width - len(r)) for r in chunk])
+            ids, mask, types = padded(chunk, self.tokenizer.pad_token_id)
             with torch.inference_mode():
                 out = self.model(input_ids=ids, attention_mask=mask, token_type_ids=types)
             outputs += [{"start_logits": out.start_logits[i, :len(r)], "end_logits": out.end_logits[i, :len(r)]}

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from hotrod.errors import HotrodError
 
 
@@ -19,6 +21,16 @@ class Row:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+def padded(rows: Sequence[Row], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The token ids, attention mask and token types of a batch of rows, [rows, longest] each, every row padded on
+    the right to the longest (ids with `pad`, mask and types with 0)."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r.input_ids + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    types = torch.tensor([(r.token_type_ids or [0] * len(r)) + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    return ids, mask, types
 
 
 @dataclass
