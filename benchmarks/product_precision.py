@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from hotrod.demo import trained_heads as heads
 from hotrod.demo.models import demo_model
+from hotrod.errors import HotrodError
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="minilm-qa", help="a trained head of hotrod.demo.models")
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     args = parser.parse_args(argv)
-    model = demo_model(args.model)
+    try:
+        model = demo_model(args.model)
+    except HotrodError as error:
+        parser.error(str(error))
     if model.task is None:
         parser.error(f"{args.model} is not a trained head; choose one whose demo entry names a task")
     answer = heads.TASKS[model.task]

@@ -39,3 +39,9 @@ def test_a_head_that_is_not_trained_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         product_precision.main(["--model", "all-minilm-l6-v2"])
     assert "is not a trained head" in capsys.readouterr().err
+
+
+def test_an_unknown_model_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        product_precision.main(["--model", "nope"])
+    assert "unknown demo model 'nope'" in capsys.readouterr().err
