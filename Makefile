@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 # hotrod's CPU kernels, loaded into onnxruntime as custom ops (`hotrod.runtime.native`): the int4 products
 # (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`), per-row int8 quantization (AVX2:
 # `hotrod.runtime.rows`), LayerNormalization with onnxruntime's arithmetic (AVX2: `hotrod.runtime.norm`), int8
-# products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`) and
-# encoder attention in bf16 on AMX tiles (only where the CPU has AMX-BF16 and the build asked for it:
+# products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`), and bf16 products and encoder
+# attention on AMX tiles (only where the CPU has AMX-BF16 and the build asked for them: `hotrod.runtime.bf16`,
 # `hotrod.runtime.attention`).
 # Each file is built for its own instructions, the library's entry point for AVX2, so it loads on any x86-64
 # CPU with AVX2; without it, onnxruntime's own ops run the same graphs. The library is linked aside and moved
@@ -33,8 +33,10 @@ ifeq ($(AMX_CC),yes)
 AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mamx-tile -mamx-int8 \
 		-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
-		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c
-AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o
+		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c && \
+	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
+		-ffp-contract=off -c -o $$tmp/bf16gemm.o $(NATIVE_DIR)/bf16gemm.c
+AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o $$tmp/bf16gemm.o
 else
 AMX_BUILD = echo "hotrod: this compiler knows no AMX: the int8 and attention kernels are left out" && \
 	$(CC) $(NATIVE_CFLAGS) -c -o $$tmp/no_amx.o $(NATIVE_DIR)/no_amx.c
@@ -43,6 +45,7 @@ endif
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
 		$(NATIVE_DIR)/norm.c $(NATIVE_DIR)/norm.h $(NATIVE_DIR)/ort_norm.c \
 		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/quantize.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
+		$(NATIVE_DIR)/bf16gemm.c $(NATIVE_DIR)/bf16gemm.h $(NATIVE_DIR)/ort_bf16.c \
 		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
@@ -53,8 +56,9 @@ $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_int8.o $(NATIVE_DIR)/ort_int8.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_norm.o $(NATIVE_DIR)/ort_norm.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_bf16.o $(NATIVE_DIR)/ort_bf16.c && \
 		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $$tmp/norm.o \
-			$(AMX_OBJECTS) $$tmp/ort_op.o $$tmp/ort_int8.o $$tmp/ort_norm.o -lm && \
+			$(AMX_OBJECTS) $$tmp/ort_op.o $$tmp/ort_int8.o $$tmp/ort_norm.o $$tmp/ort_bf16.o -lm && \
 		mv -f $$tmp/lib.so $@; \
 		status=$$?; rm -rf $$tmp; exit $$status; \
 	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi

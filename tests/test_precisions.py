@@ -24,12 +24,15 @@ MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), 
     "int8-call": ("int8 per-channel, 7-bit range (int8-call, dynamic)",
                   "uint8 per-tensor, range measured on every call (dynamic)"),
     "int8-static": ("int8 per-channel, 7-bit range (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with entropy"),
+    "bf16-products": ("fp32 (rounded to bf16 as the graph is loaded where the CPU has AMX-BF16)",
+                      "fp32, rounded to bf16 for each product where the CPU has AMX-BF16"),
     "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", PER_BLOCK),
     "int4": ("int4 block-32 symmetric (MatMulNBits)", PER_BLOCK),
     "int4-b128": ("int4 block-128 symmetric (int4-b128, MatMulNBits)", PER_BLOCK),
     "int4-b256": ("int4 block-256 symmetric (int4-b256, MatMulNBits)", PER_BLOCK),
 }
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-call": 1.0, "int8-static": 1.0,
+                "bf16-products": 2.0,
                 "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32, "int4-b128": 0.5 + 4 / 128,
                 "int4-b256": 0.5 + 4 / 256}
 
@@ -86,26 +89,52 @@ def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
 def test_each_precision_describes_itself_as_manifests_always_have():
     for name, (weights, activations) in MANIFEST_WEIGHTS.items():
         attention = {"attention": "bf16 products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"}
+        products = {"products": "bf16 operands, fp32 sums, where the CPU has AMX-BF16 (hotrod's kernel), fp32 elsewhere"}
         assert precisions.get(name).describe("entropy") == {
             "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations,
-            **(attention if name in ("int8", "int8-static") else {})}
+            **(attention if name in ("int8", "int8-static", "bf16-products") else {}),
+            **(products if name == "bf16-products" else {})}
     with pytest.raises(ValueError, match="attention"):
         precisions.Full(name="fp32", weight_bytes=4.0, attention="int4")
+    with pytest.raises(ValueError, match="products"):
+        precisions.Full(name="fp32", weight_bytes=4.0, products="int4")
 
 
 def test_what_the_pipeline_and_the_floor_read():
     assert precisions.names(lambda p: p.needs_feeds) == ("fp16", "bf16", "int8-static")
     assert precisions.names(lambda p: not p.converts) == ("fp32",)
-    assert precisions.names(lambda p: p.candidate) == ("fp32", "fp16", "bf16", "int8", "int8-static", "int4",
-                                                                   "int4-b128", "int4-b256")
+    assert precisions.names(lambda p: p.candidate) == ("fp32", "fp16", "bf16", "int8", "int8-static", "bf16-products",
+                                                       "int4", "int4-b128", "int4-b256")
     assert {name: precisions.get(name).weight_bytes for name in PRECISIONS} == WEIGHT_BYTES
     assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-call", "int8-static", "int8-weight", "int4",
                                                                     "int4-b128", "int4-b256")
-    assert precisions.names(lambda p: p.compute == "half") == ("fp16", "bf16")
+    assert precisions.names(lambda p: p.compute == "half") == ("fp16", "bf16", "bf16-products")
 
 
-def test_only_half_asks_onnxruntime_for_kernels():
-    assert all(precisions.get(name).has_kernels("cpu") for name in PRECISIONS if name not in ("fp16", "bf16"))
+def test_only_half_and_hotrods_bf16_products_ask_for_kernels():
+    assert all(precisions.get(name).has_kernels("cpu") for name in PRECISIONS
+               if name not in ("fp16", "bf16", "bf16-products"))
+
+
+def test_bf16_products_ask_for_hotrods_kernels_where_the_cpu_has_them(monkeypatch):
+    from hotrod.runtime import bf16
+
+    chosen = precisions.get("bf16-products")
+    model, extra = chosen.lower(_graph())
+    assert extra == {} and {p.key: p.value for p in model.metadata_props} == {
+        precisions.ATTENTION_KEY: "bf16", precisions.PRODUCTS_KEY: "bf16"}
+    assert not chosen.has_kernels("cuda")
+    monkeypatch.setattr(bf16, "available", lambda: False)
+    assert not chosen.has_kernels("cpu") and "AMX-BF16" in chosen.cpu_refusal()
+
+
+def _graph():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -147,6 +176,7 @@ def test_keyword_arguments_become_the_options_object():
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"calibration_method": "kl"}, "unknown calibration method 'kl'"),
     ({"backend": "torch", "precision": "int8-static"}, "int8-static is onnxruntime's"),
+    ({"precision": "bf16-products", "device": "cuda"}, "bf16-products is built for cpu only; on cuda choose among fp32,"),
     ({"backend": "tensorflow"}, "unknown backend"),
     ({"verify_examples": -1}, "verify_examples must be >= 0"),
     ({"verify_examples": 2.5}, "verify_examples must be a whole number"),

@@ -77,6 +77,10 @@ class OptimizeOptions:
         elif not self.auto and not precisions.get(self.precision).onnx:
             raise HotrodError(f"{self.precision} is the torch engine's precision (onnxruntime has no such graphs); "
                               "build it with --backend torch")
+        elif not self.auto and self.device not in precisions.get(self.precision).devices:
+            raise HotrodError(f"{self.precision} is built for {', '.join(precisions.get(self.precision).devices)} "
+                              f"only; on {self.device} choose among "
+                              f"{', '.join(precisions.names(lambda p: p.onnx and self.device in p.devices))}")
         # "auto" judges its candidates by verification, so it needs at least one example.
         check_number("verify_examples" + (" with precision 'auto'" if self.auto else ""), self.verify_examples,
                      1 if self.auto else 0)

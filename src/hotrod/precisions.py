@@ -13,6 +13,8 @@ static engine's list and the benchmark's hardware floor all read this registry.
 - int8-call: the same with onnxruntime's own activation quantization, one scale per call: a row's answer
   depends on its batch-mates.
 - int8-static: QDQ with activation ranges calibrated on recorded feeds.
+- bf16-products: the fp32 graph, its products and attention computed in bf16 with fp32 sums where the CPU has
+  AMX-BF16 (hotrod's kernels), in fp32 elsewhere.
 - int8-weight / int4 / int4-b128 / int4-b256: weight-only, block-quantized MatMulNBits (blocks of 32, 128 or 256).
 - fp8: the torch engine's only (no ONNX graphs): e4m3 weights with per-channel scales through
   torch._scaled_mm, on GPUs with fp8 tensor cores (`runtime/fp8.py`).
@@ -50,6 +52,9 @@ _PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy lev
 # where the graph is loaded (`hotrod.runtime.attention`).
 ATTENTION_KEY = "hotrod.attention"
 ATTENTIONS = ("fp32", "bf16")
+# The same for an fp32 graph's products (`Precision.products`), read by `hotrod.runtime.bf16`.
+PRODUCTS_KEY = "hotrod.products"
+PRODUCTS = ("fp32", "bf16")
 
 # How the static engine stores a precision's linear weights (`Precision.engine_linears`); the runtime maps
 # each to the layer that quantizes a linear into it (`hotrod.runtime.static.QUANTIZERS`).
@@ -83,12 +88,18 @@ class Precision:
     # tiles where the CPU has AMX-BF16, fp32 elsewhere), asked for in the graph (ATTENTION_KEY) and so
     # measured by the build's verification.
     attention: str = "fp32"
+    # An fp32 graph's products on the CPU: fp32 (onnxruntime's) or bf16 (hotrod's, on AMX tiles where the CPU has
+    # AMX-BF16, fp32 elsewhere), asked for in the graph (PRODUCTS_KEY) as `attention` is.
+    products: str = "fp32"
+    devices: tuple[str, ...] = ("cpu", "cuda")  # the devices its onnxruntime graphs are built for
 
     def __post_init__(self):
         if self.engine and self.torch_dtype not in TORCH_DTYPES:
             raise ValueError(f"engine precision {self.name} needs a torch_dtype among {TORCH_DTYPES}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"precision {self.name}: attention {self.attention!r} not in {ATTENTIONS}")
+        if self.products not in PRODUCTS:
+            raise ValueError(f"precision {self.name}: products {self.products!r} not in {PRODUCTS}")
         if self.engine_linears not in LINEAR_FORMATS:
             raise ValueError(f"precision {self.name}: engine_linears {self.engine_linears!r} not in {LINEAR_FORMATS}")
 
@@ -115,8 +126,14 @@ class Precision:
         raise NotImplementedError
 
     def has_kernels(self, device: str) -> bool:
-        """Whether onnxruntime here runs this precision's graphs on `device` with kernels of its own."""
+        """Whether this machine runs this precision's graphs on `device` with kernels of their own (onnxruntime's,
+        or hotrod's where the precision asks for them)."""
         return True
+
+    def cpu_refusal(self) -> str:
+        """Why building this precision for a CPU without its kernels (`has_kernels`) is refused."""
+        return (f"onnxruntime's CPU provider has no {self.name} kernels, so {self.name} on cpu would only be slower; "
+                "build it with --device cuda, or choose int8/int4 for CPU")
 
     def describe(self, method: str = "minmax") -> dict[str, str]:
         """Where each kind of weight, and the activations, ended up (the manifest's "weights")."""
@@ -125,6 +142,9 @@ class Precision:
         described = {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
         if self.attention != "fp32":
             described["attention"] = f"{self.attention} products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"
+        if self.products != "fp32":
+            described["products"] = (f"{self.products} operands, fp32 sums, where the CPU has AMX-BF16 (hotrod's "
+                                     "kernel), fp32 elsewhere")
         return described
 
     def describe_engine(self) -> dict[str, str]:
@@ -192,7 +212,7 @@ class Int8Dynamic(Precision):
               name: str | None = None) -> tuple[onnx.ModelProto, dict]:
         from hotrod.optimize.quantize import int8_dynamic
 
-        return ask_attention(int8_dynamic(model, self.per_row), self.attention), {}
+        return ask(int8_dynamic(model, self.per_row), ATTENTION_KEY, self.attention), {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +226,34 @@ class Int8Static(Precision):
               name: str | None = None) -> tuple[onnx.ModelProto, dict]:
         from hotrod.optimize.quantize import int8_static
 
-        return ask_attention(int8_static(model, feeds, method), self.attention), {}
+        return ask(int8_static(model, feeds, method), ATTENTION_KEY, self.attention), {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bf16Products(Precision):
+    """The fp32 graph as it is, asking for its products and attention in bf16 with fp32 sums where it is loaded on
+    a CPU with AMX-BF16 (`hotrod.runtime.bf16`, `hotrod.runtime.attention`); elsewhere it runs in fp32. 8
+    significant bits on both operands of every product, each value with its own exponent: on trained heads the
+    answers stay fp32's where 8-bit activations do not."""
+
+    compute: str = "half"
+    attention: str = "bf16"
+    products: str = "bf16"
+    devices: tuple[str, ...] = ("cpu",)  # on a GPU the graph would be fp32's: fp16 and bf16 are the GPU's
+
+    def lower(self, model: onnx.ModelProto, feeds: Sequence[Feed] | None = None, method: str = "minmax",
+              name: str | None = None) -> tuple[onnx.ModelProto, dict]:
+        return ask(ask(model, ATTENTION_KEY, self.attention), PRODUCTS_KEY, self.products), {}
+
+    def has_kernels(self, device: str) -> bool:
+        """Where hotrod's bf16 kernels run: elsewhere the graph is fp32's, and the fp32 build is the same."""
+        from hotrod.runtime import bf16
+
+        return device == "cpu" and bf16.available()
+
+    def cpu_refusal(self) -> str:
+        return (f"{self.name}'s products run on AMX-BF16 tiles, which this CPU lacks (or Linux does not grant), "
+                "so it would only be fp32; choose fp32, or int8/int4 for CPU")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,6 +331,11 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
                 activations="uint8 per-tensor, range measured on every call (dynamic)"),
     Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
                activations="uint8 per-tensor, static ranges calibrated with {method}", attention="bf16"),
+    # Every product (and the attention's) in bf16 with fp32 sums where the CPU has AMX-BF16, from the fp32 graph:
+    # the accurate fast precision of an encoder on such a CPU (benchmarks/README.md: "bf16 products").
+    Bf16Products(name="bf16-products", weight_bytes=2.0, weights="fp32 (rounded to bf16 as the graph is loaded "
+                 "where the CPU has AMX-BF16)", activations="fp32, rounded to bf16 for each product where the CPU "
+                 "has AMX-BF16"),
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
     WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,
                weights="int8 block-32 symmetric (int8-weight, MatMulNBits)",
@@ -302,12 +354,13 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
 )}
 
 
-def ask_attention(model: onnx.ModelProto, attention: str) -> onnx.ModelProto:
-    """`model` asking for `attention` products where it is loaded (ATTENTION_KEY; nothing for fp32)."""
-    if attention != "fp32":
+def ask(model: onnx.ModelProto, key: str, arithmetic: str) -> onnx.ModelProto:
+    """`model` asking for `arithmetic` where it is loaded, under `key` (ATTENTION_KEY or PRODUCTS_KEY; nothing for
+    fp32)."""
+    if arithmetic != "fp32":
         from onnx import helper
 
-        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, ATTENTION_KEY: attention})
+        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: arithmetic})
     return model
 
 

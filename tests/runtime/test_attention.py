@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hotrod
 from hotrod import precisions
-from hotrod.precisions import ATTENTION_KEY, ask_attention
+from hotrod.precisions import ATTENTION_KEY, ask
 from hotrod.runtime import attention, i8, native
 from tests.runtime.test_i8 import loaded_on_and_off
 from tests.runtime.test_rows import _copy
@@ -35,7 +35,7 @@ def graph(heads: int, mask: bool = True, asked: bool = True, mask_type: int = Te
                             **({"q_num_heads": heads, "kv_num_heads": heads} | attrs))
     model = helper.make_model(helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(
         "y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 23)])
-    return ask_attention(model, "bf16") if asked else model
+    return ask(model, ATTENTION_KEY, "bf16") if asked else model
 
 
 def multi_head(heads: int, head: int, bias: bool = True, transposed: bool = True, **attrs) -> onnx.ModelProto:
@@ -56,7 +56,7 @@ def multi_head(heads: int, head: int, bias: bool = True, transposed: bool = True
     model = helper.make_model(helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(
         "y", TensorProto.FLOAT, None)], [shape]), opset_imports=[helper.make_opsetid("", 17),
                                                                  helper.make_opsetid("com.microsoft", 1)])
-    return ask_attention(model, "bf16")
+    return ask(model, ATTENTION_KEY, "bf16")
 
 
 def rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -237,7 +237,7 @@ def test_the_int8_precision_asks_for_it_and_its_manifest_says_so():
     int8 = precisions.get("int8")
     assert int8.attention == "bf16" and "attention" in int8.describe()
     assert precisions.get("int8-static").attention == "bf16" and "attention" not in precisions.get("fp32").describe()
-    model = ask_attention(graph(2, asked=False), int8.attention)
+    model = ask(graph(2, asked=False), ATTENTION_KEY, int8.attention)
     assert {p.key: p.value for p in model.metadata_props}[ATTENTION_KEY] == "bf16"
 
 
@@ -256,7 +256,7 @@ def split_heads(heads: int, head: int, sizes: list[int] | None = None, axis: int
     model = helper.make_model(helper.make_graph([split, node], "g", [x], [helper.make_tensor_value_info(
         "y", TensorProto.FLOAT, None)], [sizes_init]), opset_imports=[helper.make_opsetid("", 17),
                                                                       helper.make_opsetid("com.microsoft", 1)])
-    return ask_attention(model, "bf16")
+    return ask(model, ATTENTION_KEY, "bf16")
 
 
 @amx

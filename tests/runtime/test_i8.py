@@ -27,8 +27,14 @@ amx = pytest.mark.skipif(not i8.available(), reason="no AMX on this CPU (or no t
 
 def products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: int = 0,
              gelu: dict | None = None) -> onnx.ModelProto:
+    """`float_products`, quantized per row as hotrod's int8 build does."""
+    return int8_dynamic(float_products(k, widths, bias, seed, gelu), per_row=True)
+
+
+def float_products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: int = 0,
+                   gelu: dict | None = None) -> onnx.ModelProto:
     """x [rows, k] -> MatMul (+ bias) (-> Gelu, where `gelu` gives its domain and attributes) one after another,
-    quantized per row as hotrod's int8 build does."""
+    in fp32."""
     rng = np.random.default_rng(seed)
     nodes, weights, x = [], [], "x"
     for i, n in enumerate(widths):
@@ -43,7 +49,7 @@ def products(k: int, widths: tuple[int, ...] = (96,), bias: bool = True, seed: i
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", "k"])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], weights)
     opsets = [helper.make_opsetid("", 20 if gelu is not None else 17), helper.make_opsetid("com.microsoft", 1)]
-    return int8_dynamic(helper.make_model(graph, opset_imports=opsets), per_row=True)
+    return helper.make_model(graph, opset_imports=opsets)
 
 
 GELUS = {"com.microsoft": {"domain": "com.microsoft"}, "onnx": {}, "onnx, approximate none": {"approximate": "none"}}
@@ -458,18 +464,16 @@ def _forked_model() -> onnx.ModelProto:
     return model
 
 
-def _forked_run(queue) -> None:  # noqa: ANN001
-    x = np.random.default_rng(2).standard_normal((300, 128)).astype(np.float32)
-    queue.put(run(_forked_model(), x, library=True))
+def _forked_run(queue, model, x) -> None:  # noqa: ANN001
+    queue.put(run(model(), x, library=True))
 
 
-@amx
-def test_the_op_runs_in_a_forked_process():
-    x = np.random.default_rng(2).standard_normal((300, 128)).astype(np.float32)
-    here = run(_forked_model(), x, library=True)
+def assert_the_same_in_a_forked_process(model, x: np.ndarray) -> None:  # noqa: ANN001
+    """`model()`'s answer for `x` the same in a process forked from this one (whose library was loaded already)."""
+    here = run(model(), x, library=True)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    child = context.Process(target=_forked_run, args=(queue,))
+    child = context.Process(target=_forked_run, args=(queue, model, x))
     child.start()
     try:
         there = queue.get(timeout=60)
@@ -477,6 +481,12 @@ def test_the_op_runs_in_a_forked_process():
         assert child.exitcode == 0 and np.array_equal(here, there)
     finally:
         child.kill()
+
+
+@amx
+def test_the_op_runs_in_a_forked_process():
+    assert_the_same_in_a_forked_process(_forked_model, np.random.default_rng(2).standard_normal((300, 128))
+                                        .astype(np.float32))
 
 
 def test_without_amx_the_graph_is_left_to_onnxruntime(tmp_path, monkeypatch):

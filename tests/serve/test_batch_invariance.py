@@ -15,11 +15,14 @@ import pytest
 import torch
 
 import hotrod
+from hotrod import precisions
 from hotrod.serve.messages import Params
 from hotrod.serve.worker import ModelWorker, ServeOptions
 from tests.zoo import ENCODER_CASES, LM_CASES
 
-PRECISIONS = ("fp32", "int8", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256")
+# bf16-products where this CPU has its kernels (elsewhere the build is refused: it would be fp32's)
+HERE = ("bf16-products",) if precisions.get("bf16-products").has_kernels("cpu") else ()
+PRECISIONS = ("fp32", "int8", "int8-static", "int8-weight", "int4", "int4-b128", "int4-b256", *HERE)
 NEIGHBOURS = (1, 7, 31)
 OPTIONS = ServeOptions(max_batch_size=32, max_queue_delay_ms=20.0, max_queue=128)
 PARAMS = Params(max_new_tokens=6, logprobs=2)
@@ -78,8 +81,8 @@ async def _among(worker: ModelWorker, target: list[int], others: list[list[int]]
 
 
 # Every other family at the precisions whose kernels differ most (float, per-row dynamic int8, calibrated
-# int8); bert, gpt2 and t5 at all of them. The int4 precisions quantize only the decoders' products.
-FAMILY_PRECISIONS = ("fp32", "int8", "int8-static")
+# int8, bf16 products); bert, gpt2 and t5 at all of them. The int4 precisions quantize only the decoders' products.
+FAMILY_PRECISIONS = ("fp32", "int8", "int8-static", *HERE)
 LMS = [(lm, p) for lm in ("gpt2", "t5") for p in PRECISIONS] + [
     (lm, p) for lm in LM_CASES if lm not in ("gpt2", "t5") for p in FAMILY_PRECISIONS]
 ENCODERS = [("bert", p) for p in PRECISIONS] + [

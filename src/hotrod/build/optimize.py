@@ -71,8 +71,7 @@ def _check_machine(options: OptimizeOptions) -> None:
     if refusal:
         raise HotrodError(f"cannot build {chosen.name} for {options.device}: {refusal}")
     if chosen is not None and not torch_backend and options.device == "cpu" and not chosen.has_kernels("cpu"):
-        raise HotrodError(f"onnxruntime's CPU provider has no {chosen.name} kernels, so {chosen.name} "
-                          "on cpu would only be slower; build it with --device cuda, or choose int8/int4 for CPU")
+        raise HotrodError(f"cannot build {chosen.name} for cpu: {chosen.cpu_refusal()}")
     available = static_engine.has_device if torch_backend else has_device
     if options.auto and options.device != "cpu" and not available(options.device):
         raise HotrodError(f"--precision auto times every candidate on the device, and {options.device} "

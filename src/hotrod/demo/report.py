@@ -47,6 +47,8 @@ def summary_table(results: Sequence[DemoResult]) -> str:
 def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_drop: float) -> Path:
     """report.md, report.json and (with matplotlib) speedup.png in `directory`; returns report.md."""
     directory.mkdir(parents=True, exist_ok=True)
+    from hotrod.demo.trained_heads import built_here  # it builds DemoResults: imported where it is needed
+
     chart = _chart(results, directory / "speedup.png")
     lines = [
         "# hotrod demo",
@@ -54,8 +56,8 @@ def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_
         f"Machine: {platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads; "
         f"hotrod {__version__}, torch {torch.__version__}. Medians of {runs} interleaved runs after a warm-up. "
         f"Each model was optimized with `--precision auto --max-drop {max_drop}` and verified against its source; "
-        "the trained heads (minilm-*) were built at fp32, int8 and int8-static with optimize's defaults and are timed against "
-        "transformers' pipeline.",
+        f"the trained heads (minilm-*) were built at {', '.join(built_here())} with optimize's defaults and are timed "
+        "against transformers' pipeline.",
         "",
         "| model | precision | accuracy measure | PyTorch | hotrod | PyTorch s | hotrod s | speedup | timed on |",
         "|---|---|---|---|---|---|---|---|---|",

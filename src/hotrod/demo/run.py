@@ -6,7 +6,7 @@ not verified on), verifies the kept artifact against the source on the held-out 
 side with transformers' PyTorch model, and writes a report (Markdown and a PNG chart) whose path it prints.
 Artifacts are kept under the cache and reused while the source and hotrod are unchanged. The heads trained
 on all-MiniLM-L6-v2 (an intent classifier, a tagger, a question answerer, a cross-encoder) are run by
-`hotrod.demo.trained_heads` instead: built at fp32, int8 and int8-static, and set against transformers' reference.
+`hotrod.demo.trained_heads` instead: built at each of its precisions, and set against transformers' reference.
 """
 
 from __future__ import annotations

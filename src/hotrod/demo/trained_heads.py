@@ -1,7 +1,7 @@
 """`hotrod demo` for the trained heads (intent classifier, people-and-places tagger, question answerer,
 cross-encoder) on all-MiniLM-L6-v2.
 
-Each head is built with `hotrod.optimize`'s defaults at fp32, int8 and int8-static and reports what the
+Each head is built with `hotrod.optimize`'s defaults at every precision of PRECISIONS and reports what the
 manifest's verification section says; then hotrod's answers are set against transformers' (the reference) on
 the held-out examples, whose names and places the head never saw in training: the task's accuracy on both
 sides, how alike hotrod's answers are to the reference's (identical answers; for a ranker, passage pairs
@@ -27,7 +27,8 @@ from hotrod.source import weights_sha256
 from hotrod.tasks.constants import ANSWER, CLASSIFY, RERANK, TOKENS
 from hotrod.timing import interleaved, median
 
-PRECISIONS = ("fp32", "int8", "int8-static")  # int8-static calibrated on optimize's built-in texts
+# int8-static calibrated on optimize's built-in texts; bf16-products where this CPU has its kernels (`built_here`)
+PRECISIONS = ("fp32", "int8", "int8-static", "bf16-products")
 TIMED_REQUESTS = 64  # held-out sentences per timed run
 BATCH = 32  # hotrod's run_rows batch, and the pipeline's
 SHOWN = 3  # answers printed side by side
@@ -42,7 +43,7 @@ def run_head(demo: DemoModel, root: Path, runs: int, progress: bool = True) -> l
     answer = TASKS[demo.task]
     pipe = reference_pipeline(source, demo.task)
     theirs = answer.pipeline(pipe, texts)
-    built = {p: _built(source, root / f"{demo.name}-{p}", p, progress) for p in PRECISIONS}
+    built = {p: _built(source, root / f"{demo.name}-{p}", p, progress) for p in built_here()}
     models = {p: _load(path) for p, path in built.items()}
     ours = {p: answer.hotrod(m, texts) for p, m in models.items()}
     _show(texts[:SHOWN], theirs, ours)
@@ -65,6 +66,13 @@ def run_head(demo: DemoModel, root: Path, runs: int, progress: bool = True) -> l
                       "score_against_pipeline": answer.score(ours[precision], theirs)},
         ))
     return results
+
+
+def built_here() -> tuple[str, ...]:
+    """PRECISIONS whose kernels this machine has (`hotrod.precisions.Precision.has_kernels`)."""
+    from hotrod import precisions
+
+    return tuple(name for name in PRECISIONS if precisions.get(name).has_kernels("cpu"))
 
 
 def _built(source: Path, artifact: Path, precision: str, progress: bool) -> Path:

@@ -1,7 +1,8 @@
 /* The AMX kernels' entry points for a compiler that does not know AMX's instructions (gcc before 11): the
- * tiles are never ready, so the Python side never rewrites a graph to Int8MatMul or Bf16Attention, and the
+ * tiles are never ready, so the Python side never rewrites a graph to Int8MatMul, Bf16MatMul or Bf16Attention, and the
  * library's other kernels still build and load. */
 #include "attention.h"
+#include "bf16gemm.h"
 #include "i8gemm.h"
 
 int hotrod_amx_ready(void) { return 0; }
@@ -45,5 +46,13 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
 
 int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   (void)x, (void)n, (void)y;
+  return -1;
+}
+
+int hotrod_bf16_matmul(const float* a, int64_t rows, int64_t k, const uint16_t* w, const float* bias, int64_t n,
+                       float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+                       void* runner) {
+  (void)a, (void)rows, (void)k, (void)w, (void)bias, (void)n, (void)y, (void)parts, (void)activation, (void)residual;
+  (void)parallel, (void)runner;
   return -1;
 }

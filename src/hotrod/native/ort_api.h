@@ -19,7 +19,7 @@ typedef struct OrtShape OrtShape; /* OrtTensorTypeAndShapeInfo */
 typedef void (*Entry)(void);
 typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVersionString)(void); } ApiBase;
 
-enum { FLOAT = 1, UINT8 = 2, INT8 = 3, INT32 = 6 };
+enum { FLOAT = 1, UINT8 = 2, INT8 = 3, INT32 = 6, BFLOAT16 = 16 };
 /* Positions in the version-8 table. */
 enum {
   CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
@@ -126,8 +126,18 @@ int hotrod_quantized_type(const CustomOp* op, size_t i); /* uint8 rows, then flo
 size_t hotrod_two(const CustomOp* op);
 size_t hotrod_three(const CustomOp* op);
 
+/* numpy's broadcast of shapes a and b (right-aligned) into out; 0, out untouched, where they do not broadcast
+ * (ort_int8.c). */
+int hotrod_broadcast(const int64_t* a, size_t na, const int64_t* b, size_t nb, int64_t* out, size_t* n);
+/* out = a + b, each broadcast to out's shape (a residual that is not of a product's own shape: rare, so index by
+ * index; ort_int8.c). */
+void hotrod_add_broadcast(const float* a, const int64_t* ad, size_t na, const float* b, const int64_t* bd, size_t nb,
+                          float* out, const int64_t* od, size_t n);
+
 /* The int8 product ops (ort_int8.c). */
 extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;
 extern const CustomOp hotrod_int8_matmul_quantized;
+/* The bf16 product ops (ort_bf16.c). */
+extern const CustomOp hotrod_bf16_matmul_op, hotrod_bf16_matmul_split_op;
 /* The LayerNormalization ops (ort_norm.c). */
 extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op, hotrod_layer_norm_fixed_op;

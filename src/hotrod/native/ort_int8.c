@@ -67,9 +67,7 @@ static int int8_fits(int64_t n, const int64_t* q, size_t count, const OrtValue* 
   return 1;
 }
 
-/* numpy's broadcast of shapes a and b (right-aligned) into out; 0, out untouched, where they do not
- * broadcast. */
-static int broadcast(const int64_t* a, size_t na, const int64_t* b, size_t nb, int64_t* out, size_t* n) {
+int hotrod_broadcast(const int64_t* a, size_t na, const int64_t* b, size_t nb, int64_t* out, size_t* n) {
   const size_t count = na > nb ? na : nb;
   int64_t dims[8];
   for (size_t i = 0; i < count; i++) {
@@ -93,9 +91,7 @@ static void strides(const int64_t* d, size_t na, size_t n, int64_t* s) {
   }
 }
 
-/* out = a + b, each broadcast to out's shape (a residual that is not of the product's own shape: rare, so
- * index by index). */
-static void add_broadcast(const float* a, const int64_t* ad, size_t na, const float* b, const int64_t* bd, size_t nb,
+void hotrod_add_broadcast(const float* a, const int64_t* ad, size_t na, const float* b, const int64_t* bd, size_t nb,
                           float* out, const int64_t* od, size_t n) {
   int64_t sa[8], sb[8], index[8] = {0}, total = 1, ia = 0, ib = 0;
   strides(ad, na, n, sa);
@@ -151,7 +147,8 @@ static Int8Call int8_call(const Int8Kernel* kernel, OrtKernelContext* context, i
   c.residual = data_of(in[6]);
   c.fused = c.residual_rank == (int)c.count && memcmp(c.residual_dims, c.dims, c.count * sizeof(int64_t)) == 0;
   if (c.residual == NULL || c.residual_rank < 0 ||
-      (!c.fused && !broadcast(c.dims, c.count, c.residual_dims, (size_t)c.residual_rank, c.out_dims, &c.out_count)))
+      (!c.fused &&
+       !hotrod_broadcast(c.dims, c.count, c.residual_dims, (size_t)c.residual_rank, c.out_dims, &c.out_count)))
     c.fits = 0;
   return c;
 }
@@ -182,8 +179,8 @@ static void compute_int8(void* state, OrtKernelContext* context) {
     for (int64_t i = 0; i < kernel->parts; i++)
       for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
   } else if (later) {
-    add_broadcast(product, c.dims, c.count, c.residual, c.residual_dims, (size_t)c.residual_rank, out[0], c.out_dims,
-                  c.out_count);
+    hotrod_add_broadcast(product, c.dims, c.count, c.residual, c.residual_dims, (size_t)c.residual_rank, out[0],
+                         c.out_dims, c.out_count);
   }
   free(product);
 }

@@ -1,8 +1,8 @@
 """Which of hotrod's CPU kernels a graph runs on as it is loaded (`hotrod.runtime.native`): the int4 products
 (`hotrod.runtime.q4`), the int8 products (`hotrod.runtime.i8`), per-row int8 quantization
-(`hotrod.runtime.rows`), LayerNormalization (`hotrod.runtime.norm`) and bf16 attention where the build asked for
-it (`hotrod.runtime.attention`), each where this CPU runs it and this machine's measurement did not leave it
-out (`hotrod.runtime.kernel_choice`)."""
+(`hotrod.runtime.rows`), LayerNormalization (`hotrod.runtime.norm`), and bf16 products and attention where the
+build asked for them (`hotrod.runtime.bf16`, `hotrod.runtime.attention`), each where this CPU runs it and this
+machine's measurement did not leave it out (`hotrod.runtime.kernel_choice`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from hotrod.precisions import ATTENTION_KEY
-from hotrod.runtime import attention, i8, kernel_choice, native, norm, q4, rows
+from hotrod.precisions import ATTENTION_KEY, PRODUCTS_KEY
+from hotrod.runtime import attention, bf16, i8, kernel_choice, native, norm, q4, rows
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,10 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     int4 = q4.library() is not None and kernel_choice.INT4 not in out  # elsewhere an int4 graph is not even parsed
     int8 = i8.available() and kernel_choice.INT8 not in out
     calibrated = (b"DequantizeLinear",) if int8 else ()  # int8-static's products
-    bf16 = attention.available() and kernel_choice.ATTENTION not in out
-    asked = (ATTENTION_KEY.encode(),) if bf16 else ()  # a build that asked for bf16 attention
+    attend = attention.available() and kernel_choice.ATTENTION not in out
+    asked = (ATTENTION_KEY.encode(),) if attend else ()  # a build that asked for bf16 attention
+    products = bf16.available() and kernel_choice.BF16 not in out
+    asked += (PRODUCTS_KEY.encode(),) if products else ()  # or bf16 products
     model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated + asked)
     ops = set()
     if model is not None and int4 and q4.rewrite_all(model, threads):
@@ -49,13 +51,15 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         ops.add(i8.OP)
         if i8.quantize_static(model):
             ops.add(i8.QUANTIZED_OP)
+    if model is not None and products and bf16.rewrite(model):
+        ops.update(node.op_type for node in model.graph.node if node.op_type in (bf16.OP, bf16.SPLIT_OP))
     if model is not None and kernel_choice.ROWS not in out and rows.rewrite(model):
         ops.add(rows.OP)
         if i8.OP in ops and i8.quantize_outputs(model):
             ops.add(i8.ROWS_OP)
     if model is not None and kernel_choice.LAYERNORM not in out and norm.rewrite(model):
         ops.update(node.op_type for node in model.graph.node if node.op_type in (norm.OP, norm.ROWS_OP, norm.FIXED_OP))
-    if model is not None and bf16 and attention.rewrite(model):
+    if model is not None and attend and attention.rewrite(model):
         ops.add(attention.OP)
         if attention.quantize_static(model):
             ops.add(attention.QUANTIZED_OP)

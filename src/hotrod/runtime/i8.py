@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.optimize import graphs
 from hotrod.optimize.row_scales import SHARED, ZERO_POINT
-from hotrod.runtime import native, rows
+from hotrod.runtime import chains, native, rows
 
 OP = "Int8MatMul"
 SPLIT_OP = "Int8MatMulSplit"  # the same, its columns in three equal outputs (a fused Q/K/V product's)
@@ -84,70 +84,19 @@ def rewrite(model: onnx.ModelProto) -> int:
     """Every int8 product chain of `model` (per-row or calibrated) that the kernel computes as Int8MatMul (or,
     with the Split of a fused Q/K/V product, Int8MatMulSplit), in place; returns how many. Weights two products
     share are packed once."""
-    graph = model.graph
-    fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
-    constants = {init.name: init for init in graph.initializer if init.name not in fed}
-    consumers = graphs.readers(graph)
-    producers = graphs.producers(graph)
-    chains = [chain for node in graph.node
-              if (chain := _chain(node, constants, consumers, producers, graph)) is not None]
-    if not chains:
-        return 0
-    taken = set(constants) | fed | {name for node in graph.node for name in (*node.input, *node.output)}
-    packed: dict[tuple, list[str]] = {}
-    added: list[onnx.TensorProto] = []
-    replacements, dropped, replaced, sizes = {}, set(), set(), set()
-    unit = None  # a calibrated graph's row scale: 1, its own scale taken into the column scales
-    for chain in chains:  # every array read before the graph changes
-        if chain.residual and id(chain.nodes[-1]) in replacements:  # an Add of two products: the first takes it
-            chain.nodes.pop()
-            chain.residual = None
-        if chain.row_scale is not None:
-            if unit is None:
-                unit = native.unused_name("hotrod_i8_unit_scale", taken)
-                added.append(numpy_helper.from_array(np.ones(1, np.float32), unit))
-            chain.row_scales = unit
-        key = (chain.weights, chain.column_scales, chain.bias, chain.negated, chain.zero_point, chain.row_scale)
-        if key not in packed:
-            packed[key] = [native.unused_name(f"{chain.weights}_{stem}", taken)
-                           for stem in ("i8", "offsets", "scales", "bias")]
-            added += [numpy_helper.from_array(array, name) for array, name in zip(_arrays(chain, constants),
-                                                                                  packed[key])]
-        replacements[id(chain.nodes[-1])] = _op(chain, packed[key])  # where a residual is surely computed
-        dropped.update(id(node) for node in (*chain.nodes[:-1], *([chain.split] if chain.split else [])))
-        sizes.update(name for name in (chain.split.input[1:2] if chain.split else ()) if name)
-        replaced.update(name for node in (*chain.nodes, *chain.dequantized) for name in node.input if name in constants)
-    nodes = [replacements.get(id(node), node) for node in graph.node if id(node) not in dropped]
-    read = graphs.read_names(graph, nodes)
-    dequantized = {id(node) for chain in chains for node in chain.dequantized if node.output[0] not in read}
-    nodes = [node for node in nodes if id(node) not in dequantized]  # what only the products read
-    unread = sizes - read
-    nodes = [node for node in nodes if node.op_type != "Constant" or node.output[0] not in unread]  # Splits' sizes
-    del graph.node[:]
-    graph.node.extend(nodes)
-    native.swap_initializers(graph, replaced, added)
-    native.add_domain(model)
-    return len(chains)
+    return chains.rewrite(model, _KERNEL)
 
 
-@dataclass
-class _Chain:
-    # the product's nodes: MatMulInteger, Cast, the scales' Mul, the scaling Mul (a dynamic graph's) or the MatMul
-    # (a calibrated graph's); then [the bias' Sub or Add][, Gelu][, the residual's Add]
-    nodes: list[onnx.NodeProto]
+@dataclass(kw_only=True)
+class _Chain(chains.Chain):
+    # the product's nodes start with MatMulInteger, Cast, the scales' Mul and the scaling Mul (a dynamic graph's)
+    # or the MatMul (a calibrated graph's)
     rows: str  # the quantized rows
     row_scales: str  # their scales; a calibrated graph's: "" until the rewrite names its unit scale
-    weights: str
     column_scales: str
-    n: int
-    bias: str | None = None
-    negated: bool = False  # the bias is subtracted (`row_scales` writes it negated)
-    gelu: bool = False  # a GELU after the bias, taken into the op's epilogue
-    residual: str | None = None  # what an Add after them adds, taken into the op
-    split: onnx.NodeProto | None = None  # the Split of a fused Q/K/V product, taken into the op
     zero_point: str | None = None  # a calibrated graph's rows' zero point (the dynamic graphs': 128)
     row_scale: str | None = None  # a calibrated graph's one scale for every row, taken into the column scales
-    dequantized: tuple[onnx.NodeProto, ...] = ()  # a calibrated graph's DequantizeLinear nodes feeding the MatMul
+    # `feeding`: a calibrated graph's DequantizeLinear nodes before the MatMul
 
 
 def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
@@ -172,36 +121,21 @@ def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
                             **extra)
 
 
-def _chain(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict,
-           graph: onnx.GraphProto) -> _Chain | None:
-    """The product chain starting at `node` (a dynamic graph's MatMulInteger or a calibrated graph's MatMul),
-    where the kernel computes it and nothing else reads what lies within; None otherwise."""
-    chain = _dynamic(node, constants, consumers, producers) or _calibrated(node, constants, consumers, producers)
-    if chain is None:
-        return None
-    n, outputs = chain.n, {value.name for value in graph.output}  # a graph output ends the chain: the op writes it
-    product = chain.nodes[-1].output[0]
-    following = None if product in outputs else _only(consumers, product, None)
-    if following is not None and following.domain in ("", "ai.onnx") and len(following.input) == 2 and (
-            following.op_type == "Add" and product in following.input  # a float sum is the same either way
-            or following.op_type == "Sub" and following.input[0] == product):
-        other = following.input[1] if following.input[0] == product else following.input[0]
-        if other in constants and _per_column(constants[other], n):
-            chain.nodes.append(following)
-            chain.bias, chain.negated = other, following.op_type == "Sub"
-    gelu = None if chain.nodes[-1].output[0] in outputs else _only(consumers, chain.nodes[-1].output[0], None)
-    chain.gelu = gelu is not None and _is_gelu(gelu)
-    if chain.gelu:
-        chain.nodes.append(gelu)
-    add = None if chain.nodes[-1].output[0] in outputs else _only(consumers, chain.nodes[-1].output[0], "Add")
-    chain.residual = _residual(add, chain.nodes[-1].output[0], constants) if add is not None else None
-    if chain.residual is not None:
-        chain.nodes.append(add)
-    if {step.output[0] for step in chain.nodes[:-1]} & outputs:  # what the op no longer writes
-        return None
-    if not chain.gelu and chain.residual is None:
-        chain.split = _split_after(chain, consumers, producers, constants, graph)
-    return chain
+def _unit_scale(chain: _Chain, taken: set[str], added: list[onnx.TensorProto]) -> None:
+    """A calibrated graph's row scale: 1 (one initializer for every product), its own scale taken into the column
+    scales."""
+    if chain.row_scale is None:
+        return
+    unit = next((init.name for init in added if init.name.startswith(_UNIT)), None)
+    if unit is None:
+        unit = native.unused_name(_UNIT, taken)
+        added.append(numpy_helper.from_array(np.ones(1, np.float32), unit))
+    chain.row_scales = unit
+
+
+def _start(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict) -> _Chain | None:
+    """The product at `node`: a dynamic graph's MatMulInteger or a calibrated graph's MatMul."""
+    return _dynamic(node, constants, consumers, producers) or _calibrated(node, constants, consumers, producers)
 
 
 def _dynamic(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict) -> _Chain | None:
@@ -214,10 +148,10 @@ def _dynamic(node: onnx.NodeProto, constants: dict, consumers: dict, producers: 
     w = _weights(weights, constants)
     if w is None or np.any(numpy_helper.to_array(constants[weight_zero_points])):
         return None
-    cast = _only(consumers, node.output[0], "Cast")
+    cast = chains.only(consumers, node.output[0], "Cast")
     if cast is None or helper.get_attribute_value(cast.attribute[0]) != TensorProto.FLOAT:
         return None
-    scaled = _only(consumers, cast.output[0], "Mul")
+    scaled = chains.only(consumers, cast.output[0], "Mul")
     if scaled is None:
         return None
     scales = producers.get(next(name for name in scaled.input if name != cast.output[0]))
@@ -226,9 +160,10 @@ def _dynamic(node: onnx.NodeProto, constants: dict, consumers: dict, producers: 
     column = [name for name in scales.input if name in constants]
     row_scales = [name for name in scales.input if name not in constants]
     n = int(w.dims[1])
-    if len(column) != 1 or len(row_scales) != 1 or not _per_column(constants[column[0]], n):
+    if len(column) != 1 or len(row_scales) != 1 or not chains.per_column(constants[column[0]], n):
         return None
-    return _Chain([node, cast, scales, scaled], rows, row_scales[0], weights, column[0], n)
+    return _Chain(nodes=[node, cast, scales, scaled], rows=rows, row_scales=row_scales[0], weights=weights,
+                  column_scales=column[0], n=n)
 
 
 def _calibrated(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict) -> _Chain | None:
@@ -242,7 +177,7 @@ def _calibrated(node: onnx.NodeProto, constants: dict, consumers: dict, producer
         return None
     q, scale, zero_point = rows.input
     if constants[zero_point].data_type != TensorProto.UINT8 or _size(constants[scale]) != 1 \
-            or _size(constants[zero_point]) != 1 or _only(consumers, node.output[0], "QuantizeLinear") is not None:
+            or _size(constants[zero_point]) != 1 or chains.only(consumers, node.output[0], "QuantizeLinear") is not None:
         return None
     w = _weights(weights.input[0], constants)
     if w is None:
@@ -250,13 +185,18 @@ def _calibrated(node: onnx.NodeProto, constants: dict, consumers: dict, producer
     n = int(w.dims[1])
     attrs = {a.name: helper.get_attribute_value(a) for a in weights.attribute}
     column = weights.input[1]
-    if not _per_column(constants[column], n) or (list(constants[column].dims) == [n] and n > 1
+    if not chains.per_column(constants[column], n) or (list(constants[column].dims) == [n] and n > 1
                                                   and attrs.get("axis", 1) not in (1, -1)):
         return None
     if len(weights.input) == 3 and np.any(numpy_helper.to_array(constants[weights.input[2]])):
         return None
-    return _Chain([node], q, "", weights.input[0], column, n, zero_point=zero_point, row_scale=scale,
-                  dequantized=(rows, weights))
+    return _Chain(nodes=[node], rows=q, row_scales="", weights=weights.input[0], column_scales=column, n=n,
+                  zero_point=zero_point, row_scale=scale, feeding=(rows, weights))
+
+
+_UNIT = "hotrod_i8_unit_scale"
+_KERNEL = chains.Kernel(start=_start, key=lambda c: (c.column_scales, c.zero_point, c.row_scale), arrays=_arrays,
+                        stems=("i8", "offsets", "scales", "bias"), op=_op, prepare=_unit_scale)
 
 
 def _size(tensor: onnx.TensorProto) -> int:
@@ -276,16 +216,6 @@ def _weights(name: str, constants: dict) -> onnx.TensorProto | None:
         else None
 
 
-def _residual(add: onnx.NodeProto, value: str, constants: dict) -> str | None:
-    """What an Add after the product adds to it, where that is a tensor the graph computes (a residual
-    stream): the op adds it last, as the Add did (in its epilogue where its shape is the product's, after the
-    product where it broadcasts otherwise). None for a constant, the product itself, or another node."""
-    if add.domain not in ("", "ai.onnx") or len(add.input) != 2 or value not in add.input:
-        return None
-    other = add.input[1] if add.input[0] == value else add.input[0]
-    return None if other in constants or other == value or not other else other
-
-
 def quantize_outputs(model: onnx.ModelProto) -> int:
     """Every Int8MatMul of `model` (rewritten already, without a residual) whose one reader is the next
     product's per-row quantization (QuantizeRows: `hotrod.runtime.rows`), and whose weights are at most
@@ -294,7 +224,7 @@ def quantize_outputs(model: onnx.ModelProto) -> int:
     sizes = {init.name: int(np.prod(init.dims)) for init in model.graph.initializer}
 
     def reader(node: onnx.NodeProto, readers: dict, constants: dict) -> onnx.NodeProto | None:
-        following = _only(readers, node.output[0], rows.OP)
+        following = chains.only(readers, node.output[0], rows.OP)
         small = sizes.get(node.input[2], ROWS_WEIGHT_BYTES + 1) <= ROWS_WEIGHT_BYTES
         return following if small and following is not None and following.domain == native.DOMAIN else None
 
@@ -335,7 +265,7 @@ def _take_reader(model: onnx.ModelProto, op: str, reader) -> int:
 
 def static_reader(readers: dict, name: str, constants: dict) -> onnx.NodeProto | None:
     """The one node reading `name` where it is a QuantizeLinear that `quantizes_static`; else None."""
-    following = _only(readers, name, "QuantizeLinear")
+    following = chains.only(readers, name, "QuantizeLinear")
     return following if following is not None and following.domain in ("", "ai.onnx") \
         and quantizes_static(following, constants) else None
 
@@ -351,48 +281,3 @@ def quantizes_static(node: onnx.NodeProto, constants: dict) -> bool:
             and attrs.get("output_dtype", TensorProto.UINT8) in (0, TensorProto.UINT8))
 
 
-def _is_gelu(node: onnx.NodeProto) -> bool:
-    """Whether `node` is a GELU of the erf form, which the kernel's epilogue computes as onnxruntime does
-    (`hotrod/native/gelu.h`): com.microsoft's Gelu, or ONNX's without the tanh approximation."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if node.op_type != "Gelu" or len(node.input) != 1 or len(node.output) != 1:
-        return False
-    if node.domain == "com.microsoft":
-        return not attrs
-    return node.domain in ("", "ai.onnx") and set(attrs) <= {"approximate"} \
-        and attrs.get("approximate", b"none") in (b"none", "none")
-
-
-def _per_column(tensor: onnx.TensorProto, n: int) -> bool:
-    """Whether a float constant is one value, or one per column ([N] or [1, N], a language model's logits bias),
-    so that adding or multiplying it leaves a product's shape as it is."""
-    return tensor.data_type == TensorProto.FLOAT and list(tensor.dims) in ([], [1], [n], [1, n])
-
-
-def _split_after(chain: _Chain, consumers: dict, producers: dict, constants: dict,
-                 graph: onnx.GraphProto) -> onnx.NodeProto | None:
-    """The Split, where the product's one reader splits its last axis into three equal parts of a multiple of
-    16 columns (the kernel writes them as three outputs); None otherwise. Its sizes are read as the build's
-    fusion reads them (`graphs.split_sizes`), from an initializer no caller may feed or a Constant node."""
-    out = chain.nodes[-1].output[0]
-    split = _only(consumers, out, "Split")
-    if split is None or len(split.output) != 3 or any(value.name == out for value in graph.output):
-        return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
-    if attrs.get("axis") != -1 or chain.n % 3 or chain.n // 3 % 16:
-        return None
-    known = dict(constants)
-    source = producers.get(split.input[1]) if len(split.input) > 1 else None
-    if source is not None and source.op_type == "Constant" and source.attribute \
-            and source.attribute[0].name == "value":
-        known[source.output[0]] = source.attribute[0].t
-    # [] (no sizes given): three equal parts, as the width divides by three
-    return split if graphs.split_sizes(split, known) in ([], [chain.n // 3] * 3) else None
-
-
-def _only(consumers: dict, name: str, op: str | None) -> onnx.NodeProto | None:
-    """The one node reading `name` (of type `op`, where given), or None."""
-    readers = consumers.get(name, [])
-    if len(readers) != 1 or (op is not None and readers[0].op_type != op):
-        return None
-    return readers[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hotrod.errors import HotrodError
 from hotrod.files import file_sha256, write_whole
-from hotrod.runtime import attention, i8, native, norm, q4, rows
+from hotrod.runtime import attention, bf16, i8, native, norm, q4, rows
 from hotrod.source import cache_dir
 
 
@@ -33,12 +33,14 @@ class Kernel:
 
 
 INT4, INT8, ROWS, LAYERNORM, ATTENTION = "int4-matmul", "int8-matmul", "quantize-rows", "layernorm", "attention"
+BF16 = "bf16-matmul"
 KERNELS = {kernel.name: kernel for kernel in (
     Kernel(INT4, (q4.OP,)),  # int4 products, onnxruntime's MatMulNBits
     Kernel(INT8, (i8.OP, i8.SPLIT_OP, i8.ROWS_OP, i8.QUANTIZED_OP)),  # int8 products on AMX tiles
     Kernel(ROWS, (rows.OP,)),  # per-row int8 quantization of a product's input
     Kernel(LAYERNORM, (norm.OP, norm.ROWS_OP, norm.FIXED_OP)),  # LayerNormalization, with the next quantization
     Kernel(ATTENTION, (attention.OP, attention.QUANTIZED_OP)),  # encoder attention in bf16 on AMX tiles
+    Kernel(BF16, (bf16.OP, bf16.SPLIT_OP)),  # bf16 products on AMX tiles, where the build asked for them
 )}
 
 _override: frozenset[str] | None = None  # kernels left out for a measurement, whatever the record says

@@ -1,0 +1,156 @@
+/* bf16 products on AMX tiles, the kernel behind hotrod's Bf16MatMul op.
+ *
+ * An fp32 encoder's products, computed with both operands rounded to bf16 (8 significant bits) and the sums kept
+ * in fp32: on a CPU with AMX-BF16 a core's tiles multiply bf16 several times faster than its fp32 units, and
+ * on a trained model the answers stay those of fp32 where 8-bit activations do not (benchmarks/README.md:
+ * "bf16 products"). The graph's own weights stay fp32; they are rounded and packed once, as the graph is loaded
+ * (`hotrod.runtime.bf16`): for each 32 columns and each 32 of depth, two 16 x 64-byte tiles, a row of which holds
+ * 2 consecutive depths of 16 columns, the layout TDPBF16PS reads.
+ *
+ * A call first rounds its rows to bf16 (to nearest even, as numpy's ml_dtypes rounds) into a buffer of its own,
+ * 32 rows a unit of work, its depth padded with zeros; then a step of the inner loop loads two tiles of rows (32
+ * rows x 32 depths) and two of weights, and accumulates 32 x 32 fp32 sums with four TDPBF16PS. The epilogue adds
+ * the bias, applies a following GELU (gelu.h: onnxruntime's arithmetic) and adds a following residual, and
+ * writes only the rows and columns that exist. Every row goes through the tiles (a short call's last tile padded
+ * with zero rows), so a row's sums are the same alone and in any batch.
+ *
+ * Work is split into blocks of rows by blocks of columns, run on the caller's threads (onnxruntime's pool, through
+ * `parallel`): a block of weights stays in a core's cache while its rows go through.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16gemm.h"
+#include "gelu.h"
+
+#define TILE_ROWS 16
+#define BLOCK_ROWS 32                   /* rows of one 2 x 2 step: two tiles of rows */
+#define UNIT_ROWS 256                   /* rows of one unit of work */
+#define TILE_HALVES (TILE_ROWS * 32)    /* bf16 values in one tile: 16 rows of 32 */
+#define STEP_HALVES (2 * TILE_HALVES)   /* the two weight tiles of 32 columns at one depth step */
+
+typedef struct {
+  const float* x;       /* the fp32 rows */
+  uint16_t* a;          /* the same rounded to bf16: [rows padded to BLOCK_ROWS][kp] */
+  const uint16_t* w;
+  const float* bias;
+  float* const* y;      /* the outputs, each `width` of the n columns */
+  const float* residual; /* [rows, n], added last; or NULL */
+  int64_t rows, k, kp, n, padded_n, width, unit_cols, col_units;
+  int activation;
+} Problem;
+
+/* The first `count` of 16 lanes (none for count <= 0). */
+static inline __mmask16 first(int64_t count) {
+  return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
+}
+
+/* Rows [32 index, 32 index + 32) rounded to bf16 into `a`, depth padded with zeros to kp; rows past the last are
+ * zeros. */
+static void round_rows(void* data, size_t index) {
+  const Problem* p = data;
+  for (int64_t r = (int64_t)index * BLOCK_ROWS; r < ((int64_t)index + 1) * BLOCK_ROWS; r++) {
+    uint16_t* out = p->a + r * p->kp;
+    if (r >= p->rows) {
+      memset(out, 0, (size_t)p->kp * sizeof(uint16_t));
+      continue;
+    }
+    const float* row = p->x + r * p->k;
+    for (int64_t d = 0; d < p->kp; d += 32) {
+      const __m512 low = _mm512_maskz_loadu_ps(first(p->k - d), row + d);
+      const __m512 high = _mm512_maskz_loadu_ps(first(p->k - d - 16), row + d + 16);
+      _mm512_storeu_si512(out + d, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+    }
+  }
+}
+
+/* Where column `col` (a multiple of 16: within one output) of row `row` goes. */
+static inline float* place(const Problem* p, int64_t row, int64_t col) {
+  const int64_t part = col / p->width;
+  return p->y[part] + row * p->width + (col - part * p->width);
+}
+
+/* The 32 x 32 block at (row, col): sums over the whole depth in tiles 0-3, stored into `sums`. */
+static void multiply(const Problem* p, int64_t row, int64_t col, float* sums) {
+  const uint16_t* a = p->a + row * p->kp;
+  const uint16_t* w = p->w + (col / 32) * (p->kp / 32) * STEP_HALVES;
+  const size_t stride = (size_t)p->kp * sizeof(uint16_t);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t depth = 0; depth < p->kp; depth += 32, w += STEP_HALVES) {
+    _tile_loadd(4, a + depth, stride);
+    _tile_loadd(5, a + TILE_ROWS * p->kp + depth, stride);
+    _tile_loadd(6, w, 64);
+    _tile_loadd(7, w + TILE_HALVES, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, sums, 128);
+  _tile_stored(1, sums + 16, 128);
+  _tile_stored(2, sums + 16 * 32, 128);
+  _tile_stored(3, sums + 16 * 32 + 16, 128);
+}
+
+/* The block's sums biased, through the GELU where asked, plus the residual where given, into Y. */
+static void emit(const Problem* p, const float* sums, int64_t row, int64_t col) {
+  const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
+  for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
+    const int64_t c = col + half * 16;
+    const __mmask16 mask = first(p->n - c);
+    const __m512 bias = _mm512_loadu_ps(p->bias + c);
+    for (int64_t r = 0; r < rows; r++) {
+      __m512 v = _mm512_add_ps(_mm512_load_ps(sums + r * 32 + half * 16), bias);
+      if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
+      if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + (row + r) * p->n + c));
+      _mm512_mask_storeu_ps(place(p, row + r, c), mask, v);
+    }
+  }
+}
+
+/* One unit: up to UNIT_ROWS rows by unit_cols columns, a block of 32 columns at a time through every row block
+ * (its weights read from memory once, by the first, and kept in the core's cache for the others). */
+static void unit(void* data, size_t index) {
+  const Problem* p = data;
+  const int64_t first_row = (int64_t)index / p->col_units * UNIT_ROWS;
+  const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
+  const int64_t last_row = first_row + UNIT_ROWS < p->rows ? first_row + UNIT_ROWS : p->rows;
+  const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
+  float sums[BLOCK_ROWS * 32] __attribute__((aligned(64)));
+  hotrod_configure_tiles(); /* per call: the thread may be any of the pool's */
+  for (int64_t col = first_col; col < last_col; col += 32)
+    for (int64_t row = first_row; row < last_row; row += BLOCK_ROWS) {
+      multiply(p, row, col, sums);
+      emit(p, sums, row, col);
+    }
+  _tile_release();
+}
+
+int hotrod_bf16_matmul(const float* a, int64_t rows, int64_t k, const uint16_t* w, const float* bias, int64_t n,
+                       float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
+                       void* runner) {
+  if (!hotrod_amx_ready() || k <= 0 || n <= 0 || rows < 0 || parts < 1 || n % parts != 0 ||
+      (parts > 1 && n / parts % 16 != 0) || (residual != NULL && parts > 1) || activation < HOTROD_I8_LINEAR ||
+      activation > HOTROD_I8_GELU)
+    return -1;
+  if (rows == 0) return 0;
+  const int64_t padded_k = (k + HOTROD_BF16_DEPTH - 1) / HOTROD_BF16_DEPTH * HOTROD_BF16_DEPTH;
+  const int64_t padded_n = (n + HOTROD_BF16_COLS - 1) / HOTROD_BF16_COLS * HOTROD_BF16_COLS;
+  Problem p = {a, NULL, w, bias, y, residual, rows, k, padded_k, n, padded_n, n / parts, 256, 0, activation};
+  const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+  p.a = aligned_alloc(64, (size_t)(blocks * BLOCK_ROWS * p.kp) * sizeof(uint16_t));
+  if (p.a == NULL) return -1;
+  parallel(runner, round_rows, &p, (size_t)blocks);
+  const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
+  /* wide units read each weight once for many rows; narrow ones share a small product among threads */
+  while (p.unit_cols > HOTROD_BF16_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
+    p.unit_cols /= 2;
+  p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
+  parallel(runner, unit, &p, (size_t)(row_units * p.col_units));
+  free(p.a);
+  return 0;
+}

@@ -1,0 +1,113 @@
+/* hotrod's bf16 product ops on AMX (bf16gemm.c), registered by ort_op.c in the domain "hotrod":
+ * - Bf16MatMul (inputs: X float [..., K], the packed bf16 weights [N' / 32, K' / 32, 1024] (K' and N' padded to
+ *   32), the float bias [N'], an optional residual; attributes N and an optional `activation`, 1 for GELU after
+ *   the bias as onnxruntime's Gelu computes it; output float [..., N], or the residual's broadcast shape): the
+ *   residual is added last, in the epilogue where it has the product's shape;
+ * - Bf16MatMulSplit: the same without a residual, its columns in three outputs of N / 3 each (a fused Q/K/V
+ *   product's).
+ * The Python side uses them only where the CPU has AMX-BF16 and the graph's build asked for bf16 products
+ * (`hotrod.runtime.bf16`). A version-8 op cannot return an error: inputs that do not fit give NaN, which no caller
+ * takes for an answer.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16gemm.h"
+#include "ort_api.h"
+
+/* N, the outputs its columns are split into, and the activation its epilogue applies. */
+typedef struct { int64_t n, parts, activation; } Bf16Kernel;
+
+static void* create_bf16(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
+  (void)table;
+  Bf16Kernel* kernel = calloc(1, sizeof(Bf16Kernel));
+  if (kernel == NULL) return NULL;
+  kernel->parts = (int64_t)op->GetOutputTypeCount(op);
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "activation", &kernel->activation)))
+    kernel->activation = HOTROD_I8_LINEAR;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
+      kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0) ||
+      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU) {
+    free(kernel);
+    return NULL;
+  }
+  return kernel;
+}
+
+/* Whether the packed weights and bias fit a depth of k and N. */
+static int bf16_fits(int64_t n, int64_t k, const OrtValue* w, const OrtValue* bias) {
+  const int64_t padded_n = (n + HOTROD_BF16_COLS - 1) / HOTROD_BF16_COLS * HOTROD_BF16_COLS;
+  const int64_t padded_k = (k + HOTROD_BF16_DEPTH - 1) / HOTROD_BF16_DEPTH * HOTROD_BF16_DEPTH;
+  int64_t d[8];
+  if (k <= 0 || dims_of(w, d) != 3 || d[0] != padded_n / HOTROD_BF16_COLS || d[1] != padded_k / HOTROD_BF16_DEPTH ||
+      d[2] != HOTROD_BF16_COLS * HOTROD_BF16_DEPTH)
+    return 0;
+  return dims_of(bias, d) == 1 && d[0] == padded_n;
+}
+
+static void compute_bf16(void* state, OrtKernelContext* context) {
+  const Bf16Kernel* kernel = state;
+  const OrtValue* in[4] = {NULL};
+  for (size_t i = 0; i < 3; i++)
+    if (failed(CALL(CONTEXT_INPUT, GetInputFn, context, i, &in[i]))) return;
+  if (kernel->parts == 1 && failed(CALL(CONTEXT_INPUT, GetInputFn, context, 3, &in[3]))) in[3] = NULL;
+  int64_t dims[8], out_dims[8], residual_dims[8];
+  const size_t count = dims_of(in[0], dims);
+  if (count == 0) return;
+  const int64_t k = dims[count - 1], width = kernel->n / kernel->parts;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
+  const float *x = data_of(in[0]), *bias = data_of(in[2]);
+  const uint16_t* w = data_of(in[1]);
+  int fits = bf16_fits(kernel->n, k, in[1], in[2]) && x != NULL && w != NULL && bias != NULL;
+  dims[count - 1] = width;
+  memcpy(out_dims, dims, sizeof(dims));
+  size_t out_count = count;
+  const float* residual = NULL;
+  int residual_rank = -1, fused = 0;
+  if (in[3] != NULL) {
+    residual_rank = rank_of(in[3], residual_dims);
+    residual = data_of(in[3]);
+    fused = residual_rank == (int)count && memcmp(residual_dims, dims, count * sizeof(int64_t)) == 0;
+    if (residual == NULL || residual_rank < 0 ||
+        (!fused && !hotrod_broadcast(dims, count, residual_dims, (size_t)residual_rank, out_dims, &out_count)))
+      fits = 0;
+  }
+  int64_t values = 1;
+  for (size_t i = 0; i < out_count; i++) values *= out_dims[i];
+  float* out[3] = {NULL, NULL, NULL};
+  for (int64_t i = 0; i < kernel->parts; i++) {
+    OrtValue* y = NULL;
+    if (failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, (size_t)i, out_dims, out_count, &y)) ||
+        (out[i] = data_of(y)) == NULL)
+      return;
+  }
+  const int later = residual != NULL && !fused;
+  float* product = later ? malloc((size_t)(rows * width) * sizeof(float)) : NULL;
+  /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
+   * takes for an answer */
+  if (!fits || (later && product == NULL) ||
+      hotrod_bf16_matmul(x, rows, k, w, bias, kernel->n, later ? &product : out, kernel->parts,
+                         (int)kernel->activation, fused ? residual : NULL, hotrod_run_parallel, context) != 0) {
+    for (int64_t i = 0; i < kernel->parts; i++)
+      for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
+  } else if (later) {
+    hotrod_add_broadcast(product, dims, count, residual, residual_dims, (size_t)residual_rank, out[0], out_dims,
+                         out_count);
+  }
+  free(product);
+}
+
+static const char* bf16_name(const CustomOp* op) { (void)op; return "Bf16MatMul"; }
+static const char* bf16_split_name(const CustomOp* op) { (void)op; return "Bf16MatMulSplit"; }
+static int bf16_input_type(const CustomOp* op, size_t i) { (void)op; return i == 1 ? BFLOAT16 : FLOAT; }
+static size_t bf16_inputs(const CustomOp* op) { (void)op; return 3; }
+static size_t bf16_residual_inputs(const CustomOp* op) { (void)op; return 4; }
+static int residual_optional(const CustomOp* op, size_t i) { (void)op; return i == 3 ? OPTIONAL : REQUIRED; }
+
+const CustomOp hotrod_bf16_matmul_op = {API_VERSION,     create_bf16,          bf16_name,         hotrod_cpu_provider,
+                                        bf16_input_type, bf16_residual_inputs, hotrod_float_type, hotrod_one,
+                                        compute_bf16,    hotrod_free_kernel,   residual_optional, hotrod_required};
+const CustomOp hotrod_bf16_matmul_split_op = {
+    API_VERSION,       create_bf16,  bf16_split_name, hotrod_cpu_provider, bf16_input_type,   bf16_inputs,
+    hotrod_float_type, hotrod_three, compute_bf16,    hotrod_free_kernel,  hotrod_required,   hotrod_required};
