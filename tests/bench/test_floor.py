@@ -16,6 +16,7 @@ def test_machine_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch
     monkeypatch.setattr(floor, "_bandwidth", lambda: calls.append("bw") or 12.5)
     monkeypatch.setattr(floor, "_matmul_rate", lambda: 150.0)
     monkeypatch.setattr(floor, "_int8_rate", lambda: None)
+    monkeypatch.setattr(floor, "_cpu_half_rate", lambda size, threads: None)
     first = machine(2, root=tmp_path)
     second = machine(2, root=tmp_path)
     assert first == second and first.bandwidth_gbs == 12.5 and calls == ["bw"]
@@ -64,3 +65,16 @@ def test_half_precision_uses_the_gpus_half_rate_where_measured():
                   measured="now", device="cuda", gpu="test gpu", half_gflops=700_000.0)
     assert gpu.rate("fp16") == gpu.rate("bf16") == 700_000e9 and gpu.rate("fp32") == 50_000e9
     assert MACHINE.rate("fp16") == MACHINE.rate("fp32")  # a CPU: no half rate measured, fp32 stands in
+
+
+def test_a_cpu_with_amx_bf16_measures_hotrods_bf16_product_as_its_half_rate():
+    from hotrod.runtime import bf16
+
+    rate = floor._cpu_half_rate(256, 2)
+    if not bf16.available():
+        assert rate is None
+        return
+    assert rate > floor._matmul_rate(size=256) / 10
+    cpu = Machine(cpu="test", threads=2, bandwidth_gbs=20.0, matmul_gflops=200.0, int8_gops=800.0, measured="now",
+                  half_gflops=rate)
+    assert cpu.rate("bf16-products") == rate * 1e9 and cpu.rate("fp32") == 200e9

@@ -84,6 +84,23 @@ def test_full_int8_encoder_stays_close_to_fp32(zoo):
 
 
 @needs_openvino
+def test_the_bf16_format_computes_the_fp32_export_and_stays_close_to_it(zoo):
+    case, model = _case(zoo, "bert", lengths=(7, 3))
+    ids, mask = case.inputs(model.config.vocab_size)
+    system = _system(case, ids, mask, "bf16")
+    try:
+        ours = system.call()
+        assert system.precision == "bf16-products" and system.figures["format"] == "bf16"
+    finally:
+        system.close()
+    assert not openvino_peer.converted_path(case.source, case.kind, "bf16").exists()  # fp32's export, computed in bf16
+    with torch.inference_mode():
+        theirs = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    keep = mask.bool()
+    assert torch.nn.functional.cosine_similarity(ours[keep], theirs[keep], dim=-1).mean() > 0.99
+
+
+@needs_openvino
 @pytest.mark.parametrize("head, query", [("qa", 0), ("cls", 2), ("ner", 0)])
 def test_fp32_heads_answer_as_transformers(zoo, head, query):
     """Each head runs as optimum-intel's class for its task and answers through the harness's own code: the

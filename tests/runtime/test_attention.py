@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import hotrod
 from hotrod import precisions
 from hotrod.precisions import ATTENTION_KEY, ask
-from hotrod.runtime import attention, i8, native
+from hotrod.runtime import attention, bf16, i8, native
 from tests.runtime.test_i8 import loaded_on_and_off
 from tests.runtime.test_rows import _copy
 from tests.zoo import CASES, prompt_batch
@@ -242,14 +242,15 @@ def test_the_int8_precision_asks_for_it_and_its_manifest_says_so():
 
 
 def split_heads(heads: int, head: int, sizes: list[int] | None = None, axis: int = -1,
-                fused: bool = False) -> onnx.ModelProto:
+                fused: str | None = None) -> onnx.ModelProto:
     """x [B, S, W] -> Split into q, k, v (`sizes`, or three equal parts) -> MultiHeadAttention -> y, as
-    onnxruntime's fusion leaves an int8-static encoder (`fused`: the Split taken into hotrod's int8 product)."""
+    onnxruntime's fusion leaves an int8-static or fp32 encoder (`fused`: the Split taken into hotrod's product op
+    of that name)."""
     width = heads * head
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", None, 3 * width])
     sizes_init = numpy_helper.from_array(np.array(sizes or [width] * 3, np.int64), "sizes")
     if fused:
-        split = helper.make_node(i8.SPLIT_OP, ["x"], ["q", "k", "v"], domain=native.DOMAIN, N=3 * width)
+        split = helper.make_node(fused, ["x"], ["q", "k", "v"], domain=native.DOMAIN, N=3 * width)
     else:
         split = helper.make_node("Split", ["x", "sizes"], ["q", "k", "v"], axis=axis)
     node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=heads)
@@ -269,7 +270,8 @@ def test_multi_head_attention_on_one_fused_products_three_parts():
     feeds = inputs(2, 21, 4, 32, seed=6)
     x = np.concatenate([feeds[name] for name in "qkv"], axis=-1)
     np.testing.assert_allclose(run(out, {"x": x}), reference(feeds, 4), atol=2e-3, rtol=0)
-    assert rewritten(split_heads(4, 32, fused=True)).graph.node[-1].op_type == attention.OP
+    for product in (i8.SPLIT_OP, bf16.SPLIT_OP):  # int8-static's and bf16-products' fused Q/K/V products
+        assert rewritten(split_heads(4, 32, fused=product)).graph.node[-1].op_type == attention.OP
 
 
 @pytest.mark.parametrize("change", [dict(sizes=[128, 96, 160]), dict(axis=1), dict(axis=0)])

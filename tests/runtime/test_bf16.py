@@ -14,7 +14,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.precisions import PRODUCTS_KEY, ask
-from hotrod.runtime import bf16, cpu_kernels, native
+from hotrod.runtime import attention, bf16, cpu_kernels, native
 from tests.runtime.test_i8 import (
     GELUS,
     assert_the_same_in_a_forked_process,
@@ -247,6 +247,8 @@ def test_a_loaded_bf16_products_model_multiplies_on_the_kernel_within_bf16s_roun
         assert model.generate(ids, attention_mask=mask, max_new_tokens=6).shape == \
             plain.generate(ids, attention_mask=mask, max_new_tokens=6).shape
         return
+    # its attention on the tiles too, reading the keys and values the fused Q/K/V product split
+    assert all(attention.OP in ops for ops in model.backend.kernel_ops.values())
     ours, theirs = (m(ids, attention_mask=mask).last_hidden_state for m in (model, plain))
     assert not torch.equal(ours, theirs) and torch.allclose(ours, theirs, rtol=0.05, atol=0.05)
     alone = model(ids[1:2, :3], attention_mask=mask[1:2, :3]).last_hidden_state

@@ -36,7 +36,9 @@ class Machine:
     measured: str
     device: str = "cpu"
     gpu: str | None = None  # the GPU's name, for device "cuda"
-    half_gflops: float | None = None  # fp16 GEMM, GFLOP/s, measured on GPUs (a CPU has no fast fp16 path)
+    # half-precision GEMM, GFLOP/s: fp16 on GPUs; on a CPU with AMX-BF16, hotrod's bf16 product (the kernel
+    # bf16-products runs); None on other CPUs, which have no fast half path
+    half_gflops: float | None = None
 
     def rate(self, precision: str) -> float:
         """Operations per second for matrix work at `precision` (quantized formats compute in int8)."""
@@ -48,7 +50,9 @@ class Machine:
         return self.matmul_gflops * 1e9
 
 
-METHOD = 3  # 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotrod's AMX product, the faster
+# 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotrod's AMX product, the faster; 4: the CPU's
+# half rate, hotrod's bf16 product where it runs
+METHOD = 4
 
 
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
@@ -81,7 +85,7 @@ def _measure(cpu: str, threads: int, device: str, gpu: str | None) -> Machine:
                        matmul_gflops=_tf32_rate(8192), int8_gops=_int8_rate(8192, "cuda"), measured=now,
                        device="cuda", gpu=gpu, half_gflops=_matmul_rate(8192, "cuda", torch.float16))
     return Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(), matmul_gflops=_matmul_rate(),
-                   int8_gops=_int8_rate(), measured=now)
+                   int8_gops=_int8_rate(), measured=now, half_gflops=_cpu_half_rate(2048, threads))
 
 
 def _best(fn, repeats: int, device: str = "cpu") -> float:
@@ -162,6 +166,24 @@ def _onnxruntime_int8_rate(size: int, threads: int) -> float:
     return 2 * size**3 / min(rates) / 1e9
 
 
+def _cpu_half_rate(size: int, threads: int) -> float | None:
+    """hotrod's bf16 product (`hotrod.runtime.bf16`) where this CPU runs it: the kernel a bf16-products graph's
+    products run on; None elsewhere."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hotrod.runtime import bf16, native
+
+    if not bf16.available():
+        return None
+    rng = np.random.default_rng(0)
+    packed = bf16.pack(rng.standard_normal((size, size)).astype(np.float32), None)
+    constants = [numpy_helper.from_array(array, name) for array, name in zip(packed, ("w", "bias"))]
+    node = helper.make_node(bf16.OP, ["a", "w", "bias"], ["y"], domain=native.DOMAIN, N=size)
+    feed = {"a": rng.standard_normal((size, size)).astype(np.float32)}
+    return 2 * size**3 / _graph_seconds([node], constants, feed, TensorProto.FLOAT, threads, native.DOMAIN) / 1e9
+
+
 def _graph_seconds(nodes: list, constants: list, feed: dict, out_type: int, threads: int,
                    domain: str | None = None) -> float:
     """The best time of one run of a graph of `nodes` over `feed` (hotrod's ops in `domain`, where given)."""
@@ -174,7 +196,7 @@ def _graph_seconds(nodes: list, constants: list, feed: dict, out_type: int, thre
               for name, value in feed.items()]
     output = helper.make_tensor_value_info("y", out_type, None)
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
-    model = helper.make_model(helper.make_graph(nodes, "int8_rate", inputs, [output], constants), opset_imports=opsets)
+    model = helper.make_model(helper.make_graph(nodes, "rate", inputs, [output], constants), opset_imports=opsets)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     if domain:

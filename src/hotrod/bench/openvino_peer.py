@@ -32,9 +32,11 @@ from hotrod.source import cache_dir, source_fingerprint
 ENVIRONMENT = "HOTROD_OPENVINO_PYTHON"
 # Each format, and the hotrod precision whose hardware floor it is held to. The bench times, for language
 # models, the compressed weights (fp32 is the reference the tests compare tokens with); for encoders, whose
-# matrix work is compute bound, fp32 (what an export gives without options) and both int8 paths.
-FORMATS = {"fp32": "fp32", "int8": "int8-weight", "int4": "int4", "int8-full": "int8-static"}
-_TIMED = {True: ("int8", "int4"), False: ("fp32", "int8", "int8-full")}  # by whether the kind generates
+# matrix work is compute bound, fp32 (what an export gives without options), the same export computed in bf16
+# (the CPU plugin's own default where the CPU has AVX-512 BF16 or AMX, fp32 elsewhere) and both int8 paths.
+FORMATS = {"fp32": "fp32", "bf16": "bf16-products", "int8": "int8-weight", "int4": "int4", "int8-full": "int8-static"}
+_TIMED = {True: ("int8", "int4"), False: ("fp32", "bf16", "int8", "int8-full")}  # by whether the kind generates
+_EXPORTED_AS = {"bf16": "fp32"}  # formats that compute another's export in another precision
 
 
 def python() -> str | None:
@@ -60,7 +62,7 @@ def builders(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int) ->
 
 def _builder(case: Case, ids: torch.Tensor, mask: torch.Tensor, threads: int, name: str) -> Callable[[], System]:
     def build() -> System:
-        target = converted_path(case.source, case.kind, name, case.task)
+        target = converted_path(case.source, case.kind, _EXPORTED_AS.get(name, name), case.task)
         worker = Worker(python(), "openvino_worker.py", target.with_name(target.name + ".log"))
         types = case.token_types(mask)
         try:

@@ -11,8 +11,8 @@
  * 32 rows a unit of work, its depth padded with zeros; then a step of the inner loop loads two tiles of rows (32
  * rows x 32 depths) and two of weights, and accumulates 32 x 32 fp32 sums with four TDPBF16PS. The epilogue adds
  * the bias, applies a following GELU (gelu.h: onnxruntime's arithmetic) and adds a following residual, and
- * writes only the rows and columns that exist. Every row goes through the tiles (a short call's last tile padded
- * with zero rows), so a row's sums are the same alone and in any batch.
+ * writes only the rows and columns that exist, spread among the next block's tile steps. Every row goes through
+ * the tiles (a short call's last tile padded with zero rows), so a row's sums are the same alone and in any batch.
  *
  * Work is split into blocks of rows by blocks of columns, run on the caller's threads (onnxruntime's pool, through
  * `parallel`): a block of weights stays in a core's cache while its rows go through.
@@ -26,7 +26,8 @@
 
 #define TILE_ROWS 16
 #define BLOCK_ROWS 32                   /* rows of one 2 x 2 step: two tiles of rows */
-#define UNIT_ROWS 256                   /* rows of one unit of work */
+#define UNIT_ROWS 256                   /* rows of one unit of work, at most */
+#define UNIT_ROW_BYTES (1 << 20)        /* and at most this many bytes of rounded rows: they stay in L2 (2 MiB) */
 #define TILE_HALVES (TILE_ROWS * 32)    /* bf16 values in one tile: 16 rows of 32 */
 #define STEP_HALVES (2 * TILE_HALVES)   /* the two weight tiles of 32 columns at one depth step */
 
@@ -37,7 +38,7 @@ typedef struct {
   const float* bias;
   float* const* y;      /* the outputs, each `width` of the n columns */
   const float* residual; /* [rows, n], added last; or NULL */
-  int64_t rows, k, kp, n, padded_n, width, unit_cols, col_units;
+  int64_t rows, k, kp, n, padded_n, width, unit_rows, unit_cols, col_units;
   int activation;
 } Problem;
 
@@ -71,16 +72,51 @@ static inline float* place(const Problem* p, int64_t row, int64_t col) {
   return p->y[part] + row * p->width + (col - part * p->width);
 }
 
-/* The 32 x 32 block at (row, col): sums over the whole depth in tiles 0-3, stored into `sums`. */
-static void multiply(const Problem* p, int64_t row, int64_t col, float* sums) {
+/* A finished 32 x 32 block of sums whose epilogue is still to run: its row-halves (16 columns of one row) are
+ * emitted a few at a time between the next block's tile steps (`emit_until`), as hotrod's int8 kernel does: the
+ * tiles multiply on their own unit, and an epilogue (a GELU's above all) spread among their steps runs beside
+ * them rather than after them. */
+typedef struct {
+  const float* sums;
+  int64_t row, col;
+  int halves, next, total; /* row-halves: per row, done, in all */
+} Pending;
+
+static inline void pending(const Problem* p, Pending* e, const float* sums, int64_t row, int64_t col) {
+  const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
+  e->sums = sums, e->row = row, e->col = col, e->halves = col + 16 < p->n ? 2 : 1, e->next = 0;
+  e->total = (int)rows * e->halves;
+}
+
+/* The pending block's row-halves before `until`: biased, through the GELU where asked, plus the residual where
+ * given, into Y. */
+static inline void emit_until(const Problem* p, Pending* e, int until) {
+  for (; e->next < until; e->next++) {
+    const int64_t r = e->next / e->halves, half = e->next % e->halves, c = e->col + half * 16, row = e->row + r;
+    const __mmask16 mask = first(p->n - c);
+    __m512 v = _mm512_add_ps(_mm512_load_ps(e->sums + r * 32 + half * 16), _mm512_loadu_ps(p->bias + c));
+    if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
+    if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + row * p->n + c));
+    _mm512_mask_storeu_ps(place(p, row, c), mask, v);
+  }
+}
+
+/* The 32 x 32 block at (row, col): sums over the whole depth in tiles 0-3, with the pending block's epilogue
+ * spread over its steps (done by the end), and the next column block's weights asked for into L2 a few lines a
+ * step (`ahead`, `lines` a step). */
+static void multiply(const Problem* p, int64_t row, int64_t col, Pending* e, const char* ahead, int lines) {
   const uint16_t* a = p->a + row * p->kp;
   const uint16_t* w = p->w + (col / 32) * (p->kp / 32) * STEP_HALVES;
   const size_t stride = (size_t)p->kp * sizeof(uint16_t);
+  const int per_step = (int)((e->total + p->kp / 32 - 1) / (p->kp / 32));
+  int until = 0;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t depth = 0; depth < p->kp; depth += 32, w += STEP_HALVES) {
+    for (int line = 0; line < lines; line++) _mm_prefetch(ahead + line * 64, _MM_HINT_T1);
+    ahead += lines * 64;
     _tile_loadd(4, a + depth, stride);
     _tile_loadd(5, a + TILE_ROWS * p->kp + depth, stride);
     _tile_loadd(6, w, 64);
@@ -89,44 +125,46 @@ static void multiply(const Problem* p, int64_t row, int64_t col, float* sums) {
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
+    until += per_step;
+    emit_until(p, e, until < e->total ? until : e->total);
   }
+  emit_until(p, e, e->total);
+}
+
+static void store(float* sums) {
   _tile_stored(0, sums, 128);
   _tile_stored(1, sums + 16, 128);
   _tile_stored(2, sums + 16 * 32, 128);
   _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
-/* The block's sums biased, through the GELU where asked, plus the residual where given, into Y. */
-static void emit(const Problem* p, const float* sums, int64_t row, int64_t col) {
-  const int64_t rows = p->rows - row < BLOCK_ROWS ? p->rows - row : BLOCK_ROWS;
-  for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
-    const int64_t c = col + half * 16;
-    const __mmask16 mask = first(p->n - c);
-    const __m512 bias = _mm512_loadu_ps(p->bias + c);
-    for (int64_t r = 0; r < rows; r++) {
-      __m512 v = _mm512_add_ps(_mm512_load_ps(sums + r * 32 + half * 16), bias);
-      if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
-      if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + (row + r) * p->n + c));
-      _mm512_mask_storeu_ps(place(p, row + r, c), mask, v);
-    }
-  }
-}
-
-/* One unit: up to UNIT_ROWS rows by unit_cols columns, a block of 32 columns at a time through every row block
- * (its weights read from memory once, by the first, and kept in the core's cache for the others). */
+/* One unit: up to unit_rows rows by unit_cols columns, a block of 32 columns at a time through every row block
+ * (its weights read from memory once, by the first, and kept in the core's cache for the others). While a column
+ * block goes through its row blocks, the next one's weights are asked for into L2, a share each row block, so the
+ * wait for memory is spread over the tile work (the hardware's own prefetch stops at every 4 KB page). */
 static void unit(void* data, size_t index) {
   const Problem* p = data;
-  const int64_t first_row = (int64_t)index / p->col_units * UNIT_ROWS;
+  const int64_t first_row = (int64_t)index / p->col_units * p->unit_rows;
   const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
-  const int64_t last_row = first_row + UNIT_ROWS < p->rows ? first_row + UNIT_ROWS : p->rows;
+  const int64_t last_row = first_row + p->unit_rows < p->rows ? first_row + p->unit_rows : p->rows;
   const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
-  float sums[BLOCK_ROWS * 32] __attribute__((aligned(64)));
+  const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS, steps = p->kp / 32;
+  const int64_t share = (steps * STEP_HALVES * 2 / 64 + blocks - 1) / blocks; /* lines of the next, per row block */
+  const int per_step = (int)((share + steps - 1) / steps);
+  float sums[BLOCK_ROWS * 32] __attribute__((aligned(64))); /* read by the next multiply before it is stored */
+  Pending e = {.total = 0};
   hotrod_configure_tiles(); /* per call: the thread may be any of the pool's */
-  for (int64_t col = first_col; col < last_col; col += 32)
-    for (int64_t row = first_row; row < last_row; row += BLOCK_ROWS) {
-      multiply(p, row, col, sums);
-      emit(p, sums, row, col);
+  for (int64_t col = first_col; col < last_col; col += 32) {
+    const char* next = (const char*)(p->w + (col / 32 + 1) * steps * STEP_HALVES);
+    for (int64_t b = 0; b < blocks; b++) {
+      const int64_t row = first_row + b * BLOCK_ROWS;
+      /* none past the unit's columns (the last share may run a few lines past the next block: no harm) */
+      multiply(p, row, col, &e, next + b * share * 64, col + 32 < last_col ? per_step : 0);
+      store(sums);
+      pending(p, &e, sums, row, col);
     }
+  }
+  emit_until(p, &e, e.total);
   _tile_release();
 }
 
@@ -140,12 +178,15 @@ int hotrod_bf16_matmul(const float* a, int64_t rows, int64_t k, const uint16_t* 
   if (rows == 0) return 0;
   const int64_t padded_k = (k + HOTROD_BF16_DEPTH - 1) / HOTROD_BF16_DEPTH * HOTROD_BF16_DEPTH;
   const int64_t padded_n = (n + HOTROD_BF16_COLS - 1) / HOTROD_BF16_COLS * HOTROD_BF16_COLS;
-  Problem p = {a, NULL, w, bias, y, residual, rows, k, padded_k, n, padded_n, n / parts, 256, 0, activation};
+  Problem p = {a, NULL, w, bias, y, residual, rows, k, padded_k, n, padded_n, n / parts, UNIT_ROWS, 256, 0, activation};
   const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
   p.a = aligned_alloc(64, (size_t)(blocks * BLOCK_ROWS * p.kp) * sizeof(uint16_t));
   if (p.a == NULL) return -1;
   parallel(runner, round_rows, &p, (size_t)blocks);
-  const int64_t row_units = (rows + UNIT_ROWS - 1) / UNIT_ROWS;
+  /* a unit's rows go through the tiles once per column block: as many as stay in the core's cache */
+  p.unit_rows = UNIT_ROW_BYTES / (p.kp * (int64_t)sizeof(uint16_t)) / BLOCK_ROWS * BLOCK_ROWS;
+  p.unit_rows = p.unit_rows < BLOCK_ROWS ? BLOCK_ROWS : p.unit_rows > UNIT_ROWS ? UNIT_ROWS : p.unit_rows;
+  const int64_t row_units = (rows + p.unit_rows - 1) / p.unit_rows;
   /* wide units read each weight once for many rows; narrow ones share a small product among threads */
   while (p.unit_cols > HOTROD_BF16_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
     p.unit_cols /= 2;

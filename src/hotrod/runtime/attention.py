@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from hotrod.optimize import graphs
 from hotrod.precisions import ATTENTION_KEY
-from hotrod.runtime import i8, native
+from hotrod.runtime import bf16, i8, native
 
 OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
@@ -145,8 +145,8 @@ def _split_together(names: list[str], producers: dict, constants: dict) -> bool:
     node = producers.get(names[0])
     if node is None or list(node.output) != names:
         return False
-    if node.op_type == i8.SPLIT_OP and node.domain == native.DOMAIN:
-        return True  # the Split taken into hotrod's int8 product (`i8`): three equal parts of the last axis
+    if node.op_type in (i8.SPLIT_OP, bf16.SPLIT_OP) and node.domain == native.DOMAIN:
+        return True  # the Split taken into hotrod's int8 or bf16 product: three equal parts of the last axis
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
         return False
     if next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0) != -1:
