@@ -93,7 +93,8 @@ def test_the_packed_layout_is_the_tiles():
 
 
 @amx
-@pytest.mark.parametrize("k, n", [(64, 96), (37, 45), (1, 16), (384, 1152), (1000, 33)])
+# 4100: deeper than a unit's rows take at once, so its depth goes through in chunks
+@pytest.mark.parametrize("k, n", [(64, 96), (37, 45), (1, 16), (384, 1152), (1000, 33), (4100, 40)])
 @pytest.mark.parametrize("count", [1, 15, 16, 33, 300])
 def test_the_sums_are_of_bf16_operands_in_fp32(k, n, count):
     model, [(w, b)] = products(k, (n,))
@@ -185,12 +186,35 @@ def test_a_fused_qkv_products_split_goes_into_the_op():
 
 @amx
 def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
-    model, _ = products(200, (300, 70), gelu=GELUS["onnx"])
+    model, _ = products(2200, (300, 70), gelu=GELUS["onnx"])  # the first product's depth in two chunks
     out = rewritten(model)
-    x = np.random.default_rng(8).standard_normal((333, 200)).astype(np.float32)
+    x = np.random.default_rng(8).standard_normal((333, 2200)).astype(np.float32)
     batch = run(out, x, 2, library=True)
     for index, count, threads in [(0, 1, 1), (17, 1, 2), (100, 16, 2), (300, 33, 1), (5, 300, 2)]:
         assert np.array_equal(run(out, x[index:index + count], threads, library=True), batch[index:index + count])
+
+
+@amx
+@pytest.mark.parametrize("count", [1, 15, 33, 300])
+def test_a_product_read_only_by_the_next_rounds_its_output_itself_to_the_same_bits(count):
+    model, _ = products(64, (96, 128, 40), gelu=GELUS["com.microsoft"])
+    out = rewritten(model)
+    plain = _copy(out)
+    assert bf16.round_outputs(out) == 2 and _ops(out) == [bf16.ROUNDED_OP, bf16.ROUNDED_OP, bf16.OP]
+    x = np.random.default_rng(count).standard_normal((count, 64)).astype(np.float32)
+    for threads in (1, 2):
+        assert np.array_equal(run(out, x, threads, library=True), run(plain, x, threads, library=True))
+
+
+def test_only_a_product_whose_one_reader_is_a_bf16_products_rows_rounds_its_output():
+    model, _ = products(64, (40, 64, 64))  # 40 columns: not the tiles' depth step
+    model.graph.output.append(helper.make_tensor_value_info("y1", TensorProto.FLOAT, None))  # a graph output
+    out = rewritten(model)
+    assert bf16.round_outputs(out) == 0
+    read_twice, _ = products(64, (64, 64))
+    read_twice.graph.node.append(helper.make_node("Relu", ["y0"], ["r"]))
+    read_twice.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
+    assert bf16.round_outputs(rewritten(read_twice)) == 0
 
 
 @amx

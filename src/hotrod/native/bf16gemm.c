@@ -26,19 +26,23 @@
 
 #define TILE_ROWS 16
 #define BLOCK_ROWS 32                   /* rows of one 2 x 2 step: two tiles of rows */
-#define UNIT_ROWS 256                   /* rows of one unit of work, at most */
+#define UNIT_ROWS 1024                  /* rows of one unit of work, at most */
 #define UNIT_ROW_BYTES (1 << 20)        /* and at most this many bytes of rounded rows: they stay in L2 (2 MiB) */
+#define CHUNK_ROWS 256                  /* rows of a unit at least: a deeper product goes through its depth in chunks */
 #define TILE_HALVES (TILE_ROWS * 32)    /* bf16 values in one tile: 16 rows of 32 */
 #define STEP_HALVES (2 * TILE_HALVES)   /* the two weight tiles of 32 columns at one depth step */
 
 typedef struct {
   const float* x;       /* the fp32 rows */
-  uint16_t* a;          /* the same rounded to bf16: [rows padded to BLOCK_ROWS][kp] */
+  const uint16_t* a;    /* the same rounded to bf16: [rows][kp], padded to BLOCK_ROWS where rounded here */
+  const uint16_t* tail; /* where the rows came rounded: their last block, padded to BLOCK_ROWS; or NULL */
   const uint16_t* w;
   const float* bias;
   float* const* y;      /* the outputs, each `width` of the n columns */
+  uint16_t* rounded;    /* where given: Y rounded to bf16 into it instead, [rows][n], for the next product */
   const float* residual; /* [rows, n], added last; or NULL */
   int64_t rows, k, kp, n, padded_n, width, unit_rows, unit_cols, col_units;
+  int64_t chunk; /* the depth a unit's rows go through at a time: kp, or less where CHUNK_ROWS of it would not fit */
   int activation;
 } Problem;
 
@@ -52,7 +56,7 @@ static inline __mmask16 first(int64_t count) {
 static void round_rows(void* data, size_t index) {
   const Problem* p = data;
   for (int64_t r = (int64_t)index * BLOCK_ROWS; r < ((int64_t)index + 1) * BLOCK_ROWS; r++) {
-    uint16_t* out = p->a + r * p->kp;
+    uint16_t* out = (uint16_t*)p->a + r * p->kp;
     if (r >= p->rows) {
       memset(out, 0, (size_t)p->kp * sizeof(uint16_t));
       continue;
@@ -66,7 +70,7 @@ static void round_rows(void* data, size_t index) {
   }
 }
 
-/* Where column `col` (a multiple of 16: within one output) of row `row` goes. */
+/* Where column `col` of row `row` goes (16 from a multiple of 16 lie within one output). */
 static inline float* place(const Problem* p, int64_t row, int64_t col) {
   const int64_t part = col / p->width;
   return p->y[part] + row * p->width + (col - part * p->width);
@@ -97,24 +101,36 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
     __m512 v = _mm512_add_ps(_mm512_load_ps(e->sums + r * 32 + half * 16), _mm512_loadu_ps(p->bias + c));
     if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
     if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + row * p->n + c));
-    _mm512_mask_storeu_ps(place(p, row, c), mask, v);
+    if (p->rounded != NULL) /* as round_rows rounds: the next product's rows */
+      _mm256_mask_storeu_epi16(p->rounded + row * p->n + c, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    else
+      _mm512_mask_storeu_ps(place(p, row, c), mask, v);
   }
 }
 
-/* The 32 x 32 block at (row, col): sums over the whole depth in tiles 0-3, with the pending block's epilogue
- * spread over its steps (done by the end), and the next column block's weights asked for into L2 a few lines a
- * step (`ahead`, `lines` a step). */
-static void multiply(const Problem* p, int64_t row, int64_t col, Pending* e, const char* ahead, int lines) {
-  const uint16_t* a = p->a + row * p->kp;
-  const uint16_t* w = p->w + (col / 32) * (p->kp / 32) * STEP_HALVES;
+/* The 32 x 32 block at (row, col) over depths [from, to): its sums in tiles 0-3, starting from zero or, for a later
+ * chunk of the depth, from the sums so far (`partial`); with the pending block's epilogue spread over its steps
+ * (done by the end), and the next column block's weights asked for into L2 a few lines a step (`ahead`, `lines` a
+ * step). */
+static void multiply(const Problem* p, int64_t row, int64_t col, int64_t from, int64_t to, const float* partial,
+                     Pending* e, const char* ahead, int lines) {
+  const uint16_t* a = p->tail != NULL && row + BLOCK_ROWS > p->rows ? p->tail : p->a + row * p->kp;
+  const uint16_t* w = p->w + ((col / 32) * (p->kp / 32) + from / 32) * STEP_HALVES;
   const size_t stride = (size_t)p->kp * sizeof(uint16_t);
-  const int per_step = (int)((e->total + p->kp / 32 - 1) / (p->kp / 32));
+  const int per_step = (int)((e->total + (to - from) / 32 - 1) / ((to - from) / 32));
   int until = 0;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t depth = 0; depth < p->kp; depth += 32, w += STEP_HALVES) {
+  if (partial == NULL) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, partial, 128);
+    _tile_loadd(1, partial + 16, 128);
+    _tile_loadd(2, partial + 16 * 32, 128);
+    _tile_loadd(3, partial + 16 * 32 + 16, 128);
+  }
+  for (int64_t depth = from; depth < to; depth += 32, w += STEP_HALVES) {
     for (int line = 0; line < lines; line++) _mm_prefetch(ahead + line * 64, _MM_HINT_T1);
     ahead += lines * 64;
     _tile_loadd(4, a + depth, stride);
@@ -138,60 +154,103 @@ static void store(float* sums) {
   _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
-/* One unit: up to unit_rows rows by unit_cols columns, a block of 32 columns at a time through every row block
- * (its weights read from memory once, by the first, and kept in the core's cache for the others). While a column
- * block goes through its row blocks, the next one's weights are asked for into L2, a share each row block, so the
- * wait for memory is spread over the tile work (the hardware's own prefetch stops at every 4 KB page). */
+/* Rows [first_row, last_row) by columns [first_col, last_col) as NaN (bf16 NaN where Y is rounded): memory that ran
+ * out, which no caller takes for an answer. */
+static void fail(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
+  for (int64_t r = first_row; r < last_row; r++)
+    for (int64_t c = first_col; c < last_col && c < p->n; c++)
+      if (p->rounded != NULL)
+        p->rounded[r * p->n + c] = 0x7FC0;
+      else
+        *place(p, r, c) = __builtin_nanf("");
+}
+
+/* One unit: up to unit_rows rows by unit_cols columns, a chunk of the depth at a time (the whole, mostly), a block
+ * of 32 columns at a time through every row block (its weights read from memory once, by the first, and kept in
+ * the core's cache for the others). While a column block goes through its row blocks, the next one's weights are
+ * asked for into L2, a share each row block, so the wait for memory is spread over the tile work (the hardware's
+ * own prefetch stops at every 4 KB page). The sums of a chunk before the last wait in a buffer of the unit's. */
 static void unit(void* data, size_t index) {
   const Problem* p = data;
   const int64_t first_row = (int64_t)index / p->col_units * p->unit_rows;
   const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
   const int64_t last_row = first_row + p->unit_rows < p->rows ? first_row + p->unit_rows : p->rows;
   const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
-  const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS, steps = p->kp / 32;
-  const int64_t share = (steps * STEP_HALVES * 2 / 64 + blocks - 1) / blocks; /* lines of the next, per row block */
-  const int per_step = (int)((share + steps - 1) / steps);
+  const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS;
+  float* partials = NULL;
+  if (p->chunk < p->kp &&
+      (partials = aligned_alloc(64, (size_t)(blocks * (last_col - first_col) * BLOCK_ROWS) * sizeof(float))) == NULL) {
+    fail(p, first_row, last_row, first_col, last_col);
+    return;
+  }
   float sums[BLOCK_ROWS * 32] __attribute__((aligned(64))); /* read by the next multiply before it is stored */
   Pending e = {.total = 0};
   hotrod_configure_tiles(); /* per call: the thread may be any of the pool's */
-  for (int64_t col = first_col; col < last_col; col += 32) {
-    const char* next = (const char*)(p->w + (col / 32 + 1) * steps * STEP_HALVES);
-    for (int64_t b = 0; b < blocks; b++) {
-      const int64_t row = first_row + b * BLOCK_ROWS;
-      /* none past the unit's columns (the last share may run a few lines past the next block: no harm) */
-      multiply(p, row, col, &e, next + b * share * 64, col + 32 < last_col ? per_step : 0);
-      store(sums);
-      pending(p, &e, sums, row, col);
+  for (int64_t from = 0; from < p->kp; from += p->chunk) {
+    const int64_t to = from + p->chunk < p->kp ? from + p->chunk : p->kp, steps = (to - from) / 32;
+    const int64_t share = (steps * STEP_HALVES * 2 / 64 + blocks - 1) / blocks; /* lines of the next, per row block */
+    const int per_step = (int)((share + steps - 1) / steps);
+    for (int64_t col = first_col; col < last_col; col += 32) {
+      const char* next = (const char*)(p->w + ((col / 32 + 1) * (p->kp / 32) + from / 32) * STEP_HALVES);
+      for (int64_t b = 0; b < blocks; b++) {
+        const int64_t row = first_row + b * BLOCK_ROWS;
+        float* partial = partials == NULL ? NULL : partials + ((col - first_col) / 32 * blocks + b) * BLOCK_ROWS * 32;
+        /* none past the unit's columns (the last share may run a few lines past the next block: no harm) */
+        multiply(p, row, col, from, to, from == 0 ? NULL : partial, &e, next + b * share * 64,
+                 col + 32 < last_col ? per_step : 0);
+        if (to < p->kp) {
+          store(partial);
+        } else {
+          store(sums);
+          pending(p, &e, sums, row, col);
+        }
+      }
     }
   }
   emit_until(p, &e, e.total);
   _tile_release();
+  free(partials);
 }
 
-int hotrod_bf16_matmul(const float* a, int64_t rows, int64_t k, const uint16_t* w, const float* bias, int64_t n,
-                       float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                       void* runner) {
+int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
+                       const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
+                       int activation, const float* residual, hotrod_parallel parallel, void* runner) {
   if (!hotrod_amx_ready() || k <= 0 || n <= 0 || rows < 0 || parts < 1 || n % parts != 0 ||
       (parts > 1 && n / parts % 16 != 0) || (residual != NULL && parts > 1) || activation < HOTROD_I8_LINEAR ||
-      activation > HOTROD_I8_GELU)
+      activation > HOTROD_I8_GELU || (rounded != NULL && k % HOTROD_BF16_DEPTH != 0) ||
+      (y_rounded != NULL && (parts > 1 || n % HOTROD_BF16_DEPTH != 0)))
     return -1;
   if (rows == 0) return 0;
   const int64_t padded_k = (k + HOTROD_BF16_DEPTH - 1) / HOTROD_BF16_DEPTH * HOTROD_BF16_DEPTH;
   const int64_t padded_n = (n + HOTROD_BF16_COLS - 1) / HOTROD_BF16_COLS * HOTROD_BF16_COLS;
-  Problem p = {a, NULL, w, bias, y, residual, rows, k, padded_k, n, padded_n, n / parts, UNIT_ROWS, 256, 0, activation};
+  Problem p = {a, rounded, NULL, w, bias, y, y_rounded, residual, rows, k, padded_k, n, padded_n, n / parts, UNIT_ROWS,
+               padded_n, 0, padded_k, activation};
   const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-  p.a = aligned_alloc(64, (size_t)(blocks * BLOCK_ROWS * p.kp) * sizeof(uint16_t));
-  if (p.a == NULL) return -1;
-  parallel(runner, round_rows, &p, (size_t)blocks);
-  /* a unit's rows go through the tiles once per column block: as many as stay in the core's cache */
-  p.unit_rows = UNIT_ROW_BYTES / (p.kp * (int64_t)sizeof(uint16_t)) / BLOCK_ROWS * BLOCK_ROWS;
+  uint16_t* made = NULL; /* the rows rounded here, or the given rows' last block padded */
+  if (rounded == NULL) {
+    if ((made = aligned_alloc(64, (size_t)(blocks * BLOCK_ROWS * p.kp) * sizeof(uint16_t))) == NULL) return -1;
+    p.a = made;
+    parallel(runner, round_rows, &p, (size_t)blocks);
+  } else if (rows % BLOCK_ROWS != 0) { /* tiles read 32 whole rows: the last block's copy, padded with zeros */
+    const int64_t have = rows % BLOCK_ROWS;
+    if ((made = calloc((size_t)(BLOCK_ROWS * p.kp), sizeof(uint16_t))) == NULL) return -1;
+    memcpy(made, rounded + (rows - have) * p.kp, (size_t)(have * p.kp) * sizeof(uint16_t));
+    p.tail = made;
+  }
+  /* a unit's rows go through the tiles once per column block: as many as stay in the core's cache, and at least
+   * CHUNK_ROWS, a chunk of their depth at a time where the whole would not fit (both set by the depth alone, so
+   * that a row's sums are made the same way in any batch) */
+  const int64_t chunk = UNIT_ROW_BYTES / (CHUNK_ROWS * (int64_t)sizeof(uint16_t)); /* a multiple of the depth step */
+  p.chunk = p.kp > chunk ? chunk : p.kp;
+  p.unit_rows = UNIT_ROW_BYTES / (p.chunk * (int64_t)sizeof(uint16_t)) / BLOCK_ROWS * BLOCK_ROWS;
   p.unit_rows = p.unit_rows < BLOCK_ROWS ? BLOCK_ROWS : p.unit_rows > UNIT_ROWS ? UNIT_ROWS : p.unit_rows;
   const int64_t row_units = (rows + p.unit_rows - 1) / p.unit_rows;
-  /* wide units read each weight once for many rows; narrow ones share a small product among threads */
+  /* a unit's weights go through the core once, a column block at a time: units as wide as the product, narrowed
+   * only until there are enough to share among threads */
   while (p.unit_cols > HOTROD_BF16_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
-    p.unit_cols /= 2;
+    p.unit_cols = (p.unit_cols / HOTROD_BF16_COLS + 1) / 2 * HOTROD_BF16_COLS; /* whole column blocks */
   p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
   parallel(runner, unit, &p, (size_t)(row_units * p.col_units));
-  free(p.a);
+  free(made);
   return 0;
 }

@@ -11,13 +11,16 @@
 #define HOTROD_BF16_COLS 32
 
 /* Y[r][j] = sum_k bf16(a[r][k]) * w[k][j] + bias[j] for j < n, with a fp32 [rows, k] rounded to bf16 (to nearest
- * even) as it is read, w the packed bf16 weights ([n' / 32, k' / 32, 1024], k' and n' padded), the sums and
- * bias in fp32 (bias padded to n'); `activation` (HOTROD_I8_LINEAR or HOTROD_I8_GELU, gelu.h) applied to each
- * biased value, then residual[r][j] added where a residual ([rows, n], one output only) is given; Y's columns
- * split into `parts` outputs y[0..parts) of n / parts columns each (a multiple of 16 where parts > 1). Every row
- * goes through the tiles, however few: a row's answer is the same alone and in any batch. Returns 0, or -1 where
- * the tile state is not granted, the split, activation or residual does not fit, or memory for the rounded rows
- * ran out (before any output is written). */
-int hotrod_bf16_matmul(const float* a, int64_t rows, int64_t k, const uint16_t* w, const float* bias, int64_t n,
-                       float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                       void* runner);
+ * even) as it is read, or, where `rounded` is given, those rows rounded already ([rows, k], k a multiple of
+ * HOTROD_BF16_DEPTH: the output of a product before, `y_rounded`); w the packed bf16 weights ([n' / 32, k' / 32,
+ * 1024], k' and n' padded), the sums and bias in fp32 (bias padded to n'); `activation` (HOTROD_I8_LINEAR or
+ * HOTROD_I8_GELU, gelu.h) applied to each biased value, then residual[r][j] added where a residual ([rows, n], one
+ * output only) is given; Y's columns split into `parts` outputs y[0..parts) of n / parts columns each (a multiple
+ * of 16 where parts > 1), or, where `y_rounded` is given ([rows, n], n a multiple of HOTROD_BF16_DEPTH, one part),
+ * Y rounded to bf16 into it instead, as the next product reads it. Every row goes through the tiles, however few:
+ * a row's answer is the same alone and in any batch. Returns 0, or -1 where the tile state is not granted, the
+ * split, activation, residual or rounding does not fit, or memory for the rounded rows ran out (before any output
+ * is written). */
+int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
+                       const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
+                       int activation, const float* residual, hotrod_parallel parallel, void* runner);

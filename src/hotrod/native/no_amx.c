@@ -49,10 +49,10 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   return -1;
 }
 
-int hotrod_bf16_matmul(const float* a, int64_t rows, int64_t k, const uint16_t* w, const float* bias, int64_t n,
-                       float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                       void* runner) {
-  (void)a, (void)rows, (void)k, (void)w, (void)bias, (void)n, (void)y, (void)parts, (void)activation, (void)residual;
-  (void)parallel, (void)runner;
+int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
+                       const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
+                       int activation, const float* residual, hotrod_parallel parallel, void* runner) {
+  (void)a, (void)rounded, (void)rows, (void)k, (void)w, (void)bias, (void)n, (void)y, (void)y_rounded, (void)parts;
+  (void)activation, (void)residual, (void)parallel, (void)runner;
   return -1;
 }

@@ -19,10 +19,11 @@ typedef struct OrtShape OrtShape; /* OrtTensorTypeAndShapeInfo */
 typedef void (*Entry)(void);
 typedef struct { const Entry* (*GetApi)(uint32_t version); const char* (*GetVersionString)(void); } ApiBase;
 
-enum { FLOAT = 1, UINT8 = 2, INT8 = 3, INT32 = 6, BFLOAT16 = 16 };
+/* Element types; ANY_TYPE: an input whose type the graph decides (the kernel reads it: type_of). */
+enum { ANY_TYPE = 0, FLOAT = 1, UINT8 = 2, INT8 = 3, INT32 = 6, BFLOAT16 = 16 };
 /* Positions in the version-8 table. */
 enum {
-  CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51,
+  CREATE_DOMAIN = 26, DOMAIN_ADD = 27, ADD_DOMAIN = 28, TENSOR_DATA = 51, ELEMENT_TYPE = 60,
   DIMENSIONS_COUNT = 61, DIMENSIONS = 62, TENSOR_SHAPE = 65, ATTRIBUTE_FLOAT = 85, ATTRIBUTE_INT64 = 86,
   CONTEXT_INPUT = 90, CONTEXT_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_SHAPE = 99,
 };
@@ -56,6 +57,7 @@ typedef OrtStatus* (*DataFn)(OrtValue*, void**);
 typedef OrtStatus* (*ShapeFn)(const OrtValue*, OrtShape**);
 typedef OrtStatus* (*CountFn)(const OrtShape*, size_t*);
 typedef OrtStatus* (*DimsFn)(const OrtShape*, int64_t*, size_t);
+typedef OrtStatus* (*ElementTypeFn)(const OrtShape*, int*);
 typedef void (*ReleaseShapeFn)(OrtShape*);
 typedef void (*ReleaseStatusFn)(OrtStatus*);
 typedef OrtStatus* (*AttributeFn)(const OrtKernelInfo*, const char*, int64_t*);
@@ -85,6 +87,16 @@ static inline int rank_of(const OrtValue* value, int64_t* dims) {
     rank = (int)count;
   CALL(RELEASE_SHAPE, ReleaseShapeFn, shape);
   return rank;
+}
+
+/* A tensor's element type (FLOAT, BFLOAT16, ...), or ANY_TYPE where it cannot be read. */
+static inline int type_of(const OrtValue* value) {
+  OrtShape* shape = NULL;
+  int type = ANY_TYPE;
+  if (failed(CALL(TENSOR_SHAPE, ShapeFn, value, &shape))) return ANY_TYPE;
+  if (failed(CALL(ELEMENT_TYPE, ElementTypeFn, shape, &type))) type = ANY_TYPE;
+  CALL(RELEASE_SHAPE, ReleaseShapeFn, shape);
+  return type;
 }
 
 /* A tensor's dimensions (at most 8): their count, or 0 for a scalar or where they cannot be read. */
@@ -138,6 +150,6 @@ void hotrod_add_broadcast(const float* a, const int64_t* ad, size_t na, const fl
 extern const CustomOp hotrod_int8_matmul, hotrod_int8_matmul_rows, hotrod_int8_matmul_split;
 extern const CustomOp hotrod_int8_matmul_quantized;
 /* The bf16 product ops (ort_bf16.c). */
-extern const CustomOp hotrod_bf16_matmul_op, hotrod_bf16_matmul_split_op;
+extern const CustomOp hotrod_bf16_matmul_op, hotrod_bf16_matmul_split_op, hotrod_bf16_matmul_rounded_op;
 /* The LayerNormalization ops (ort_norm.c). */
 extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op, hotrod_layer_norm_fixed_op;

@@ -324,6 +324,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_int8_matmul_quantized);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_bf16_matmul_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_bf16_matmul_split_op);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_bf16_matmul_rounded_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &bf16_attention_quantized);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_op);

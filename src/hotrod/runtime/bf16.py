@@ -23,11 +23,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hotrod.optimize import graphs
 from hotrod.precisions import PRODUCTS_KEY
 from hotrod.runtime import chains, native
 
 OP = "Bf16MatMul"
 SPLIT_OP = "Bf16MatMulSplit"  # the same, its columns in three equal outputs (a fused Q/K/V product's)
+ROUNDED_OP = "Bf16MatMulRounded"  # the same, its output rounded to bf16 for the one product that reads it
+OPS = (OP, SPLIT_OP, ROUNDED_OP)
 ARITHMETIC = "bf16"  # the products this kernel computes in, as a build asks for them
 DEPTH = 32  # the kernel's depth step: weights (and rows, as they are read) are padded with zeros to a multiple
 COLS = 32  # the kernel's columns a step: weights are padded to a multiple
@@ -67,6 +70,29 @@ def rewrite(model: onnx.ModelProto) -> int:
     Bf16MatMul (or, with the Split of a fused Q/K/V product, Bf16MatMulSplit), in place, where its build asked
     for bf16 products; returns how many. Weights two products share are packed once."""
     return chains.rewrite(model, _KERNEL) if asked(model) else 0
+
+
+def round_outputs(model: onnx.ModelProto) -> int:
+    """Every Bf16MatMul of `model` (rewritten already, no residual, N a multiple of DEPTH, not a graph output)
+    whose one reader is another bf16 product reading it as its rows (a feed-forward block's first product, read by
+    its second) as one Bf16MatMulRounded, in place; returns how many. It rounds its output to bf16 as the reader
+    would round it, to the bit, and the reader takes the rounded rows as they are: the floats are neither written
+    nor read again."""
+    graph = model.graph
+    readers = graphs.readers(graph)
+    outputs = {value.name for value in graph.output}
+    rounded = 0
+    for node in graph.node:
+        if node.op_type != OP or node.domain != native.DOMAIN or len(node.input) != 3 or node.output[0] in outputs:
+            continue
+        n = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "N")
+        following = chains.only(readers, node.output[0], None)
+        if n % DEPTH or following is None or following.domain != native.DOMAIN or following.op_type not in OPS \
+                or list(following.input).count(node.output[0]) != 1 or following.input[0] != node.output[0]:
+            continue
+        node.op_type = ROUNDED_OP
+        rounded += 1
+    return rounded
 
 
 def _start(node: onnx.NodeProto, constants: dict, consumers: dict, producers: dict) -> chains.Chain | None:

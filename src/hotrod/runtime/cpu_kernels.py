@@ -52,7 +52,8 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         if i8.quantize_static(model):
             ops.add(i8.QUANTIZED_OP)
     if model is not None and products and bf16.rewrite(model):
-        ops.update(node.op_type for node in model.graph.node if node.op_type in (bf16.OP, bf16.SPLIT_OP))
+        bf16.round_outputs(model)
+        ops.update(node.op_type for node in model.graph.node if node.op_type in bf16.OPS)
     if model is not None and kernel_choice.ROWS not in out and rows.rewrite(model):
         ops.add(rows.OP)
         if i8.OP in ops and i8.quantize_outputs(model):

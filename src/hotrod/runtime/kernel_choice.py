@@ -40,7 +40,7 @@ KERNELS = {kernel.name: kernel for kernel in (
     Kernel(ROWS, (rows.OP,)),  # per-row int8 quantization of a product's input
     Kernel(LAYERNORM, (norm.OP, norm.ROWS_OP, norm.FIXED_OP)),  # LayerNormalization, with the next quantization
     Kernel(ATTENTION, (attention.OP, attention.QUANTIZED_OP)),  # encoder attention in bf16 on AMX tiles
-    Kernel(BF16, (bf16.OP, bf16.SPLIT_OP)),  # bf16 products on AMX tiles, where the build asked for them
+    Kernel(BF16, bf16.OPS),  # bf16 products on AMX tiles, where the build asked for them
 )}
 
 _override: frozenset[str] | None = None  # kernels left out for a measurement, whatever the record says
