@@ -14,7 +14,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.precisions import PRODUCTS_KEY, ask
-from hotrod.runtime import attention, bf16, cpu_kernels, native
+from hotrod.runtime import attention, bf16, cpu_kernels, native, norm
 from tests.runtime.test_i8 import (
     GELUS,
     assert_the_same_in_a_forked_process,
@@ -215,6 +215,40 @@ def test_only_a_product_whose_one_reader_is_a_bf16_products_rows_rounds_its_outp
     read_twice.graph.node.append(helper.make_node("Relu", ["y0"], ["r"]))
     read_twice.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
     assert bf16.round_outputs(rewritten(read_twice)) == 0
+
+
+def normed_product(k: int, n: int) -> onnx.ModelProto:
+    """x [rows, k] -> LayerNormalization -> MatMul + bias, plus the normalized rows (a residual), asking for bf16
+    products."""
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "be"], ["h"], axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["h", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"]),
+             helper.make_node("Add", ["y", "h"], ["s"])]
+    weights = [numpy_helper.from_array(rng.standard_normal(k).astype(np.float32), "g"),
+               numpy_helper.from_array(rng.standard_normal(k).astype(np.float32), "be"),
+               numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) * 0.1, "w"),
+               numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)], weights)
+    return ask(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), PRODUCTS_KEY, "bf16")
+
+
+@amx
+@pytest.mark.parametrize("count", [1, 15, 33, 300])
+def test_a_layer_norm_read_by_a_bf16_product_rounds_its_rows_for_it_to_the_same_bits(count):
+    out = rewritten(normed_product(96, 96))
+    plain = _copy(out)
+    assert norm.rewrite(out) == 1
+    assert _ops(out) == [norm.ROUNDED_OP, bf16.OP] and out.graph.node[1].input[0] == out.graph.node[0].output[1]
+    assert out.graph.node[1].input[3] == out.graph.node[0].output[0]  # the residual reads the floats
+    x = (np.random.default_rng(count).standard_normal((count, 96)) * 3 + 1).astype(np.float32)
+    assert np.array_equal(run(out, x, library=True), run(plain, x, library=True))
+
+
+def test_a_layer_norm_whose_width_is_not_the_tiles_depth_step_stays_plain():
+    out = rewritten(normed_product(40, 64))
+    if norm.rewrite(out):
+        assert _ops(out)[0] == norm.OP
 
 
 @amx

@@ -51,22 +51,24 @@ static inline __mmask16 first(int64_t count) {
   return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
 }
 
+void hotrod_round_row(const float* x, int64_t k, uint16_t* out) {
+  for (int64_t d = 0; d < k; d += 32) {
+    const __m512 low = _mm512_maskz_loadu_ps(first(k - d), x + d);
+    const __m512 high = _mm512_maskz_loadu_ps(first(k - d - 16), x + d + 16);
+    const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(high, low);
+    _mm512_mask_storeu_epi16(out + d, k - d >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1ull << (k - d)) - 1), pair);
+  }
+}
+
 /* Rows [32 index, 32 index + 32) rounded to bf16 into `a`, depth padded with zeros to kp; rows past the last are
  * zeros. */
 static void round_rows(void* data, size_t index) {
   const Problem* p = data;
   for (int64_t r = (int64_t)index * BLOCK_ROWS; r < ((int64_t)index + 1) * BLOCK_ROWS; r++) {
     uint16_t* out = (uint16_t*)p->a + r * p->kp;
-    if (r >= p->rows) {
-      memset(out, 0, (size_t)p->kp * sizeof(uint16_t));
-      continue;
-    }
-    const float* row = p->x + r * p->k;
-    for (int64_t d = 0; d < p->kp; d += 32) {
-      const __m512 low = _mm512_maskz_loadu_ps(first(p->k - d), row + d);
-      const __m512 high = _mm512_maskz_loadu_ps(first(p->k - d - 16), row + d + 16);
-      _mm512_storeu_si512(out + d, (__m512i)_mm512_cvtne2ps_pbh(high, low));
-    }
+    const int64_t made = r < p->rows ? p->k : 0;
+    if (made) hotrod_round_row(p->x + r * p->k, p->k, out);
+    memset(out + made, 0, (size_t)(p->kp - made) * sizeof(uint16_t));
   }
 }
 

@@ -24,3 +24,7 @@
 int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
                        const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
                        int activation, const float* residual, hotrod_parallel parallel, void* runner);
+
+/* out[i] = x[i] rounded to bf16 (to nearest even, NaN kept a NaN) for i < k: as the product rounds its rows, for an
+ * op before it that writes them (LayerNormRounded). */
+void hotrod_round_row(const float* x, int64_t k, uint16_t* out);

@@ -1,6 +1,8 @@
 /* The AMX kernels' entry points for a compiler that does not know AMX's instructions (gcc before 11): the
  * tiles are never ready, so the Python side never rewrites a graph to Int8MatMul, Bf16MatMul or Bf16Attention, and the
  * library's other kernels still build and load. */
+#include <string.h>
+
 #include "attention.h"
 #include "bf16gemm.h"
 #include "i8gemm.h"
@@ -55,4 +57,13 @@ int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, in
   (void)a, (void)rounded, (void)rows, (void)k, (void)w, (void)bias, (void)n, (void)y, (void)y_rounded, (void)parts;
   (void)activation, (void)residual, (void)parallel, (void)runner;
   return -1;
+}
+
+/* Nearest even, as the tiles' kernel rounds (never called here: no graph takes the bf16 ops without the tiles). */
+void hotrod_round_row(const float* x, int64_t k, uint16_t* out) {
+  for (int64_t i = 0; i < k; i++) {
+    uint32_t bits;
+    memcpy(&bits, x + i, sizeof(bits));
+    out[i] = x[i] != x[i] ? (uint16_t)0x7FC0 : (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
 }

@@ -18,12 +18,15 @@
  * LayerNormRows also quantizes each row of y for the next product as QuantizeRows does (rows.c), while the row
  * is in the cache; on AVX-512 the pass that makes y also finds its largest |y|, which the quantization needs.
  * LayerNormQuantized quantizes y with one scale and zero point (quantize.h); on AVX-512 in the same pass.
+ * LayerNormRounded rounds each row of y to bf16 for the next bf16 product (bf16gemm.h), while the row is in the
+ * cache.
  * Rows are independent: a row's values are the same alone and in any batch.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16gemm.h"
 #include "norm.h"
 #include "quantize.h"
 #include "rows.h"
@@ -113,16 +116,26 @@ void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gam
     group_statistics(group, count, k, epsilon, mean, inv);
     for (int g = 0; g < count; g++) {
       const int64_t r = first + g;
-      uint8_t* fixed_row = fixed == NULL ? NULL : fixed->q + r * k;
+      uint8_t* fixed_row = fixed == NULL || fixed->q == NULL ? NULL : fixed->q + r * k;
+      if (fixed != NULL && fixed->rounded != NULL) { /* y, then its row rounded while in the cache */
+        if (wide)
+          normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k, NULL, 1.0f, 0);
+        else
+          normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
+        hotrod_round_row(y + r * k, k, fixed->rounded + r * k);
+        continue;
+      }
       if (wide) {
-        const float top = normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k, fixed_row,
-                                         fixed == NULL ? 1.0f : fixed->scale, fixed == NULL ? 0 : fixed->zero_point);
+        const float scale = fixed_row == NULL ? 1.0f : fixed->scale;
+        const int32_t zero_point = fixed_row == NULL ? 0 : fixed->zero_point;
+        const float top = normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k, fixed_row, scale,
+                                         zero_point);
         if (q != NULL) hotrod_quantize_row_known(y + r * k, k, top, q + r * k, scales + r);
         continue;
       }
       normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
       if (q != NULL) hotrod_quantize_rows(y + r * k, 1, k, q + r * k, scales + r);
-      if (fixed != NULL) hotrod_quantize_static(y + r * k, k, fixed->scale, fixed->zero_point, fixed_row);
+      if (fixed_row != NULL) hotrod_quantize_static(y + r * k, k, fixed->scale, fixed->zero_point, fixed_row);
     }
     first += count;
   }

@@ -153,3 +153,4 @@ extern const CustomOp hotrod_int8_matmul_quantized;
 extern const CustomOp hotrod_bf16_matmul_op, hotrod_bf16_matmul_split_op, hotrod_bf16_matmul_rounded_op;
 /* The LayerNormalization ops (ort_norm.c). */
 extern const CustomOp hotrod_layer_norm_op, hotrod_layer_norm_rows_op, hotrod_layer_norm_fixed_op;
+extern const CustomOp hotrod_layer_norm_rounded_op;

@@ -4,27 +4,31 @@
  * - LayerNormRows: the same, with each row of the output also quantized for the next product as QuantizeRows
  *   does: outputs float like X, uint8 like X, float scales [..., 1];
  * - LayerNormQuantized: the same, the output also quantized as a calibrated QuantizeLinear does (inputs 3 and 4:
- *   its one scale and uint8 zero point; rows.h): outputs float like X, uint8 like X.
+ *   its one scale and uint8 zero point; rows.h): outputs float like X, uint8 like X;
+ * - LayerNormRounded: the same, the output also rounded to bf16 as the next bf16 product rounds its rows
+ *   (bf16gemm.h): outputs float like X, bf16 like X.
  * Rows are split among onnxruntime's intra-op threads. A version-8 op cannot return an error: inputs that do not
  * fit give NaN, which no caller takes for an answer.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16gemm.h"
 #include "norm.h"
 #include "ort_api.h"
 #include "rows.h"
 
-/* epsilon, and how the op quantizes its output too: per row (LayerNormRows: three outputs), with one scale
- * (LayerNormQuantized: two), or not */
-typedef struct { float epsilon; int quantize, fixed; } NormKernel;
+/* epsilon, and what the op makes of its output too: quantized per row (LayerNormRows: three outputs), with one
+ * scale (LayerNormQuantized: two), rounded to bf16 (LayerNormRounded: two, the second bf16), or nothing */
+typedef struct { float epsilon; int quantize, fixed, rounded; } NormKernel;
 
 static void* create_norm(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)table;
   NormKernel* kernel = calloc(1, sizeof(NormKernel));
   if (kernel == NULL) return NULL;
   kernel->quantize = op->GetOutputTypeCount(op) == 3;
-  kernel->fixed = op->GetOutputTypeCount(op) == 2;
+  kernel->rounded = op->GetOutputTypeCount(op) == 2 && op->GetOutputType(op, 1) == BFLOAT16;
+  kernel->fixed = op->GetOutputTypeCount(op) == 2 && !kernel->rounded;
   if (failed(CALL(ATTRIBUTE_FLOAT, FloatAttributeFn, info, "epsilon", &kernel->epsilon))) {
     free(kernel);
     return NULL;
@@ -44,15 +48,17 @@ typedef struct {
   uint8_t* fixed; /* where given: the output quantized with one scale and zero point, into it */
   float scale;
   int32_t zero_point;
+  uint16_t* rounded; /* where given: the output rounded to bf16, into it */
 } NormTask;
 
 static void normalize_part(void* data, size_t index) {
   const NormTask* t = data;
   int64_t first;
   const int64_t count = hotrod_task_rows(t->rows, t->parts, index, &first), at = first * t->k;
-  const hotrod_norm_fixed fixed = {t->fixed != NULL ? t->fixed + at : NULL, t->scale, t->zero_point};
+  const hotrod_norm_fixed fixed = {t->fixed != NULL ? t->fixed + at : NULL, t->scale, t->zero_point,
+                                   t->rounded != NULL ? t->rounded + at : NULL};
   hotrod_layer_norm(t->x + at, count, t->k, t->gamma, t->beta, t->epsilon, t->y + at, t->q ? t->q + at : NULL,
-                    t->scales ? t->scales + first : NULL, t->fixed != NULL ? &fixed : NULL);
+                    t->scales ? t->scales + first : NULL, t->fixed != NULL || t->rounded != NULL ? &fixed : NULL);
 }
 
 /* Whether gamma and beta are [K] for X's last dimension K, a multiple of 8. */
@@ -75,7 +81,7 @@ static void compute_norm(void* state, OrtKernelContext* context) {
   for (size_t i = 0; i + 1 < count; i++) rows *= dims[i];
   /* every output asked for first, so that an empty input still makes all of them */
   int made = !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 0, dims, count, &y));
-  if (kernel->quantize || kernel->fixed)
+  if (kernel->quantize || kernel->fixed || kernel->rounded)
     made = made && !failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, count, &q));
   if (kernel->quantize) {
     dims[count - 1] = 1;
@@ -84,7 +90,8 @@ static void compute_norm(void* state, OrtKernelContext* context) {
   float* out = y == NULL ? NULL : data_of(y);
   if (out == NULL || rows * k == 0) return;
   NormTask task = {data_of(in[0]), data_of(in[1]), data_of(in[2]), kernel->epsilon, out, NULL, NULL, rows, k, 1,
-                   NULL, 0.0f, 0};
+                   NULL, 0.0f, 0, NULL};
+  if (kernel->rounded && (task.rounded = q == NULL ? NULL : data_of(q)) == NULL) made = 0;
   if (kernel->quantize) {
     task.q = q == NULL ? NULL : data_of(q), task.scales = scales == NULL ? NULL : data_of(scales);
     if (task.q == NULL || task.scales == NULL) made = 0;
@@ -101,6 +108,7 @@ static void compute_norm(void* state, OrtKernelContext* context) {
     for (int64_t r = 0; task.scales != NULL && r < rows; r++) task.scales[r] = __builtin_nanf("");
     /* a quantized output has no NaN: the zero point throughout, what zeros quantize to, beside NaN floats */
     if (task.fixed != NULL) memset(task.fixed, zero_point, (size_t)(rows * k));
+    for (int64_t i = 0; task.rounded != NULL && i < rows * k; i++) task.rounded[i] = 0x7FC0; /* bf16 NaN */
     return;
   }
   task.parts = hotrod_row_tasks(rows, k, PARALLEL_VALUES);
@@ -126,3 +134,10 @@ static size_t five(const CustomOp* op) { (void)op; return 5; }
 const CustomOp hotrod_layer_norm_fixed_op = {
     API_VERSION,          create_norm,  norm_fixed_name, hotrod_cpu_provider, norm_fixed_input_type, five,
     norm_rows_type,       hotrod_two,   compute_norm,    hotrod_free_kernel,  hotrod_required,       hotrod_required};
+
+static const char* norm_rounded_name(const CustomOp* op) { (void)op; return "LayerNormRounded"; }
+static int norm_rounded_type(const CustomOp* op, size_t i) { (void)op; return i == 1 ? BFLOAT16 : FLOAT; }
+
+const CustomOp hotrod_layer_norm_rounded_op = {
+    API_VERSION,       create_norm,  norm_rounded_name, hotrod_cpu_provider, hotrod_float_type, hotrod_three,
+    norm_rounded_type, hotrod_two,   compute_norm,      hotrod_free_kernel,  hotrod_required,   hotrod_required};

@@ -330,6 +330,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const ApiBase* base) {
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_rows_op);
   if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_fixed_op);
+  if (status == NULL) status = CALL(DOMAIN_ADD, DomainAddFn, domain, &hotrod_layer_norm_rounded_op);
   if (status == NULL) status = CALL(ADD_DOMAIN, AddDomainFn, options, domain);
   return status;
 }

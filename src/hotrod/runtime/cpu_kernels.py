@@ -59,7 +59,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
         if i8.OP in ops and i8.quantize_outputs(model):
             ops.add(i8.ROWS_OP)
     if model is not None and kernel_choice.LAYERNORM not in out and norm.rewrite(model):
-        ops.update(node.op_type for node in model.graph.node if node.op_type in (norm.OP, norm.ROWS_OP, norm.FIXED_OP))
+        ops.update(node.op_type for node in model.graph.node if node.op_type in norm.OPS)
     if model is not None and attend and attention.rewrite(model):
         ops.add(attention.OP)
         if attention.quantize_static(model):

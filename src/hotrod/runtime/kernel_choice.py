@@ -38,7 +38,7 @@ KERNELS = {kernel.name: kernel for kernel in (
     Kernel(INT4, (q4.OP,)),  # int4 products, onnxruntime's MatMulNBits
     Kernel(INT8, (i8.OP, i8.SPLIT_OP, i8.ROWS_OP, i8.QUANTIZED_OP)),  # int8 products on AMX tiles
     Kernel(ROWS, (rows.OP,)),  # per-row int8 quantization of a product's input
-    Kernel(LAYERNORM, (norm.OP, norm.ROWS_OP, norm.FIXED_OP)),  # LayerNormalization, with the next quantization
+    Kernel(LAYERNORM, norm.OPS),  # LayerNormalization, with the next quantization
     Kernel(ATTENTION, (attention.OP, attention.QUANTIZED_OP)),  # encoder attention in bf16 on AMX tiles
     Kernel(BF16, bf16.OPS),  # bf16 products on AMX tiles, where the build asked for them
 )}

@@ -5,8 +5,10 @@ onnxruntime's CPU LayerNormalization sums each row in two chains of dependent ad
 at a BERT encoder's 128 x 768 it takes about as long as one of the layer's products takes to read its weights.
 hotrod's LayerNorm runs the same chains, in the same order, for several rows side by side, so the answers are
 the same to the bit; LayerNormRows also quantizes each normalized row as QuantizeRows does
-(`hotrod.runtime.rows`), while the row is in the cache, and LayerNormQuantized as a calibrated graph's
-QuantizeLinear reading it does (int8-static's next product's input: one scale and zero point).
+(`hotrod.runtime.rows`), while the row is in the cache, LayerNormQuantized as a calibrated graph's
+QuantizeLinear reading it does (int8-static's next product's input: one scale and zero point), and
+LayerNormRounded rounds it to bf16 as the bf16 products that read it round their rows (bf16-products' next
+product's input: `hotrod.runtime.bf16`).
 
 The arithmetic is onnxruntime's as of its AVX2 code; another version (or another CPU's code path) may sum
 otherwise. So before a graph takes the op, a probe runs onnxruntime's own LayerNormalization and the kernel on
@@ -27,11 +29,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from hotrod.optimize import graphs
-from hotrod.runtime import i8, native, rows
+from hotrod.runtime import bf16, i8, native, rows
 
 OP = "LayerNorm"
 ROWS_OP = "LayerNormRows"  # the same, its output also quantized per row for the next product (QuantizeRows's outputs)
 FIXED_OP = "LayerNormQuantized"  # the same, its output also quantized as the QuantizeLinear that read it
+ROUNDED_OP = "LayerNormRounded"  # the same, its output also rounded to bf16 for the bf16 products that read it
+OPS = (OP, ROWS_OP, FIXED_OP, ROUNDED_OP)
 _STEP = 8  # K must be a multiple: onnxruntime takes other paths for a row's tail
 
 
@@ -44,11 +48,12 @@ def rewrite(model: onnx.ModelProto) -> int:
     producers, readers = graphs.producers(graph), graphs.readers(graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     dropped: set[int] = set()
+    names = {name for node in graph.node for name in (*node.input, *node.output)} | set(constants)
     count = 0
     for node in graph.node:
         taken = _taken(node, constants, producers, opset)
         if taken is not None and same_as_onnxruntime(*taken):
-            _replace(node, taken[1], readers, fixed, dropped)
+            _replace(node, taken[1], readers, fixed, dropped, names)
             count += 1
     graphs.drop_nodes(graph, dropped)
     if count:
@@ -89,22 +94,37 @@ def _embeddings(name: str, producers: dict) -> bool:
         (p := producers.get(value)) is not None and p.op_type == "Gather" for value in n.input) for n in inner)
 
 
-def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, constants: dict, dropped: set[int]) -> None:
+def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, constants: dict, dropped: set[int],
+             names: set[str]) -> None:
     """`node` as LayerNorm, in place; as LayerNormRows, taking the outputs of the one QuantizeRows that reads
     its output, or as LayerNormQuantized, taking the input scale and zero point and the output of a
-    QuantizeLinear with one of each that reads it (either joins `dropped`), where there is one."""
+    QuantizeLinear with one of each that reads it (either joins `dropped`), where there is one; or as
+    LayerNormRounded, giving the bf16 products that read it their rows rounded (a name not in `names`)."""
     output = node.output[0]
     quantizing = [n for n in readers.get(output, []) if n.op_type == rows.OP and n.domain == native.DOMAIN]
     static = [n for n in readers.get(output, []) if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx")
               and i8.quantizes_static(n, constants)]
     inputs, outputs, op = list(node.input), [output], OP
-    if len(quantizing) == 1:
+    # bf16 products reading it as their rows (`hotrod.runtime.bf16`, rewritten before): they read it rounded
+    products = [n for n in readers.get(output, []) if n.op_type in bf16.OPS and n.domain == native.DOMAIN
+                and n.input[0] == output and output not in n.input[1:3]]
+    if products and not quantizing and not static and _width(node, constants) % bf16.DEPTH == 0:
+        rounded = native.unused_name(f"{output}_bf16", names)
+        for product in products:
+            product.input[0] = rounded
+        outputs, op = outputs + [rounded], ROUNDED_OP
+    elif len(quantizing) == 1:
         outputs, op = outputs + list(quantizing[0].output), ROWS_OP
         dropped.add(id(quantizing[0]))
     elif static:
         inputs, outputs, op = inputs + list(static[0].input[1:3]), outputs + [static[0].output[0]], FIXED_OP
         dropped.add(id(static[0]))
     node.CopyFrom(helper.make_node(op, inputs, outputs, name=node.name, domain=native.DOMAIN, epsilon=epsilon))
+
+
+def _width(node: onnx.NodeProto, constants: dict) -> int:
+    """A LayerNormalization's width: its gamma's length."""
+    return int(constants[node.input[1]].dims[0])
 
 
 @functools.cache
