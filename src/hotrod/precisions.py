@@ -252,8 +252,9 @@ class Bf16Products(Precision):
         return device == "cpu" and bf16.available()
 
     def cpu_refusal(self) -> str:
-        return (f"{self.name}'s products run on AMX-BF16 tiles, which this CPU lacks (or Linux does not grant), "
-                "so it would only be fp32; choose fp32, or int8/int4 for CPU")
+        return (f"{self.name}'s products run on hotrod's AMX-BF16 kernels, which this CPU lacks (or Linux does not "
+                "grant, or the kernels' library was built without), so it would only be fp32; choose fp32, or "
+                "int8/int4 for CPU")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -245,6 +245,23 @@ def test_a_layer_norm_read_by_a_bf16_product_rounds_its_rows_for_it_to_the_same_
     assert np.array_equal(run(out, x, library=True), run(plain, x, library=True))
 
 
+def test_a_layer_norm_whose_gamma_a_caller_may_feed_is_rewritten_without_failing():
+    model = rewritten(normed_product(96, 96))
+    model.graph.input.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, [96]))
+    norm.rewrite(model)
+    assert [node.op_type for node in model.graph.node][-1] == bf16.OP
+
+
+@amx
+def test_a_float_type_said_of_a_rounded_output_goes_with_it():
+    model, _ = products(64, (96, 64))
+    model.graph.value_info.append(helper.make_tensor_value_info("y0", TensorProto.FLOAT, ["rows", 96]))
+    out = rewritten(model)
+    assert bf16.round_outputs(out) == 1 and not any(info.name == "y0" for info in out.graph.value_info)
+    x = np.random.default_rng(10).standard_normal((5, 64)).astype(np.float32)
+    assert np.isfinite(run(out, x, library=True)).all()
+
+
 def test_a_layer_norm_whose_width_is_not_the_tiles_depth_step_stays_plain():
     out = rewritten(normed_product(40, 64))
     if norm.rewrite(out):

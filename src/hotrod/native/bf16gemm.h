@@ -20,7 +20,8 @@
  * Y rounded to bf16 into it instead, as the next product reads it. Every row goes through the tiles, however few:
  * a row's answer is the same alone and in any batch. Returns 0, or -1 where the tile state is not granted, the
  * split, activation, residual or rounding does not fit, or memory for the rounded rows ran out (before any output
- * is written). */
+ * is written); a unit of work whose buffer for a deep product's partial sums could not be had gives its rows and
+ * columns NaN, which no caller takes for an answer. */
 int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
                        const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
                        int activation, const float* residual, hotrod_parallel parallel, void* runner);

@@ -92,6 +92,9 @@ def round_outputs(model: onnx.ModelProto) -> int:
             continue
         node.op_type = ROUNDED_OP
         rounded += 1
+        kept = [info for info in graph.value_info if info.name != node.output[0]]  # a float type said of it goes
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
     return rounded
 
 

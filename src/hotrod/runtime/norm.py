@@ -53,7 +53,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     for node in graph.node:
         taken = _taken(node, constants, producers, opset)
         if taken is not None and same_as_onnxruntime(*taken):
-            _replace(node, taken[1], readers, fixed, dropped, names)
+            _replace(node, *taken, readers, fixed, dropped, names)
             count += 1
     graphs.drop_nodes(graph, dropped)
     if count:
@@ -94,7 +94,7 @@ def _embeddings(name: str, producers: dict) -> bool:
         (p := producers.get(value)) is not None and p.op_type == "Gather" for value in n.input) for n in inner)
 
 
-def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, constants: dict, dropped: set[int],
+def _replace(node: onnx.NodeProto, width: int, epsilon: float, readers: dict, constants: dict, dropped: set[int],
              names: set[str]) -> None:
     """`node` as LayerNorm, in place; as LayerNormRows, taking the outputs of the one QuantizeRows that reads
     its output, or as LayerNormQuantized, taking the input scale and zero point and the output of a
@@ -108,7 +108,7 @@ def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, constants: dic
     # bf16 products reading it as their rows (`hotrod.runtime.bf16`, rewritten before): they read it rounded
     products = [n for n in readers.get(output, []) if n.op_type in bf16.OPS and n.domain == native.DOMAIN
                 and n.input[0] == output and output not in n.input[1:3]]
-    if products and not quantizing and not static and _width(node, constants) % bf16.DEPTH == 0:
+    if products and not quantizing and not static and width % bf16.DEPTH == 0:
         rounded = native.unused_name(f"{output}_bf16", names)
         for product in products:
             product.input[0] = rounded
@@ -120,11 +120,6 @@ def _replace(node: onnx.NodeProto, epsilon: float, readers: dict, constants: dic
         inputs, outputs, op = inputs + list(static[0].input[1:3]), outputs + [static[0].output[0]], FIXED_OP
         dropped.add(id(static[0]))
     node.CopyFrom(helper.make_node(op, inputs, outputs, name=node.name, domain=native.DOMAIN, epsilon=epsilon))
-
-
-def _width(node: onnx.NodeProto, constants: dict) -> int:
-    """A LayerNormalization's width: its gamma's length."""
-    return int(constants[node.input[1]].dims[0])
 
 
 @functools.cache
