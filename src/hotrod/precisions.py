@@ -39,6 +39,9 @@ import ml_dtypes  # numpy's bfloat16; onnx itself depends on it
 import numpy as np
 from onnx import TensorProto
 
+# The graph properties through which a build asks for bf16 attention and products (`Precision.attention`,
+# `Precision.products`), read where the graph is loaded.
+from hotrod.asks import ATTENTION_KEY, ATTENTIONS, PRODUCTS, PRODUCTS_KEY, ask
 from hotrod.errors import check_choice
 
 if TYPE_CHECKING:
@@ -48,13 +51,6 @@ Feed = dict[str, np.ndarray]
 
 _PER_BLOCK = "fp32, quantized to int8 per block inside MatMulNBits (accuracy level 4)"
 
-# The graph property through which a build asks for bf16 attention products (`Precision.attention`), read
-# where the graph is loaded (`hotrod.runtime.attention`).
-ATTENTION_KEY = "hotrod.attention"
-ATTENTIONS = ("fp32", "bf16")
-# The same for an fp32 graph's products (`Precision.products`), read by `hotrod.runtime.bf16`.
-PRODUCTS_KEY = "hotrod.products"
-PRODUCTS = ("fp32", "bf16")
 
 # How the static engine stores a precision's linear weights (`Precision.engine_linears`); the runtime maps
 # each to the layer that quantizes a linear into it (`hotrod.runtime.static.QUANTIZERS`).
@@ -353,16 +349,6 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     Fp8(name="fp8", weight_bytes=1.0, engine_weights="fp8 e4m3 per output channel, fp32 scales (torch._scaled_mm)",
         engine_dtype="bf16", torch_dtype="bfloat16", engine_linears=FP8_PER_CHANNEL),
 )}
-
-
-def ask(model: onnx.ModelProto, key: str, arithmetic: str) -> onnx.ModelProto:
-    """`model` asking for `arithmetic` where it is loaded, under `key` (ATTENTION_KEY or PRODUCTS_KEY; nothing for
-    fp32)."""
-    if arithmetic != "fp32":
-        from onnx import helper
-
-        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: arithmetic})
-    return model
 
 
 def invariant_rows(name: str | None) -> int:

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hotrod
 from hotrod import precisions
-from hotrod.precisions import ATTENTION_KEY, ask
+from hotrod.asks import ATTENTION_KEY, ask
 from hotrod.runtime import attention, bf16, i8, native
 from tests.runtime.test_i8 import loaded_on_and_off
 from tests.runtime.test_rows import _copy

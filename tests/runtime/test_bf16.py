@@ -13,7 +13,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from hotrod.precisions import PRODUCTS_KEY, ask
+from hotrod.asks import PRODUCTS_KEY, ask
 from hotrod.runtime import attention, bf16, cpu_kernels, native, norm
 from tests.runtime.test_i8 import (
     GELUS,

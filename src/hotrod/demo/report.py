@@ -44,20 +44,21 @@ def summary_table(results: Sequence[DemoResult]) -> str:
     return "\n".join(lines)
 
 
-def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_drop: float) -> Path:
-    """report.md, report.json and (with matplotlib) speedup.png in `directory`; returns report.md."""
+def write_report(results: Sequence[DemoResult], directory: Path, runs: int, max_drop: float,
+                 head_precisions: Sequence[str] = ()) -> Path:
+    """report.md, report.json and (with matplotlib) speedup.png in `directory`; returns report.md.
+    `head_precisions`: the precisions the trained heads among `results` were built at."""
     directory.mkdir(parents=True, exist_ok=True)
-    from hotrod.demo.trained_heads import built_here  # it builds DemoResults: imported where it is needed
-
+    heads = (f"the trained heads (minilm-*) were built at {', '.join(head_precisions)} with optimize's defaults and "
+             "are timed against transformers' pipeline.") if head_precisions else ""
     chart = _chart(results, directory / "speedup.png")
     lines = [
         "# hotrod demo",
         "",
         f"Machine: {platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads; "
         f"hotrod {__version__}, torch {torch.__version__}. Medians of {runs} interleaved runs after a warm-up. "
-        f"Each model was optimized with `--precision auto --max-drop {max_drop}` and verified against its source; "
-        f"the trained heads (minilm-*) were built at {', '.join(built_here())} with optimize's defaults and are timed "
-        "against transformers' pipeline.",
+        f"Each model was optimized with `--precision auto --max-drop {max_drop}` and verified against its source"
+        + ("; " + heads if heads else "."),
         "",
         "| model | precision | accuracy measure | PyTorch | hotrod | PyTorch s | hotrod s | speedup | timed on |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -22,7 +22,7 @@ from hotrod.build.auto import format_table
 from hotrod.build.graphs import code_fingerprint
 from hotrod.demo.models import DEMO_MODELS, DemoModel, demo_model
 from hotrod.demo.report import DemoResult, summary_table, write_report
-from hotrod.demo.trained_heads import run_head
+from hotrod.demo.trained_heads import built_here, run_head
 from hotrod.errors import HotrodError
 from hotrod.kinds import spec as kind_spec
 from hotrod.source import cache_dir, weights_sha256
@@ -49,7 +49,7 @@ def run_demo(names: Sequence[str] | None = None, runs: int = 3, out: str | Path 
         else:
             results.append(_run_one(model, root, runs, max_drop, progress))
     print("\n" + summary_table(results))
-    report = write_report(results, root / "report", runs, max_drop)
+    report = write_report(results, root / "report", runs, max_drop, built_here())
     print(f"\nreport: {report}")
     return report
 

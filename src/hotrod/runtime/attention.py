@@ -16,8 +16,8 @@ import math
 import onnx
 from onnx import TensorProto, helper
 
+from hotrod.asks import ATTENTION_KEY
 from hotrod.optimize import graphs
-from hotrod.precisions import ATTENTION_KEY
 from hotrod.runtime import bf16, i8, native
 
 OP = "Bf16Attention"
@@ -34,7 +34,7 @@ def available() -> bool:
 
 
 def asked(model: onnx.ModelProto) -> bool:
-    """Whether the graph's build asked for bf16 attention (`hotrod.precisions.ATTENTION_KEY`)."""
+    """Whether the graph's build asked for bf16 attention (`hotrod.asks.ATTENTION_KEY`)."""
     return any(p.key == ATTENTION_KEY and p.value == ARITHMETIC for p in model.metadata_props)
 
 

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hotrod.asks import PRODUCTS_KEY
 from hotrod.optimize import graphs
-from hotrod.precisions import PRODUCTS_KEY
 from hotrod.runtime import chains, native
 
 OP = "Bf16MatMul"
@@ -44,7 +44,7 @@ def available() -> bool:
 
 
 def asked(model: onnx.ModelProto) -> bool:
-    """Whether the graph's build asked for bf16 products (`hotrod.precisions.PRODUCTS_KEY`)."""
+    """Whether the graph's build asked for bf16 products (`hotrod.asks.PRODUCTS_KEY`)."""
     return any(p.key == PRODUCTS_KEY and p.value == ARITHMETIC for p in model.metadata_props)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from hotrod.precisions import ATTENTION_KEY, PRODUCTS_KEY
+from hotrod.asks import ATTENTION_KEY, PRODUCTS_KEY
 from hotrod.runtime import attention, bf16, i8, kernel_choice, native, norm, q4, rows
 
 
