@@ -23,6 +23,7 @@
 
 #include "bf16gemm.h"
 #include "gelu.h"
+#include "tiles.h"
 
 #define TILE_ROWS 16
 #define BLOCK_ROWS 32                   /* rows of one 2 x 2 step: two tiles of rows */
@@ -121,17 +122,10 @@ static void multiply(const Problem* p, int64_t row, int64_t col, int64_t from, i
   const size_t stride = (size_t)p->kp * sizeof(uint16_t);
   const int per_step = (int)((e->total + (to - from) / 32 - 1) / ((to - from) / 32));
   int until = 0;
-  if (partial == NULL) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  } else {
-    _tile_loadd(0, partial, 128);
-    _tile_loadd(1, partial + 16, 128);
-    _tile_loadd(2, partial + 16 * 32, 128);
-    _tile_loadd(3, partial + 16 * 32 + 16, 128);
-  }
+  if (partial == NULL)
+    hotrod_tiles_zero();
+  else
+    hotrod_tiles_load(partial);
   for (int64_t depth = from; depth < to; depth += 32, w += STEP_HALVES) {
     for (int line = 0; line < lines; line++) _mm_prefetch(ahead + line * 64, _MM_HINT_T1);
     ahead += lines * 64;
@@ -147,13 +141,6 @@ static void multiply(const Problem* p, int64_t row, int64_t col, int64_t from, i
     emit_until(p, e, until < e->total ? until : e->total);
   }
   emit_until(p, e, e->total);
-}
-
-static void store(float* sums) {
-  _tile_stored(0, sums, 128);
-  _tile_stored(1, sums + 16, 128);
-  _tile_stored(2, sums + 16 * 32, 128);
-  _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
 /* Rows [first_row, last_row) by columns [first_col, last_col) as NaN (bf16 NaN where Y is rounded): memory that ran
@@ -201,9 +188,9 @@ static void unit(void* data, size_t index) {
         multiply(p, row, col, from, to, from == 0 ? NULL : partial, &e, next + b * share * 64,
                  col + 32 < last_col ? per_step : 0);
         if (to < p->kp) {
-          store(partial);
+          hotrod_tiles_store(partial);
         } else {
-          store(sums);
+          hotrod_tiles_store(sums);
           pending(p, &e, sums, row, col);
         }
       }

@@ -30,6 +30,7 @@
 #include "i8gemm.h"
 #include "quantize.h"
 #include "rows.h"
+#include "tiles.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -214,10 +215,7 @@ static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e
   const size_t stride = (size_t)p->k;
   const int per_step = (int)((e->total + p->k / 64 - 1) / (p->k / 64));
   int until = 0;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  hotrod_tiles_zero();
   for (int64_t depth = 0; depth < p->k; depth += 64, w += STEP_BYTES) {
     for (int line = 0; line < ahead.lines; line++) _mm_prefetch(ahead.next + line * 64, _MM_HINT_T1);
     ahead.next += ahead.lines * 64;
@@ -233,13 +231,6 @@ static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e
     emit_until(p, e, until < e->total ? until : e->total);
   }
   emit_until(p, e, e->total);
-}
-
-static void store(int32_t* sums) {
-  _tile_stored(0, sums, 128);
-  _tile_stored(1, sums + 16, 128);
-  _tile_stored(2, sums + 16 * 32, 128);
-  _tile_stored(3, sums + 16 * 32 + 16, 128);
 }
 
 /* Rows [first_row, last_row) by columns [first_col, last_col) of Y, a block of 32 columns at a time through
@@ -278,7 +269,7 @@ static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64
       /* none past the unit's columns (the last share may run a few lines past the next block: no harm) */
       const Ahead ahead = {next + b * share * 64, col + 32 < last_col ? per_step : 0};
       multiply(p, row == tail ? last : p->q + row * p->k, col, &e, ahead);
-      store(sums);
+      hotrod_tiles_store(sums);
       pending(p, &e, sums, row, col);
     }
   }

@@ -117,25 +117,19 @@ void hotrod_layer_norm(const float* x, int64_t rows, int64_t k, const float* gam
     for (int g = 0; g < count; g++) {
       const int64_t r = first + g;
       uint8_t* fixed_row = fixed == NULL || fixed->q == NULL ? NULL : fixed->q + r * k;
-      if (fixed != NULL && fixed->rounded != NULL) { /* y, then its row rounded while in the cache */
-        if (wide)
-          normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k, NULL, 1.0f, 0);
-        else
-          normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
-        hotrod_round_row(y + r * k, k, fixed->rounded + r * k);
-        continue;
-      }
       if (wide) {
         const float scale = fixed_row == NULL ? 1.0f : fixed->scale;
         const int32_t zero_point = fixed_row == NULL ? 0 : fixed->zero_point;
         const float top = normalize_wide(group[g], k, mean[g], inv[g], gamma, beta, y + r * k, fixed_row, scale,
                                          zero_point);
         if (q != NULL) hotrod_quantize_row_known(y + r * k, k, top, q + r * k, scales + r);
-        continue;
+      } else {
+        normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
+        if (q != NULL) hotrod_quantize_rows(y + r * k, 1, k, q + r * k, scales + r);
+        if (fixed_row != NULL) hotrod_quantize_static(y + r * k, k, fixed->scale, fixed->zero_point, fixed_row);
       }
-      normalize(group[g], k, mean[g], inv[g], gamma, beta, y + r * k);
-      if (q != NULL) hotrod_quantize_rows(y + r * k, 1, k, q + r * k, scales + r);
-      if (fixed_row != NULL) hotrod_quantize_static(y + r * k, k, fixed->scale, fixed->zero_point, fixed_row);
+      if (fixed != NULL && fixed->rounded != NULL) /* while the row is in the cache */
+        hotrod_round_row(y + r * k, k, fixed->rounded + r * k);
     }
     first += count;
   }

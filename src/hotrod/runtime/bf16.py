@@ -110,9 +110,7 @@ def _start(node: onnx.NodeProto, constants: dict, consumers: dict, producers: di
 
 
 def _arrays(chain: chains.Chain, constants: dict) -> tuple[np.ndarray, ...]:
-    bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
-    return pack(numpy_helper.to_array(constants[chain.weights]), None if bias is None else (-bias if chain.negated
-                                                                                          else bias))
+    return pack(numpy_helper.to_array(constants[chain.weights]), chains.bias(chain, constants))
 
 
 def _op(chain: chains.Chain, packed: list[str]) -> onnx.NodeProto:

@@ -95,6 +95,14 @@ def rewrite(model: onnx.ModelProto, kernel: Kernel) -> int:
     return len(found)
 
 
+def bias(chain: Chain, constants: dict) -> np.ndarray | None:
+    """The bias as the op adds it (negated where the graph subtracted it), or None where there is none."""
+    if not chain.bias:
+        return None
+    values = numpy_helper.to_array(constants[chain.bias])
+    return -values if chain.negated else values
+
+
 def extend(chain: Chain, constants: dict, consumers: dict, producers: dict, graph: onnx.GraphProto) -> Chain | None:
     """`chain` (its product's nodes) with the bias, GELU and residual that follow it, or the Split of its columns,
     where nothing else reads what lies within; None where a graph output would be lost inside the op."""

@@ -100,11 +100,10 @@ class _Chain(chains.Chain):
 
 
 def _arrays(chain: _Chain, constants: dict) -> tuple[np.ndarray, ...]:
-    bias = numpy_helper.to_array(constants[chain.bias]) if chain.bias else None
     zero_point = _scalar(constants, chain.zero_point) if chain.zero_point else ZERO_POINT
     row_scale = np.float32(_scalar(constants, chain.row_scale)) if chain.row_scale else None
     return pack(numpy_helper.to_array(constants[chain.weights]), numpy_helper.to_array(constants[chain.column_scales]),
-                None if bias is None else (-bias if chain.negated else bias), zero_point, row_scale)
+                chains.bias(chain, constants), zero_point, row_scale)
 
 
 def _scalar(constants: dict, name: str) -> np.generic:
