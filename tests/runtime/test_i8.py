@@ -22,6 +22,8 @@ from hotrod.runtime.ort_sessions import CPU_DISABLED_OPTIMIZERS
 from tests.runtime.test_rows import _copy, _ops
 from tests.zoo import CASES, prompt_batch
 
+pytestmark = pytest.mark.usefixtures("products_path")  # tests/runtime/conftest.py: each product path
+
 amx = pytest.mark.skipif(not i8.available(), reason="no AMX on this CPU (or no tile state): onnxruntime's kernel runs")
 
 

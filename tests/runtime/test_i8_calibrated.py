@@ -16,6 +16,8 @@ from tests.runtime.test_i8 import amx, run_all
 from tests.runtime.test_rows import _copy, _ops
 from tests.zoo import CASES, prompt_batch
 
+pytestmark = pytest.mark.usefixtures("products_path")  # tests/runtime/conftest.py: each product path
+
 
 def calibrated(k: int, n: int, zero_point: int = 117, scale: float = 0.02, bias: str | None = "first",
                gelu: bool = False, residual: bool = False, weight_zero: int = 0, column_scales: bool = True,

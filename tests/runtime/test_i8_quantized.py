@@ -19,6 +19,8 @@ from tests.runtime.test_i8 import amx, run_all
 from tests.runtime.test_i8_calibrated import calibrated, feeds
 from tests.runtime.test_rows import _copy, _ops
 
+pytestmark = pytest.mark.usefixtures("products_path")  # tests/runtime/conftest.py: each product path
+
 
 def requantized(k: int, n: int, scale: float = 0.05, zero_point: int = 128, gelu: bool = True, seed: int = 0,
                 shape: tuple = (), zero_type: int = TensorProto.UINT8, output: bool = True,

@@ -16,6 +16,7 @@ import torch
 
 import hotrod
 from hotrod import precisions
+from hotrod.runtime import bf16, i8, native
 from hotrod.serve.messages import Params
 from hotrod.serve.worker import ModelWorker, ServeOptions
 from tests.zoo import ENCODER_CASES, LM_CASES
@@ -91,7 +92,10 @@ ENCODERS = [("bert", p) for p in PRECISIONS] + [
 
 @pytest.mark.parametrize(("lm", "precision"), LMS)
 def test_tokens_and_logprobs_do_not_depend_on_batch_mates(worker, lm, precision):
-    served = worker(lm, precision)
+    _same_tokens_beside_any(worker(lm, precision))
+
+
+def _same_tokens_beside_any(served: ModelWorker) -> None:
     target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=3)
     alone = asyncio.run(_generate(served, target))
     for count in NEIGHBOURS:
@@ -108,8 +112,26 @@ async def _embed(worker: ModelWorker, row: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize(("family", "precision"), ENCODERS)
 def test_embeddings_do_not_depend_on_batch_mates(worker, family, precision):
-    served = worker(family, precision)
+    _same_embedding_beside_any(worker(family, precision))
+
+
+def _same_embedding_beside_any(served: ModelWorker) -> None:
     target, *others = _prompts(served.info.vocab_size, 1 + max(NEIGHBOURS), seed=4)
     alone = asyncio.run(_embed(served, target))
     for count in NEIGHBOURS:
         assert torch.equal(asyncio.run(_among(served, target, others[:count], _embed)), alone), f"beside {count} others"
+
+
+# The products' path on a CPU without AMX (AVX-512 VNNI and BF16: a Zen 4's), taken here with the tiles left out,
+# for an encoder and both kinds of decoder at the precisions whose products it computes.
+WITHOUT_TILES = [(name, p) for name in ("bert", "gpt2", "t5") for p in ("int8", "int8-static", *HERE)]
+
+
+@pytest.mark.skipif(not native.has_flags(("amx_tile",)), reason="no tiles on this CPU: its own path is tested above")
+@pytest.mark.parametrize(("name", "precision"), WITHOUT_TILES)
+def test_without_tiles_answers_do_not_depend_on_batch_mates(worker, name, precision):
+    with native.tiles_left_out():
+        served = worker(name, precision)
+        _same_tokens_beside_any(served) if name in LM_CASES else _same_embedding_beside_any(served)
+    ops = set().union(*served.model.backend.kernel_ops.values())
+    assert ops & {i8.OP, *bf16.OPS}, "the products ran on onnxruntime's ops, not on the path without tiles"

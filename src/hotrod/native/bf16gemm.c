@@ -13,6 +13,8 @@
  * the bias, applies a following GELU (gelu.h: onnxruntime's arithmetic) and adds a following residual, and
  * writes only the rows and columns that exist, spread among the next block's tile steps. Every row goes through
  * the tiles (a short call's last tile padded with zero rows), so a row's sums are the same alone and in any batch.
+ * On a CPU with AVX-512 BF16 but no tiles (a Zen 4) the same packed weights are read by VDPBF16PS, 8 rows at a
+ * time, every row through the same steps.
  *
  * Work is split into blocks of rows by blocks of columns, run on the caller's threads (onnxruntime's pool, through
  * `parallel`): a block of weights stays in a core's cache while its rows go through.
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #include "bf16gemm.h"
+#include "dots.h"
 #include "gelu.h"
 #include "tiles.h"
 
@@ -32,6 +35,7 @@
 #define CHUNK_ROWS 256                  /* rows of a unit at least: a deeper product goes through its depth in chunks */
 #define TILE_HALVES (TILE_ROWS * 32)    /* bf16 values in one tile: 16 rows of 32 */
 #define STEP_HALVES (2 * TILE_HALVES)   /* the two weight tiles of 32 columns at one depth step */
+#define VECTOR_ROWS HOTROD_DOT_ROWS     /* rows a step on AVX-512 BF16, without tiles */
 
 typedef struct {
   const float* x;       /* the fp32 rows */
@@ -50,6 +54,11 @@ typedef struct {
 /* The first `count` of 16 lanes (none for count <= 0). */
 static inline __mmask16 first(int64_t count) {
   return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
+}
+
+int hotrod_bf16_vectors_ready(void) {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
 
 void hotrod_round_row(const float* x, int64_t k, uint16_t* out) {
@@ -95,19 +104,66 @@ static inline void pending(const Problem* p, Pending* e, const float* sums, int6
   e->total = (int)rows * e->halves;
 }
 
-/* The pending block's row-halves before `until`: biased, through the GELU where asked, plus the residual where
- * given, into Y. */
+/* 16 columns' sums of Y's row `row` from column `c` (a multiple of 16): biased, through the GELU where asked, plus
+ * the residual where given, into Y. */
+static inline void emit(const Problem* p, __m512 sum, int64_t row, int64_t c) {
+  const __mmask16 mask = first(p->n - c);
+  __m512 v = _mm512_add_ps(sum, _mm512_loadu_ps(p->bias + c));
+  if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
+  if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + row * p->n + c));
+  if (p->rounded != NULL) /* as round_rows rounds: the next product's rows */
+    _mm256_mask_storeu_epi16(p->rounded + row * p->n + c, mask, (__m256i)_mm512_cvtneps_pbh(v));
+  else
+    _mm512_mask_storeu_ps(place(p, row, c), mask, v);
+}
+
+/* The pending block's row-halves before `until`, into Y. */
 static inline void emit_until(const Problem* p, Pending* e, int until) {
   for (; e->next < until; e->next++) {
-    const int64_t r = e->next / e->halves, half = e->next % e->halves, c = e->col + half * 16, row = e->row + r;
-    const __mmask16 mask = first(p->n - c);
-    __m512 v = _mm512_add_ps(_mm512_load_ps(e->sums + r * 32 + half * 16), _mm512_loadu_ps(p->bias + c));
-    if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
-    if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + row * p->n + c));
-    if (p->rounded != NULL) /* as round_rows rounds: the next product's rows */
-      _mm256_mask_storeu_epi16(p->rounded + row * p->n + c, mask, (__m256i)_mm512_cvtneps_pbh(v));
-    else
-      _mm512_mask_storeu_ps(place(p, row, c), mask, v);
+    const int64_t r = e->next / e->halves, half = e->next % e->halves;
+    emit(p, _mm512_load_ps(e->sums + r * 32 + half * 16), e->row + r, e->col + half * 16);
+  }
+}
+
+/* sums[r][0..32) = rows r < count of `a` (bf16, a row stride on) times a column block's weights `w` over `steps` steps
+ * of 32 depths, on AVX-512 BF16, for a CPU without tiles: each row's pair of bf16 at a depth broadcast against a
+ * tile row of weights (16 columns x 2 depths, the layout VDPBF16PS reads), in the same order for a row however many
+ * go with it. Made one function per count (dots.h). */
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t* a, int64_t stride, const uint16_t* w,
+                                                          int64_t steps, const int count, float* sums) {
+  __m512 acc[VECTOR_ROWS][2];
+  for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t step = 0; step < steps; step++, a += 32, w += STEP_HALVES) {
+#pragma GCC unroll 16 /* constant offsets: the core's ports go to the products, not to addresses */
+    for (int pair = 0; pair < 16; pair++) {
+      const __m512bh left = (__m512bh)_mm512_loadu_si512(w + pair * 32);
+      const __m512bh right = (__m512bh)_mm512_loadu_si512(w + TILE_HALVES + pair * 32);
+      for (int r = 0; r < count; r++) {
+        int32_t both;
+        memcpy(&both, a + r * stride + pair * 2, 4);
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(both);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, left);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, right);
+      }
+    }
+  }
+  for (int r = 0; r < count; r++)
+    for (int h = 0; h < 2; h++) _mm512_store_ps(sums + r * 32 + h * 16, acc[r][h]);
+}
+
+HOTROD_DOTS(dot_rows, uint16_t, uint16_t, float)
+
+/* Rows [first_row, last_row) by columns [first_col, last_col) on AVX-512 BF16, for a CPU without tiles: 8 rows at a
+ * time (in the core's L1 cache) through each column block's weights (streaming from its L2), into Y. */
+static void vectors(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
+  float sums[VECTOR_ROWS * 32] __attribute__((aligned(64)));
+  for (int64_t row = first_row; row < last_row; row += VECTOR_ROWS) {
+    const int64_t count = last_row - row < VECTOR_ROWS ? last_row - row : VECTOR_ROWS;
+    for (int64_t col = first_col; col < last_col; col += 32) {
+      DOTS[count - 1](p->a + row * p->kp, p->kp, p->w + (col / 32) * (p->kp / 32) * STEP_HALVES, p->kp / 32, sums);
+      for (int half = 0; half < 2 && col + half * 16 < p->n; half++)
+        for (int r = 0; r < count; r++) emit(p, _mm512_load_ps(sums + r * 32 + half * 16), row + r, col + half * 16);
+    }
   }
 }
 
@@ -165,6 +221,10 @@ static void unit(void* data, size_t index) {
   const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
   const int64_t last_row = first_row + p->unit_rows < p->rows ? first_row + p->unit_rows : p->rows;
   const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
+  if (!hotrod_amx_ready()) { /* a CPU without tiles */
+    vectors(p, first_row, last_row, first_col, last_col);
+    return;
+  }
   const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS;
   float* partials = NULL;
   if (p->chunk < p->kp &&
@@ -204,9 +264,9 @@ static void unit(void* data, size_t index) {
 int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
                        const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
                        int activation, const float* residual, hotrod_parallel parallel, void* runner) {
-  if (!hotrod_amx_ready() || k <= 0 || n <= 0 || rows < 0 || parts < 1 || n % parts != 0 ||
-      (parts > 1 && n / parts % 16 != 0) || (residual != NULL && parts > 1) || activation < HOTROD_I8_LINEAR ||
-      activation > HOTROD_I8_GELU || (rounded != NULL && k % HOTROD_BF16_DEPTH != 0) ||
+  if (!(hotrod_amx_ready() || hotrod_bf16_vectors_ready()) || k <= 0 || n <= 0 || rows < 0 || parts < 1 ||
+      n % parts != 0 || (parts > 1 && n / parts % 16 != 0) || (residual != NULL && parts > 1) ||
+      activation < HOTROD_I8_LINEAR || activation > HOTROD_I8_GELU || (rounded != NULL && k % HOTROD_BF16_DEPTH != 0) ||
       (y_rounded != NULL && (parts > 1 || n % HOTROD_BF16_DEPTH != 0)))
     return -1;
   if (rows == 0) return 0;

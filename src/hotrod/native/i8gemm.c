@@ -26,6 +26,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "dots.h"
 #include "gelu.h"
 #include "i8gemm.h"
 #include "quantize.h"
@@ -39,7 +40,7 @@
 #define UNIT_ROWS 256                       /* rows of one unit of work */
 #define TILE_BYTES (TILE_ROWS * 64)         /* one tile of weights: 16 rows of 64 bytes */
 #define STEP_BYTES (2 * TILE_BYTES)         /* the two weight tiles of 32 columns at one depth step */
-#define NARROW_ROWS 8                       /* fewer rows than a tile's 16 run on VNNI, this many at a time */
+#define NARROW_ROWS HOTROD_DOT_ROWS /* fewer rows than a tile's 16 (all, without tiles) run on VNNI, 8 at a time */
 #define FUSED_MIN_ROWS (8 * BLOCK_ROWS)      /* fewer rows: too few units of whole rows to share among threads */
 
 typedef struct {
@@ -48,10 +49,19 @@ typedef struct {
   uint8_t rows[16];
 } TileConfig;
 
+static int tiles_allowed = 1; /* 0: the kernels run as on a CPU without AMX (hotrod_allow_tiles) */
+
+void hotrod_allow_tiles(int allowed) { tiles_allowed = allowed != 0; }
+
 int hotrod_amx_ready(void) {
   static int state = -1; /* -1 unknown; asked once: the grant is the process's */
   if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  return state;
+  return state && tiles_allowed;
+}
+
+int hotrod_vnni_ready(void) {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
 /* Every tile 16 rows of 64 bytes (here 0-3: the 2 x 2 sums; 4, 5: rows; 6, 7: weights). The configuration is
@@ -163,45 +173,46 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
   }
 }
 
-/* A few rows (a decoding step's) by 32 columns on AVX-512 VNNI: each row's 4 bytes at a depth broadcast
- * against a tile row of weights (16 columns x 4 depths, the layout VPDPBUSD reads), so the weights stream
- * through once, where the tiles would multiply 16 rows to use one. */
-static inline __attribute__((always_inline)) void narrow_rows(const Problem* p, int64_t row, const int count,
-                                                             int64_t col) {
-  __m512i sums[NARROW_ROWS][2];
-  for (int r = 0; r < count; r++) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
-  const int8_t* w = p->w + (col / 32) * (p->k / 64) * STEP_BYTES;
-  for (int64_t depth = 0; depth < p->k; depth += 64, w += STEP_BYTES) {
+/* sums[r][0..32) += rows r < count of `a` (a row stride on) times a column block's weights `w`, over `steps` steps
+ * of 64 depths, on AVX-512 VNNI: each row's 4 bytes at a depth broadcast against a tile row of weights (16 columns
+ * x 4 depths, the layout VPDPBUSD reads). Made one function per count (dots.h). */
+static inline __attribute__((always_inline)) void dot_rows(const uint8_t* a, int64_t stride, const int8_t* w,
+                                                          int64_t steps, const int count, int32_t* sums) {
+  __m512i acc[NARROW_ROWS][2];
+  for (int r = 0; r < count; r++)
+    for (int h = 0; h < 2; h++) acc[r][h] = _mm512_load_si512(sums + r * 32 + h * 16);
+  for (int64_t step = 0; step < steps; step++, a += 64, w += STEP_BYTES) {
+#pragma GCC unroll 16 /* constant offsets: the core's ports go to the products, not to addresses */
     for (int quad = 0; quad < 16; quad++) {
       const __m512i left = _mm512_loadu_si512(w + quad * 64), right = _mm512_loadu_si512(w + TILE_BYTES + quad * 64);
       for (int r = 0; r < count; r++) {
         int32_t bytes;
-        memcpy(&bytes, p->q + (row + r) * p->k + depth + quad * 4, 4);
-        const __m512i a = _mm512_set1_epi32(bytes);
-        sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], a, left);
-        sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], a, right);
+        memcpy(&bytes, a + r * stride + quad * 4, 4);
+        const __m512i x = _mm512_set1_epi32(bytes);
+        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, left);
+        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, right);
       }
     }
   }
+  for (int r = 0; r < count; r++)
+    for (int h = 0; h < 2; h++) _mm512_store_si512(sums + r * 32 + h * 16, acc[r][h]);
+}
+
+HOTROD_DOTS(dot_rows, uint8_t, int8_t, int32_t)
+
+/* Up to 8 rows by 32 columns on AVX-512 VNNI, through the epilogue into Y. For a decoding step's rows the weights
+ * stream through once, where the tiles would multiply 16 rows to use one; on a CPU without tiles every product
+ * runs here, a group of rows at a time through each column block's weights (compute): the rows stay in the core's
+ * L1 cache, the weights stream from its L2. */
+static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
+  int32_t sums[NARROW_ROWS * 32] __attribute__((aligned(64)));
+  memset(sums, 0, sizeof(sums));
+  DOTS[count - 1](p->q + row * p->k, p->k, p->w + (col / 32) * (p->k / 64) * STEP_BYTES, p->k / 64, sums);
   for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
     const Columns c = columns(p, col + half * 16);
     const Targets t = targets(p, row, col + half * 16);
     for (int r = 0; r < count; r++)
-      emit(p, &c, sums[r][half], p->a_scale[(row + r) * p->scale_stride], &t, r);
-  }
-}
-
-/* narrow_rows for `count` rows, each count its own code: the sums stay in registers. */
-static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
-  switch (count) {
-    case 1: narrow_rows(p, row, 1, col); break;
-    case 2: narrow_rows(p, row, 2, col); break;
-    case 3: narrow_rows(p, row, 3, col); break;
-    case 4: narrow_rows(p, row, 4, col); break;
-    case 5: narrow_rows(p, row, 5, col); break;
-    case 6: narrow_rows(p, row, 6, col); break;
-    case 7: narrow_rows(p, row, 7, col); break;
-    default: narrow_rows(p, row, 8, col); break;
+      emit(p, &c, _mm512_load_si512(sums + r * 32 + half * 16), p->a_scale[(row + r) * p->scale_stride], &t, r);
   }
 }
 
@@ -241,9 +252,9 @@ static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e
  * alone, is spread over the tile work of all of them (the hardware's own prefetch stops at every 4 KB page).
  * Only a unit's first column block meets it: units are wide (`unit_cols`). */
 static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
-  if (p->rows < TILE_ROWS) {
-    for (int64_t col = first_col; col < last_col; col += 32)
-      for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
+  if (p->rows < TILE_ROWS || !hotrod_amx_ready()) { /* too few rows for a tile, or a CPU without tiles */
+    for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
+      for (int64_t col = first_col; col < last_col; col += 32)
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
     return;
   }
@@ -319,10 +330,10 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   return 0;
 }
 
-/* Whether the tiles can compute a product of depth k with this activation. */
+/* Whether the tiles, or AVX-512 VNNI without them, can compute a product of depth k with this activation. */
 static int computable(int64_t k, int activation) {
-  return hotrod_amx_ready() && k > 0 && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
-         activation <= HOTROD_I8_GELU;
+  return (hotrod_amx_ready() || hotrod_vnni_ready()) && k > 0 && k % HOTROD_I8_DEPTH == 0 &&
+         activation >= HOTROD_I8_LINEAR && activation <= HOTROD_I8_GELU;
 }
 
 /* Units of up to UNIT_ROWS rows by unit_cols columns for `p`: how many. */
@@ -360,7 +371,7 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
                NULL, NULL, NULL, UNIT_ROWS, 0, out, scale, zero_point, NULL};
   /* the last rows' padded block made here, once: no unit can then run out of memory with its outputs half made */
   uint8_t* padded = NULL;
-  if (rows >= TILE_ROWS && rows % BLOCK_ROWS != 0) {
+  if (hotrod_amx_ready() && rows >= TILE_ROWS && rows % BLOCK_ROWS != 0) {
     if ((padded = malloc((size_t)(BLOCK_ROWS * k))) == NULL) return -1;
     p.padded = block_rows(&p, rows / BLOCK_ROWS * BLOCK_ROWS, padded);
   }

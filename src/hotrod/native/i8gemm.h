@@ -1,4 +1,4 @@
-/* Int8 products on AMX tiles, for rows quantized per row (see i8gemm.c). */
+/* Int8 products on AMX tiles (on AVX-512 VNNI without them), for rows quantized per row (see i8gemm.c). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -15,8 +15,15 @@
 typedef void (*hotrod_task)(void* data, size_t index);
 typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size_t count);
 
-/* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */
+/* 1 where Linux grants this process the AMX tile state (asked once) and the tiles are allowed, 0 elsewhere. */
 int hotrod_amx_ready(void);
+
+/* 0: hotrod's kernels run as on a CPU without AMX (on AVX-512 where they can, or not at all), from the next call
+ * on; 1 (the default): on the tiles where they are granted. For measuring and testing the other path. */
+void hotrod_allow_tiles(int allowed);
+
+/* 1 where this CPU has AVX-512 (F, BW, VL) with VNNI: the int8 products run without tiles. */
+int hotrod_vnni_ready(void);
 
 /* This thread's tiles configured as hotrod's AMX kernels use them: all eight 16 rows of 64 bytes. */
 void hotrod_configure_tiles(void);
@@ -26,8 +33,8 @@ void hotrod_configure_tiles(void);
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
  * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns
  * each (a multiple of 16 where parts > 1); with `activation` applied to each Y[r][j], then residual[r][j] added
- * where a residual ([rows, n], one output only) is given. Returns 0, or -1 where the tile state is not granted
- * or the split, activation or residual does not fit (memory that ran out gives NaN). */
+ * where a residual ([rows, n], one output only) is given. Returns 0, or -1 where neither the tile state is granted
+ * nor AVX-512 VNNI there, or the split, activation or residual does not fit (memory that ran out gives NaN). */
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                      const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
                      float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,

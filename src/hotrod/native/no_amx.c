@@ -1,6 +1,6 @@
-/* The AMX kernels' entry points for a compiler that does not know AMX's instructions (gcc before 11): the
- * tiles are never ready, so the Python side never rewrites a graph to Int8MatMul, Bf16MatMul or Bf16Attention, and the
- * library's other kernels still build and load. */
+/* The AMX kernels' entry points for a compiler that does not know AMX's instructions (gcc before 11): neither
+ * the tiles nor the AVX-512 paths beside them are ever ready, so the Python side never rewrites a graph to
+ * Int8MatMul, Bf16MatMul or Bf16Attention, and the library's other kernels still build and load. */
 #include <string.h>
 
 #include "attention.h"
@@ -8,6 +8,12 @@
 #include "i8gemm.h"
 
 int hotrod_amx_ready(void) { return 0; }
+
+void hotrod_allow_tiles(int allowed) { (void)allowed; }
+
+int hotrod_vnni_ready(void) { return 0; }
+
+int hotrod_bf16_vectors_ready(void) { return 0; }
 
 void hotrod_configure_tiles(void) {}
 

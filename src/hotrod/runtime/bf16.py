@@ -36,11 +36,13 @@ DEPTH = 32  # the kernel's depth step: weights (and rows, as they are read) are 
 COLS = 32  # the kernel's columns a step: weights are padded to a multiple
 GELU = 1  # the op's `activation` for a GELU after the bias (as Int8MatMul's)
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
+_VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")  # the path without tiles
 
 
 def available() -> bool:
-    """Whether this CPU runs the kernel: AMX-BF16 in its flags, the library built, the tile state granted."""
-    return native.tiles_ready(_NEEDED_FLAGS)
+    """Whether this CPU runs the kernel: on AMX-BF16's tiles (in its flags, the library built, the tile state
+    granted) or, without them, on AVX-512 BF16 (a Zen 4's path: the same packed weights, 8 rows a step)."""
+    return native.tiles_ready(_NEEDED_FLAGS) or native.vectors_ready(_VECTOR_FLAGS, "hotrod_bf16_vectors_ready")
 
 
 def asked(model: onnx.ModelProto) -> bool:

@@ -48,11 +48,13 @@ DEPTH = 64  # the kernel's depth step: K must be a multiple
 COLS = 32  # the kernel's columns a step: weights are padded to a multiple
 GELU = 1  # the op's `activation` for a GELU after the bias (HOTROD_I8_GELU)
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "amx_tile", "amx_int8")
+_VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")  # the path without tiles
 
 
 def available() -> bool:
-    """Whether this CPU runs the kernel: AMX-INT8 in its flags, the library built, the tile state granted."""
-    return native.tiles_ready(_NEEDED_FLAGS)
+    """Whether this CPU runs the kernel: on AMX-INT8's tiles (in its flags, the library built, the tile state
+    granted) or, without them, on AVX-512 VNNI (a Zen 4's path: the same packed weights, 8 rows a step)."""
+    return native.tiles_ready(_NEEDED_FLAGS) or native.vectors_ready(_VECTOR_FLAGS, "hotrod_vnni_ready")
 
 
 def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None, zero_point: int = ZERO_POINT,

@@ -52,16 +52,19 @@ def kernels_in(ops: frozenset[str] | set[str]) -> list[str]:
 
 
 def record_path() -> Path:
-    """This machine's record: named by the CPU's model and flags and by the built library's contents."""
-    return cache_dir() / "kernels" / f"{_machine()}.json"
+    """This machine's record: named by the CPU's model and flags, by the built library's contents and by whether
+    the kernels may use AMX's tiles (`native.TILES_ENV`: left out, they take other paths, measured apart)."""
+    return cache_dir() / "kernels" / f"{_machine(native.tiles_allowed())}.json"
 
 
 @functools.cache
-def _machine() -> str:
+def _machine(tiles: bool) -> str:
     library = native.library()
     digest = hashlib.sha256(native.cpu_name().encode())
     digest.update(" ".join(sorted(native.cpu_flags())).encode())
     digest.update(file_sha256(library).encode() if library else b"no library")
+    if not tiles:
+        digest.update(b"tiles left out")
     return digest.hexdigest()[:16]
 
 

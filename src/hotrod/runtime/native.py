@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from hotrod.errors import HotrodError
 from hotrod.optimize import graphs
 
 DOMAIN = "hotrod"
@@ -61,14 +62,80 @@ def has_flags(flags: tuple[str, ...]) -> bool:
     return all(flag in cpu_flags() for flag in flags)
 
 
+TILES_ENV = "HOTROD_TILES"  # "off": the kernels run as on a CPU without AMX, for measuring that path here
+_TILES_VALUES = {"on": True, "off": False}
+
+
+def tiles_allowed() -> bool:
+    """Whether hotrod's kernels may use AMX's tiles in this process: yes, unless `TILES_ENV` says off or a
+    caller left them out (`tiles_left_out`)."""
+    return _allowed[-1] if _allowed else _tiles_env()
+
+
+def _tiles_env() -> bool:
+    value = os.environ.get(TILES_ENV, "on").strip().lower()
+    if value not in _TILES_VALUES:
+        raise HotrodError(f"{TILES_ENV} must be on or off, not {value!r}")
+    return _TILES_VALUES[value]
+
+
+_allowed: list[bool] = []  # tiles_left_out's, innermost last
+
+
+@contextlib.contextmanager
+def tiles_left_out() -> Iterator[None]:
+    """Within the block, hotrod's kernels run as on a CPU without AMX: where a kernel has an AVX-512 path
+    (the int8 and bf16 products) that one, elsewhere onnxruntime's ops. For testing and measuring the path a
+    CPU without tiles (a Zen 4) takes, on one that has them."""
+    _allowed.append(False)
+    _apply_tiles()
+    try:
+        yield
+    finally:
+        _allowed.pop()
+        _apply_tiles()
+
+
+def _apply_tiles() -> None:
+    tiles_ready.cache_clear()
+    vectors_ready.cache_clear()
+    handle = _handle()
+    if handle is not None:
+        handle.hotrod_allow_tiles(int(tiles_allowed()))
+
+
+@functools.cache
+def _handle() -> ctypes.CDLL | None:
+    """The library as this process loaded it (onnxruntime's sessions load the same one), the tiles allowed or
+    not as `TILES_ENV` says; None where there is none."""
+    path = library()
+    if path is None:
+        return None
+    handle = ctypes.CDLL(str(path))
+    handle.hotrod_allow_tiles(int(tiles_allowed()))
+    return handle
+
+
 @functools.cache
 def tiles_ready(flags: tuple[str, ...]) -> bool:
-    """Whether an AMX kernel needing `flags` runs here: the flags in this CPU's, the library built, and the
-    tile state granted (Linux grants it per process, on request; `hotrod_amx_ready` asks once)."""
-    path = library()
-    if path is None or not has_flags(flags):
+    """Whether an AMX kernel needing `flags` runs here: the flags in this CPU's, the library built, the tiles
+    allowed (`tiles_allowed`) and their state granted (Linux grants it per process, on request;
+    `hotrod_amx_ready` asks once)."""
+    handle = _handle()
+    if handle is None or not has_flags(flags):
         return False
-    return bool(ctypes.CDLL(str(path)).hotrod_amx_ready())
+    return bool(handle.hotrod_amx_ready())
+
+
+@functools.cache
+def vectors_ready(flags: tuple[str, ...], symbol: str) -> bool:
+    """Whether a kernel's AVX-512 path, for a CPU without tiles, runs here: the tiles not ready for it, the
+    `flags` in this CPU's, and the library built with the path (its `symbol` says so: a compiler that knew no
+    AMX built neither)."""
+    handle = _handle()
+    if handle is None or not has_flags(flags):
+        return False
+    return bool(getattr(handle, symbol)())
 
 
 def use_library(options: ort.SessionOptions) -> None:

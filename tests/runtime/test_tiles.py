@@ -1,0 +1,46 @@
+"""AMX's tiles left out (`HOTROD_TILES=off`, `native.tiles_left_out`): hotrod's kernels take the path a CPU without
+them takes (the int8 and bf16 products on AVX-512, attention on onnxruntime's ops), and say so where asked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hotrod.errors import HotrodError
+from hotrod.runtime import attention, bf16, i8, kernel_choice, native
+
+tiles = pytest.mark.skipif(not (i8.available() and native.has_flags(("amx_tile",))),
+                           reason="no tiles on this CPU to leave out")
+
+
+def test_a_value_other_than_on_or_off_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv(native.TILES_ENV, "sideways")
+    with pytest.raises(HotrodError, match="HOTROD_TILES must be on or off, not 'sideways'"):
+        native.tiles_allowed()
+    monkeypatch.setenv(native.TILES_ENV, " OFF ")
+    assert not native.tiles_allowed()
+
+
+@tiles
+def test_left_out_the_products_take_their_avx512_paths_and_attention_onnxruntimes():
+    record = kernel_choice.record_path()
+    with native.tiles_left_out():
+        assert not native.tiles_allowed()
+        assert i8.available() == native.has_flags(("avx512_vnni",))
+        assert bf16.available() == native.has_flags(("avx512_bf16",))
+        assert not attention.available()
+        assert kernel_choice.record_path() != record  # measured apart by `hotrod tune`
+    assert native.tiles_allowed() and attention.available() == native.has_flags(("amx_bf16",))
+    assert kernel_choice.record_path() == record
+
+
+@tiles
+def test_the_environment_leaves_them_out_for_the_whole_process():
+    script = ("from hotrod.runtime import attention, i8, native; "
+              "print(native.tiles_allowed(), i8.available(), attention.available())")
+    env = {**os.environ, native.TILES_ENV: "off"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", str(native.has_flags(("avx512_vnni",))), "False"]
