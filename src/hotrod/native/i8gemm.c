@@ -185,6 +185,8 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t* a, int
 #pragma GCC unroll 16 /* constant offsets: the core's ports go to the products, not to addresses */
     for (int quad = 0; quad < 16; quad++) {
       const __m512i left = _mm512_loadu_si512(w + quad * 64), right = _mm512_loadu_si512(w + TILE_BYTES + quad * 64);
+      _mm_prefetch((const char*)w + STEP_BYTES + quad * 64, _MM_HINT_T0);
+      _mm_prefetch((const char*)w + STEP_BYTES + TILE_BYTES + quad * 64, _MM_HINT_T0);
       for (int r = 0; r < count; r++) {
         int32_t bytes;
         memcpy(&bytes, a + r * stride + quad * 4, 4);
@@ -202,8 +204,7 @@ HOTROD_DOTS(dot_rows, uint8_t, int8_t, int32_t)
 
 /* Up to 8 rows by 32 columns on AVX-512 VNNI, through the epilogue into Y. For a decoding step's rows the weights
  * stream through once, where the tiles would multiply 16 rows to use one; on a CPU without tiles every product
- * runs here, a group of rows at a time through each column block's weights (compute): the rows stay in the core's
- * L1 cache, the weights stream from its L2. */
+ * runs here (compute). */
 static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
   int32_t sums[NARROW_ROWS * 32] __attribute__((aligned(64)));
   memset(sums, 0, sizeof(sums));
@@ -252,7 +253,13 @@ static void multiply(const Problem* p, const uint8_t* a, int64_t col, Pending* e
  * alone, is spread over the tile work of all of them (the hardware's own prefetch stops at every 4 KB page).
  * Only a unit's first column block meets it: units are wide (`unit_cols`). */
 static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
-  if (p->rows < TILE_ROWS || !hotrod_amx_ready()) { /* too few rows for a tile, or a CPU without tiles */
+  if (p->rows < TILE_ROWS) { /* a decoding step's rows: the weights stream from memory once */
+    for (int64_t col = first_col; col < last_col; col += 32)
+      for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
+        narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
+    return;
+  }
+  if (!hotrod_amx_ready()) { /* a CPU without tiles: a group of rows in L1 through the unit's weights in L2 */
     for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
       for (int64_t col = first_col; col < last_col; col += 32)
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
