@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,7 @@ def test_left_out_the_products_take_their_avx512_paths_and_attention_onnxruntime
         assert i8.available() == native.has_flags(("avx512_vnni",))
         assert bf16.available() == native.has_flags(("avx512_bf16",))
         assert not attention.available()
+        assert not native.tiles_granted()
         assert kernel_choice.record_path() != record  # measured apart by `hotrod tune`
     assert native.tiles_allowed() and attention.available() == native.has_flags(("amx_bf16",))
     assert kernel_choice.record_path() == record
@@ -44,3 +46,13 @@ def test_the_environment_leaves_them_out_for_the_whole_process():
     env = {**os.environ, native.TILES_ENV: "off"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", str(native.has_flags(("avx512_vnni",))), "False"]
+
+
+@tiles
+def test_a_process_linux_refuses_the_tiles_runs_the_paths_without_them():
+    """benchmarks/without_amx.sh: the grant refused to the process and its children, as on a Linux before 5.16."""
+    script = ("from hotrod.runtime import attention, i8, native; "
+              "print(native.tiles_allowed(), native.tiles_granted(), i8.available(), attention.available())")
+    shim = Path(__file__).resolve().parents[2] / "benchmarks" / "without_amx.sh"
+    out = subprocess.run([str(shim), sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False", str(native.has_flags(("avx512_vnni",))), "False"]

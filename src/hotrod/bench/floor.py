@@ -56,15 +56,15 @@ METHOD = 4
 
 
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
-    """This machine's figures, measured once per (CPU, cores, threads, device, AMX's tiles allowed to hotrod's
-    kernels or not) and then read from the cache."""
-    from hotrod.runtime.native import cpu_name, tiles_allowed
+    """This machine's figures, measured once per (CPU, cores, threads, device, AMX's tiles used by hotrod's kernels
+    or not) and then read from the cache."""
+    from hotrod.runtime.native import cpu_name, tiles_granted
 
     cpu = cpu_name()
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     # METHOD: bumped when a figure is measured another way, so figures cached the old way are measured again.
     identity = f"{METHOD}|{cpu}|{os.cpu_count()}|{threads}" + (f"|{device}|{gpu}" if gpu else "")
-    identity += "" if tiles_allowed() else "|tiles left out"  # the int8 and bf16 rates are those of other paths
+    identity += "" if tiles_granted() else "|no tiles"  # the int8 and bf16 rates are those of other paths
     key = hashlib.sha256(identity.encode()).hexdigest()[:12]
     path = (root or cache_dir() / "machine") / f"{key}.json"
     if path.is_file() and not refresh:

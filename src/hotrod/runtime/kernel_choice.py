@@ -53,8 +53,9 @@ def kernels_in(ops: frozenset[str] | set[str]) -> list[str]:
 
 def record_path() -> Path:
     """This machine's record: named by the CPU's model and flags, by the built library's contents and by whether
-    the kernels may use AMX's tiles (`native.TILES_ENV`: left out, they take other paths, measured apart)."""
-    return cache_dir() / "kernels" / f"{_machine(native.tiles_allowed())}.json"
+    the kernels use AMX's tiles in this process (`native.tiles_granted`: where Linux does not grant them, or
+    `native.TILES_ENV` leaves them out, the kernels take other paths, measured apart)."""
+    return cache_dir() / "kernels" / f"{_machine(native.tiles_granted())}.json"
 
 
 @functools.cache
@@ -64,7 +65,7 @@ def _machine(tiles: bool) -> str:
     digest.update(" ".join(sorted(native.cpu_flags())).encode())
     digest.update(file_sha256(library).encode() if library else b"no library")
     if not tiles:
-        digest.update(b"tiles left out")
+        digest.update(b"no tiles")
     return digest.hexdigest()[:16]
 
 

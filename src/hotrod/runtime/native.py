@@ -127,6 +127,12 @@ def tiles_ready(flags: tuple[str, ...]) -> bool:
     return bool(handle.hotrod_amx_ready())
 
 
+def tiles_granted() -> bool:
+    """Whether hotrod's kernels use AMX's tiles in this process: the CPU has them, the library is built, Linux
+    grants their state, and they are allowed (`tiles_allowed`)."""
+    return tiles_ready(("amx_tile",))
+
+
 @functools.cache
 def vectors_ready(flags: tuple[str, ...], symbol: str) -> bool:
     """Whether a kernel's AVX-512 path, for a CPU without tiles, runs here: the tiles not ready for it, the
