@@ -13,8 +13,8 @@ static engine's list and the benchmark's hardware floor all read this registry.
 - int8-call: the same with onnxruntime's own activation quantization, one scale per call: a row's answer
   depends on its batch-mates.
 - int8-static: QDQ with activation ranges calibrated on recorded feeds.
-- bf16-products: the fp32 graph, its products and attention computed in bf16 with fp32 sums where the CPU has
-  AMX-BF16 (hotrod's kernels), in fp32 elsewhere.
+- bf16-products: the fp32 graph, its products computed in bf16 with fp32 sums where the CPU has AMX-BF16 or
+  AVX-512 BF16 (hotrod's kernels; its attention too where it has AMX-BF16), in fp32 elsewhere.
 - int8-weight / int4 / int4-b128 / int4-b256: weight-only, block-quantized MatMulNBits (blocks of 32, 128 or 256).
 - fp8: the torch engine's only (no ONNX graphs): e4m3 weights with per-channel scales through
   torch._scaled_mm, on GPUs with fp8 tensor cores (`runtime/fp8.py`).
@@ -85,7 +85,8 @@ class Precision:
     # measured by the build's verification.
     attention: str = "fp32"
     # An fp32 graph's products on the CPU: fp32 (onnxruntime's) or bf16 (hotrod's, on AMX tiles where the CPU has
-    # AMX-BF16, fp32 elsewhere), asked for in the graph (PRODUCTS_KEY) as `attention` is.
+    # AMX-BF16, on AVX-512 BF16 where it has that only, fp32 elsewhere), asked for in the graph (PRODUCTS_KEY) as
+    # `attention` is.
     products: str = "fp32"
     devices: tuple[str, ...] = ("cpu", "cuda")  # the devices its onnxruntime graphs are built for
 
@@ -139,8 +140,8 @@ class Precision:
         if self.attention != "fp32":
             described["attention"] = f"{self.attention} products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"
         if self.products != "fp32":
-            described["products"] = (f"{self.products} operands, fp32 sums, where the CPU has AMX-BF16 (hotrod's "
-                                     "kernel), fp32 elsewhere")
+            described["products"] = (f"{self.products} operands, fp32 sums, where the CPU has AMX-BF16 or AVX-512 "
+                                     "BF16 (hotrod's kernel), fp32 elsewhere")
         return described
 
     def describe_engine(self) -> dict[str, str]:
@@ -228,7 +229,8 @@ class Int8Static(Precision):
 @dataclass(frozen=True, kw_only=True)
 class Bf16Products(Precision):
     """The fp32 graph as it is, asking for its products and attention in bf16 with fp32 sums where it is loaded on
-    a CPU with AMX-BF16 (`hotrod.runtime.bf16`, `hotrod.runtime.attention`); elsewhere it runs in fp32. 8
+    a CPU with AMX-BF16 (`hotrod.runtime.bf16`, `hotrod.runtime.attention`; its products only on one with AVX-512
+    BF16 but no AMX); elsewhere it runs in fp32. 8
     significant bits on both operands of every product, each value with its own exponent: on trained heads the
     answers stay fp32's where 8-bit activations do not."""
 
@@ -248,8 +250,8 @@ class Bf16Products(Precision):
         return device == "cpu" and bf16.available()
 
     def cpu_refusal(self) -> str:
-        return (f"{self.name}'s products run on hotrod's AMX-BF16 kernels, which this CPU lacks (or Linux does not "
-                "grant, or the kernels' library was built without), so it would only be fp32; choose fp32, or "
+        return (f"{self.name}'s products run on hotrod's bf16 kernels (AMX-BF16 or AVX-512 BF16), which this CPU "
+                "lacks (or the kernels' library was built without), so it would only be fp32; choose fp32, or "
                 "int8/int4 for CPU")
 
 
@@ -328,11 +330,12 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
                 activations="uint8 per-tensor, range measured on every call (dynamic)"),
     Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
                activations="uint8 per-tensor, static ranges calibrated with {method}", attention="bf16"),
-    # Every product (and the attention's) in bf16 with fp32 sums where the CPU has AMX-BF16, from the fp32 graph:
+    # Every product (and the attention's) in bf16 with fp32 sums where the CPU has AMX-BF16 (the products also on
+    # AVX-512 BF16 alone), from the fp32 graph:
     # the accurate fast precision of an encoder on such a CPU (benchmarks/README.md: "bf16 products").
     Bf16Products(name="bf16-products", weight_bytes=2.0, weights="fp32 (rounded to bf16 as the graph is loaded "
-                 "where the CPU has AMX-BF16)", activations="fp32, rounded to bf16 for each product where the CPU "
-                 "has AMX-BF16"),
+                 "where the CPU has AMX-BF16 or AVX-512 BF16)", activations="fp32, rounded to bf16 for each "
+                 "product where the CPU has AMX-BF16 or AVX-512 BF16"),
     # int4's layout and kernel with twice the bits, for models int4 hurts; auto leaves it to be asked for.
     WeightOnly(name="int8-weight", weight_bytes=1.0 + 4 / 32, bits=8, candidate=False, engine=True,
                weights="int8 block-32 symmetric (int8-weight, MatMulNBits)",

@@ -36,9 +36,10 @@ class Machine:
     measured: str
     device: str = "cpu"
     gpu: str | None = None  # the GPU's name, for device "cuda"
-    # half-precision GEMM, GFLOP/s: fp16 on GPUs; on a CPU with AMX-BF16, hotrod's bf16 product (the kernel
-    # bf16-products runs); None on other CPUs, which have no fast half path
+    # half-precision GEMM, GFLOP/s: fp16 on GPUs; on a CPU with AMX-BF16 or AVX-512 BF16, hotrod's bf16 product
+    # (the kernel bf16-products runs); None on other CPUs, which have no fast half path
     half_gflops: float | None = None
+    tiles: bool = False  # whether hotrod's kernels used AMX's tiles (the rates above are those of their paths)
 
     def rate(self, precision: str) -> float:
         """Operations per second for matrix work at `precision` (quantized formats compute in int8)."""
@@ -51,8 +52,8 @@ class Machine:
 
 
 # 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotrod's AMX product, the faster; 4: the CPU's
-# half rate, hotrod's bf16 product where it runs
-METHOD = 4
+# half rate, hotrod's bf16 product where it runs; 5: whether the kernels used AMX's tiles, recorded
+METHOD = 5
 
 
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
@@ -86,8 +87,11 @@ def _measure(cpu: str, threads: int, device: str, gpu: str | None) -> Machine:
         return Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(2048, "cuda"),
                        matmul_gflops=_tf32_rate(8192), int8_gops=_int8_rate(8192, "cuda"), measured=now,
                        device="cuda", gpu=gpu, half_gflops=_matmul_rate(8192, "cuda", torch.float16))
+    from hotrod.runtime.native import tiles_granted
+
     return Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(), matmul_gflops=_matmul_rate(),
-                   int8_gops=_int8_rate(), measured=now, half_gflops=_cpu_half_rate(2048, threads))
+                   int8_gops=_int8_rate(), measured=now, half_gflops=_cpu_half_rate(2048, threads),
+                   tiles=tiles_granted())
 
 
 def _best(fn, repeats: int, device: str = "cpu") -> float:

@@ -1,5 +1,5 @@
-"""hotrod's bf16 products on AMX tiles: an fp32 graph's products as hotrod's Bf16MatMul, where its build asked
-for them.
+"""hotrod's bf16 products on AMX tiles (on AVX-512 BF16 without them): an fp32 graph's products as hotrod's
+Bf16MatMul, where its build asked for them.
 
 8-bit activations cost a trained model some of its answers (benchmarks/README.md: a MiniLM question-answering
 head keeps 0.96 of fp32's answer F1 at int8, 0.92 at int8-static), where products with both operands rounded to
@@ -12,8 +12,11 @@ a graph built at bf16-products keeps its fp32 weights and, as it is loaded there
 becomes one Bf16MatMul: the weights rounded and packed once into the tiles' layout, the rows rounded as they
 are read, the bias, GELU and residual in the same pass. Like bf16 attention this changes the answers (by bf16's
 rounding), so a graph takes it only where its precision wrote `PRODUCTS_KEY` into it (`hotrod.precisions`): the
-build's verification, run through this same loader, measured it. Elsewhere (no AMX-BF16, or a graph that did not
-ask) onnxruntime runs the fp32 graph as it is.
+build's verification, run through this same loader, measured it. On a CPU with AVX-512 BF16 but no AMX (a Zen 4)
+the same op reads the same packed weights with VDPBF16PS, 8 rows at a time (`hotrod tune` leaves it out where
+onnxruntime's fp32 product is faster: on the Xeon the project measures on, VDPBF16PS multiplies at half the
+rate of fp32's FMA, 57 against 111 G multiply-adds a second a core).
+Elsewhere (neither, or a graph that did not ask) onnxruntime runs the fp32 graph as it is.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""hotrod's int8 products on AMX tiles: a dynamic int8 graph's products as hotrod's Int8MatMul.
+"""hotrod's int8 products on AMX tiles (on AVX-512 VNNI without them): a dynamic int8 graph's products as
+hotrod's Int8MatMul.
 
 hotrod's dynamic int8 graphs (`hotrod.optimize.row_scales`) spell each product as
 
@@ -10,8 +11,11 @@ which onnxruntime fuses into MatMulIntegerToFloat, an AVX-512 VNNI kernel at bes
 there each such chain becomes one Int8MatMul: the same quantized rows and row scales in, the weights packed
 once into the tiles' layout, the exact int32 sums scaled as onnxruntime scales them, the bias added, a
 following GELU applied (with onnxruntime's own arithmetic: the same answers, without the Gelu node's pass over
-the feed-forward layer's widest activations) and a following residual added, all in the same pass. Elsewhere
-(no AMX, or Linux refuses the tile state) onnxruntime's kernel runs the graph as it is. The op runs on
+the feed-forward layer's widest activations) and a following residual added, all in the same pass. On a CPU
+without AMX (a Zen 4, or where Linux refuses the tile state) but with AVX-512 VNNI the same op reads the same
+packed weights with VPDPBUSD, 8 rows at a time: the same exact sums, and the fusions, against onnxruntime's
+kernel plus its separate passes (benchmarks/README.md: "Without AMX"); `hotrod tune` leaves it out on a CPU
+where onnxruntime's is faster. Elsewhere onnxruntime's kernel runs the graph as it is. The op runs on
 onnxruntime's own threads, so a graph keeps its session's thread count.
 
 Calibrated graphs (int8-static: onnxruntime's static quantization, QDQ) spell a product as
