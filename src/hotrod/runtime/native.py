@@ -107,11 +107,14 @@ def _apply_tiles() -> None:
 @functools.cache
 def _handle() -> ctypes.CDLL | None:
     """The library as this process loaded it (onnxruntime's sessions load the same one), the tiles allowed or
-    not as `TILES_ENV` says; None where there is none."""
+    not as `TILES_ENV` says; None where there is none, or where it was built from older sources than these
+    (`make native` builds it again): its products are then left to onnxruntime."""
     path = library()
     if path is None:
         return None
     handle = ctypes.CDLL(str(path))
+    if not hasattr(handle, "hotrod_allow_tiles"):
+        return None
     handle.hotrod_allow_tiles(int(tiles_allowed()))
     return handle
 
