@@ -8,10 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from hotrod.errors import HotrodError
 from hotrod.runtime import attention, bf16, i8, kernel_choice, native
+from tests.runtime import test_bf16, test_i8
+from tests.runtime.test_rows import _copy
 
 tiles = pytest.mark.skipif(not (i8.available() and native.has_flags(("amx_tile",))),
                            reason="no tiles on this CPU to leave out")
@@ -56,3 +61,46 @@ def test_a_process_linux_refuses_the_tiles_runs_the_paths_without_them():
     shim = Path(__file__).resolve().parents[2] / "benchmarks" / "without_amx.sh"
     out = subprocess.run([str(shim), sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False", str(native.has_flags(("avx512_vnni",))), "False"]
+
+
+def _attribute(model, op: str, name: str) -> int:
+    node = next(n for n in model.graph.node if n.op_type == op)
+    return next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+
+
+@tiles
+def test_each_op_is_told_its_path_as_its_graph_is_rewritten():
+    int8 = test_i8.products(128, (64,))
+    floats, _ = test_bf16.products(128, (64,))
+    outside = [_copy(int8), _copy(floats)]
+    assert i8.rewrite(outside[0]) and bf16.rewrite(outside[1])
+    with native.tiles_left_out():
+        inside = [_copy(int8), _copy(floats)]
+        assert i8.rewrite(inside[0]) and bf16.rewrite(inside[1])
+    assert [_attribute(m, op, "tiles") for m, op in zip(outside, (i8.OP, bf16.OP))] == [1, 1]
+    assert [_attribute(m, op, "tiles") for m, op in zip(inside, (i8.OP, bf16.OP))] == [0, 0]
+
+
+@tiles
+def test_a_session_loaded_on_the_tiles_keeps_them_while_others_leave_them_out():
+    """The bf16 paths sum in different orders: a session's answers must not move with another's choice."""
+    floats, _ = test_bf16.products(256, (96,))
+    x = {"x": np.random.default_rng(1).standard_normal((37, 256)).astype(np.float32)}
+    before = _session(test_bf16.rewritten(floats))
+    alone = before.run(None, x)[0]
+    with native.tiles_left_out():
+        assert np.array_equal(before.run(None, x)[0], alone)
+        without = _session(test_bf16.rewritten(floats)).run(None, x)[0]
+    test_bf16.assert_sums_close(without, x["x"], *_weights(floats))
+    assert np.array_equal(before.run(None, x)[0], alone)
+
+
+def _session(model) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    native.use_library(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _weights(model):
+    arrays = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    return arrays["w0"], arrays.get("b0")

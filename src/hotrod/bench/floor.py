@@ -59,13 +59,14 @@ METHOD = 5
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
     """This machine's figures, measured once per (CPU, cores, threads, device, AMX's tiles used by hotrod's kernels
     or not) and then read from the cache."""
-    from hotrod.runtime.native import cpu_name, tiles_granted
+    from hotrod.runtime.native import cpu_name, tiles_state
 
     cpu = cpu_name()
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     # METHOD: bumped when a figure is measured another way, so figures cached the old way are measured again.
     identity = f"{METHOD}|{cpu}|{os.cpu_count()}|{threads}" + (f"|{device}|{gpu}" if gpu else "")
-    identity += "" if tiles_granted() else "|no tiles"  # the int8 and bf16 rates are those of other paths
+    state = tiles_state()  # the int8 and bf16 rates are those of other paths without the tiles
+    identity += "" if state == "tiles" else f"|{state}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:12]
     path = (root or cache_dir() / "machine") / f"{key}.json"
     if path.is_file() and not refresh:
@@ -166,7 +167,8 @@ def _onnxruntime_int8_rate(size: int, threads: int) -> float:
         names = ["b", "offsets", "scales", "bias"]
         packed = [numpy_helper.from_array(a, n) for a, n in zip(i8.pack(weights, np.ones(size, np.float32), None),
                                                                  names)]
-        node = helper.make_node(i8.OP, ["a", "s", *names], ["y"], domain=native.DOMAIN, N=size)
+        node = helper.make_node(i8.OP, ["a", "s", *names], ["y"], domain=native.DOMAIN, N=size,
+                                tiles=int(i8.on_tiles()))
         rates.append(_graph_seconds([node], packed, {**feed, "s": np.ones((size, 1), np.float32)},
                                     TensorProto.FLOAT, threads, native.DOMAIN))
     return 2 * size**3 / min(rates) / 1e9
@@ -185,7 +187,8 @@ def _cpu_half_rate(size: int, threads: int) -> float | None:
     rng = np.random.default_rng(0)
     packed = bf16.pack(rng.standard_normal((size, size)).astype(np.float32), None)
     constants = [numpy_helper.from_array(array, name) for array, name in zip(packed, ("w", "bias"))]
-    node = helper.make_node(bf16.OP, ["a", "w", "bias"], ["y"], domain=native.DOMAIN, N=size)
+    node = helper.make_node(bf16.OP, ["a", "w", "bias"], ["y"], domain=native.DOMAIN, N=size,
+                            tiles=int(bf16.on_tiles()))
     feed = {"a": rng.standard_normal((size, size)).astype(np.float32)}
     return 2 * size**3 / _graph_seconds([node], constants, feed, TensorProto.FLOAT, threads, native.DOMAIN) / 1e9
 

@@ -32,6 +32,9 @@
 #define BLOCK_ROWS 32                   /* rows of one 2 x 2 step: two tiles of rows */
 #define UNIT_ROWS 1024                  /* rows of one unit of work, at most */
 #define UNIT_ROW_BYTES (1 << 20)        /* and at most this many bytes of rounded rows: they stay in L2 (2 MiB) */
+#ifndef PARTIAL_BYTES
+#define PARTIAL_BYTES (256 << 10)
+#endif
 #define CHUNK_ROWS 256                  /* rows of a unit at least: a deeper product goes through its depth in chunks */
 #define TILE_HALVES (TILE_ROWS * 32)    /* bf16 values in one tile: 16 rows of 32 */
 #define STEP_HALVES (2 * TILE_HALVES)   /* the two weight tiles of 32 columns at one depth step */
@@ -49,6 +52,7 @@ typedef struct {
   int64_t rows, k, kp, n, padded_n, width, unit_rows, unit_cols, col_units;
   int64_t chunk; /* the depth a unit's rows go through at a time: kp, or less where CHUNK_ROWS of it would not fit */
   int activation;
+  int tiles; /* 1: on AMX's tiles; 0: on AVX-512 BF16 (a CPU without them, or the op's choice) */
 } Problem;
 
 /* The first `count` of 16 lanes (none for count <= 0). */
@@ -221,7 +225,7 @@ static void unit(void* data, size_t index) {
   const int64_t first_col = (int64_t)index % p->col_units * p->unit_cols;
   const int64_t last_row = first_row + p->unit_rows < p->rows ? first_row + p->unit_rows : p->rows;
   const int64_t last_col = first_col + p->unit_cols < p->padded_n ? first_col + p->unit_cols : p->padded_n;
-  if (!hotrod_amx_ready()) { /* a CPU without tiles */
+  if (!p->tiles) { /* without tiles */
     vectors(p, first_row, last_row, first_col, last_col);
     return;
   }
@@ -263,8 +267,9 @@ static void unit(void* data, size_t index) {
 
 int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
                        const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
-                       int activation, const float* residual, hotrod_parallel parallel, void* runner) {
-  if (!(hotrod_amx_ready() || hotrod_bf16_vectors_ready()) || k <= 0 || n <= 0 || rows < 0 || parts < 1 ||
+                       int activation, const float* residual, int tiles, hotrod_parallel parallel, void* runner) {
+  tiles = tiles && hotrod_amx_ready(); /* the call's path, set once */
+  if (!(tiles || hotrod_bf16_vectors_ready()) || k <= 0 || n <= 0 || rows < 0 || parts < 1 ||
       n % parts != 0 || (parts > 1 && n / parts % 16 != 0) || (residual != NULL && parts > 1) ||
       activation < HOTROD_I8_LINEAR || activation > HOTROD_I8_GELU || (rounded != NULL && k % HOTROD_BF16_DEPTH != 0) ||
       (y_rounded != NULL && (parts > 1 || n % HOTROD_BF16_DEPTH != 0)))
@@ -273,14 +278,14 @@ int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, in
   const int64_t padded_k = (k + HOTROD_BF16_DEPTH - 1) / HOTROD_BF16_DEPTH * HOTROD_BF16_DEPTH;
   const int64_t padded_n = (n + HOTROD_BF16_COLS - 1) / HOTROD_BF16_COLS * HOTROD_BF16_COLS;
   Problem p = {a, rounded, NULL, w, bias, y, y_rounded, residual, rows, k, padded_k, n, padded_n, n / parts, UNIT_ROWS,
-               padded_n, 0, padded_k, activation};
+               padded_n, 0, padded_k, activation, tiles};
   const int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
   uint16_t* made = NULL; /* the rows rounded here, or the given rows' last block padded */
   if (rounded == NULL) {
     if ((made = aligned_alloc(64, (size_t)(blocks * BLOCK_ROWS * p.kp) * sizeof(uint16_t))) == NULL) return -1;
     p.a = made;
     parallel(runner, round_rows, &p, (size_t)blocks);
-  } else if (rows % BLOCK_ROWS != 0) { /* tiles read 32 whole rows: the last block's copy, padded with zeros */
+  } else if (tiles && rows % BLOCK_ROWS != 0) { /* tiles read 32 whole rows: the last block's copy, padded */
     const int64_t have = rows % BLOCK_ROWS;
     if ((made = calloc((size_t)(BLOCK_ROWS * p.kp), sizeof(uint16_t))) == NULL) return -1;
     memcpy(made, rounded + (rows - have) * p.kp, (size_t)(have * p.kp) * sizeof(uint16_t));
@@ -298,6 +303,10 @@ int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, in
    * only until there are enough to share among threads */
   while (p.unit_cols > HOTROD_BF16_COLS && row_units * ((p.padded_n + p.unit_cols - 1) / p.unit_cols) < 8)
     p.unit_cols = (p.unit_cols / HOTROD_BF16_COLS + 1) / 2 * HOTROD_BF16_COLS; /* whole column blocks */
+  if (p.chunk < p.kp) { /* and no wider than keeps the partial sums in L2 beside the rows */
+    const int64_t widest = PARTIAL_BYTES / (p.unit_rows * (int64_t)sizeof(float)) / HOTROD_BF16_COLS * HOTROD_BF16_COLS;
+    p.unit_cols = p.unit_cols > widest && widest >= HOTROD_BF16_COLS ? widest : p.unit_cols;
+  }
   p.col_units = (p.padded_n + p.unit_cols - 1) / p.unit_cols;
   parallel(runner, unit, &p, (size_t)(row_units * p.col_units));
   free(made);

@@ -49,14 +49,10 @@ typedef struct {
   uint8_t rows[16];
 } TileConfig;
 
-static int tiles_allowed = 1; /* 0: the kernels run as on a CPU without AMX (hotrod_allow_tiles) */
-
-void hotrod_allow_tiles(int allowed) { tiles_allowed = allowed != 0; }
-
 int hotrod_amx_ready(void) {
   static int state = -1; /* -1 unknown; asked once: the grant is the process's */
   if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  return state && tiles_allowed;
+  return state;
 }
 
 int hotrod_vnni_ready(void) {
@@ -93,6 +89,7 @@ typedef struct {
   float static_scale;
   int32_t static_zero;
   const uint8_t* padded;    /* where given: the last block of rows, zero-padded to 32, made by the caller */
+  int tiles;                /* 1: on AMX's tiles; 0: on AVX-512 VNNI (a CPU without them, or the op's choice) */
 } Problem;
 
 /* Where column `col` of row `row` goes: its output, at its place there. */
@@ -259,7 +256,7 @@ static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
     return;
   }
-  if (!hotrod_amx_ready()) { /* a CPU without tiles: a group of rows in L1 through the unit's weights in L2 */
+  if (!p->tiles) { /* without tiles: a group of rows in L1 through the unit's weights in L2 */
     for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
       for (int64_t col = first_col; col < last_col; col += 32)
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
@@ -337,10 +334,13 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   return 0;
 }
 
-/* Whether the tiles, or AVX-512 VNNI without them, can compute a product of depth k with this activation. */
-static int computable(int64_t k, int activation) {
-  return (hotrod_amx_ready() || hotrod_vnni_ready()) && k > 0 && k % HOTROD_I8_DEPTH == 0 &&
-         activation >= HOTROD_I8_LINEAR && activation <= HOTROD_I8_GELU;
+/* The path a call takes: the tiles where asked for and granted, else AVX-512 VNNI (-1 where neither runs here). */
+static int path(int tiles) { return tiles && hotrod_amx_ready() ? 1 : hotrod_vnni_ready() ? 0 : -1; }
+
+/* Whether a product of depth k with this activation can be computed, on a path that runs here. */
+static int computable(int64_t k, int activation, int tiles) {
+  return path(tiles) >= 0 && k > 0 && k % HOTROD_I8_DEPTH == 0 && activation >= HOTROD_I8_LINEAR &&
+         activation <= HOTROD_I8_GELU;
 }
 
 /* Units of up to UNIT_ROWS rows by unit_cols columns for `p`: how many. */
@@ -358,27 +358,27 @@ static size_t plan(Problem* p) {
 
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                      const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                     void* runner) {
-  if (!computable(k, activation) || parts < 1 || n % parts != 0 || (parts > 1 && n / parts % 16 != 0) ||
+                     float* const* y, int64_t parts, int activation, const float* residual, int tiles,
+                     hotrod_parallel parallel, void* runner) {
+  if (!computable(k, activation, tiles) || parts < 1 || n % parts != 0 || (parts > 1 && n / parts % 16 != 0) ||
       (residual != NULL && parts > 1))
     return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation,
-               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, NULL};
+               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, NULL, path(tiles)};
   parallel(runner, unit, &p, plan(&p));
   return 0;
 }
 
 int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                             const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias,
-                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out,
+                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out, int tiles,
                             hotrod_parallel parallel, void* runner) {
-  if (!computable(k, activation) || zero_point < 0 || zero_point > 255) return -1;
+  if (!computable(k, activation, tiles) || zero_point < 0 || zero_point > 255) return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 0, n, activation,
-               NULL, NULL, NULL, UNIT_ROWS, 0, out, scale, zero_point, NULL};
+               NULL, NULL, NULL, UNIT_ROWS, 0, out, scale, zero_point, NULL, path(tiles)};
   /* the last rows' padded block made here, once: no unit can then run out of memory with its outputs half made */
   uint8_t* padded = NULL;
-  if (hotrod_amx_ready() && rows >= TILE_ROWS && rows % BLOCK_ROWS != 0) {
+  if (p.tiles && rows >= TILE_ROWS && rows % BLOCK_ROWS != 0) {
     if ((padded = malloc((size_t)(BLOCK_ROWS * k))) == NULL) return -1;
     p.padded = block_rows(&p, rows / BLOCK_ROWS * BLOCK_ROWS, padded);
   }
@@ -389,20 +389,21 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
 
 int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                           const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                          int activation, uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
+                          int activation, uint8_t* q_out, float* scales_out, int tiles, hotrod_parallel parallel,
+                          void* runner) {
   if (rows < FUSED_MIN_ROWS) { /* too few units of whole rows for the threads: Y made whole, then quantized */
     float* made = malloc((size_t)(rows * n) * sizeof(float));
     if (made == NULL) return -1;
     const int status = hotrod_i8_matmul(q, a_scale, scale_stride, rows, k, w, offsets, w_scale, bias, n, &made, 1,
-                                        activation, NULL, parallel, runner);
+                                        activation, NULL, tiles, parallel, runner);
     Problem p = {.y = &made, .rows = rows, .n = n, .q_out = q_out, .scales_out = scales_out};
     if (status == 0) parallel(runner, quantize_part, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
     free(made);
     return status;
   }
-  if (!computable(k, activation)) return -1;
+  if (!computable(k, activation, tiles)) return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL,
-               q_out, scales_out, BLOCK_ROWS, 0, NULL, 0.0f, 0, NULL};
+               q_out, scales_out, BLOCK_ROWS, 0, NULL, 0.0f, 0, NULL, path(tiles)};
   p.padded_n = p.unit_cols = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   parallel(runner, unit, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
   return 0;

@@ -15,12 +15,8 @@
 typedef void (*hotrod_task)(void* data, size_t index);
 typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size_t count);
 
-/* 1 where Linux grants this process the AMX tile state (asked once) and the tiles are allowed, 0 elsewhere. */
+/* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */
 int hotrod_amx_ready(void);
-
-/* 0: hotrod's kernels run as on a CPU without AMX (on AVX-512 where they can, or not at all), from the next call
- * on; 1 (the default): on the tiles where they are granted. For measuring and testing the other path. */
-void hotrod_allow_tiles(int allowed);
 
 /* 1 where this CPU has AVX-512 (F, BW, VL) with VNNI: the int8 products run without tiles. */
 int hotrod_vnni_ready(void);
@@ -33,12 +29,14 @@ void hotrod_configure_tiles(void);
  * with q uint8 (k a multiple of HOTROD_I8_DEPTH), w the packed int8 weights, offsets, scales and bias padded
  * to a multiple of HOTROD_I8_COLS; Y's columns split into `parts` outputs y[0..parts) of n / parts columns
  * each (a multiple of 16 where parts > 1); with `activation` applied to each Y[r][j], then residual[r][j] added
- * where a residual ([rows, n], one output only) is given. Returns 0, or -1 where neither the tile state is granted
- * nor AVX-512 VNNI there, or the split, activation or residual does not fit (memory that ran out gives NaN). */
+ * where a residual ([rows, n], one output only) is given; on AMX's tiles where `tiles` asks for them and the
+ * state is granted, else on AVX-512 VNNI (the same answers: the sums are exact). The path is the call's: set once,
+ * by the op. Returns 0, or -1 where neither path runs here, or the split, activation or residual does not fit
+ * (memory that ran out gives NaN). */
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                      const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                     void* runner);
+                     float* const* y, int64_t parts, int activation, const float* residual, int tiles,
+                     hotrod_parallel parallel, void* runner);
 
 /* The same product (one output, no residual) quantized per row as the next product's input, as
  * hotrod_quantize_rows quantizes it (rows.h): q_out [rows][n] and scales_out [rows], Y itself not kept. Where
@@ -47,7 +45,8 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_strid
  * out); a unit whose buffer could not be had gives its rows NaN scales, which no caller takes for an answer. */
 int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                           const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                          int activation, uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner);
+                          int activation, uint8_t* q_out, float* scales_out, int tiles, hotrod_parallel parallel,
+                          void* runner);
 
 /* y[i] = GELU(x[i]) for i < n, as the epilogue computes it (gelu.h), for the kernel's tests to compare with
  * onnxruntime's own Gelu. Returns 0, or -1 where this CPU lacks AVX-512 or the library the AMX kernels. */
@@ -57,7 +56,7 @@ int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_
  * output is written). */
 int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                             const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias,
-                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out,
+                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out, int tiles,
                             hotrod_parallel parallel, void* runner);
 
 int hotrod_gelu_values(const float* x, int64_t n, float* y);

@@ -9,8 +9,6 @@
 
 int hotrod_amx_ready(void) { return 0; }
 
-void hotrod_allow_tiles(int allowed) { (void)allowed; }
-
 int hotrod_vnni_ready(void) { return 0; }
 
 int hotrod_bf16_vectors_ready(void) { return 0; }
@@ -19,27 +17,28 @@ void hotrod_configure_tiles(void) {}
 
 int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                      const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                     float* const* y, int64_t parts, int activation, const float* residual, hotrod_parallel parallel,
-                     void* runner) {
+                     float* const* y, int64_t parts, int activation, const float* residual, int tiles,
+                     hotrod_parallel parallel, void* runner) {
   (void)q, (void)a_scale, (void)scale_stride, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias;
-  (void)n, (void)y, (void)parts, (void)activation, (void)residual, (void)parallel, (void)runner;
+  (void)n, (void)y, (void)parts, (void)activation, (void)residual, (void)tiles, (void)parallel, (void)runner;
   return -1;
 }
 
 int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                           const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias, int64_t n,
-                          int activation, uint8_t* q_out, float* scales_out, hotrod_parallel parallel, void* runner) {
+                          int activation, uint8_t* q_out, float* scales_out, int tiles, hotrod_parallel parallel,
+                          void* runner) {
   (void)q, (void)a_scale, (void)scale_stride, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias;
-  (void)n, (void)activation, (void)q_out, (void)scales_out, (void)parallel, (void)runner;
+  (void)n, (void)activation, (void)q_out, (void)scales_out, (void)tiles, (void)parallel, (void)runner;
   return -1;
 }
 
 int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scale_stride, int64_t rows, int64_t k,
                             const int8_t* w, const int32_t* offsets, const float* w_scale, const float* bias,
-                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out,
+                            int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out, int tiles,
                             hotrod_parallel parallel, void* runner) {
   (void)q, (void)a_scale, (void)scale_stride, (void)rows, (void)k, (void)w, (void)offsets, (void)w_scale, (void)bias;
-  (void)n, (void)activation, (void)scale, (void)zero_point, (void)out, (void)parallel, (void)runner;
+  (void)n, (void)activation, (void)scale, (void)zero_point, (void)out, (void)tiles, (void)parallel, (void)runner;
   return -1;
 }
 
@@ -59,9 +58,9 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
 
 int hotrod_bf16_matmul(const float* a, const uint16_t* rounded, int64_t rows, int64_t k, const uint16_t* w,
                        const float* bias, int64_t n, float* const* y, uint16_t* y_rounded, int64_t parts,
-                       int activation, const float* residual, hotrod_parallel parallel, void* runner) {
+                       int activation, const float* residual, int tiles, hotrod_parallel parallel, void* runner) {
   (void)a, (void)rounded, (void)rows, (void)k, (void)w, (void)bias, (void)n, (void)y, (void)y_rounded, (void)parts;
-  (void)activation, (void)residual, (void)parallel, (void)runner;
+  (void)activation, (void)residual, (void)tiles, (void)parallel, (void)runner;
   return -1;
 }
 

@@ -18,9 +18,10 @@
 #include "bf16gemm.h"
 #include "ort_api.h"
 
-/* N, the outputs its columns are split into, the activation its epilogue applies, and whether its output is
- * rounded to bf16 (Bf16MatMulRounded). */
-typedef struct { int64_t n, parts, activation; int rounded; } Bf16Kernel;
+/* N, the outputs its columns are split into, the activation its epilogue applies, its path (the attribute `tiles`,
+ * absent for 1: AMX's tiles where granted; 0: AVX-512 BF16; fixed for the session, since the two sum in different
+ * orders), and whether its output is rounded to bf16 (Bf16MatMulRounded). */
+typedef struct { int64_t n, parts, activation, tiles; int rounded; } Bf16Kernel;
 
 static void* create_bf16(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)table;
@@ -30,9 +31,11 @@ static void* create_bf16(const CustomOp* op, const Entry* table, const OrtKernel
   kernel->rounded = op->GetOutputType(op, 0) == BFLOAT16;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "activation", &kernel->activation)))
     kernel->activation = HOTROD_I8_LINEAR;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "tiles", &kernel->tiles))) kernel->tiles = 1;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
       kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0) ||
-      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU ||
+      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU || kernel->tiles < 0 ||
+      kernel->tiles > 1 ||
       (kernel->rounded && kernel->n % HOTROD_BF16_DEPTH != 0)) {
     free(kernel);
     return NULL;
@@ -96,7 +99,8 @@ static void compute_bf16(void* state, OrtKernelContext* context) {
     /* inputs that do not fit (or no tile state, or memory that ran out): bf16 NaN, which no caller takes for an
      * answer */
     if (!fits || hotrod_bf16_matmul(type == FLOAT ? x : NULL, type == BFLOAT16 ? x : NULL, rows, k, w, bias, kernel->n,
-                                    NULL, out[0], 1, (int)kernel->activation, NULL, hotrod_run_parallel, context) != 0)
+                                    NULL, out[0], 1, (int)kernel->activation, NULL, (int)kernel->tiles,
+                                    hotrod_run_parallel, context) != 0)
       for (int64_t j = 0; j < values; j++) ((uint16_t*)out[0])[j] = 0x7FC0;
     return;
   }
@@ -107,7 +111,7 @@ static void compute_bf16(void* state, OrtKernelContext* context) {
   if (!fits || (later && product == NULL) ||
       hotrod_bf16_matmul(type == FLOAT ? x : NULL, type == BFLOAT16 ? x : NULL, rows, k, w, bias, kernel->n,
                          later ? &product : (float* const*)out, NULL, kernel->parts, (int)kernel->activation,
-                         fused ? residual : NULL, hotrod_run_parallel, context) != 0) {
+                         fused ? residual : NULL, (int)kernel->tiles, hotrod_run_parallel, context) != 0) {
     for (int64_t i = 0; i < kernel->parts; i++)
       for (int64_t j = 0; j < values; j++) ((float*)out[i])[j] = __builtin_nanf("");
   } else if (later) {

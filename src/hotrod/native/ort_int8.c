@@ -20,10 +20,11 @@
 
 /* -- Int8MatMul, Int8MatMulRows, Int8MatMulSplit ---------------------------------------------- */
 
-/* N, the outputs its columns are split into (1: Int8MatMul and Int8MatMulRows, 3: Int8MatMulSplit), and the
+/* N, the outputs its columns are split into (1: Int8MatMul and Int8MatMulRows, 3: Int8MatMulSplit), the
  * activation its epilogue applies (the attribute `activation`, absent for none: HOTROD_I8_LINEAR or
- * HOTROD_I8_GELU). */
-typedef struct { int64_t n, parts, activation; } Int8Kernel;
+ * HOTROD_I8_GELU), and its path (the attribute `tiles`, absent for 1: AMX's tiles where granted; 0: AVX-512
+ * VNNI), fixed for the session so that one graph never mixes them. */
+typedef struct { int64_t n, parts, activation, tiles; } Int8Kernel;
 
 static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)table;
@@ -33,9 +34,11 @@ static void* create_int8(const CustomOp* op, const Entry* table, const OrtKernel
   kernel->parts = op->GetOutputType(op, 0) == FLOAT ? (int64_t)op->GetOutputTypeCount(op) : 1;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "activation", &kernel->activation)))
     kernel->activation = HOTROD_I8_LINEAR;
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "tiles", &kernel->tiles))) kernel->tiles = 1;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) || kernel->n <= 0 ||
       kernel->n % kernel->parts != 0 || (kernel->parts > 1 && kernel->n / kernel->parts % 16 != 0) ||
-      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU) {
+      kernel->activation < HOTROD_I8_LINEAR || kernel->activation > HOTROD_I8_GELU || kernel->tiles < 0 ||
+      kernel->tiles > 1) {
     free(kernel);
     return NULL;
   }
@@ -175,7 +178,7 @@ static void compute_int8(void* state, OrtKernelContext* context) {
   if (!c.fits || (later && product == NULL) ||
       hotrod_i8_matmul(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5],
                        kernel->n, targets, kernel->parts, (int)kernel->activation, c.fused ? c.residual : NULL,
-                       hotrod_run_parallel, context) != 0) {
+                       (int)kernel->tiles, hotrod_run_parallel, context) != 0) {
     for (int64_t i = 0; i < kernel->parts; i++)
       for (int64_t j = 0; j < values; j++) out[i][j] = __builtin_nanf("");
   } else if (later) {
@@ -205,7 +208,8 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
   if (c.rows > 0 && s != NULL &&
       (!c.fits || qs == NULL ||
        hotrod_i8_matmul_rows(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3], c.data[4],
-                             c.data[5], kernel->n, (int)kernel->activation, qs, s, hotrod_run_parallel, context) != 0))
+                             c.data[5], kernel->n, (int)kernel->activation, qs, s, (int)kernel->tiles,
+                             hotrod_run_parallel, context) != 0))
     for (int64_t r = 0; r < c.rows; r++) s[r] = __builtin_nanf("");
 }
 
@@ -229,7 +233,7 @@ static void compute_int8_static(void* state, OrtKernelContext* context) {
   if (c.rows > 0 && (!known || !c.fits ||
                      hotrod_i8_matmul_static(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3],
                                              c.data[4], c.data[5], kernel->n, (int)kernel->activation, scale,
-                                             zero_point, out, hotrod_run_parallel, context) != 0))
+                                             zero_point, out, (int)kernel->tiles, hotrod_run_parallel, context) != 0))
     memset(out, zero_point, (size_t)(c.rows * c.width));
 }
 

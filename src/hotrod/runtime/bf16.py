@@ -53,6 +53,13 @@ def asked(model: onnx.ModelProto) -> bool:
     return any(p.key == PRODUCTS_KEY and p.value == ARITHMETIC for p in model.metadata_props)
 
 
+
+def on_tiles() -> bool:
+    """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: each op is
+    told which as its graph is rewritten (its `tiles` attribute) and keeps it for the session."""
+    return native.tiles_ready(_NEEDED_FLAGS)
+
+
 def pack(weights: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """fp32 weights [K, N] rounded to bf16 (to nearest even) in the kernel's layout, [N' / 32, K' / 32, 1024]
     where value 512 h + 32 r + 2 c + j of a step holds W[32 d + 2 r + j, 32 b + 16 h + c] (K' and N' padded with
@@ -124,7 +131,7 @@ def _op(chain: chains.Chain, packed: list[str]) -> onnx.NodeProto:
     residual = [chain.residual] if chain.residual else []
     return helper.make_node(op, [chain.nodes[0].input[0], *packed, *residual], outputs,
                             name=f"{chain.nodes[0].name or chain.weights}_bf16", domain=native.DOMAIN, N=chain.n,
-                            **extra)
+                            tiles=int(on_tiles()), **extra)
 
 
 _KERNEL = chains.Kernel(start=_start, key=lambda chain: (), arrays=_arrays, stems=("bf16", "bias"), op=_op)

@@ -61,6 +61,13 @@ def available() -> bool:
     return native.tiles_ready(_NEEDED_FLAGS) or native.vectors_ready(_VECTOR_FLAGS, "hotrod_vnni_ready")
 
 
+
+def on_tiles() -> bool:
+    """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: each op is
+    told which as its graph is rewritten (its `tiles` attribute) and keeps it for the session."""
+    return native.tiles_ready(_NEEDED_FLAGS)
+
+
 def pack(weights: np.ndarray, scales: np.ndarray, bias: np.ndarray | None, zero_point: int = ZERO_POINT,
          row_scale: np.float32 | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """int8 weights [K, N] (K a multiple of DEPTH) in the kernel's layout, [N' / 32, K / 64, 2048] where
@@ -123,7 +130,7 @@ def _op(chain: _Chain, packed: list[str]) -> onnx.NodeProto:
     residual = [chain.residual] if chain.residual else []
     return helper.make_node(op, [chain.rows, chain.row_scales, *packed, *residual], outputs,
                             name=f"{chain.nodes[0].name or chain.weights}_i8", domain=native.DOMAIN, N=chain.n,
-                            **extra)
+                            tiles=int(on_tiles()), **extra)
 
 
 def _unit_scale(chain: _Chain, taken: set[str], added: list[onnx.TensorProto]) -> None:

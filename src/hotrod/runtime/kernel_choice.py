@@ -53,19 +53,20 @@ def kernels_in(ops: frozenset[str] | set[str]) -> list[str]:
 
 def record_path() -> Path:
     """This machine's record: named by the CPU's model and flags, by the built library's contents and by whether
-    the kernels use AMX's tiles in this process (`native.tiles_granted`: where Linux does not grant them, or
-    `native.TILES_ENV` leaves them out, the kernels take other paths, measured apart)."""
-    return cache_dir() / "kernels" / f"{_machine(native.tiles_granted())}.json"
+    the kernels use AMX's tiles in this process (`native.tiles_state`: where Linux does not grant them, every
+    library takes another path; where `native.TILES_ENV` leaves them out, hotrod's kernels alone do: each is
+    measured apart)."""
+    return cache_dir() / "kernels" / f"{_machine(native.tiles_state())}.json"
 
 
 @functools.cache
-def _machine(tiles: bool) -> str:
+def _machine(tiles: str) -> str:
     library = native.library()
     digest = hashlib.sha256(native.cpu_name().encode())
     digest.update(" ".join(sorted(native.cpu_flags())).encode())
     digest.update(file_sha256(library).encode() if library else b"no library")
-    if not tiles:
-        digest.update(b"no tiles")
+    if tiles != "tiles":
+        digest.update(f"tiles: {tiles}".encode())
     return digest.hexdigest()[:16]
 
 

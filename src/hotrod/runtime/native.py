@@ -62,13 +62,13 @@ def has_flags(flags: tuple[str, ...]) -> bool:
     return all(flag in cpu_flags() for flag in flags)
 
 
-TILES_ENV = "HOTROD_TILES"  # "off": the kernels run as on a CPU without AMX, for measuring that path here
-_TILES_VALUES = {"on": True, "off": False}
+TILES_ENV = "HOTROD_TILES"  # "off": hotrod's kernels run as on a CPU without AMX, for measuring that path here
+_TILES_VALUES = {"on": True, "off": False, "": True}
 
 
 def tiles_allowed() -> bool:
-    """Whether hotrod's kernels may use AMX's tiles in this process: yes, unless `TILES_ENV` says off or a
-    caller left them out (`tiles_left_out`)."""
+    """Whether graphs loaded now may put hotrod's kernels on AMX's tiles: yes, unless `TILES_ENV` says off or
+    a caller left them out (`tiles_left_out`)."""
     return _allowed[-1] if _allowed else _tiles_env()
 
 
@@ -84,63 +84,62 @@ _allowed: list[bool] = []  # tiles_left_out's, innermost last
 
 @contextlib.contextmanager
 def tiles_left_out() -> Iterator[None]:
-    """Within the block, hotrod's kernels run as on a CPU without AMX: where a kernel has an AVX-512 path
-    (the int8 and bf16 products) that one, elsewhere onnxruntime's ops. For testing and measuring the path a
-    CPU without tiles (a Zen 4) takes, on one that has them."""
+    """Graphs loaded within the block take the path a CPU without AMX takes: the int8 and bf16 products on
+    AVX-512 (each op is told its path as the graph is rewritten, and keeps it), attention on onnxruntime's ops.
+    Sessions loaded before keep theirs. For testing and measuring that path on a CPU that has the tiles
+    (onnxruntime's own kernels keep theirs: benchmarks/without_amx.sh takes them away from every library)."""
     _allowed.append(False)
-    _apply_tiles()
+    tiles_ready.cache_clear()
     try:
         yield
     finally:
         _allowed.pop()
-        _apply_tiles()
-
-
-def _apply_tiles() -> None:
-    tiles_ready.cache_clear()
-    vectors_ready.cache_clear()
-    handle = _handle()
-    if handle is not None:
-        handle.hotrod_allow_tiles(int(tiles_allowed()))
+        tiles_ready.cache_clear()
 
 
 @functools.cache
 def _handle() -> ctypes.CDLL | None:
-    """The library as this process loaded it (onnxruntime's sessions load the same one), the tiles allowed or
-    not as `TILES_ENV` says; None where there is none, or where it was built from older sources than these
-    (`make native` builds it again): its products are then left to onnxruntime."""
+    """The library as this process loaded it (onnxruntime's sessions load the same one); None where there is
+    none, or where it was built from older sources than these (`make native` builds it again): hotrod's AMX and
+    AVX-512 kernels are then left to onnxruntime."""
     path = library()
     if path is None:
         return None
     handle = ctypes.CDLL(str(path))
-    if not hasattr(handle, "hotrod_allow_tiles"):
-        return None
-    handle.hotrod_allow_tiles(int(tiles_allowed()))
-    return handle
+    return handle if hasattr(handle, "hotrod_vnni_ready") else None
 
 
 @functools.cache
 def tiles_ready(flags: tuple[str, ...]) -> bool:
-    """Whether an AMX kernel needing `flags` runs here: the flags in this CPU's, the library built, the tiles
-    allowed (`tiles_allowed`) and their state granted (Linux grants it per process, on request;
-    `hotrod_amx_ready` asks once)."""
+    """Whether an AMX kernel needing `flags` runs on the tiles in graphs loaded now: the flags in this CPU's, the
+    library built, their state granted (Linux grants it per process, on request; `hotrod_amx_ready` asks once),
+    and the tiles allowed (`tiles_allowed`)."""
     handle = _handle()
     if handle is None or not has_flags(flags):
         return False
-    return bool(handle.hotrod_amx_ready())
+    return bool(handle.hotrod_amx_ready()) and tiles_allowed()
 
 
 def tiles_granted() -> bool:
-    """Whether hotrod's kernels use AMX's tiles in this process: the CPU has them, the library is built, Linux
-    grants their state, and they are allowed (`tiles_allowed`)."""
+    """Whether hotrod's kernels use AMX's tiles in graphs loaded now (`tiles_ready` for the tiles alone)."""
     return tiles_ready(("amx_tile",))
+
+
+def tiles_state() -> str:
+    """How this process stands with AMX's tiles, for naming what was measured in it: "tiles" (hotrod's kernels
+    use them), "left out" (granted, but `tiles_allowed` says no: onnxruntime's kernels still use them) or
+    "none" (no tiles here, or Linux did not grant them: no library uses them)."""
+    if tiles_granted():
+        return "tiles"
+    handle = _handle()
+    granted = handle is not None and has_flags(("amx_tile",)) and bool(handle.hotrod_amx_ready())
+    return "left out" if granted else "none"
 
 
 @functools.cache
 def vectors_ready(flags: tuple[str, ...], symbol: str) -> bool:
-    """Whether a kernel's AVX-512 path, for a CPU without tiles, runs here: the tiles not ready for it, the
-    `flags` in this CPU's, and the library built with the path (its `symbol` says so: a compiler that knew no
-    AMX built neither)."""
+    """Whether a kernel's AVX-512 path, for a CPU without tiles, runs here: the `flags` in this CPU's, and the
+    library built with the path (its `symbol` says so: a compiler that knew no AMX built neither)."""
     handle = _handle()
     if handle is None or not has_flags(flags):
         return False
