@@ -32,9 +32,7 @@
 #define BLOCK_ROWS 32                   /* rows of one 2 x 2 step: two tiles of rows */
 #define UNIT_ROWS 1024                  /* rows of one unit of work, at most */
 #define UNIT_ROW_BYTES (1 << 20)        /* and at most this many bytes of rounded rows: they stay in L2 (2 MiB) */
-#ifndef PARTIAL_BYTES
-#define PARTIAL_BYTES (256 << 10)
-#endif
+#define PARTIAL_BYTES (256 << 10)       /* a deep product's unit keeps at most this much of partial sums, in L2 */
 #define CHUNK_ROWS 256                  /* rows of a unit at least: a deeper product goes through its depth in chunks */
 #define TILE_HALVES (TILE_ROWS * 32)    /* bf16 values in one tile: 16 rows of 32 */
 #define STEP_HALVES (2 * TILE_HALVES)   /* the two weight tiles of 32 columns at one depth step */
