@@ -48,8 +48,6 @@ int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_
                           int activation, uint8_t* q_out, float* scales_out, int tiles, hotrod_parallel parallel,
                           void* runner);
 
-/* y[i] = GELU(x[i]) for i < n, as the epilogue computes it (gelu.h), for the kernel's tests to compare with
- * onnxruntime's own Gelu. Returns 0, or -1 where this CPU lacks AVX-512 or the library the AMX kernels. */
 /* The same product (one output, no residual) quantized as onnxruntime's QuantizeLinear quantizes floats to
  * uint8 with one scale and zero point (0..255), into out [rows][n]; Y itself not kept. Returns as
  * hotrod_i8_matmul (also -1 where the zero point is out of range or memory for 32 rows ran out, before any
@@ -59,4 +57,6 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
                             int64_t n, int activation, float scale, int32_t zero_point, uint8_t* out, int tiles,
                             hotrod_parallel parallel, void* runner);
 
+/* y[i] = GELU(x[i]) for i < n, as the epilogue computes it (gelu.h), for the kernel's tests to compare with
+ * onnxruntime's own Gelu. Returns 0, or -1 where this CPU lacks AVX-512 or the library the AMX kernels. */
 int hotrod_gelu_values(const float* x, int64_t n, float* y);
