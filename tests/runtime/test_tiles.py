@@ -104,3 +104,23 @@ def _session(model) -> ort.InferenceSession:
 def _weights(model):
     arrays = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
     return arrays["w0"], arrays.get("b0")
+
+
+def _clear_caches() -> None:
+    for cached in (native._handle, native._granted, native.vectors_ready):
+        cached.cache_clear()
+
+
+@pytest.mark.skipif(native.library() is None, reason="no kernels' library on this machine")
+def test_a_library_built_from_other_sources_is_left_unused(monkeypatch):
+    """Its ops would not read the attributes this side writes: onnxruntime's ops run instead."""
+    monkeypatch.setattr(native, "KERNELS_VERSION", native.KERNELS_VERSION + 1)
+    _clear_caches()
+    try:
+        assert native._handle() is None
+        assert not (i8.available() or bf16.available() or attention.available() or native.tiles_granted())
+        assert native.tiles_state() == "none"
+    finally:
+        monkeypatch.undo()
+        _clear_caches()
+    assert native._handle() is not None

@@ -49,6 +49,8 @@ typedef struct {
   uint8_t rows[16];
 } TileConfig;
 
+int hotrod_kernels_version(void) { return HOTROD_KERNELS_VERSION; }
+
 int hotrod_amx_ready(void) {
   static int state = -1; /* -1 unknown; asked once: the grant is the process's */
   if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;

@@ -15,6 +15,11 @@
 typedef void (*hotrod_task)(void* data, size_t index);
 typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size_t count);
 
+/* The interface of these kernels' ops, attributes and entry points: the Python side uses a library only where
+ * this matches its own (`hotrod.runtime.native.KERNELS_VERSION`); bumped as it changes. */
+#define HOTROD_KERNELS_VERSION 2
+int hotrod_kernels_version(void);
+
 /* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */
 int hotrod_amx_ready(void);
 

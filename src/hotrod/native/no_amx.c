@@ -7,6 +7,8 @@
 #include "bf16gemm.h"
 #include "i8gemm.h"
 
+int hotrod_kernels_version(void) { return HOTROD_KERNELS_VERSION; }
+
 int hotrod_amx_ready(void) { return 0; }
 
 int hotrod_vnni_ready(void) { return 0; }

@@ -96,8 +96,8 @@ static void compute_bf16(void* state, OrtKernelContext* context) {
       return;
   }
   if (kernel->rounded) {
-    /* inputs that do not fit (or no tile state, or memory that ran out): bf16 NaN, which no caller takes for an
-     * answer */
+    /* inputs that do not fit (or neither path runs here, or memory that ran out): bf16 NaN, which no caller takes
+     * for an answer */
     if (!fits || hotrod_bf16_matmul(type == FLOAT ? x : NULL, type == BFLOAT16 ? x : NULL, rows, k, w, bias, kernel->n,
                                     NULL, out[0], 1, (int)kernel->activation, NULL, (int)kernel->tiles,
                                     hotrod_run_parallel, context) != 0)
@@ -106,7 +106,7 @@ static void compute_bf16(void* state, OrtKernelContext* context) {
   }
   const int later = residual != NULL && !fused;
   float* product = later ? malloc((size_t)(rows * width) * sizeof(float)) : NULL;
-  /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
+  /* inputs that do not fit the packed weights (or neither path runs here, or memory that ran out): NaN, which no caller
    * takes for an answer */
   if (!fits || (later && product == NULL) ||
       hotrod_bf16_matmul(type == FLOAT ? x : NULL, type == BFLOAT16 ? x : NULL, rows, k, w, bias, kernel->n,

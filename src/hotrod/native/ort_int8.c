@@ -173,7 +173,7 @@ static void compute_int8(void* state, OrtKernelContext* context) {
   const int later = c.residual != NULL && !c.fused;
   float* product = later ? malloc((size_t)(c.rows * c.width) * sizeof(float)) : NULL;
   float* const* targets = later ? &product : out;
-  /* inputs that do not fit the packed weights (or no tile state, or memory that ran out): NaN, which no caller
+  /* inputs that do not fit the packed weights (or neither path runs here, or memory that ran out): NaN, which no caller
    * takes for an answer */
   if (!c.fits || (later && product == NULL) ||
       hotrod_i8_matmul(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3], c.data[4], c.data[5],
@@ -203,8 +203,8 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
     if (!failed(CALL(CONTEXT_OUTPUT, GetOutputFn, context, 1, dims, c.count, &scales)))
       qs = data_of(q), s = data_of(scales);
   }
-  /* inputs that do not fit (or no tile state, or memory that ran out): NaN scales, which no caller takes for an
-   * answer (the next product multiplies by them) */
+  /* inputs that do not fit (or neither path runs here, or memory that ran out): NaN scales, which no caller takes
+   * for an answer (the next product multiplies by them) */
   if (c.rows > 0 && s != NULL &&
       (!c.fits || qs == NULL ||
        hotrod_i8_matmul_rows(c.data[0], c.data[1], c.scale_stride, c.rows, c.k, c.data[2], c.data[3], c.data[4],
@@ -227,7 +227,7 @@ static void compute_int8_static(void* state, OrtKernelContext* context) {
   uint8_t zero_point = 0;
   const int known = hotrod_scalar_input(context, 6, &scale, sizeof(scale)) &&
                     hotrod_scalar_input(context, 7, &zero_point, 1);
-  /* inputs that do not fit the packed weights (a graph edited after hotrod rewrote it), no tile state or no
+  /* inputs that do not fit the packed weights (a graph edited after hotrod rewrote it), neither path here or no
    * memory for 32 rows, none of which a graph hotrod loads meets: the zero point throughout, what a row of
    * zeros quantizes to */
   if (c.rows > 0 && (!known || !c.fits ||

@@ -53,7 +53,6 @@ def asked(model: onnx.ModelProto) -> bool:
     return any(p.key == PRODUCTS_KEY and p.value == ARITHMETIC for p in model.metadata_props)
 
 
-
 def on_tiles() -> bool:
     """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: each op is
     told which as its graph is rewritten (its `tiles` attribute) and keeps it for the session."""

@@ -61,7 +61,6 @@ def available() -> bool:
     return native.tiles_ready(_NEEDED_FLAGS) or native.vectors_ready(_VECTOR_FLAGS, "hotrod_vnni_ready")
 
 
-
 def on_tiles() -> bool:
     """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: each op is
     told which as its graph is rewritten (its `tiles` attribute) and keeps it for the session."""

@@ -62,6 +62,10 @@ def has_flags(flags: tuple[str, ...]) -> bool:
     return all(flag in cpu_flags() for flag in flags)
 
 
+# The kernels' interface (ops, attributes, entry points) this Python side speaks: native/i8gemm.h's
+# HOTROD_KERNELS_VERSION, which a library built from other sources does not match.
+KERNELS_VERSION = 2
+
 TILES_ENV = "HOTROD_TILES"  # "off": hotrod's kernels run as on a CPU without AMX, for measuring that path here
 _TILES_VALUES = {"on": True, "off": False, "": True}
 
@@ -89,12 +93,10 @@ def tiles_left_out() -> Iterator[None]:
     Sessions loaded before keep theirs. For testing and measuring that path on a CPU that has the tiles
     (onnxruntime's own kernels keep theirs: benchmarks/without_amx.sh takes them away from every library)."""
     _allowed.append(False)
-    tiles_ready.cache_clear()
     try:
         yield
     finally:
         _allowed.pop()
-        tiles_ready.cache_clear()
 
 
 @functools.cache
@@ -106,18 +108,22 @@ def _handle() -> ctypes.CDLL | None:
     if path is None:
         return None
     handle = ctypes.CDLL(str(path))
-    return handle if hasattr(handle, "hotrod_vnni_ready") else None
+    version = getattr(handle, "hotrod_kernels_version", None)
+    return handle if version is not None and version() == KERNELS_VERSION else None
+
+
+def tiles_ready(flags: tuple[str, ...]) -> bool:
+    """Whether an AMX kernel needing `flags` runs on the tiles in graphs loaded now: the tiles granted for it
+    (`_granted`) and allowed (`tiles_allowed`)."""
+    return _granted(flags) and tiles_allowed()
 
 
 @functools.cache
-def tiles_ready(flags: tuple[str, ...]) -> bool:
-    """Whether an AMX kernel needing `flags` runs on the tiles in graphs loaded now: the flags in this CPU's, the
-    library built, their state granted (Linux grants it per process, on request; `hotrod_amx_ready` asks once),
-    and the tiles allowed (`tiles_allowed`)."""
+def _granted(flags: tuple[str, ...]) -> bool:
+    """The flags in this CPU's, the library built, and the tile state granted (Linux grants it per process, on
+    request; `hotrod_amx_ready` asks once)."""
     handle = _handle()
-    if handle is None or not has_flags(flags):
-        return False
-    return bool(handle.hotrod_amx_ready()) and tiles_allowed()
+    return handle is not None and has_flags(flags) and bool(handle.hotrod_amx_ready())
 
 
 def tiles_granted() -> bool:
@@ -131,9 +137,7 @@ def tiles_state() -> str:
     "none" (no tiles here, or Linux did not grant them: no library uses them)."""
     if tiles_granted():
         return "tiles"
-    handle = _handle()
-    granted = handle is not None and has_flags(("amx_tile",)) and bool(handle.hotrod_amx_ready())
-    return "left out" if granted else "none"
+    return "left out" if _granted(("amx_tile",)) else "none"
 
 
 @functools.cache
