@@ -24,8 +24,8 @@ MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), 
     "int8-call": ("int8 per-channel, 7-bit range (int8-call, dynamic)",
                   "uint8 per-tensor, range measured on every call (dynamic)"),
     "int8-static": ("int8 per-channel, 7-bit range (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with entropy"),
-    "bf16-products": ("fp32 (rounded to bf16 as the graph is loaded where the CPU has AMX-BF16)",
-                      "fp32, rounded to bf16 for each product where the CPU has AMX-BF16"),
+    "bf16-products": ("fp32 (rounded to bf16 as the graph is loaded where the CPU has AMX-BF16 or AVX-512 BF16)",
+                      "fp32, rounded to bf16 for each product where the CPU has AMX-BF16 or AVX-512 BF16"),
     "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", PER_BLOCK),
     "int4": ("int4 block-32 symmetric (MatMulNBits)", PER_BLOCK),
     "int4-b128": ("int4 block-128 symmetric (int4-b128, MatMulNBits)", PER_BLOCK),
@@ -89,7 +89,8 @@ def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
 def test_each_precision_describes_itself_as_manifests_always_have():
     for name, (weights, activations) in MANIFEST_WEIGHTS.items():
         attention = {"attention": "bf16 products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"}
-        products = {"products": "bf16 operands, fp32 sums, where the CPU has AMX-BF16 (hotrod's kernel), fp32 elsewhere"}
+        products = {"products": "bf16 operands, fp32 sums, where the CPU has AMX-BF16 or AVX-512 BF16 (hotrod's kernel), "
+                                "fp32 elsewhere"}
         assert precisions.get(name).describe("entropy") == {
             "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations,
             **(attention if name in ("int8", "int8-static", "bf16-products") else {}),
