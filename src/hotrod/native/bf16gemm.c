@@ -59,8 +59,7 @@ static inline __mmask16 first(int64_t count) {
 }
 
 int hotrod_bf16_vectors_ready(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return hotrod_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
 void hotrod_round_row(const float* x, int64_t k, uint16_t* out) {

@@ -7,6 +7,12 @@
 
 #define HOTROD_DOT_ROWS 8 /* the most rows a step */
 
+/* Whether this CPU has the AVX-512 the kernels' paths without tiles build on (F, BW, VL), beside each one's own
+ * extension. */
+static inline int hotrod_has_avx512(void) {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
 #define HOTROD_DOT(kernel, A, W, S, count)                                                                   \
   static __attribute__((noinline)) void dot##count(const A* a, int64_t stride, const W* w, int64_t steps,    \
                                                    S* sums) {                                                \

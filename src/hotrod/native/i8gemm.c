@@ -58,8 +58,7 @@ int hotrod_amx_ready(void) {
 }
 
 int hotrod_vnni_ready(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return hotrod_has_avx512() && __builtin_cpu_supports("avx512vnni");
 }
 
 /* Every tile 16 rows of 64 bytes (here 0-3: the 2 x 2 sums; 4, 5: rows; 6, 7: weights). The configuration is
@@ -172,14 +171,13 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
   }
 }
 
-/* sums[r][0..32) += rows r < count of `a` (a row stride on) times a column block's weights `w`, over `steps` steps
+/* sums[r][0..32) = rows r < count of `a` (a row stride on) times a column block's weights `w`, over `steps` steps
  * of 64 depths, on AVX-512 VNNI: each row's 4 bytes at a depth broadcast against a tile row of weights (16 columns
  * x 4 depths, the layout VPDPBUSD reads). Made one function per count (dots.h). */
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t* a, int64_t stride, const int8_t* w,
                                                           int64_t steps, const int count, int32_t* sums) {
   __m512i acc[NARROW_ROWS][2];
-  for (int r = 0; r < count; r++)
-    for (int h = 0; h < 2; h++) acc[r][h] = _mm512_load_si512(sums + r * 32 + h * 16);
+  for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
   for (int64_t step = 0; step < steps; step++, a += 64, w += STEP_BYTES) {
 #pragma GCC unroll 16 /* constant offsets: the core's ports go to the products, not to addresses */
     for (int quad = 0; quad < 16; quad++) {
@@ -206,7 +204,6 @@ HOTROD_DOTS(dot_rows, uint8_t, int8_t, int32_t)
  * runs here (compute). */
 static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
   int32_t sums[NARROW_ROWS * 32] __attribute__((aligned(64)));
-  memset(sums, 0, sizeof(sums));
   DOTS[count - 1](p->q + row * p->k, p->k, p->w + (col / 32) * (p->k / 64) * STEP_BYTES, p->k / 64, sums);
   for (int half = 0; half < 2 && col + half * 16 < p->n; half++) {
     const Columns c = columns(p, col + half * 16);
@@ -327,8 +324,7 @@ static void quantize_part(void* data, size_t index) {
 }
 
 int hotrod_gelu_values(const float* x, int64_t n, float* y) {
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
-    return -1;
+  if (!hotrod_has_avx512()) return -1;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(y + i, m, hotrod_gelu(_mm512_maskz_loadu_ps(m, x + i)));
