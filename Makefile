@@ -34,9 +34,11 @@ AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni 
 		-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
 		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c && \
+	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mfma -c -o $$tmp/attention_vectors.o \
+		$(NATIVE_DIR)/attention_vectors.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
 		-ffp-contract=off -c -o $$tmp/bf16gemm.o $(NATIVE_DIR)/bf16gemm.c
-AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o $$tmp/bf16gemm.o
+AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o $$tmp/attention_vectors.o $$tmp/bf16gemm.o
 else
 AMX_BUILD = echo "hotrod: this compiler knows no AMX: the int8 and attention kernels are left out" && \
 	$(CC) $(NATIVE_CFLAGS) -c -o $$tmp/no_amx.o $(NATIVE_DIR)/no_amx.c
@@ -45,6 +47,7 @@ endif
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
 		$(NATIVE_DIR)/norm.c $(NATIVE_DIR)/norm.h $(NATIVE_DIR)/ort_norm.c \
 		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/quantize.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
+		$(NATIVE_DIR)/attention_vectors.c $(NATIVE_DIR)/attention_vectors.h $(NATIVE_DIR)/transpose.h \
 		$(NATIVE_DIR)/bf16gemm.c $(NATIVE_DIR)/bf16gemm.h $(NATIVE_DIR)/ort_bf16.c $(NATIVE_DIR)/tiles.h $(NATIVE_DIR)/dots.h \
 		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \

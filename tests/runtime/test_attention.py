@@ -1,7 +1,8 @@
-"""hotrod's bf16 attention kernel (AMX): softmax(Q K^T scale + mask) V with Q, K, V and the numerators rounded
-to bf16 and everything else in fp32, over odd head sizes, lengths, masks and thread counts; a row alone the
-same as in any padded batch; only graphs whose build asked for it rewritten, and only the nodes it computes;
-a fallback wherever the CPU or the build lacks it; a loaded int8 encoder close to its fp32-attention self."""
+"""hotrod's bf16 attention kernel (AMX, or AVX-512 BF16 without tiles: every test on each path this CPU can
+take): softmax(Q K^T scale + mask) V with Q, K, V and the numerators rounded to bf16 and everything else in
+fp32, over odd head sizes, lengths, masks and thread counts; a row alone the same as in any padded batch; only
+graphs whose build asked for it rewritten, and only the nodes it computes; a fallback wherever the CPU or the
+build lacks it; a loaded int8 encoder close to its fp32-attention self."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from tests.runtime.test_rows import _copy
 from tests.zoo import CASES, prompt_batch
 
 amx = pytest.mark.skipif(not attention.available(),
-                         reason="no AMX-BF16 on this CPU (or no tile state): onnxruntime's kernel runs")
+                         reason="no AMX-BF16 nor AVX-512 on this CPU: onnxruntime's kernel runs")
+pytestmark = pytest.mark.usefixtures("products_path")
 
 
 def graph(heads: int, mask: bool = True, asked: bool = True, mask_type: int = TensorProto.FLOAT,
@@ -179,6 +181,23 @@ def test_multi_head_attention_the_kernel_does_not_compute_is_left_as_it_is(chang
 
 
 @amx
+def test_values_are_rounded_to_bf16_to_nearest_even_as_ml_dtypes_rounds():
+    """With one key the numerator is 1 and the answer is V itself as the kernel rounded it: ties both ways,
+    values that round up across a power of two, and NaN, bit for bit as ml_dtypes rounds them."""
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, 0x3FFF8000, 0xBF808000, 0xC0018000,
+                     0x7F7FFFFF, 0x00008000, 0x7FC00001], np.uint32)
+    rng = np.random.default_rng(9)
+    v = np.concatenate([bits.view(np.float32), rng.standard_normal(22).astype(np.float32)]).reshape(1, 1, 32)
+    feeds = {"q": rng.standard_normal((1, 1, 32), dtype=np.float32), "k": rng.standard_normal((1, 1, 32),
+             dtype=np.float32), "v": v}
+    fast = run(rewritten(graph(1, mask=False)), feeds)
+    expected = v.astype(ml_dtypes.bfloat16).astype(np.float32)
+    finite = ~np.isnan(expected)
+    assert np.array_equal(fast[finite].view(np.uint32), expected[finite].view(np.uint32))
+    assert np.isnan(fast[~finite]).all()
+
+
+@amx
 def test_a_row_whose_keys_are_all_masked_gets_zeros_not_nan():
     feeds = inputs(1, 6, 2, 32)
     feeds["m"] = np.full((1, 1, 6, 6), -np.inf, dtype=np.float32)
@@ -223,7 +242,27 @@ def test_only_a_graph_whose_build_asked_is_rewritten():
     assert attention.rewrite(model) == 1
     (node,) = model.graph.node
     assert (node.op_type, node.domain, [a.name for a in node.attribute]) == (attention.OP, native.DOMAIN,
-                                                                             ["num_heads", "scale"])
+                                                                             ["num_heads", "scale", "tiles"])
+    assert helper.get_attribute_value(node.attribute[2]) == int(attention.on_tiles())  # its path, kept for the session
+
+
+@amx
+def test_a_session_keeps_its_path_when_the_tiles_are_left_out_after_it_loaded(products_path):
+    """Each op is told its path as its graph is rewritten: a session loaded on the tiles keeps its bits while
+    graphs loaded after the tiles were left out take the AVX-512 path (they sum in a different order)."""
+    if products_path != "own" or not attention.on_tiles():
+        pytest.skip("no tiles to leave out on this path")
+    feeds = inputs(2, 40, 2, 64, seed=5)
+    model = rewritten(graph(2, mask=False))
+    options = ort.SessionOptions()
+    native.use_library(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    before = session.run(None, feeds)[0]
+    with native.tiles_left_out():
+        without = run(rewritten(graph(2, mask=False)), feeds)
+        assert np.array_equal(session.run(None, feeds)[0], before)
+    np.testing.assert_allclose(without, before, atol=1e-3, rtol=0)
+    assert not np.array_equal(without, before)
 
 
 @pytest.mark.parametrize("change", [dict(is_causal=1), dict(kv_num_heads=1), dict(softcap=30.0),

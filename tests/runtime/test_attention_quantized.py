@@ -13,6 +13,8 @@ from hotrod.runtime import attention, native
 from tests.runtime.test_attention import amx, graph, inputs, padding_mask, run
 from tests.runtime.test_rows import _copy
 
+pytestmark = pytest.mark.usefixtures("products_path")  # on the tiles and without them
+
 
 def quantized(heads: int, scale: float | np.ndarray, zero_point: int, mask: bool = True,
               also_float: bool = False) -> onnx.ModelProto:

@@ -1,5 +1,5 @@
 """AMX's tiles left out (`HOTROD_TILES=off`, `native.tiles_left_out`): hotrod's kernels take the path a CPU without
-them takes (the int8 and bf16 products on AVX-512, attention on onnxruntime's ops), and say so where asked."""
+them takes (the int8 and bf16 products and the attention on AVX-512), and say so where asked."""
 
 from __future__ import annotations
 
@@ -31,23 +31,24 @@ def test_a_value_other_than_on_or_off_is_refused_in_one_line(monkeypatch):
 
 
 @tiles
-def test_left_out_the_products_take_their_avx512_paths_and_attention_onnxruntimes():
+def test_left_out_the_products_and_attention_take_their_avx512_paths():
     record = kernel_choice.record_path()
     with native.tiles_left_out():
         assert not native.tiles_allowed()
         assert i8.available() == native.has_flags(("avx512_vnni",))
         assert bf16.available() == native.has_flags(("avx512_bf16",))
-        assert not attention.available()
+        assert attention.available() == native.has_flags(("avx512f", "avx512bw", "avx512vl"))
+        assert not attention.on_tiles()
         assert not native.tiles_granted()
         assert kernel_choice.record_path() != record  # measured apart by `hotrod tune`
-    assert native.tiles_allowed() and attention.available() == native.has_flags(("amx_bf16",))
+    assert native.tiles_allowed() and attention.on_tiles() == native.has_flags(("amx_bf16",))
     assert kernel_choice.record_path() == record
 
 
 @tiles
 def test_the_environment_leaves_them_out_for_the_whole_process():
     script = ("from hotrod.runtime import attention, i8, native; "
-              "print(native.tiles_allowed(), i8.available(), attention.available())")
+              "print(native.tiles_allowed(), i8.available(), attention.on_tiles())")
     env = {**os.environ, native.TILES_ENV: "off"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", str(native.has_flags(("avx512_vnni",))), "False"]
@@ -57,7 +58,7 @@ def test_the_environment_leaves_them_out_for_the_whole_process():
 def test_a_process_linux_refuses_the_tiles_runs_the_paths_without_them():
     """benchmarks/without_amx.sh: the grant refused to the process and its children, as on a Linux before 5.16."""
     script = ("from hotrod.runtime import attention, i8, native; "
-              "print(native.tiles_allowed(), native.tiles_granted(), i8.available(), attention.available())")
+              "print(native.tiles_allowed(), native.tiles_granted(), i8.available(), attention.on_tiles())")
     shim = Path(__file__).resolve().parents[2] / "benchmarks" / "without_amx.sh"
     out = subprocess.run([str(shim), sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False", str(native.has_flags(("avx512_vnni",))), "False"]

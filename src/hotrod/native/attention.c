@@ -18,6 +18,9 @@
  *   tiles of sums), the softmax of each row in fp32 with its numerators in bf16, then P V (32 columns a step:
  *   two tiles of numerators by two of values). Each operand tile is loaded once a step and read by two
  *   products, as the int8 products' 2 x 2 steps are.
+ * On a CPU without the tiles (or where the op was told to leave them), the two products run on AVX-512F
+ * (attention_vectors.c) from the same bf16-rounded values, multiplied as floats, and the same softmax.
+ * The two paths sum in different orders, so an op keeps one (its `tiles` attribute) for its session.
  * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
  * Keys are padded to a multiple of 32 with zeros whose numerators are 0: a row's answer does not depend on
  * the padding, nor on its batch-mates, nor on the other queries of its block.
@@ -28,7 +31,9 @@
 #include <string.h>
 
 #include "attention.h"
+#include "attention_vectors.h"
 #include "quantize.h"
+#include "transpose.h"
 
 #define TILE_ROWS 16
 #define QUERY_ROWS 32   /* queries a block: two tiles of rows */
@@ -45,6 +50,7 @@ typedef struct {
   int64_t depth, blocks; /* the head size padded with zeros to a multiple of 32; its blocks of 16 columns */
   int64_t mask_stride[3]; /* floats between the mask's batch rows, heads, query rows; 0 where broadcast */
   float scale;
+  int tiles; /* 1: on AMX's tiles, the numerators bf16; 0: on AVX-512F, the numerators floats rounded to bf16 */
 } Problem;
 
 /* 16 floats as bf16, rounded to nearest even. */
@@ -79,33 +85,6 @@ static inline __m512 exp_neg(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-/* The 16 x 16 matrix of 32-bit elements in r[0..16) transposed in place (four rounds of shuffles). */
-static inline void transpose16(__m512i* r) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; i++) {
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; i++) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-  }
-}
-
 /* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512, its row r
  * holding depths 2r and 2r + 1 of each of 16 keys: 16 keys' pairs of a step, one vector a key, transposed. Keys
  * past the last are zeros up to the 32 a step of Q K^T reads; their scores are never read, but zeros keep the
@@ -127,7 +106,7 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
                               _mm512_maskz_loadu_ps(first(left - 16), row + 16));
         }
       }
-      transpose16(keys);
+      hotrod_transpose16(keys);
       uint16_t* tile = packed + (block * steps + step) * TILE_HALVES;
       for (int r = 0; r < 16; r++) _mm512_storeu_si512(tile + r * 32, keys[r]);
     }
@@ -183,12 +162,20 @@ static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t*
  * overlap the others', where one row at a time waited on them. */
 #define SOFTMAX_ROWS 4
 
+/* 16 numerators from element `at` on, as the path's P V reads them: bf16, or floats rounded to bf16. */
+static inline void put_numerators(const Problem* p, void* numerators, int64_t at, __m512 e) {
+  if (p->tiles)
+    _mm256_storeu_si256((__m256i*)((uint16_t*)numerators + at), bf16(e));
+  else
+    _mm512_storeu_ps((float*)numerators + at, hotrod_round_bf16(e));
+}
+
 /* The softmax of SOFTMAX_ROWS query rows: scores scaled and masked in fp32 (masks[i] NULL: none), numerators
  * e^(s - max) in bf16 (0 past the keys, up to the 32 P V reads), and 1 / their sum in inverse (0 where every key is
  * masked to -inf; NaN where a score is NaN or +inf, as fp32 attention's row would be, rather than a finite row
  * that dropped it: such a score makes a NaN numerator, e^(NaN) or e^(inf - inf), and so a NaN sum). Each row's
  * arithmetic is its own, in the same order as one row alone. */
-static void softmax_rows(const Problem* p, float* scores, const float* const* masks, uint16_t* numerators,
+static void softmax_rows(const Problem* p, float* scores, const float* const* masks, void* numerators,
                          float* inverse) {
   const __m512 scale = _mm512_set1_ps(p->scale);
   __m512 largest[SOFTMAX_ROWS][2]; /* two chains of maxima a row: exact in any order */
@@ -216,24 +203,26 @@ static void softmax_rows(const Problem* p, float* scores, const float* const* ma
     for (int i = 0; i < SOFTMAX_ROWS; i++) {
       const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + i * p->padded_k + key), shift[i]));
       sum[i] = _mm512_add_ps(sum[i], e);
-      _mm256_storeu_si256((__m256i*)(numerators + i * p->padded_k + key), bf16(e));
+      put_numerators(p, numerators, i * p->padded_k + key, e);
     }
   for (int i = 0; i < SOFTMAX_ROWS; i++) {
-    uint16_t* row = numerators + i * p->padded_k;
     int64_t key = whole;
     if (key < p->seq_k) {
       const __mmask16 m = first(p->seq_k - key);
       const __m512 s = _mm512_maskz_loadu_ps(m, scores + i * p->padded_k + key);
       const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(s, shift[i])));
       sum[i] = _mm512_add_ps(sum[i], e);
-      _mm256_storeu_si256((__m256i*)(row + key), bf16(e));
+      put_numerators(p, numerators, i * p->padded_k + key, e);
       key += 16;
     }
-    memset(row + key, 0, (size_t)(p->padded_k - key) * sizeof(uint16_t));
+    const size_t size = p->tiles ? sizeof(uint16_t) : sizeof(float);
+    memset((char*)numerators + (size_t)(i * p->padded_k + key) * size, 0, (size_t)(p->padded_k - key) * size);
     const float total = _mm512_reduce_add_ps(sum[i]);
     inverse[i] = isnan(total) ? __builtin_nanf("") : total > 0.0f ? 1.0f / total : 0.0f;
   }
 }
+
+static void answer(const Problem* p, const float* spill, const float* inverse, int64_t at, int64_t rows);
 
 /* P V for 32 queries (P their bf16 numerators [32, padded_k]) into the output from element `at` on (y's, or
  * quantized into q's), each row times its 1 / sum: 32 columns
@@ -242,7 +231,7 @@ static void softmax_rows(const Problem* p, float* scores, const float* const* ma
  * after each 32 columns: a load that follows a tile store to its address closely waits on it. */
 static void weighted_values(const Problem* p, const uint16_t* numerators, const uint16_t* values,
                             const float* inverse, int64_t at, int64_t rows, float* spill) {
-  const int64_t blocks = p->blocks, width = p->heads * p->head_size, stride = p->padded_k * (int64_t)sizeof(uint16_t);
+  const int64_t blocks = p->blocks, stride = p->padded_k * (int64_t)sizeof(uint16_t);
   const size_t spill_stride = (size_t)p->depth * sizeof(float);
   for (int64_t first_block = 0; first_block < blocks; first_block += 2) {
     const int pair = blocks - first_block > 1;
@@ -269,6 +258,13 @@ static void weighted_values(const Problem* p, const uint16_t* numerators, const 
     _tile_stored(6, sums + TILE_ROWS * p->depth, spill_stride);
     _tile_stored(7, sums + TILE_ROWS * p->depth + 16, spill_stride);
   }
+  answer(p, spill, inverse, at, rows);
+}
+
+/* Rows' sums in `spill` [rows, depth] times their 1 / sum, into the output from element `at` on (y's, or
+ * quantized into q's). */
+static void answer(const Problem* p, const float* spill, const float* inverse, int64_t at, int64_t rows) {
+  const int64_t blocks = p->blocks, width = p->heads * p->head_size;
   const hotrod_attention_out* out = &p->out;
   for (int64_t r = 0; r < rows; r++) {
     const __m512 factor = _mm512_set1_ps(inverse[r]);
@@ -297,14 +293,44 @@ static void load_queries(const Problem* p, const float* q, int64_t rows, uint16_
     }
 }
 
+/* One batch row and head's K and V packed for the path's products (and the tiles configured for this thread,
+ * which may be any of the pool's). */
+static void pack(const Problem* p, const float* k, const float* v, void* keys, void* values) {
+  if (p->tiles) {
+    pack_keys(p, k, keys);
+    pack_values(p, v, values);
+    hotrod_configure_tiles();
+    return;
+  }
+  const int64_t width = p->heads * p->head_size;
+  hotrod_attention_pack_keys(k, width, p->seq_k, p->padded_k, p->head_size, p->depth, keys);
+  hotrod_attention_pack_values(v, width, p->seq_k, p->padded_k, p->head_size, p->depth, values);
+}
+
+/* Up to 32 query rows from `q` rounded into `queries` and their scores for every key into `scores`. Without
+ * tiles, only the rows the softmax reads (whole groups of SOFTMAX_ROWS; those past the last are zero queries). */
+static void scores_for(const Problem* p, const float* q, int64_t rows, const void* keys, void* queries,
+                       float* scores) {
+  const int64_t width = p->heads * p->head_size;
+  if (p->tiles) {
+    load_queries(p, q, rows, queries);
+    scores_of(p, queries, keys, scores);
+    return;
+  }
+  hotrod_attention_queries(q, width, rows, p->head_size, p->depth, queries);
+  hotrod_attention_scores(queries, keys, (rows + SOFTMAX_ROWS - 1) / SOFTMAX_ROWS * SOFTMAX_ROWS, p->seq_k,
+                          p->padded_k, p->depth, scores);
+}
+
 /* One batch row and head. */
 static void unit(void* data, size_t index) {
   const Problem* p = data;
   const int64_t b = (int64_t)index / p->heads, h = (int64_t)index % p->heads;
   const int64_t width = p->heads * p->head_size, offset = h * p->head_size;
-  const size_t packed = (size_t)(p->padded_k * p->depth) * sizeof(uint16_t); /* K's; V's take at most as much */
-  const size_t bytes = 2 * packed + QUERY_ROWS * (size_t)p->padded_k * (sizeof(float) + sizeof(uint16_t)) +
-                       (size_t)(QUERY_ROWS * p->depth) * (sizeof(uint16_t) + sizeof(float));
+  const size_t size = p->tiles ? sizeof(uint16_t) : sizeof(float); /* a rounded value's bytes on the path */
+  const size_t packed = (size_t)(p->padded_k * p->depth) * size;    /* K's; V's take at most as much */
+  const size_t bytes = 2 * packed + QUERY_ROWS * (size_t)p->padded_k * (sizeof(float) + size) +
+                       (size_t)(QUERY_ROWS * p->depth) * (size + sizeof(float));
   uint8_t* memory = aligned_alloc(64, (bytes + 63) / 64 * 64);
   const int64_t at = b * p->seq_q * width + offset; /* the unit's first output */
   if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer (the zero point quantized) */
@@ -316,34 +342,36 @@ static void unit(void* data, size_t index) {
           p->out.q[at + r * width + c] = (uint8_t)p->out.zero_point;
     return;
   }
-  uint16_t *keys = (uint16_t*)memory, *values = (uint16_t*)(memory + packed);
+  uint8_t *keys = memory, *values = memory + packed;
   float* scores = (float*)(memory + 2 * packed);
-  uint16_t* numerators = (uint16_t*)(scores + QUERY_ROWS * p->padded_k);
-  uint16_t* queries = numerators + QUERY_ROWS * p->padded_k;
-  float* spill = (float*)(queries + QUERY_ROWS * p->depth);
-  pack_keys(p, p->k + b * p->seq_k * width + offset, keys);
-  pack_values(p, p->v + b * p->seq_k * width + offset, values);
-  hotrod_configure_tiles(); /* per unit: the thread may be any of the pool's */
+  uint8_t* numerators = (uint8_t*)(scores + QUERY_ROWS * p->padded_k);
+  uint8_t* queries = numerators + QUERY_ROWS * (size_t)p->padded_k * size;
+  float* spill = (float*)(queries + QUERY_ROWS * (size_t)p->depth * size);
+  pack(p, p->k + b * p->seq_k * width + offset, p->v + b * p->seq_k * width + offset, keys, values);
   for (int64_t row = 0; row < p->seq_q; row += QUERY_ROWS) {
     const int64_t rows = p->seq_q - row < QUERY_ROWS ? p->seq_q - row : QUERY_ROWS;
     float inverse[QUERY_ROWS] = {0};
-    load_queries(p, p->q + (b * p->seq_q + row) * width + offset, rows, queries);
-    scores_of(p, queries, keys, scores);
+    scores_for(p, p->q + (b * p->seq_q + row) * width + offset, rows, keys, queries, scores);
     for (int64_t r = 0; r < rows; r += SOFTMAX_ROWS) { /* QUERY_ROWS is a multiple of SOFTMAX_ROWS */
       const float* masks[SOFTMAX_ROWS];
       for (int i = 0; i < SOFTMAX_ROWS; i++) /* rows past the last query take its mask: never answered */
         masks[i] = p->mask == NULL ? NULL
                                    : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
                                          (row + (r + i < rows ? r + i : rows - 1)) * p->mask_stride[2];
-      softmax_rows(p, scores + r * p->padded_k, masks, numerators + r * p->padded_k, inverse + r);
+      softmax_rows(p, scores + r * p->padded_k, masks, numerators + (size_t)(r * p->padded_k) * size, inverse + r);
+    }
+    if (!p->tiles) { /* P V of the rows there are */
+      hotrod_attention_weigh((float*)numerators, (float*)values, rows, p->padded_k, p->head_size, p->depth, spill);
+      answer(p, spill, inverse, at + row * width, rows);
+      continue;
     }
     for (int64_t r = rows; r < QUERY_ROWS; r++) { /* past the last query: no row to answer (P V reads zeros) */
-      memset(numerators + r * p->padded_k, 0, (size_t)p->padded_k * sizeof(uint16_t));
+      memset(numerators + (size_t)(r * p->padded_k) * size, 0, (size_t)p->padded_k * size);
       inverse[r] = 0.0f;
     }
-    weighted_values(p, numerators, values, inverse, at + row * width, rows, spill);
+    weighted_values(p, (uint16_t*)numerators, (uint16_t*)values, inverse, at + row * width, rows, spill);
   }
-  _tile_release();
+  if (p->tiles) _tile_release();
   free(memory);
 }
 
@@ -366,10 +394,11 @@ static int mask_strides(const Problem* p, const int64_t* dims, size_t count, int
 
 int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
-                          const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out,
+                          const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out, int tiles,
                           hotrod_parallel parallel, void* runner) {
-  if (!hotrod_amx_ready() || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
-  Problem p = {q, k, v, mask, *out, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale};
+  tiles = tiles && hotrod_amx_ready(); /* the call's path, set once */
+  if (!(tiles || hotrod_attention_vectors_ready()) || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
+  Problem p = {q, k, v, mask, *out, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale, tiles};
   p.depth = (head_size + 31) / 32 * 32;
   p.blocks = (head_size + 15) / 16;
   p.padded_k = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;

@@ -14,6 +14,7 @@ int hotrod_amx_ready(void) { return 0; }
 int hotrod_vnni_ready(void) { return 0; }
 
 int hotrod_bf16_vectors_ready(void) { return 0; }
+int hotrod_attention_vectors_ready(void) { return 0; }
 
 void hotrod_configure_tiles(void) {}
 
@@ -46,10 +47,10 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
 
 int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_t batch, int64_t seq_q,
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
-                          const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out,
+                          const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out, int tiles,
                           hotrod_parallel parallel, void* runner) {
   (void)q, (void)k, (void)v, (void)batch, (void)seq_q, (void)seq_k, (void)heads, (void)head_size, (void)scale;
-  (void)mask, (void)mask_dims, (void)mask_count, (void)out, (void)parallel, (void)runner;
+  (void)mask, (void)mask_dims, (void)mask_count, (void)out, (void)tiles, (void)parallel, (void)runner;
   return -1;
 }
 

@@ -191,7 +191,9 @@ static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, hotr
 
 /* -- Bf16Attention ----------------------------------------------------------------------------- */
 
-typedef struct { int64_t heads; float scale; } AttentionKernel;
+/* The heads, the scale (0: 1 / sqrt(head size)) and the path (the attribute `tiles`, absent for 1: AMX's tiles where
+ * granted; 0: AVX-512 BF16; fixed for the session, since the two sum in different orders). */
+typedef struct { int64_t heads; float scale; int64_t tiles; } AttentionKernel;
 
 static void* create_attention(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)op, (void)table;
@@ -199,6 +201,11 @@ static void* create_attention(const CustomOp* op, const Entry* table, const OrtK
   if (kernel == NULL) return NULL;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "num_heads", &kernel->heads)) ||
       failed(CALL(ATTRIBUTE_FLOAT, FloatAttributeFn, info, "scale", &kernel->scale)) || kernel->heads <= 0) {
+    free(kernel);
+    return NULL;
+  }
+  if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "tiles", &kernel->tiles))) kernel->tiles = 1;
+  if (kernel->tiles < 0 || kernel->tiles > 1) {
     free(kernel);
     return NULL;
   }
@@ -243,7 +250,7 @@ static int attend(const AttentionKernel* kernel, OrtKernelContext* context, cons
     return -1;
   return hotrod_bf16_attention(q, k, v, dims[0], dims[1], keys, kernel->heads, head_size,
                                kernel->scale != 0.0f ? kernel->scale : 1.0f / sqrtf((float)head_size), mask,
-                               mask_dims, mask_count, out, hotrod_run_parallel, context);
+                               mask_dims, mask_count, out, (int)kernel->tiles, hotrod_run_parallel, context);
 }
 
 /* The output, shaped as Q, and its element count (0 where there is none to write). */

@@ -1,12 +1,14 @@
-"""hotrod's encoder attention on AMX tiles: a graph's self-attention as hotrod's Bf16Attention, where its
-build asked for it.
+"""hotrod's encoder attention in bf16: a graph's self-attention as hotrod's Bf16Attention, where its build
+asked for it.
 
 onnxruntime computes ONNX's Attention op on the CPU in fp32; at 384 tokens that is a third of a BERT-large
 int8 encoder's time. On a CPU with AMX-BF16 (`hotrod/native/attention.c`) the two products run on the tiles
-in bf16 with fp32 sums, the scale, mask and softmax in fp32. Unlike hotrod's other kernels this one changes
-the answers (by bf16's rounding), so a graph takes it only where its precision wrote `ATTENTION_KEY` into
-it at build time (`hotrod.precisions`): the build's verification, run through this same loader, measured
-it, and the manifest says so. Elsewhere (no AMX-BF16, an older graph) onnxruntime's fp32 kernel runs it.
+in bf16 with fp32 sums, the scale, mask and softmax in fp32; on one without them but with AVX-512 (an Ice
+Lake, a Zen 4) the same bf16-rounded operands are multiplied as floats, fused with the same softmax
+(`hotrod/native/attention_vectors.c`). Unlike hotrod's other kernels this one changes the answers (by bf16's
+rounding), so a graph takes it only where its precision wrote `ATTENTION_KEY` into it at build time
+(`hotrod.precisions`): the build's verification, run through this same loader, measured it, and the manifest
+says so. Elsewhere (no AVX-512, an older graph) onnxruntime's fp32 kernel runs it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,20 @@ OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
 _NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
+_VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the path without tiles
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
 _MULTI_HEAD = {"num_heads", "scale", "unidirectional", "mask_filter_value"}
 
 
 def available() -> bool:
-    """Whether this CPU runs the kernel: AMX-BF16 in its flags, the library built, the tile state granted."""
+    """Whether this CPU runs the kernel: on AMX-BF16's tiles (in its flags, the library built, the tile state
+    granted) or, without them, on AVX-512."""
+    return on_tiles() or native.vectors_ready(_VECTOR_FLAGS, "hotrod_attention_vectors_ready")
+
+
+def on_tiles() -> bool:
+    """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: each op is
+    told which as its graph is rewritten (its `tiles` attribute) and keeps it for the session."""
     return native.tiles_ready(_NEEDED_FLAGS)
 
 
@@ -52,13 +62,14 @@ def rewrite(model: onnx.ModelProto) -> int:
     producers = graphs.producers(graph)
     constants = graphs.constants(graph)
     count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
+    tiles = int(on_tiles())  # the path each op keeps for its session
     for node in graph.node:
         plain = _plain(node, types) or _multi_head(node, types, producers, constants)
         if plain is not None:
             inputs, heads, scale = plain
             detached |= {id(producers[name]) for name in set(node.input) - set(inputs) if name in producers}
             node.CopyFrom(helper.make_node(OP, inputs, [node.output[0]], name=f"{node.name}_bf16",
-                                           domain=native.DOMAIN, num_heads=heads, scale=scale))
+                                           domain=native.DOMAIN, num_heads=heads, scale=scale, tiles=tiles))
             count += 1
     if count:
         read = graphs.read_names(graph)
