@@ -183,18 +183,29 @@ def test_multi_head_attention_the_kernel_does_not_compute_is_left_as_it_is(chang
 @amx
 def test_values_are_rounded_to_bf16_to_nearest_even_as_ml_dtypes_rounds():
     """With one key the numerator is 1 and the answer is V itself as the kernel rounded it: ties both ways,
-    values that round up across a power of two, and NaN, bit for bit as ml_dtypes rounds them."""
+    values that round up across a power of two or to infinity, and NaN, bit for bit as ml_dtypes rounds them;
+    subnormals as ml_dtypes keeps them without tiles, flushed to zero by the tiles' conversion."""
     bits = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, 0x3FFF8000, 0xBF808000, 0xC0018000,
-                     0x7F7FFFFF, 0x00008000, 0x7FC00001], np.uint32)
+                     0x7F7FFFFF, 0x00008000, 0x7FC00001, 0x00010000, 0x807F8000], np.uint32)
     rng = np.random.default_rng(9)
-    v = np.concatenate([bits.view(np.float32), rng.standard_normal(22).astype(np.float32)]).reshape(1, 1, 32)
+    v = np.concatenate([bits.view(np.float32), rng.standard_normal(20).astype(np.float32)]).reshape(1, 1, 32)
     feeds = {"q": rng.standard_normal((1, 1, 32), dtype=np.float32), "k": rng.standard_normal((1, 1, 32),
              dtype=np.float32), "v": v}
     fast = run(rewritten(graph(1, mask=False)), feeds)
     expected = v.astype(ml_dtypes.bfloat16).astype(np.float32)
+    if attention.on_tiles():
+        expected[np.abs(v) < np.finfo(np.float32).tiny] = 0.0
     finite = ~np.isnan(expected)
     assert np.array_equal(fast[finite].view(np.uint32), expected[finite].view(np.uint32))
     assert np.isnan(fast[~finite]).all()
+
+
+@amx
+@pytest.mark.parametrize("tiles", [2, -1])
+def test_a_path_attribute_other_than_0_or_1_gives_nan_not_a_crash(tiles):
+    model = rewritten(graph(2, mask=False))
+    next(a for a in model.graph.node[0].attribute if a.name == "tiles").i = tiles
+    assert np.isnan(run(model, inputs(1, 5, 2, 32))).all()
 
 
 @amx

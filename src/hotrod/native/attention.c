@@ -19,7 +19,8 @@
  *   two tiles of numerators by two of values). Each operand tile is loaded once a step and read by two
  *   products, as the int8 products' 2 x 2 steps are.
  * On a CPU without the tiles (or where the op was told to leave them), the two products run on AVX-512F
- * (attention_vectors.c) from the same bf16-rounded values, multiplied as floats, and the same softmax.
+ * (attention_vectors.c) from values rounded to bf16 the same way (but for subnormals, which the tiles' path's
+ * conversion flushes to zero), multiplied as floats, and the same softmax.
  * The two paths sum in different orders, so an op keeps one (its `tiles` attribute) for its session.
  * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
  * Keys are padded to a multiple of 32 with zeros whose numerators are 0: a row's answer does not depend on
@@ -162,9 +163,10 @@ static void scores_of(const Problem* p, const uint16_t* queries, const uint16_t*
  * overlap the others', where one row at a time waited on them. */
 #define SOFTMAX_ROWS 4
 
-/* 16 numerators from element `at` on, as the path's P V reads them: bf16, or floats rounded to bf16. */
-static inline void put_numerators(const Problem* p, void* numerators, int64_t at, __m512 e) {
-  if (p->tiles)
+/* 16 numerators from element `at` on, as the path's P V reads them: bf16, or floats rounded to bf16 (a constant
+ * `tiles` where inlined: the vector path's code holds no BF16 instruction, which its CPUs may lack). */
+static inline __attribute__((always_inline)) void put_numerators(int tiles, void* numerators, int64_t at, __m512 e) {
+  if (tiles)
     _mm256_storeu_si256((__m256i*)((uint16_t*)numerators + at), bf16(e));
   else
     _mm512_storeu_ps((float*)numerators + at, hotrod_round_bf16(e));
@@ -175,8 +177,9 @@ static inline void put_numerators(const Problem* p, void* numerators, int64_t at
  * masked to -inf; NaN where a score is NaN or +inf, as fp32 attention's row would be, rather than a finite row
  * that dropped it: such a score makes a NaN numerator, e^(NaN) or e^(inf - inf), and so a NaN sum). Each row's
  * arithmetic is its own, in the same order as one row alone. */
-static void softmax_rows(const Problem* p, float* scores, const float* const* masks, void* numerators,
-                         float* inverse) {
+static inline __attribute__((always_inline)) void softmax_rows(const Problem* p, const int tiles, float* scores,
+                                                              const float* const* masks, void* numerators,
+                                                              float* inverse) {
   const __m512 scale = _mm512_set1_ps(p->scale);
   __m512 largest[SOFTMAX_ROWS][2]; /* two chains of maxima a row: exact in any order */
   for (int i = 0; i < SOFTMAX_ROWS; i++) largest[i][0] = largest[i][1] = _mm512_set1_ps(-INFINITY);
@@ -203,7 +206,7 @@ static void softmax_rows(const Problem* p, float* scores, const float* const* ma
     for (int i = 0; i < SOFTMAX_ROWS; i++) {
       const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + i * p->padded_k + key), shift[i]));
       sum[i] = _mm512_add_ps(sum[i], e);
-      put_numerators(p, numerators, i * p->padded_k + key, e);
+      put_numerators(tiles, numerators, i * p->padded_k + key, e);
     }
   for (int i = 0; i < SOFTMAX_ROWS; i++) {
     int64_t key = whole;
@@ -212,14 +215,25 @@ static void softmax_rows(const Problem* p, float* scores, const float* const* ma
       const __m512 s = _mm512_maskz_loadu_ps(m, scores + i * p->padded_k + key);
       const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(s, shift[i])));
       sum[i] = _mm512_add_ps(sum[i], e);
-      put_numerators(p, numerators, i * p->padded_k + key, e);
+      put_numerators(tiles, numerators, i * p->padded_k + key, e);
       key += 16;
     }
-    const size_t size = p->tiles ? sizeof(uint16_t) : sizeof(float);
+    const size_t size = tiles ? sizeof(uint16_t) : sizeof(float);
     memset((char*)numerators + (size_t)(i * p->padded_k + key) * size, 0, (size_t)(p->padded_k - key) * size);
     const float total = _mm512_reduce_add_ps(sum[i]);
     inverse[i] = isnan(total) ? __builtin_nanf("") : total > 0.0f ? 1.0f / total : 0.0f;
   }
+}
+
+/* The softmax made once per path, its numerators' type a constant in each. */
+static void softmax_tiles(const Problem* p, float* scores, const float* const* masks, void* numerators,
+                          float* inverse) {
+  softmax_rows(p, 1, scores, masks, numerators, inverse);
+}
+
+static void softmax_vectors(const Problem* p, float* scores, const float* const* masks, void* numerators,
+                            float* inverse) {
+  softmax_rows(p, 0, scores, masks, numerators, inverse);
 }
 
 static void answer(const Problem* p, const float* spill, const float* inverse, int64_t at, int64_t rows);
@@ -358,7 +372,8 @@ static void unit(void* data, size_t index) {
         masks[i] = p->mask == NULL ? NULL
                                    : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
                                          (row + (r + i < rows ? r + i : rows - 1)) * p->mask_stride[2];
-      softmax_rows(p, scores + r * p->padded_k, masks, numerators + (size_t)(r * p->padded_k) * size, inverse + r);
+      (p->tiles ? softmax_tiles : softmax_vectors)(p, scores + r * p->padded_k, masks,
+                                                   numerators + (size_t)(r * p->padded_k) * size, inverse + r);
     }
     if (!p->tiles) { /* P V of the rows there are */
       hotrod_attention_weigh((float*)numerators, (float*)values, rows, p->padded_k, p->head_size, p->depth, spill);

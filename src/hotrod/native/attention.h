@@ -1,4 +1,4 @@
-/* Encoder self-attention with bf16 products on AMX tiles or AVX-512 BF16 (see attention.c). */
+/* Encoder self-attention with bf16 products on AMX tiles or, without them, on AVX-512F (see attention.c). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -19,7 +19,7 @@ typedef struct {
  * [batch, seq_k, heads * head_size] and y like Q, all fp32 (products in bf16, sums and softmax in fp32), written
  * as `out` says; mask NULL or an additive fp32 mask of mask_count dimensions that broadcast to [batch, heads,
  * seq_q, seq_k], its last seq_k. Any head size (padded with zeros to the tiles' 32). On AMX's tiles where `tiles`
- * asks for them and the state is granted, else on AVX-512 BF16: the path is the call's, set once by the op (the
+ * asks for them and the state is granted, else on AVX-512F: the path is the call's, set once by the op (the
  * two sum in different orders); either way a row's answer does not depend on its batch-mates. Returns 0, or -1
  * where neither path runs here, the scale is not finite or the mask does not fit (memory that ran out gives NaN,
  * or the zero point where quantized). */

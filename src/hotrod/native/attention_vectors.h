@@ -1,5 +1,6 @@
 /* Encoder attention's two products on AVX-512F alone, for a CPU without AMX's tiles (attention.c's path without
- * them): Q, K, V and the softmax's numerators rounded to bf16 as the tiles' path rounds them, then multiplied as
+ * them): Q, K, V and the softmax's numerators rounded to bf16 as the tiles' path rounds them (but for subnormals,
+ * which its conversion flushes to zero and which are kept here, as ml_dtypes keeps them), then multiplied as
  * floats with fp32 multiply-adds (a product of two bf16 values is exact in fp32), so the answers are bf16
  * attention's on any CPU with AVX-512 (an Ice Lake, a Zen 4), none of its instructions needed. Built without
  * -mavx512bf16: nothing here can be an instruction such a CPU lacks. */

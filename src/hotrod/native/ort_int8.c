@@ -158,6 +158,7 @@ static Int8Call int8_call(const Int8Kernel* kernel, OrtKernelContext* context, i
 
 static void compute_int8(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
+  if (kernel == NULL) return; /* attributes that could not be read (a graph made by hand): no output */
   Int8Call c = int8_call(kernel, context, kernel->parts == 1);
   if (c.count == 0) return;
   int64_t values = 1;
@@ -191,6 +192,7 @@ static void compute_int8(void* state, OrtKernelContext* context) {
 /* Int8MatMulRows: Int8MatMul's product (no residual) as the next product's quantized rows and their scales. */
 static void compute_int8_rows(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
+  if (kernel == NULL) return; /* as compute_int8 */
   const Int8Call c = int8_call(kernel, context, 0);
   if (c.count == 0) return;
   int64_t dims[8];
@@ -217,6 +219,7 @@ static void compute_int8_rows(void* state, OrtKernelContext* context) {
  * its one scale (input 6) and uint8 zero point (input 7): the uint8 rows the next product reads. */
 static void compute_int8_static(void* state, OrtKernelContext* context) {
   const Int8Kernel* kernel = state;
+  if (kernel == NULL) return; /* as compute_int8 */
   const Int8Call c = int8_call(kernel, context, 0);
   if (c.count == 0) return;
   OrtValue* y = NULL;

@@ -4,13 +4,14 @@
  *   where the CPU has those instructions);
  * - QuantizeRows (input: X float [..., K]; outputs: uint8 [..., K], float scales [..., 1]): per-row int8
  *   quantization of a product's input in one pass (rows.c, AVX2);
- * - Int8MatMul, Int8MatMulRows, Int8MatMulSplit: int8 products on AMX tiles (ort_int8.c, i8gemm.c; the
- *   Python side uses them only where the CPU has AMX);
+ * - Int8MatMul, Int8MatMulRows, Int8MatMulSplit: int8 products on AMX tiles or AVX-512 VNNI (ort_int8.c,
+ *   i8gemm.c; the Python side uses them only where the CPU has one of them);
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D] (K and V also [B, S, H, D]), an optional additive float
- *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale; output float like Q): encoder attention with
- *   bf16 products on AMX tiles (attention.c; the Python side uses it only where the CPU has AMX-BF16 and the
- *   build asked); Bf16AttentionQuantized, the same with two more inputs (a float scale and a uint8 zero point)
- *   and a uint8 output, quantized as QuantizeLinear quantizes (an int8-static graph's next product's input);
+ *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale, tiles; output float like Q): encoder
+ *   attention with bf16 products on AMX tiles or, without them, on AVX-512F (attention.c, attention_vectors.c;
+ *   the Python side uses it only where the CPU has one of them and the build asked); Bf16AttentionQuantized,
+ *   the same with two more inputs (a float scale and a uint8 zero point) and a uint8 output, quantized as
+ *   QuantizeLinear quantizes (an int8-static graph's next product's input);
  * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
  *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2).
  *
@@ -192,7 +193,7 @@ static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, hotr
 /* -- Bf16Attention ----------------------------------------------------------------------------- */
 
 /* The heads, the scale (0: 1 / sqrt(head size)) and the path (the attribute `tiles`, absent for 1: AMX's tiles where
- * granted; 0: AVX-512 BF16; fixed for the session, since the two sum in different orders). */
+ * granted; 0: AVX-512F; fixed for the session, since the two sum in different orders). */
 typedef struct { int64_t heads; float scale; int64_t tiles; } AttentionKernel;
 
 static void* create_attention(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
@@ -271,9 +272,9 @@ static void compute_attention(void* state, OrtKernelContext* context) {
   size_t count = 0;
   const hotrod_attention_out out = {attention_output(context, dims, &count, &values), NULL, 0.0f, 0};
   if (out.y == NULL || values == 0) return;
-  /* inputs that do not fit (or no tile state, or a mask that cannot be read): NaN, which no caller takes
-   * for an answer */
-  if (attend(state, context, dims, count, &out) != 0)
+  /* attributes that could not be read (a graph made by hand: `tiles` not 0 or 1), inputs that do not fit, or
+   * neither path here, or a mask that cannot be read: NaN, which no caller takes for an answer */
+  if (state == NULL || attend(state, context, dims, count, &out) != 0)
     for (int64_t i = 0; i < values; i++) out.y[i] = __builtin_nanf("");
 }
 
@@ -288,7 +289,8 @@ static void compute_attention_quantized(void* state, OrtKernelContext* context) 
                    hotrod_scalar_input(context, 5, &zero_point, 1);
   out.zero_point = zero_point;
   /* as Bf16Attention's NaN: the zero point, where nothing was computed */
-  if (!read || attend(state, context, dims, count, &out) != 0) memset(out.q, zero_point, (size_t)values);
+  if (!read || state == NULL || attend(state, context, dims, count, &out) != 0)
+    memset(out.q, zero_point, (size_t)values);
 }
 
 static const char* attention_name(const CustomOp* op) { (void)op; return "Bf16Attention"; }

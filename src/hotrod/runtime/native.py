@@ -89,7 +89,7 @@ _allowed: list[bool] = []  # tiles_left_out's, innermost last
 @contextlib.contextmanager
 def tiles_left_out() -> Iterator[None]:
     """Graphs loaded within the block take the path a CPU without AMX takes: the int8 and bf16 products on
-    AVX-512 (each op is told its path as the graph is rewritten, and keeps it), attention on onnxruntime's ops.
+    AVX-512 (each op is told its path as the graph is rewritten, and keeps it), the attention on AVX-512F.
     Sessions loaded before keep theirs. For testing and measuring that path on a CPU that has the tiles
     (onnxruntime's own kernels keep theirs: benchmarks/without_amx.sh takes them away from every library)."""
     _allowed.append(False)
