@@ -88,7 +88,7 @@ def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
 
 def test_each_precision_describes_itself_as_manifests_always_have():
     for name, (weights, activations) in MANIFEST_WEIGHTS.items():
-        attention = {"attention": "bf16 products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"}
+        attention = {"attention": "bf16 products where the CPU has AMX-BF16 or AVX-512 (hotrod's kernel), fp32 elsewhere"}
         products = {"products": "bf16 operands, fp32 sums, where the CPU has AMX-BF16 or AVX-512 BF16 (hotrod's kernel), "
                                 "fp32 elsewhere"}
         assert precisions.get(name).describe("entropy") == {

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     import onnx
 
 PLAIN = "fp32"  # onnxruntime's own arithmetic: nothing asked
-# Attention products: fp32 (onnxruntime's kernel) or bf16 (hotrod's, on AMX tiles where the CPU has AMX-BF16).
+# Attention products: fp32 (onnxruntime's kernel) or bf16 (hotrod's, on AMX tiles where the CPU has AMX-BF16, on
+# AVX-512 without them).
 ATTENTION_KEY = "hotrod.attention"
 ATTENTIONS = (PLAIN, "bf16")
 # An fp32 graph's products: fp32 (onnxruntime's) or bf16 (hotrod's, on AMX-BF16 tiles).

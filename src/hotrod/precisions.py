@@ -14,7 +14,7 @@ static engine's list and the benchmark's hardware floor all read this registry.
   depends on its batch-mates.
 - int8-static: QDQ with activation ranges calibrated on recorded feeds.
 - bf16-products: the fp32 graph, its products computed in bf16 with fp32 sums where the CPU has AMX-BF16 or
-  AVX-512 BF16 (hotrod's kernels; its attention too where it has AMX-BF16), in fp32 elsewhere.
+  AVX-512 BF16 (hotrod's kernels; its attention too, where it has AMX-BF16 or AVX-512), in fp32 elsewhere.
 - int8-weight / int4 / int4-b128 / int4-b256: weight-only, block-quantized MatMulNBits (blocks of 32, 128 or 256).
 - fp8: the torch engine's only (no ONNX graphs): e4m3 weights with per-channel scales through
   torch._scaled_mm, on GPUs with fp8 tensor cores (`runtime/fp8.py`).
@@ -81,7 +81,8 @@ class Precision:
     engine_linears: str = CAST  # how the engine stores its linear weights: one of LINEAR_FORMATS
     measures_islands: bool = False  # an engine build keeps the modules this precision overflows in fp32
     # The encoders' attention products on the CPU: fp32 (onnxruntime's kernel) or bf16 (hotrod's, on AMX
-    # tiles where the CPU has AMX-BF16, fp32 elsewhere), asked for in the graph (ATTENTION_KEY) and so
+    # tiles where the CPU has AMX-BF16, on AVX-512 where it has that only, fp32 elsewhere), asked for in the
+    # graph (ATTENTION_KEY) and so
     # measured by the build's verification.
     attention: str = "fp32"
     # An fp32 graph's products on the CPU: fp32 (onnxruntime's) or bf16 (hotrod's, on AMX tiles where the CPU has
@@ -138,7 +139,8 @@ class Precision:
         activations = (self.activations or self.name).format(method=method)
         described = {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
         if self.attention != "fp32":
-            described["attention"] = f"{self.attention} products where the CPU has AMX (hotrod's kernel), fp32 elsewhere"
+            described["attention"] = (f"{self.attention} products where the CPU has AMX-BF16 or AVX-512 (hotrod's "
+                                      "kernel), fp32 elsewhere")
         if self.products != "fp32":
             described["products"] = (f"{self.products} operands, fp32 sums, where the CPU has AMX-BF16 or AVX-512 "
                                      "BF16 (hotrod's kernel), fp32 elsewhere")
@@ -229,8 +231,8 @@ class Int8Static(Precision):
 @dataclass(frozen=True, kw_only=True)
 class Bf16Products(Precision):
     """The fp32 graph as it is, asking for its products and attention in bf16 with fp32 sums where it is loaded on
-    a CPU with AMX-BF16 (`hotrod.runtime.bf16`, `hotrod.runtime.attention`; its products only on one with AVX-512
-    BF16 but no AMX); elsewhere it runs in fp32. 8
+    a CPU with AMX-BF16 (`hotrod.runtime.bf16`, `hotrod.runtime.attention`; its products also on one with AVX-512
+    BF16 but no AMX, its attention on any AVX-512); elsewhere it runs in fp32. 8
     significant bits on both operands of every product, each value with its own exponent: on trained heads the
     answers stay fp32's where 8-bit activations do not."""
 
@@ -319,8 +321,8 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     # Activations per row (one symmetric scale per token): batch-invariant, and on real weights at least as
     # close to fp32 as one scale per call (the demo's MiniLM tagger: entity F1 0.946 against 0.938), for
     # about int8-call's CPU time (benchmarks/results/int8-rows-cpu.json).
-    # Its attention products in bf16 where the CPU has AMX-BF16: 8 significant bits, finer than the 8-bit rows
-    # of every product around them.
+    # Its attention products in bf16 where the CPU has AMX-BF16 or AVX-512: 8 significant bits, finer than the
+    # 8-bit rows of every product around them.
     Int8Dynamic(name="int8", weight_bytes=1.0, per_row=True, weights="int8 per-channel, 7-bit range (dynamic)",
                 activations="uint8 per row, symmetric, range measured on every call (dynamic)", attention="bf16"),
     # onnxruntime's own dynamic quantization, one activation range per call: a row's answer depends on its
@@ -331,7 +333,7 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
                activations="uint8 per-tensor, static ranges calibrated with {method}", attention="bf16"),
     # Every product (and the attention's) in bf16 with fp32 sums where the CPU has AMX-BF16 (the products also on
-    # AVX-512 BF16 alone), from the fp32 graph:
+    # AVX-512 BF16 alone, the attention on AVX-512), from the fp32 graph:
     # the accurate fast precision of an encoder on such a CPU (benchmarks/README.md: "bf16 products").
     Bf16Products(name="bf16-products", weight_bytes=2.0, weights="fp32 (rounded to bf16 as the graph is loaded "
                  "where the CPU has AMX-BF16 or AVX-512 BF16)", activations="fp32, rounded to bf16 for each "
