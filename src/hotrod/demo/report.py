@@ -35,12 +35,17 @@ class DemoResult:
 
 
 def summary_table(results: Sequence[DemoResult]) -> str:
-    lines = [f"{'model':<18}{'precision':<13}{'accuracy (PyTorch -> hotrod)':<38}{'PyTorch s':>10}{'hotrod s':>10}"
+    """The console's table; its text columns as wide as their longest entry, so that none runs into the next."""
+    accuracies = [f"{r.accuracy['measure']} {r.accuracy['pytorch']:.3f} -> {r.accuracy['hotrod']:.3f}" for r in results]
+    accuracy_head = "accuracy (PyTorch -> hotrod)"
+    model = max([len("model"), *(len(r.name) for r in results)]) + 2
+    precision = max([len("precision"), *(len(r.precision) for r in results)]) + 2
+    accuracy = max([len(accuracy_head), *(len(a) for a in accuracies)]) + 2
+    lines = [f"{'model':<{model}}{'precision':<{precision}}{accuracy_head:<{accuracy}}{'PyTorch s':>10}{'hotrod s':>10}"
              f"{'speedup':>9}"]
-    for r in results:
-        acc = f"{r.accuracy['measure']} {r.accuracy['pytorch']:.3f} -> {r.accuracy['hotrod']:.3f}"
-        lines.append(f"{r.name:<18}{r.precision:<13}{acc:<38}{r.pytorch_s:>10.3f}{r.hotrod_s:>10.3f}"
-                     f"{r.speedup:>8.2f}x")
+    for r, acc in zip(results, accuracies):
+        lines.append(f"{r.name:<{model}}{r.precision:<{precision}}{acc:<{accuracy}}{r.pytorch_s:>10.3f}"
+                     f"{r.hotrod_s:>10.3f}{r.speedup:>8.2f}x")
     return "\n".join(lines)
 
 
