@@ -33,6 +33,7 @@
 
 #include "attention.h"
 #include "attention_vectors.h"
+#include "lanes.h"
 #include "quantize.h"
 #include "transpose.h"
 
@@ -59,11 +60,6 @@ static inline __m256i bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
 /* 32 floats as bf16 in one vector, low's 16 then high's, rounded as bf16() rounds them. */
 static inline __m512i bf16_pair(__m512 low, __m512 high) { return (__m512i)_mm512_cvtne2ps_pbh(high, low); }
-
-/* The first `count` of 16 lanes (none for count <= 0). */
-static inline __mmask16 first(int64_t count) {
-  return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
-}
 
 /* e^x for x <= 0 (larger values are not asked for): 2^n 2^f with n = round(x log2 e), f in [-1/2, 1/2] on a
  * degree-5 polynomial (relative error below 3e-6, far below bf16's 4e-3); -inf and anything below about -104
@@ -103,8 +99,8 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
         keys[j] = _mm512_setzero_si512();
         if (key < p->seq_k) {
           const float* row = k + key * width + step * 32;
-          keys[j] = bf16_pair(_mm512_maskz_loadu_ps(first(left), row),
-                              _mm512_maskz_loadu_ps(first(left - 16), row + 16));
+          keys[j] = bf16_pair(_mm512_maskz_loadu_ps(hotrod_first(left), row),
+                              _mm512_maskz_loadu_ps(hotrod_first(left - 16), row + 16));
         }
       }
       hotrod_transpose16(keys);
@@ -121,7 +117,7 @@ static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int64_t key = 0; key < p->padded_k; key += 2)
     for (int64_t block = 0; block < blocks; block++) {
-      const __mmask16 columns = first(p->head_size - block * 16);
+      const __mmask16 columns = hotrod_first(p->head_size - block * 16);
       const __m512 zero = _mm512_setzero_ps();
       const __m512 even = key < p->seq_k ? _mm512_maskz_loadu_ps(columns, v + key * width + block * 16) : zero;
       const __m512 odd = key + 1 < p->seq_k ? _mm512_maskz_loadu_ps(columns, v + (key + 1) * width + block * 16) : zero;
@@ -184,7 +180,7 @@ static inline __attribute__((always_inline)) void softmax_rows(const Problem* p,
   __m512 largest[SOFTMAX_ROWS][2]; /* two chains of maxima a row: exact in any order */
   for (int i = 0; i < SOFTMAX_ROWS; i++) largest[i][0] = largest[i][1] = _mm512_set1_ps(-INFINITY);
   for (int64_t key = 0; key < p->seq_k; key += 16) {
-    const __mmask16 m = first(p->seq_k - key);
+    const __mmask16 m = hotrod_first(p->seq_k - key);
     for (int i = 0; i < SOFTMAX_ROWS; i++) {
       float* row = scores + i * p->padded_k + key;
       const __m512 raw = _mm512_maskz_loadu_ps(m, row);
@@ -211,7 +207,7 @@ static inline __attribute__((always_inline)) void softmax_rows(const Problem* p,
   for (int i = 0; i < SOFTMAX_ROWS; i++) {
     int64_t key = whole;
     if (key < p->seq_k) {
-      const __mmask16 m = first(p->seq_k - key);
+      const __mmask16 m = hotrod_first(p->seq_k - key);
       const __m512 s = _mm512_maskz_loadu_ps(m, scores + i * p->padded_k + key);
       const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(s, shift[i])));
       sum[i] = _mm512_add_ps(sum[i], e);
@@ -284,7 +280,7 @@ static void answer(const Problem* p, const float* spill, const float* inverse, i
     const __m512 factor = _mm512_set1_ps(inverse[r]);
     for (int64_t block = 0; block < blocks; block++) {
       const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(spill + r * p->depth + block * 16), factor);
-      const __mmask16 m = first(p->head_size - block * 16);
+      const __mmask16 m = hotrod_first(p->head_size - block * 16);
       const int64_t to = at + r * width + block * 16;
       if (out->y != NULL)
         _mm512_mask_storeu_ps(out->y + to, m, y);
@@ -301,8 +297,8 @@ static void load_queries(const Problem* p, const float* q, int64_t rows, uint16_
     for (int64_t r = 0; r < QUERY_ROWS; r++) {
       const float* row = q + r * width + step * 32;
       const int64_t left = r < rows ? p->head_size - step * 32 : 0;
-      const __m512 low = _mm512_maskz_loadu_ps(first(left), row);
-      const __m512 high = _mm512_maskz_loadu_ps(first(left - 16), row + 16);
+      const __m512 low = _mm512_maskz_loadu_ps(hotrod_first(left), row);
+      const __m512 high = _mm512_maskz_loadu_ps(hotrod_first(left - 16), row + 16);
       _mm512_storeu_si512(queries + 2 * step * TILE_HALVES + r * 32, bf16_pair(low, high));
     }
 }

@@ -5,6 +5,7 @@
 
 #include "attention_vectors.h"
 #include "dots.h"
+#include "lanes.h"
 #include "transpose.h"
 
 /* sums[r][0..32) = rows r < count of `a` (a row stride on) times 32 packed columns `w` ([depth][32]) over `steps`
@@ -30,11 +31,6 @@ static inline __attribute__((always_inline)) void fma_rows(const float* a, int64
 
 HOTROD_DOTS(fma_rows, float, float, float)
 
-/* The first `count` of 16 lanes (none for count <= 0). */
-static inline __mmask16 first(int64_t count) {
-  return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
-}
-
 int hotrod_attention_vectors_ready(void) { return hotrod_has_avx512(); }
 
 void hotrod_attention_pack_keys(const float* k, int64_t width, int64_t seq_k, int64_t padded_k, int64_t head_size,
@@ -44,7 +40,7 @@ void hotrod_attention_pack_keys(const float* k, int64_t width, int64_t seq_k, in
       __m512i rows[16];
       for (int64_t j = 0; j < 16; j++)
         rows[j] = key + j < seq_k ? _mm512_castps_si512(hotrod_round_bf16(
-                                        _mm512_maskz_loadu_ps(first(head_size - d), k + (key + j) * width + d)))
+                                        _mm512_maskz_loadu_ps(hotrod_first(head_size - d), k + (key + j) * width + d)))
                                   : _mm512_setzero_si512();
       hotrod_transpose16(rows); /* row i: depth d + i of the 16 keys */
       float* to = packed + ((key / 32) * depth + d) * 32 + key % 32;
@@ -58,7 +54,7 @@ void hotrod_attention_pack_values(const float* v, int64_t width, int64_t seq_k, 
     for (int64_t key = 0; key < padded_k; key++) {
       float* to = packed + (column / 32 * padded_k + key) * 32;
       for (int h = 0; h < 2; h++) {
-        const __mmask16 m = key < seq_k ? first(head_size - column - h * 16) : 0;
+        const __mmask16 m = key < seq_k ? hotrod_first(head_size - column - h * 16) : 0;
         _mm512_storeu_ps(to + h * 16, hotrod_round_bf16(_mm512_maskz_loadu_ps(m, v + key * width + column + h * 16)));
       }
     }
@@ -68,7 +64,7 @@ void hotrod_attention_queries(const float* q, int64_t width, int64_t rows, int64
                               float* queries) {
   for (int64_t r = 0; r < 32; r++)
     for (int64_t d = 0; d < depth; d += 16) {
-      const __mmask16 m = r < rows ? first(head_size - d) : 0;
+      const __mmask16 m = r < rows ? hotrod_first(head_size - d) : 0;
       _mm512_storeu_ps(queries + r * depth + d, hotrod_round_bf16(_mm512_maskz_loadu_ps(m, q + r * width + d)));
     }
 }

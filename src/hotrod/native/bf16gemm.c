@@ -26,6 +26,7 @@
 #include "bf16gemm.h"
 #include "dots.h"
 #include "gelu.h"
+#include "lanes.h"
 #include "tiles.h"
 
 #define TILE_ROWS 16
@@ -53,19 +54,14 @@ typedef struct {
   int tiles; /* 1: on AMX's tiles; 0: on AVX-512 BF16 (a CPU without them, or the op's choice) */
 } Problem;
 
-/* The first `count` of 16 lanes (none for count <= 0). */
-static inline __mmask16 first(int64_t count) {
-  return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
-}
-
 int hotrod_bf16_vectors_ready(void) {
   return hotrod_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
 void hotrod_round_row(const float* x, int64_t k, uint16_t* out) {
   for (int64_t d = 0; d < k; d += 32) {
-    const __m512 low = _mm512_maskz_loadu_ps(first(k - d), x + d);
-    const __m512 high = _mm512_maskz_loadu_ps(first(k - d - 16), x + d + 16);
+    const __m512 low = _mm512_maskz_loadu_ps(hotrod_first(k - d), x + d);
+    const __m512 high = _mm512_maskz_loadu_ps(hotrod_first(k - d - 16), x + d + 16);
     const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(high, low);
     _mm512_mask_storeu_epi16(out + d, k - d >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1ull << (k - d)) - 1), pair);
   }
@@ -108,7 +104,7 @@ static inline void pending(const Problem* p, Pending* e, const float* sums, int6
 /* 16 columns' sums of Y's row `row` from column `c` (a multiple of 16): biased, through the GELU where asked, plus
  * the residual where given, into Y. */
 static inline void emit(const Problem* p, __m512 sum, int64_t row, int64_t c) {
-  const __mmask16 mask = first(p->n - c);
+  const __mmask16 mask = hotrod_first(p->n - c);
   __m512 v = _mm512_add_ps(sum, _mm512_loadu_ps(p->bias + c));
   if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
   if (p->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p->residual + row * p->n + c));

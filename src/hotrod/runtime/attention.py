@@ -25,7 +25,6 @@ from hotrod.runtime import bf16, i8, native
 OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
-_NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 _VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the path without tiles
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
 _MULTI_HEAD = {"num_heads", "scale", "unidirectional", "mask_filter_value"}
@@ -38,9 +37,10 @@ def available() -> bool:
 
 
 def on_tiles() -> bool:
-    """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: each op is
-    told which as its graph is rewritten (its `tiles` attribute) and keeps it for the session."""
-    return native.tiles_ready(_NEEDED_FLAGS)
+    """Whether graphs loaded now run the kernel on AMX's tiles, rather than on its AVX-512 path: where the bf16
+    products take them (AMX-BF16's, `hotrod.runtime.bf16.on_tiles`). Each op is told which as its graph is
+    rewritten (its `tiles` attribute) and keeps it for the session."""
+    return bf16.on_tiles()
 
 
 def asked(model: onnx.ModelProto) -> bool:
