@@ -73,12 +73,12 @@ def _banned_on(banned: tuple[tuple[int, ...], ...], device: torch.device) -> tup
             by_length.setdefault(len(word) - 1, []).append(word)
     groups = [(torch.tensor([w[:-1] for w in words], device=device), torch.tensor([w[-1] for w in words], device=device))
               for words in by_length.values()]
-    return (_index_on(singles, device) if singles else None), groups
+    return (index_on(singles, device) if singles else None), groups
 
 
 def force(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
     """Only `token_ids` possible, each at score 0 (forced_bos_token_id, forced_eos_token_id)."""
-    return torch.full_like(scores, -float("inf")).index_fill(1, _index_on(tuple(token_ids), scores.device), 0.0)
+    return torch.full_like(scores, -float("inf")).index_fill(1, index_on(tuple(token_ids), scores.device), 0.0)
 
 
 def argmax(scores: torch.Tensor) -> torch.Tensor:
@@ -111,11 +111,12 @@ def suppress(scores: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
     """`token_ids` made impossible in every row. Their index tensor is made once per device: indexing a GPU
     tensor with a Python list copies the list from pageable host memory, which waits for the GPU's queue to
     drain (on an H200, one of a GPT-2 step's three waits when `min_new_tokens` holds EOS back)."""
-    return scores.index_fill(1, _index_on(tuple(token_ids), scores.device), -float("inf"))
+    return scores.index_fill(1, index_on(tuple(token_ids), scores.device), -float("inf"))
 
 
 @functools.lru_cache(maxsize=64)
-def _index_on(token_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def index_on(token_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """`token_ids` as a tensor on `device`, made once per device (see `suppress`)."""
     return torch.tensor(token_ids, dtype=torch.long, device=device)
 
 
@@ -140,6 +141,12 @@ def plain_argmax(s: Settings, length: int) -> bool:
     `process` changes the scores there. Kept beside `process`, whose conditions it mirrors."""
     return (not s.do_sample and s.repetition_penalty == 1.0 and not s.constrained
             and (not s.eos_token_ids or length >= s.min_length))
+
+
+def greedy_only(s: Settings) -> bool:
+    """Whether the next token is the argmax with, at most, fixed ids held back or a step forced
+    (`hotrod.generation.search.greedy`): no processor reads the row's tokens (`Settings.masks_only`)."""
+    return not s.do_sample and s.repetition_penalty == 1.0 and s.masks_only
 
 
 def held_back(s: Settings, length: int) -> tuple[int, ...] | None:

@@ -1,5 +1,8 @@
 """The one decoding loop: greedy and sampling, and beam search, for every backend and kind.
 
+Greedy and sampled decoding whose logits live on a GPU keep their tokens there (`hotrod.generation.device_loop`,
+the same choices without a wait on the device at every step).
+
 Beam search follows transformers' vectorised algorithm step for step (top 2K candidates, finished
 hypotheses merged by length-normalised score, the same early-stopping heuristics), so that its
 output is token-identical.
@@ -10,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hotrod.generation import device_loop
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, held_back, process
+from hotrod.generation.sampling import argmax, greedy_only, held_back, process
 from hotrod.generation.state import DecodingState
 
 NEG = -1.0e9
@@ -46,12 +50,6 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
             scores = scores.to(generator.device)
         return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1).cpu()
     return argmax(scores).cpu()
-
-
-def greedy_only(s: Settings) -> bool:
-    """Whether the next token is the argmax with, at most, fixed ids held back or a step forced (`greedy`):
-    no processor reads the row's tokens (`Settings.masks_only`)."""
-    return not s.do_sample and s.repetition_penalty == 1.0 and s.masks_only
 
 
 def greedy(logits: torch.Tensor, s: Settings, length: int) -> torch.Tensor:
@@ -100,6 +98,8 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
     expand = s.num_return_sequences if s.do_sample else 1
     sequences, logits = state.start(input_ids, attention_mask, expand)
     skip = prompt_padding(state, attention_mask, expand, s)
+    if device_loop.applies(logits):  # logits on a GPU: the tokens stay there, read every few steps
+        return device_loop.decode(state, sequences, logits, s, skip)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
     some_finished = False  # a Python bool: asking the tensor at every step costs more than the step's other work
     eos = frozenset(s.eos_token_ids or ())

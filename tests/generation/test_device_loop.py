@@ -1,0 +1,79 @@
+"""The decoding loop that keeps its tokens on the device: transformers' tokens, fewer reads by the host.
+
+On a CPU the loop runs when told to (`applies`), on CPU tensors: the same code a GPU's logits take, so
+the parity table's non-beam scenarios check it here, on every language model and backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotrod.generation import device_loop
+from tests.generation.test_parity import BATCH, SCENARIOS, SINGLE, frequent_tokens, generate_ours
+from tests.zoo import CASES, assert_same_tokens, prompt_batch
+
+NOT_BEAM = [name for name, scenario in SCENARIOS.items() if scenario.kwargs.get("num_beams", 1) == 1]
+
+
+@pytest.fixture
+def on_device(monkeypatch) -> list[int]:
+    """Every generation takes the device loop; the host looks every 3 steps. Returns the looks made."""
+    looks: list[int] = []
+    finished = device_loop.all_finished
+
+    def counted(unfinished):
+        looks.append(1)
+        return finished(unfinished)
+
+    monkeypatch.setattr(device_loop, "applies", lambda logits: True)
+    monkeypatch.setattr(device_loop, "READ_EVERY", 3)
+    monkeypatch.setattr(device_loop, "all_finished", counted)
+    return looks
+
+
+@pytest.mark.parametrize("lengths", [SINGLE, BATCH], ids=["single", "batch"])
+@pytest.mark.parametrize("scenario", NOT_BEAM)
+def test_device_loop_matches_transformers(zoo, lm_case, backend, lengths, scenario, on_device):
+    spec = SCENARIOS[scenario]
+    ids, mask = prompt_batch(CASES[lm_case], lengths)
+    kwargs = dict(spec.kwargs)
+    if spec.stop_often:
+        kwargs["eos_token_id"] = frequent_tokens(zoo, lm_case, ids, mask)
+    expected = zoo.hf_generate(lm_case, ids, mask, seed=spec.seed, **kwargs)
+    actual = generate_ours(zoo.model(lm_case, backend), ids, mask, spec.seed, **kwargs)
+    assert_same_tokens(actual, expected)
+
+
+@pytest.mark.parametrize("kwargs", [dict(min_new_tokens=5), dict(suppress_tokens=[4, 5]), dict(bad_words_ids=[[6]])],
+                         ids=["min_new_tokens", "suppress_tokens", "bad_words"])
+def test_held_back_ids_match_the_host_loop(zoo, lm_case, kwargs, on_device):
+    """Greedy settings that hold fixed ids back at some steps: processed there, the raw argmax elsewhere."""
+    ids, mask = prompt_batch(CASES[lm_case], BATCH)
+    model = zoo.model(lm_case, "static")
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=1)[:, -1].tolist()  # would end rows at once
+    kwargs = dict(max_new_tokens=9, eos_token_id=first, **kwargs)
+    expected = zoo.hf_generate(lm_case, ids, mask, **kwargs)
+    assert_same_tokens(model.generate(ids, attention_mask=mask, **kwargs), expected)
+
+
+def test_the_host_looks_every_few_steps_and_cuts_the_steps_past_the_end(zoo, on_device):
+    ids, mask = prompt_batch(CASES["gpt2"], BATCH)
+    model = zoo.model("gpt2", "static")
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=20)
+    assert len(on_device) <= 20 // 3  # a look after every 3rd step at most
+    start = ids.shape[1]
+    # every row ends on its first token: the host sees it at its look after the 3rd step, and cuts two
+    eos = sorted(set(free[:, start].tolist()))
+    on_device.clear()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=eos)
+    assert len(on_device) == 1
+    assert out.shape[1] == start + 1
+    assert_same_tokens(out, zoo.hf_generate("gpt2", ids, mask, max_new_tokens=20, eos_token_id=eos))
+
+
+def test_the_output_ends_past_the_last_rows_first_eos():
+    out = torch.tensor([[9, 1, 2, 3, 3, 3], [9, 4, 4, 5, 3, 3], [9, 3, 3, 3, 3, 3]])
+    assert device_loop.ended(out, 1, torch.tensor([3])) == 5
+    assert device_loop.ended(out, 1, torch.tensor([7])) == 6  # no row ended: all of it
+    assert device_loop.ended(out[:2], 1, torch.tensor([2, 5])) == 4
