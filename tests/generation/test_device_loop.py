@@ -18,13 +18,13 @@ NOT_BEAM = [name for name, scenario in SCENARIOS.items() if scenario.kwargs.get(
 
 @pytest.fixture
 def on_device(monkeypatch) -> list[int]:
-    """Every generation takes the device loop; the host looks every 3 steps. Returns the looks made."""
+    """Every generation takes the device loop; the host looks every 3 steps. Returns the answers it read."""
     looks: list[int] = []
     finished = device_loop.all_finished
 
-    def counted(unfinished):
+    def counted(left):
         looks.append(1)
-        return finished(unfinished)
+        return finished(left)
 
     monkeypatch.setattr(device_loop, "applies", lambda logits: True)
     monkeypatch.setattr(device_loop, "READ_EVERY", 3)
@@ -57,13 +57,14 @@ def test_held_back_ids_match_the_host_loop(zoo, lm_case, kwargs, on_device):
     assert_same_tokens(model.generate(ids, attention_mask=mask, **kwargs), expected)
 
 
-def test_the_host_looks_every_few_steps_and_cuts_the_steps_past_the_end(zoo, on_device):
+def test_the_host_reads_every_few_steps_and_cuts_the_steps_past_the_end(zoo, backend, on_device):
     ids, mask = prompt_batch(CASES["gpt2"], BATCH)
-    model = zoo.model("gpt2", "static")
+    model = zoo.model("gpt2", backend)
     free = model.generate(ids, attention_mask=mask, max_new_tokens=20)
-    assert len(on_device) <= 20 // 3  # a look after every 3rd step at most
+    assert len(on_device) <= 20 // 3  # an answer read after every 3rd step at most
     start = ids.shape[1]
-    # every row ends on its first token: the host sees it at its look after the 3rd step, and cuts two
+    # every row ends on its first token: the host asks at its first look and reads the answer at its second,
+    # and cuts the steps between
     eos = sorted(set(free[:, start].tolist()))
     on_device.clear()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=eos)
@@ -77,3 +78,34 @@ def test_the_output_ends_past_the_last_rows_first_eos():
     assert device_loop.ended(out, 1, torch.tensor([3])) == 5
     assert device_loop.ended(out, 1, torch.tensor([7])) == 6  # no row ended: all of it
     assert device_loop.ended(out[:2], 1, torch.tensor([2, 5])) == 4
+
+
+def test_chains_cover_no_step_a_processor_changes():
+    from hotrod.generation.config import merge, resolve
+    from hotrod.generation.sampling import held_back
+
+    for fixed in (dict(min_new_tokens=3), dict(forced_eos_token_id=5), dict(suppress_tokens=[4]), dict()):
+        s = resolve(merge(None, None, {"max_new_tokens": 20, "eos_token_id": 2, **fixed}), 1, None, vocab_size=12)
+        for length in range(1, s.max_length):
+            steps = device_loop.chain_length(s, length, 8)
+            assert steps in (1, 2, 4, 8) and length + steps <= s.max_length
+            if steps > 1:
+                assert all(held_back(s, at) == () for at in range(length, length + steps))
+            longer = min(2 * steps, 8)  # the longest such chain: twice as long would pass an end or a processor
+            assert longer == steps or length + longer > s.max_length or \
+                any(held_back(s, at) != () for at in range(length, length + longer))
+    sampled = resolve(merge(None, None, {"max_new_tokens": 20, "do_sample": True}), 1, None, vocab_size=12)
+    assert device_loop.chain_length(sampled, 1, 8) == 1
+
+
+def test_the_static_engine_runs_greedy_steps_in_chains(zoo, on_device, monkeypatch):
+    """READ_EVERY 3: after the prefill's token, 19 more in chains of 2 and one step; transformers' tokens."""
+    ids, mask = prompt_batch(CASES["gpt2"], BATCH)
+    model = zoo.model("gpt2", "static")
+    chains, steps = [], []
+    chain, run = model.backend.chain, model.backend.run
+    monkeypatch.setattr(model.backend, "chain", lambda *a, **k: chains.append(len(a[3])) or chain(*a, **k))
+    monkeypatch.setattr(model.backend, "run", lambda graph, feeds, **k: steps.append(graph) or run(graph, feeds, **k))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
+    assert chains == [2] * 9 and steps == ["decoder"] * 2  # the prefill and the last step
+    assert_same_tokens(out, zoo.hf_generate("gpt2", ids, mask, max_new_tokens=20, eos_token_id=None, pad_token_id=0))

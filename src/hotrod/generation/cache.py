@@ -27,13 +27,14 @@ from hotrod.generation.feeds import (
 )
 from hotrod.generation.self_cache import SelfCache
 from hotrod.registry import Dims
-from hotrod.runtime.base import Backend
+from hotrod.runtime.base import Backend, Held
 
 
 class _OnSelfCache:
     """What both kinds' states do by handing it to their `SelfCache` (`self.kv`)."""
 
     kv: SelfCache
+    token_feed: str  # the decoder graph's input of a step's tokens
     # Prompt widths are rounded up to a multiple of this (a server sets it to its model's invariant rows:
     # a kernel that takes rows in pairs then pairs each token with one of its own row, wherever it lies).
     width_multiple: int = 1
@@ -96,6 +97,20 @@ class _OnSelfCache:
             return None
         vocab = next(t.axes[-1] for t in self.backend.contracts["decoder"].outputs if t.name == "logits")
         return vocab if isinstance(vocab, int) else None
+
+    def chain(self, tokens: torch.Tensor, steps: int) -> torch.Tensor | None:
+        """`steps` greedy steps in one call of the backend, each fed the argmax of the step before (the
+        first: `tokens` [rows]): every row's `steps` tokens [rows, steps], or None where the backend does
+        not chain steps (`Backend.chains_steps`). What each step feeds besides its token is known ahead:
+        every row advances by one position a step."""
+        if not self.backend.chains_steps:
+            return None
+        self.kv.reserve(self.kv.length + steps)  # the buffers stay where they are for the whole chain
+        plans = []
+        for _ in range(steps):
+            plans.append(self._plan())
+            self.kv.advance()
+        return self.backend.chain("decoder", tokens, self.token_feed, plans, held=self._held())
 
     def reorder(self, index: torch.Tensor) -> None:
         self.kv.reorder(index)
@@ -164,11 +179,21 @@ class DecoderState(_OnSelfCache):
             input_ids, logits = input_ids[index], logits[index]
         return input_ids, logits
 
+    token_feed = "input_ids"
+
     def step(self, tokens):
         positions = self.kv.host_lengths[:, None]
         logits = self._run(token_column(tokens), positions, self.kv.step_feeds(), zeros_column(positions.shape[0]))
         self.kv.advance()
         return logits
+
+    def _plan(self) -> dict[str, Any]:
+        """A step's feeds but its token, as `step` makes them (copies: the lengths advance in place)."""
+        positions = self.kv.host_lengths[:, None].copy()
+        return {"position_ids": positions, "logits_positions": zeros_column(positions.shape[0]), **self.kv.step_feeds()}
+
+    def _held(self) -> Held:
+        return self.kv.held()
 
     def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
@@ -184,7 +209,7 @@ class DecoderState(_OnSelfCache):
         """The logits at `logits_positions`: the last one's [rows, vocab] (`last`), or all [rows, k, vocab]."""
         feeds = {"input_ids": ids, "position_ids": positions, "logits_positions": logits_positions, **cache_feeds}
         into, own = self._own_logits(ids.shape[0], logits_positions.shape[1], last)
-        out = self.backend.run("decoder", feeds, into=into, held=self.kv.held())
+        out = self.backend.run("decoder", feeds, into=into, held=self._held())
         return self._read_logits(out, own, last)
 
     def room_for(self, other: DecoderState) -> bool:
@@ -259,10 +284,19 @@ class Seq2SeqState(_OnSelfCache):
         self.kv.lengths = torch.ones(len(sequences), dtype=torch.long)
         return sequences, logits
 
+    token_feed = "decoder_input_ids"
+
     def step(self, tokens):
         logits = self._run(token_column(tokens), last=True)
         self.kv.advance()
         return logits
+
+    def _plan(self) -> dict[str, Any]:
+        """A step's feeds but its token, as `_run` makes them."""
+        return self.kv.step_feeds(1)
+
+    def _held(self) -> Held:
+        return self.kv.held(self._held_feeds, (self.cross, self.mask))
 
     def verify(self, tokens: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Run `tokens` [rows, k] after each row's cache in one pass: the logits after each of them
@@ -275,8 +309,7 @@ class Seq2SeqState(_OnSelfCache):
         """The logits after the tokens [rows, k]: the last position's [rows, vocab] (`last`), or all."""
         feeds = {"decoder_input_ids": tokens, **self.kv.step_feeds(tokens.shape[1])}
         into, own = self._own_logits(*tokens.shape, last)
-        out = self.backend.run("decoder", feeds, into=into,
-                               held=self.kv.held(self._held_feeds, (self.cross, self.mask)))
+        out = self.backend.run("decoder", feeds, into=into, held=self._held())
         return self._read_logits(out, own, last)
 
     def finish(self) -> None:

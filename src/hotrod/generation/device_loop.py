@@ -4,14 +4,21 @@ On a GPU, reading a chosen token on the host (`.cpu()`, `.tolist()`, `.item()`) 
 queue has drained: a loop that reads every step's token leaves the GPU idle while the host prepares the
 next step, and the host idle while the GPU runs it, so a small model's step costs the sum of both. Here
 the tokens, which rows have finished and the sequences so far stay on the device, and the host enqueues
-step after step, asking whether every row has finished only once every `READ_EVERY` steps. What a step
-feeds besides its tokens (each row's length and position) the host knows without asking: every row
-advances by one a step.
+step after step. What a step feeds besides its tokens (each row's length and position) the host knows
+without asking: every row advances by one a step.
+
+- The host looks whether every row has finished once every `READ_EVERY` steps, and then reads the answer
+  of its look before (copied to the host as its steps ran): the device always has the steps since then
+  queued while the host waits.
+- Where no host decision lies between steps (greedy, nothing held back: `chain_length`) and the backend
+  chains steps (the static engine), up to READ_EVERY steps run as one call, recorded as one graph, each
+  fed the argmax of the one before: one launch instead of several.
 
 The output is the host loop's (`hotrod.generation.search.sample_or_greedy`) to the token: the same
 processors over the same rows, the same draws from the same generator in the same order, finished rows
-fed the pad token. The steps that ran after the last row's EOS, before the host looked, are cut from it
-(at most READ_EVERY - 1 steps of device time, once a generation).
+given the pad token. The steps that ran after the last row's EOS, before the host saw it, are cut from it
+(fewer than 2 x READ_EVERY steps of device time, once a generation). A chain feeds a finished row its own
+argmax rather than the pad token: rows are independent, and that row's later tokens are the pad token.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from hotrod.generation.config import Settings
 from hotrod.generation.sampling import argmax, greedy_only, held_back, index_on, process
 from hotrod.generation.state import DecodingState
 
-# Steps between the host's looks at whether every row has finished: each look waits for the device to
-# drain its queue; each step past the last EOS before a look is wasted device time.
+# Steps between the host's looks at whether every row has finished, and the longest chain of steps in one
+# call: each look waits for the device (the look before's steps); each step past the last EOS is wasted.
 READ_EVERY = 8
 
 
@@ -43,30 +50,39 @@ def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, 
     rows = torch.empty((sequences.shape[0], max(s.max_length, start + 1)), dtype=torch.long, device=device)
     rows[:, :start] = sequences.to(device)
     skip = None if skip is None else skip.to(device)
-    eos = index_on(tuple(s.eos_token_ids), device) if s.eos_token_ids else None
-    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=device)
-    length, unread = start, 0
-    while True:
-        tokens = choose(logits, rows[:, :length], s, skip)
-        if eos is not None:  # a finished row is fed the pad token (which the settings make EOS's when unset)
-            tokens = torch.where(unfinished, tokens, s.pad_token_id)
-            unfinished &= ~torch.isin(tokens, eos)
-        rows[:, length] = tokens
-        length, unread = length + 1, unread + 1
-        if length >= s.max_length:
-            break
-        if eos is not None and unread >= READ_EVERY:
+    ends = _Ends(s, sequences.shape[0], device)
+    tokens = ends.settle(choose(logits, rows[:, :start], s, skip)[:, None])
+    rows[:, start:start + 1] = tokens
+    length, unread, chains = start + 1, 1, True
+    while length < s.max_length:
+        if ends.eos is not None and unread >= READ_EVERY:
             unread = 0
-            if all_finished(unfinished):
+            if ends.look():
                 break
-        logits = state.step(tokens)
+        steps = chain_length(s, length, READ_EVERY) if chains else 1
+        block = state.chain(tokens[:, -1], steps) if steps > 1 else None
+        chains = chains and (steps == 1 or block is not None)
+        if block is None:
+            logits = state.step(tokens[:, -1])
+            block, steps = choose(logits, rows[:, :length], s, skip)[:, None], 1
+        tokens = ends.settle(block)
+        rows[:, length:length + steps] = tokens
+        length, unread = length + steps, unread + steps
     out = rows[:, :length].cpu()
-    return out if eos is None else out[:, :ended(out, start, eos.cpu())]
+    return out if ends.eos is None else out[:, :ended(out, start, ends.eos.cpu())]
 
 
-def all_finished(unfinished: torch.Tensor) -> bool:
-    """Whether no row is left: the host's one wait on the device in READ_EVERY steps."""
-    return not bool(unfinished.any())
+def chain_length(s: Settings, length: int, most: int) -> int:
+    """How many greedy steps may run as one chain from rows of `length` tokens: a power of two up to `most`
+    and to `max_length`, over which no processor changes the raw argmax; 1 where none may."""
+    if not greedy_only(s):
+        return 1
+    steps = 1
+    while 2 * steps <= min(most, s.max_length - length):
+        steps *= 2
+    while steps > 1 and any(held_back(s, at) != () for at in range(length, length + steps)):
+        steps //= 2
+    return steps
 
 
 def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Tensor | None) -> torch.Tensor:
@@ -79,6 +95,56 @@ def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Te
     if s.do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
     return argmax(scores)
+
+
+class _Ends:
+    """Which rows have finished, on the device, and the host's looks at whether all have."""
+
+    def __init__(self, s: Settings, rows: int, device: torch.device):
+        self.eos = index_on(tuple(s.eos_token_ids), device) if s.eos_token_ids else None
+        self.pad = s.pad_token_id  # the settings make it EOS's where unset
+        self.unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+        self._asked: _Answer | None = None
+
+    def settle(self, block: torch.Tensor) -> torch.Tensor:
+        """Steps' chosen tokens [rows, steps] as the host loop keeps them: a row's tokens after its first EOS
+        (or after it had finished before them) the pad token."""
+        if self.eos is None:
+            return block
+        hits = torch.isin(block, self.eos)
+        after = (hits.cumsum(dim=1) - hits.int()) > 0  # past the block's first EOS in the row
+        block = torch.where(after | ~self.unfinished[:, None], self.pad, block)
+        self.unfinished &= ~hits.any(dim=1)
+        return block
+
+    def look(self) -> bool:
+        """Whether every row had finished at the look before this one (False at the first): asks the device
+        now, reads the answer of the last time."""
+        answer, self._asked = self._asked, _Answer(self.unfinished)
+        return answer is not None and answer.all_finished()
+
+
+class _Answer:
+    """Whether any row is left, copied to the host behind the steps queued so far; read once they ran."""
+
+    def __init__(self, unfinished: torch.Tensor):
+        left = unfinished.any()
+        self.event = None
+        if left.is_cuda:
+            self.event = torch.cuda.Event()
+            left = left.to("cpu", non_blocking=True)
+            self.event.record()
+        self.left = left
+
+    def all_finished(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()  # the steps up to the look that asked, not those queued since
+        return all_finished(self.left)
+
+
+def all_finished(left: torch.Tensor) -> bool:
+    """Whether `left` (any row unfinished, on the host) says none is: the host's one read of a look."""
+    return not bool(left)
 
 
 def ended(out: torch.Tensor, start: int, eos: torch.Tensor) -> int:

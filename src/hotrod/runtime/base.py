@@ -65,6 +65,9 @@ class Backend(Protocol):
     # engine, whose recorded graphs are keyed by their addresses): a finished generate() then keeps none
     # for the next call (`HotrodModel._generation_state`), which would hold them out of the pool.
     pools_cache: bool
+    # Whether it runs several greedy steps in one call, each fed the argmax of the one before (`chain`): the
+    # static engine, which records them as one graph, so that the host launches them at once.
+    chains_steps: bool
     # Whether an encoder-decoder's step may read one cross K/V and encoder mask per source for that source's
     # rows (beams, samples; `hotrod.models.seq2seq`): the static engine pads every feed to its batch bucket,
     # so it takes a copy per row.
@@ -83,6 +86,12 @@ class Backend(Protocol):
         feeds and such outputs that stay the same from one run to the next (`Held`); what it writes to is
         not returned.
         """
+
+    def chain(self, graph: str, tokens: torch.Tensor, token: str, plans: list[Mapping[str, Any]],
+              held: Held | None = None) -> torch.Tensor:
+        """Where `chains_steps`: `len(plans)` greedy steps of `graph`, step j on the feeds of `plans[j]` and its
+        `token` feed the argmax of the step before's logits (the first: `tokens` [rows]); each step's argmax
+        [rows, steps]."""
 
     def empty(self, shape: tuple[int, ...]) -> Any:
         """A new zero-filled float32 handle of `shape` on the backend's device (a cache buffer)."""

@@ -48,7 +48,7 @@ class OrtBackend:
         self.torch_device = torch.device(self.device, 0) if self.device != "cpu" else torch.device("cpu")
         self.loop_threads = 1 if self.device == "cpu" else None
         self.verifies_drafts = True
-        self.pools_cache = False
+        self.pools_cache = self.chains_steps = False
         self.shares_sources = True
         self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         self.verifies_batches = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 ..."

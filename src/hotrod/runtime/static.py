@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from transformers.activations import NewGELUActivation
 
@@ -75,6 +76,21 @@ class EngineOptions:
         return getattr(torch, self.spec.torch_dtype)
 
 
+@dataclass
+class _Prepared:
+    """A call's rows and arguments (`StaticBackend._prepare`): whether it is recorded, the input names fed
+    (the static span aside), the outputs written in place (`targets`), the arguments (inputs, then targets),
+    which of them are copied into placeholders, and the static span."""
+
+    rows: int
+    recorded: bool
+    names: list[str]
+    targets: list[str]
+    args: list[torch.Tensor]
+    copied: list[bool]
+    span: int | None
+
+
 class StaticBackend:
     """A `hotrod.runtime.base.Backend` over the lean module (see the module doc)."""
 
@@ -91,6 +107,7 @@ class StaticBackend:
         self.loop_threads = None
         self.verifies_drafts = self.verifies_batches = self.binds_outputs = False
         self.pools_cache = True
+        self.chains_steps = True
         self.shares_sources = False
         # one padded, recorded call on a GPU (see `Backend`); on a CPU it runs eagerly, as onnxruntime does
         self.call_overhead_tokens = 1 << 30 if self.device == "cuda" else CALL_OVERHEAD_TOKENS
@@ -116,12 +133,51 @@ class StaticBackend:
         if graph in self.packed and _has_padding(feeds):
             return self._run_packed(graph, io, feeds)
         into = dict(into or {})
+        call = self._prepare(io, feeds, into)
+        fn = self._call(graph, io, call.names, call.span, call.targets)
+        outputs = iter(self._execute((graph, call.span), fn, call))
+        return {n: into[n] if n in into else next(outputs)[:call.rows] for n in io.output_names}
+
+    @torch.inference_mode()
+    def chain(self, graph: str, tokens: torch.Tensor, token: str, plans: list[Mapping[str, Any]],
+              held: Held | None = None) -> torch.Tensor:
+        """`len(plans)` greedy steps of `graph` in one call, recorded as one graph: step j runs on the feeds
+        of `plans[j]` (each row's position and length, known ahead), its `token` feed the argmax of the
+        logits of the step before (the first step's: `tokens` [rows]). Returns each step's argmax [rows,
+        steps]. On a GPU the host then launches a few steps at a time (`hotrod.generation.device_loop`)."""
+        steps = len(plans)
+        first = {**plans[0], token: tokens[:, None]}
+        feeds, into = merged(first, None, held)
+        io = contract_of(self.contracts, graph, feeds)
+        into = dict(into or {})
+        call = self._prepare(io, feeds, into)
+        width = call.args[call.names.index(token)].shape[0]  # the rows fed: the bucket's where recorded
+        varying = [i for i, n in enumerate(call.names) if call.copied[i] and n != token and n in plans[0]]
+        for i in varying:  # each step's own feeds, for every step at once: one copy to the device
+            call.args[i] = self._device(_stacked([plan[call.names[i]] for plan in plans], width))
+        step = self._call(graph, io, call.names, call.span, call.targets)
+        at = [n for n in io.output_names if n not in call.targets].index("logits")
+        count, where, ahead = len(call.names), call.names.index(token), frozenset(varying)
+
+        def fn(*args):
+            current, chosen = args[where], []
+            for j in range(steps):
+                step_args = [a[j] if i in ahead else a for i, a in enumerate(args[:count])]
+                step_args[where] = current
+                current = step(*step_args, *args[count:])[at][:, -1].argmax(dim=-1, keepdim=True)
+                chosen.append(current)
+            return [torch.cat(chosen, dim=1)]
+
+        return self._execute(("chain", graph, steps, call.span), fn, call)[0][:call.rows]
+
+    def _prepare(self, io: GraphIO, feeds: Mapping[str, Any], into: dict[str, Any]) -> _Prepared:
+        """A call's arguments: every cache tensor lent by the pool at the batch bucket's rows binds the
+        bases where they lie (recorded by key, the other feeds padded to the bucket); otherwise the rows
+        given, on the tensors given, eagerly."""
         rows = next(feeds[t.name].shape[0] for t in io.inputs if t.name != SPAN)
         lent = {name: (value, self.pool.base_of(value)) for name, value in (*feeds.items(), *into.items())
                 if isinstance(value, torch.Tensor) and value.dim() == 4}
         bucket = batch_bucket(rows)
-        # Every cache tensor lent by the pool at the bucket's rows: pad to the bucket, bind the bases where
-        # they lie and record the call by key. Otherwise run at the rows given, on the tensors given.
         recorded = all(base is not None and base.shape[0] == bucket for _, base in lent.values())
         bound = {name: base if recorded else value for name, (value, base) in lent.items()}
         names = [n for n in io.input_names if n != SPAN]
@@ -129,15 +185,15 @@ class StaticBackend:
         args = [bound[n] if n in bound else self._device(feeds[n], bucket if recorded else rows) for n in names]
         args += [bound.get(n, into[n]) for n in targets]
         copied = [n not in bound for n in names] + [False] * len(targets)
-        span = self._span(io, feeds, args, names)
-        fn = self._call(graph, io, names, span, targets)
-        if recorded:
-            key = (graph, span, *((tuple(a.shape), a.dtype, None if c else a.data_ptr()) for a, c in zip(args, copied)))
-            outputs = iter(self.recorded.call(key, fn, args, copied))
-        else:
-            outputs = iter(fn(*args))
+        return _Prepared(rows, recorded, names, targets, args, copied, self._span(io, feeds, args, names))
+
+    def _execute(self, name: tuple, fn, call: _Prepared) -> list[torch.Tensor]:
+        """fn(*args), replayed from its recording where the call binds the pool's bases (see `run`)."""
+        if not call.recorded:
             self.recorded.stats.eager += 1
-        return {n: into[n] if n in into else next(outputs)[:rows] for n in io.output_names}
+            return list(fn(*call.args))
+        key = (*name, *((tuple(a.shape), a.dtype, None if c else a.data_ptr()) for a, c in zip(call.args, call.copied)))
+        return self.recorded.call(key, fn, call.args, call.copied)
 
     def _run_packed(self, graph: str, io: GraphIO, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Eagerly: the packed tensor's size is the batch's token count, a new shape almost every call."""
@@ -205,6 +261,15 @@ class StaticBackend:
         out = self.pool.take((len(index), *value.shape[1:]))
         torch.index_select(value, 0, index.to(value.device), out=out)
         return out
+
+
+def _stacked(values: list[Any], rows: int) -> torch.Tensor:
+    """Small host feeds of several steps as one [steps, rows, ...] tensor, each zero-padded to `rows`."""
+    arrays = [np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v) for v in values]
+    out = np.zeros((len(arrays), rows, *arrays[0].shape[1:]), dtype=arrays[0].dtype)
+    for j, array in enumerate(arrays):
+        out[j, : array.shape[0]] = array
+    return torch.from_numpy(out)
 
 
 def _has_padding(feeds: Mapping[str, Any]) -> bool:

@@ -18,7 +18,7 @@ class TorchBackend:
         self.loop_threads = None  # torch runs the model itself: its threads are the engine's
         self.verifies_drafts = self.verifies_batches = True
         self.binds_outputs = False  # its modules return new logits: writing them into a buffer would be a copy
-        self.pools_cache = False
+        self.pools_cache = self.chains_steps = False
         self.shares_sources = True
         self.call_overhead_tokens = CALL_OVERHEAD_TOKENS
         if options.device == "cpu" and options.threads:  # torch's thread count is process-wide: only when asked
