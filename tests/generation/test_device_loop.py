@@ -84,16 +84,18 @@ def test_chains_cover_no_step_a_processor_changes():
     from hotrod.generation.config import merge, resolve
     from hotrod.generation.sampling import held_back
 
-    for fixed in (dict(min_new_tokens=3), dict(forced_eos_token_id=5), dict(suppress_tokens=[4]), dict()):
+    fixed_ids = (dict(min_new_tokens=3), dict(forced_eos_token_id=5), dict(forced_bos_token_id=6),
+                 dict(suppress_tokens=[4]), dict(bad_words_ids=[[7]]), dict())
+    for fixed in fixed_ids:
         s = resolve(merge(None, None, {"max_new_tokens": 20, "eos_token_id": 2, **fixed}), 1, None, vocab_size=12)
         for length in range(1, s.max_length):
             steps = device_loop.chain_length(s, length, 8)
             assert steps in (1, 2, 4, 8) and length + steps <= s.max_length
-            if steps > 1:
-                assert all(held_back(s, at) == () for at in range(length, length + steps))
-            longer = min(2 * steps, 8)  # the longest such chain: twice as long would pass an end or a processor
+            if steps > 1:  # no forced step inside a chain
+                assert all(held_back(s, at) is not None for at in range(length, length + steps))
+            longer = min(2 * steps, 8)  # the longest such chain: twice as long would pass an end or a forced step
             assert longer == steps or length + longer > s.max_length or \
-                any(held_back(s, at) != () for at in range(length, length + longer))
+                any(held_back(s, at) is None for at in range(length, length + longer))
     sampled = resolve(merge(None, None, {"max_new_tokens": 20, "do_sample": True}), 1, None, vocab_size=12)
     assert device_loop.chain_length(sampled, 1, 8) == 1
 
@@ -104,8 +106,51 @@ def test_the_static_engine_runs_greedy_steps_in_chains(zoo, on_device, monkeypat
     model = zoo.model("gpt2", "static")
     chains, steps = [], []
     chain, run = model.backend.chain, model.backend.run
-    monkeypatch.setattr(model.backend, "chain", lambda *a, **k: chains.append(len(a[3])) or chain(*a, **k))
+    monkeypatch.setattr(model.backend, "chain", lambda *a: chains.append(len(a[3])) or chain(*a))
     monkeypatch.setattr(model.backend, "run", lambda graph, feeds, **k: steps.append(graph) or run(graph, feeds, **k))
     out = model.generate(ids, attention_mask=mask, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
     assert chains == [2] * 9 and steps == ["decoder"] * 2  # the prefill and the last step
     assert_same_tokens(out, zoo.hf_generate("gpt2", ids, mask, max_new_tokens=20, eos_token_id=None, pad_token_id=0))
+
+
+@pytest.mark.parametrize("fixed", [
+    dict(bad_words_ids=[[4], [9]]), dict(suppress_tokens=[4, 7]), dict(begin_suppress_tokens=[4]),
+    dict(min_new_tokens=3), dict(bad_words_ids=[[4]], suppress_tokens=[7], min_new_tokens=3, forced_eos_token_id=5)])
+def test_a_chains_pick_is_the_processed_argmax_at_every_step(fixed):
+    """Inside a chain, each step's choice is the host loop's: the argmax of the processed scores, NaN logits at
+    held-back ids included (a bad word's -inf is added, as transformers' bias; the others are filled)."""
+    from hotrod.generation.config import merge, resolve
+    from hotrod.generation.sampling import argmax, held_back, process
+
+    s = resolve(merge(None, None, {"max_new_tokens": 8, "eos_token_id": 2, **fixed}), 1, None, vocab_size=12)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(14, 12, generator=generator)
+    logits[torch.arange(12), torch.arange(12)] += 10  # row i's raw argmax is token i: every id chosen somewhere
+    logits[12, 4], logits[13, 2] = float("nan"), float("nan")
+    checked = False
+    for length in range(1, s.max_length):
+        steps = device_loop.chain_length(s, length, 8)
+        if steps == 1:  # one step a call: the host loop's own choice (`choose`)
+            continue
+        pick = device_loop.ChainPick(s, length, steps, 12, torch.device("cpu"))
+        for j in range(steps):
+            assert held_back(s, length + j) is not None
+            rows = torch.zeros((14, length + j), dtype=torch.long)  # only their length is read
+            half = logits.bfloat16()  # as the engine's half precision gives them; the host's are made fp32
+            assert torch.equal(pick(logits, j, *pick.tensors), argmax(process(logits, rows, s, None))), (length, j)
+            assert torch.equal(pick(half, j, *pick.tensors), argmax(process(half.float(), rows, s, None)))
+        checked = True
+    assert checked
+
+
+def test_chains_hold_eos_back_under_min_new_tokens(zoo, on_device, monkeypatch):
+    """The GPU benchmarks' setting (min_new_tokens = max_new_tokens): EOS held back inside every chain."""
+    ids, mask = prompt_batch(CASES["gpt2"], BATCH)
+    model = zoo.model("gpt2", "static")
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=1)[:, -1].tolist()  # would end rows at once
+    chains, chain = [], model.backend.chain
+    monkeypatch.setattr(model.backend, "chain", lambda *a: chains.append(len(a[3])) or chain(*a))
+    kwargs = dict(max_new_tokens=12, min_new_tokens=12, eos_token_id=first)
+    out = model.generate(ids, attention_mask=mask, **kwargs)
+    assert chains and out.shape[1] == ids.shape[1] + 12
+    assert_same_tokens(out, zoo.hf_generate("gpt2", ids, mask, **kwargs))

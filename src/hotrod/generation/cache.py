@@ -98,11 +98,11 @@ class _OnSelfCache:
         vocab = next(t.axes[-1] for t in self.backend.contracts["decoder"].outputs if t.name == "logits")
         return vocab if isinstance(vocab, int) else None
 
-    def chain(self, tokens: torch.Tensor, steps: int) -> torch.Tensor | None:
-        """`steps` greedy steps in one call of the backend, each fed the argmax of the step before (the
-        first: `tokens` [rows]): every row's `steps` tokens [rows, steps], or None where the backend does
-        not chain steps (`Backend.chains_steps`). What each step feeds besides its token is known ahead:
-        every row advances by one position a step."""
+    def chain(self, tokens: torch.Tensor, steps: int, pick: Any) -> torch.Tensor | None:
+        """`steps` greedy steps in one call of the backend, each fed the choice (`pick`, see `Backend.chain`)
+        of the step before (the first: `tokens` [rows]): every row's `steps` tokens [rows, steps], or None
+        where the backend does not chain steps (`Backend.chains_steps`). What each step feeds besides its
+        token is known ahead: every row advances by one position a step."""
         if not self.backend.chains_steps:
             return None
         self.kv.reserve(self.kv.length + steps)  # the buffers stay where they are for the whole chain
@@ -110,7 +110,7 @@ class _OnSelfCache:
         for _ in range(steps):
             plans.append(self._plan())
             self.kv.advance()
-        return self.backend.chain("decoder", tokens, self.token_feed, plans, held=self._held())
+        return self.backend.chain("decoder", tokens, self.token_feed, plans, self._held(), pick)
 
     def reorder(self, index: torch.Tensor) -> None:
         self.kv.reorder(index)

@@ -10,9 +10,10 @@ without asking: every row advances by one a step.
 - The host looks whether every row has finished once every `READ_EVERY` steps, and then reads the answer
   of its look before (copied to the host as its steps ran): the device always has the steps since then
   queued while the host waits.
-- Where no host decision lies between steps (greedy, nothing held back: `chain_length`) and the backend
-  chains steps (the static engine), up to READ_EVERY steps run as one call, recorded as one graph, each
-  fed the argmax of the one before: one launch instead of several.
+- Where no host decision lies between steps (greedy, with processors that act on fixed ids alone, no
+  forced step: `chain_length`) and the backend chains steps (the static engine), up to READ_EVERY steps
+  run as one call, recorded as one graph, each fed the choice of the one before (`ChainPick`): one launch
+  instead of several.
 
 The output is the host loop's (`hotrod.generation.search.sample_or_greedy`) to the token: the same
 processors over the same rows, the same draws from the same generator in the same order, finished rows
@@ -22,6 +23,8 @@ argmax rather than the pad token: rows are independent, and that row's later tok
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -60,7 +63,9 @@ def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, 
             if ends.look():
                 break
         steps = chain_length(s, length, READ_EVERY) if chains else 1
-        block = state.chain(tokens[:, -1], steps) if steps > 1 else None
+        block = None
+        if steps > 1:
+            block = state.chain(tokens[:, -1], steps, ChainPick(s, length, steps, logits.shape[-1], device))
         chains = chains and (steps == 1 or block is not None)
         if block is None:
             logits = state.step(tokens[:, -1])
@@ -74,15 +79,52 @@ def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, 
 
 def chain_length(s: Settings, length: int, most: int) -> int:
     """How many greedy steps may run as one chain from rows of `length` tokens: a power of two up to `most`
-    and to `max_length`, over which no processor changes the raw argmax; 1 where none may."""
+    and to `max_length`, with no forced step among them (processors that hold fixed ids back are applied
+    inside the chain, `ChainPick`); 1 where none may (sampling, or a processor that reads the rows)."""
     if not greedy_only(s):
         return 1
     steps = 1
     while 2 * steps <= min(most, s.max_length - length):
         steps *= 2
-    while steps > 1 and any(held_back(s, at) != () for at in range(length, length + steps)):
+    while steps > 1 and any(held_back(s, at) is None for at in range(length, length + steps)):
         steps //= 2
     return steps
+
+
+class ChainPick:
+    """A chain's choice at each of its steps, inside its one recorded call: the argmax of the scores as
+    `hotrod.generation.sampling.process` leaves them for greedy settings that act on fixed ids alone, in
+    its order: one-token bad words' -inf added (as its bias), then the ids held back at that step
+    (min_length's EOS, suppressed tokens) filled with -inf. `tensors` are copied into the recording's
+    inputs at each call (which ids each step holds back); `key` names what else it reads."""
+
+    def __init__(self, s: Settings, length: int, steps: int, vocab: int, device: torch.device):
+        banned = tuple(sorted({word[0] for word in s.bad_words_ids}))
+        self.bias = bias_on(banned, vocab, device) if banned else None
+        bad = set(banned)
+        held = [set(held_back(s, length + j)) - bad for j in range(steps)]
+        self.tensors: list[torch.Tensor] = []
+        if any(held):
+            fill = torch.zeros((steps, vocab), dtype=torch.bool)
+            for j, ids in enumerate(held):
+                fill[j, sorted(ids)] = True
+            self.tensors.append(fill)
+        self.key = (banned, bool(self.tensors))
+
+    def __call__(self, logits: torch.Tensor, step: int, *tensors: torch.Tensor) -> torch.Tensor:
+        """Step `step`'s tokens [rows] from its logits [rows, vocab], over fp32 scores as the host's are."""
+        scores = logits.float()
+        if self.bias is not None:
+            scores = scores + self.bias
+        if tensors:
+            scores = scores.masked_fill(tensors[0][step], -float("inf"))
+        return scores.argmax(dim=-1)
+
+
+@functools.lru_cache(maxsize=16)
+def bias_on(banned: tuple[int, ...], vocab: int, device: torch.device) -> torch.Tensor:
+    """-inf at the `banned` ids, 0 elsewhere: made once, and never freed while a recording may read it."""
+    return torch.zeros(vocab, device=device).index_fill_(0, index_on(banned, device), -float("inf"))
 
 
 def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Tensor | None) -> torch.Tensor:

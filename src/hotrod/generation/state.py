@@ -10,7 +10,7 @@ per arrival or departure, never per step. The states themselves are in `hotrod.g
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -27,9 +27,10 @@ class DecodingState(Protocol):
         vocab], which the next call to the state may overwrite (a backend that writes outputs where it is
         told writes them into a buffer of the state's own)."""
 
-    def chain(self, tokens: torch.Tensor, steps: int) -> torch.Tensor | None:
-        """`steps` greedy steps in one backend call, each fed the raw argmax of the step before (the first:
-        `tokens`): the tokens chosen [rows, steps], or None where the backend runs one step a call."""
+    def chain(self, tokens: torch.Tensor, steps: int, pick: Any) -> torch.Tensor | None:
+        """`steps` greedy steps in one backend call, each fed the choice (`pick`, as `Backend.chain` takes it)
+        of the step before (the first: `tokens`): the tokens chosen [rows, steps], or None where the backend
+        runs one step a call."""
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep cache rows `index` (beam search)."""

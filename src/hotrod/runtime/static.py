@@ -140,11 +140,12 @@ class StaticBackend:
 
     @torch.inference_mode()
     def chain(self, graph: str, tokens: torch.Tensor, token: str, plans: list[Mapping[str, Any]],
-              held: Held | None = None) -> torch.Tensor:
+              held: Held | None, pick: Any) -> torch.Tensor:
         """`len(plans)` greedy steps of `graph` in one call, recorded as one graph: step j runs on the feeds
-        of `plans[j]` (each row's position and length, known ahead), its `token` feed the argmax of the
-        logits of the step before (the first step's: `tokens` [rows]). Returns each step's argmax [rows,
-        steps]. On a GPU the host then launches a few steps at a time (`hotrod.generation.device_loop`)."""
+        of `plans[j]` (each row's position and length, known ahead), its `token` feed the choice `pick`
+        made from the logits of the step before (the first step's: `tokens` [rows]); see `Backend.chain`.
+        Returns each step's choice [rows, steps]. On a GPU the host then launches a few steps at a time
+        (`hotrod.generation.device_loop`)."""
         steps = len(plans)
         first = {**plans[0], token: tokens[:, None]}
         feeds, into = merged(first, None, held)
@@ -158,17 +159,21 @@ class StaticBackend:
         step = self._call(graph, io, call.names, call.span, call.targets)
         at = [n for n in io.output_names if n not in call.targets].index("logits")
         count, where, ahead = len(call.names), call.names.index(token), frozenset(varying)
+        extra = len(call.args) - count  # the outputs written in place; the pick's tensors after them
+        call.args += [self._device(t) for t in pick.tensors]
+        call.copied += [True] * len(pick.tensors)
 
         def fn(*args):
             current, chosen = args[where], []
+            targets, picks = args[count:count + extra], args[count + extra:]
             for j in range(steps):
                 step_args = [a[j] if i in ahead else a for i, a in enumerate(args[:count])]
                 step_args[where] = current
-                current = step(*step_args, *args[count:])[at][:, -1].argmax(dim=-1, keepdim=True)
+                current = pick(step(*step_args, *targets)[at][:, -1], j, *picks)[:, None]
                 chosen.append(current)
             return [torch.cat(chosen, dim=1)]
 
-        return self._execute(("chain", graph, steps, call.span), fn, call)[0][:call.rows]
+        return self._execute(("chain", graph, steps, call.span, pick.key), fn, call)[0][:call.rows]
 
     def _prepare(self, io: GraphIO, feeds: Mapping[str, Any], into: dict[str, Any]) -> _Prepared:
         """A call's arguments: every cache tensor lent by the pool at the batch bucket's rows binds the
