@@ -5,8 +5,8 @@
 For each workload of `benchmarks/gpu_engine.py` it builds the engine as that script does, warms it up,
 then records one call (a whole `generate`, or an encoder forward) with torch's profiler: the sum of the
 kernels' device time, their count and the costliest ones, beside the call's wall time. The difference
-is what the device spent waiting for the host. cProfile over a few more calls names the host's costliest
-Python functions. Writes DIR/profile-<workload>.txt and prints a summary table last.
+is what the device spent waiting for the host; the host's graph launches and its waits on the device are
+counted beside them. cProfile over a few more calls names the host's costliest Python functions. Writes DIR/profile-<workload>.txt and prints a summary table last.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gpu_engine  # noqa: E402  (the workloads and the engine builder, shared with the benchmark)
+
+# The host's calls into CUDA that say how a call was driven: its graph launches, and its waits on the device
+HOST_CALLS = ("cudaGraphLaunch", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 
 
 def _call(w: gpu_engine.Workload, precision: str, compile: bool, packed: bool | None):
@@ -64,6 +67,7 @@ def profile(name: str, precision: str, compile: bool, packed: bool | None, out: 
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernel_s = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
+    host = {e.key: (e.count, e.cpu_time_total / 1e3) for e in prof.key_averages() if e.key in HOST_CALLS}
     stats = io.StringIO()
     profiler = cProfile.Profile()
     profiler.enable()
@@ -76,14 +80,18 @@ def profile(name: str, precision: str, compile: bool, packed: bool | None, out: 
     cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     text = (f"{name} {w.what}, precision {precision}, compile {compile}, packed {packed}\n"
             f"wall {wall * 1e3:.3f} ms (median of 10), kernels {len(kernels)} summing {kernel_s * 1e3:.3f} ms\n"
-            f"recorded calls {vars(fast.backend.recorded.stats)}\n\n"
+            f"recorded calls {vars(fast.backend.recorded.stats)}\n"
+            f"host calls (count, ms): {host}\n\n"
             f"## by device time\n{table}\n\n## by host time (torch ops)\n{cpu_table}\n\n"
             f"## host Python, 3 calls (cProfile, by own time)\n{stats.getvalue()}")
     suffix = "" if packed is None else f"-packed-{packed}"
     (out / f"profile-{name}-{precision}{'-compile' if compile else ''}{suffix}.txt").write_text(text)
     del fast
     torch.cuda.empty_cache()
-    return {"workload": name, "wall_ms": wall * 1e3, "kernels": len(kernels), "kernel_ms": kernel_s * 1e3}
+    launches, launch_ms = host.get("cudaGraphLaunch", (0, 0.0))
+    waits = sum(host.get(name, (0, 0.0))[0] for name in HOST_CALLS if "Synchronize" in name)
+    return {"workload": name, "wall_ms": wall * 1e3, "kernels": len(kernels), "kernel_ms": kernel_s * 1e3,
+            "graph_launches": launches, "launch_ms": launch_ms, "waits": waits}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,14 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001  (one failing workload is reported, the others still run)
             rows.append({"workload": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(rows[-1], flush=True)
-    print("| workload | wall ms | kernels | kernel ms | device busy |")
-    print("|---|---|---|---|---|")
+    print("| workload | wall ms | kernels | kernel ms | device busy | graph launches (host ms) | waits on the device |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['workload']} | failed: {r['error']} | | | |")
+            print(f"| {r['workload']} | failed: {r['error']} | | | | | |")
         else:
             print(f"| {r['workload']} | {r['wall_ms']:.3f} | {r['kernels']} | {r['kernel_ms']:.3f} | "
-                  f"{r['kernel_ms'] / r['wall_ms']:.0%} |")
+                  f"{r['kernel_ms'] / r['wall_ms']:.0%} | {r['graph_launches']} ({r['launch_ms']:.3f}) | "
+                  f"{r['waits']} |")
     return 0
 
 
