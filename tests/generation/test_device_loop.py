@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from hotrod.generation import device_loop
+from hotrod.generation.chain_pick import ChainPick
 from tests.generation.test_parity import BATCH, SCENARIOS, SINGLE, frequent_tokens, generate_ours
-from tests.zoo import CASES, assert_same_tokens, prompt_batch
+from tests.zoo import CASES, VOCAB, assert_same_tokens, prompt_batch
 
 NOT_BEAM = [name for name, scenario in SCENARIOS.items() if scenario.kwargs.get("num_beams", 1) == 1]
 
@@ -132,13 +133,14 @@ def test_a_chains_pick_is_the_processed_argmax_at_every_step(fixed):
         steps = device_loop.chain_length(s, length, 8)
         if steps == 1:  # one step a call: the host loop's own choice (`choose`)
             continue
-        pick = device_loop.ChainPick(s, length, steps, 12, torch.device("cpu"))
+        pick = ChainPick(s, length, steps, 12, torch.device("cpu"))
+        args = (*pick.bound, *pick.tensors)
         for j in range(steps):
             assert held_back(s, length + j) is not None
             rows = torch.zeros((14, length + j), dtype=torch.long)  # only their length is read
             half = logits.bfloat16()  # as the engine's half precision gives them; the host's are made fp32
-            assert torch.equal(pick(logits, j, *pick.tensors), argmax(process(logits, rows, s, None))), (length, j)
-            assert torch.equal(pick(half, j, *pick.tensors), argmax(process(half.float(), rows, s, None)))
+            assert torch.equal(pick(logits, j, *args), argmax(process(logits, rows, s, None))), (length, j)
+            assert torch.equal(pick(half, j, *args), argmax(process(half.float(), rows, s, None)))
         checked = True
     assert checked
 
@@ -154,3 +156,27 @@ def test_chains_hold_eos_back_under_min_new_tokens(zoo, on_device, monkeypatch):
     out = model.generate(ids, attention_mask=mask, **kwargs)
     assert chains and out.shape[1] == ids.shape[1] + 12
     assert_same_tokens(out, zoo.hf_generate("gpt2", ids, mask, **kwargs))
+
+
+@pytest.mark.parametrize("ends", ["often", "at once"])
+def test_sampling_leaves_the_generator_as_the_host_loop_does(zoo, lm_case, ends, monkeypatch):
+    """Steps past the last EOS drew before the host saw it: the generator is set back, so a second call (and
+    anything drawn after) is the host loop's; the output is contiguous, as its is."""
+    ids, mask = prompt_batch(CASES[lm_case], BATCH)
+    model = zoo.model(lm_case, "static")
+    eos = frequent_tokens(zoo, lm_case, ids, mask) if ends == "often" else list(range(VOCAB))
+    kwargs = dict(max_new_tokens=12, do_sample=True, temperature=2.0, eos_token_id=eos)
+
+    def twice() -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        return [model.generate(ids, attention_mask=mask, **kwargs) for _ in range(2)] + [torch.rand(4)]
+
+    host = twice()
+    monkeypatch.setattr(device_loop, "applies", lambda logits: True)
+    monkeypatch.setattr(device_loop, "READ_EVERY", 3)
+    device = twice()
+    assert all(torch.equal(a, b) for a, b in zip(host, device)), (host, device)
+    assert device[0].is_contiguous() and device[1].is_contiguous()
+    if ends == "at once":  # every row ends early (at its first token the processors leave free)
+        start = 1 if CASES[lm_case].kind == "seq2seq" else ids.shape[1]
+        assert host[0].shape[1] <= start + 4

@@ -18,18 +18,18 @@ without asking: every row advances by one a step.
 The output is the host loop's (`hotrod.generation.search.sample_or_greedy`) to the token: the same
 processors over the same rows, the same draws from the same generator in the same order, finished rows
 given the pad token. The steps that ran after the last row's EOS, before the host saw it, are cut from it
-(fewer than 2 x READ_EVERY steps of device time, once a generation). A chain feeds a finished row its own
+(about two looks' worth of steps of device time, once a generation), and the generator is left as the
+host loop leaves it. A chain feeds a finished row its own
 argmax rather than the pad token: rows are independent, and that row's later tokens are the pad token.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from hotrod.generation.chain_pick import ChainPick
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, greedy_only, held_back, index_on, process
+from hotrod.generation.sampling import argmax, greedy_only, held_at, held_back, index_on, process
 from hotrod.generation.state import DecodingState
 
 # Steps between the host's looks at whether every row has finished, and the longest chain of steps in one
@@ -48,14 +48,15 @@ def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, 
     """Decode from a started `state` (its initial `sequences` and first `logits`) until every row has
     emitted an EOS or reached `max_length`; `skip` is each row's leading padding (the repetition penalty's).
     Returns the sequences on the CPU, as the host loop does."""
-    device = logits.device
+    device, vocab = logits.device, logits.shape[-1]
     start = sequences.shape[1]
     rows = torch.empty((sequences.shape[0], max(s.max_length, start + 1)), dtype=torch.long, device=device)
-    rows[:, :start] = sequences.to(device)
+    rows[:, :start] = sequences.to(device, non_blocking=True)
     skip = None if skip is None else skip.to(device)
-    ends = _Ends(s, sequences.shape[0], device)
+    ends, draws = _Ends(s, sequences.shape[0], device), _Draws(s, device)
     tokens = ends.settle(choose(logits, rows[:, :start], s, skip)[:, None])
     rows[:, start:start + 1] = tokens
+    draws.taken()
     length, unread, chains = start + 1, 1, True
     while length < s.max_length:
         if ends.eos is not None and unread >= READ_EVERY:
@@ -63,18 +64,22 @@ def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, 
             if ends.look():
                 break
         steps = chain_length(s, length, READ_EVERY) if chains else 1
-        block = None
-        if steps > 1:
-            block = state.chain(tokens[:, -1], steps, ChainPick(s, length, steps, logits.shape[-1], device))
+        last = tokens[:, -1].contiguous()  # a chain's column: a strided view, which a compiled graph guards on
+        block = state.chain(last, steps, ChainPick(s, length, steps, vocab, device)) if steps > 1 else None
         chains = chains and (steps == 1 or block is not None)
         if block is None:
-            logits = state.step(tokens[:, -1])
+            logits = state.step(last)
             block, steps = choose(logits, rows[:, :length], s, skip)[:, None], 1
+            draws.taken()
         tokens = ends.settle(block)
         rows[:, length:length + steps] = tokens
         length, unread = length + steps, unread + steps
     out = rows[:, :length].cpu()
-    return out if ends.eos is None else out[:, :ended(out, start, ends.eos.cpu())]
+    if ends.eos is None:
+        return out
+    kept = ended(out, start, ends.eos.cpu())
+    draws.keep(kept - start)
+    return out[:, :kept].contiguous()
 
 
 def chain_length(s: Settings, length: int, most: int) -> int:
@@ -86,45 +91,9 @@ def chain_length(s: Settings, length: int, most: int) -> int:
     steps = 1
     while 2 * steps <= min(most, s.max_length - length):
         steps *= 2
-    while steps > 1 and any(held_back(s, at) is None for at in range(length, length + steps)):
+    while steps > 1 and any(held_at(s, at) is None for at in range(length, length + steps)):
         steps //= 2
     return steps
-
-
-class ChainPick:
-    """A chain's choice at each of its steps, inside its one recorded call: the argmax of the scores as
-    `hotrod.generation.sampling.process` leaves them for greedy settings that act on fixed ids alone, in
-    its order: one-token bad words' -inf added (as its bias), then the ids held back at that step
-    (min_length's EOS, suppressed tokens) filled with -inf. `tensors` are copied into the recording's
-    inputs at each call (which ids each step holds back); `key` names what else it reads."""
-
-    def __init__(self, s: Settings, length: int, steps: int, vocab: int, device: torch.device):
-        banned = tuple(sorted({word[0] for word in s.bad_words_ids}))
-        self.bias = bias_on(banned, vocab, device) if banned else None
-        bad = set(banned)
-        held = [set(held_back(s, length + j)) - bad for j in range(steps)]
-        self.tensors: list[torch.Tensor] = []
-        if any(held):
-            fill = torch.zeros((steps, vocab), dtype=torch.bool)
-            for j, ids in enumerate(held):
-                fill[j, sorted(ids)] = True
-            self.tensors.append(fill)
-        self.key = (banned, bool(self.tensors))
-
-    def __call__(self, logits: torch.Tensor, step: int, *tensors: torch.Tensor) -> torch.Tensor:
-        """Step `step`'s tokens [rows] from its logits [rows, vocab], over fp32 scores as the host's are."""
-        scores = logits.float()
-        if self.bias is not None:
-            scores = scores + self.bias
-        if tensors:
-            scores = scores.masked_fill(tensors[0][step], -float("inf"))
-        return scores.argmax(dim=-1)
-
-
-@functools.lru_cache(maxsize=16)
-def bias_on(banned: tuple[int, ...], vocab: int, device: torch.device) -> torch.Tensor:
-    """-inf at the `banned` ids, 0 elsewhere: made once, and never freed while a recording may read it."""
-    return torch.zeros(vocab, device=device).index_fill_(0, index_on(banned, device), -float("inf"))
 
 
 def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Tensor | None) -> torch.Tensor:
@@ -153,7 +122,7 @@ class _Ends:
         (or after it had finished before them) the pad token."""
         if self.eos is None:
             return block
-        hits = torch.isin(block, self.eos)
+        hits = (block[..., None] == self.eos).any(dim=-1)  # not `isin`, whose sorting path waits on the device
         after = (hits.cumsum(dim=1) - hits.int()) > 0  # past the block's first EOS in the row
         block = torch.where(after | ~self.unfinished[:, None], self.pad, block)
         self.unfinished &= ~hits.any(dim=1)
@@ -182,6 +151,33 @@ class _Answer:
         if self.event is not None:
             self.event.synchronize()  # the steps up to the look that asked, not those queued since
         return all_finished(self.left)
+
+
+class _Draws:
+    """The generator's state after each sampled step, so that a generation leaves it as the host loop does:
+    drawn from as many times as tokens were kept, not as many as steps ran before the host saw the end (a
+    CUDA generator's state is its seed and offset, on the host: no wait on the device)."""
+
+    def __init__(self, s: Settings, device: torch.device):
+        self.generator = _default_generator(device) if s.do_sample else None
+        self.states: list[torch.Tensor] = []
+
+    def taken(self) -> None:
+        """A step has drawn (where it samples)."""
+        if self.generator is not None:
+            self.states.append(self.generator.get_state())
+
+    def keep(self, tokens: int) -> None:
+        """Only the first `tokens` steps' draws stay taken."""
+        if self.generator is not None and 0 < tokens < len(self.states):
+            self.generator.set_state(self.states[tokens - 1])
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """The generator `torch.multinomial` draws from on `device` when given none."""
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
 
 
 def all_finished(left: torch.Tensor) -> bool:

@@ -166,6 +166,22 @@ def held_back(s: Settings, length: int) -> tuple[int, ...] | None:
     return tuple(held)
 
 
+def held_groups(s: Settings) -> tuple[tuple[int, ...], ...]:
+    """The groups of fixed ids `process` fills with -inf at some steps, each whole or not at all (one-token bad
+    words aside, whose -inf it adds at every step): min_length's EOS, the suppressed tokens, the tokens
+    suppressed at `begin_index` (a group may be empty). Kept beside `process`, whose terms they are."""
+    return tuple(s.eos_token_ids or ()), tuple(s.suppress_tokens), tuple(s.begin_suppress_tokens)
+
+
+def held_at(s: Settings, length: int) -> tuple[bool, ...] | None:
+    """Which of `held_groups` `process` fills after a row of `length` tokens, or None at a step it forces (the
+    forced BOS, the forced EOS). Kept beside `process`, whose conditions it mirrors."""
+    if (s.forced_bos_token_id is not None and length == 1) or (s.forced_eos_token_ids and length == s.max_length - 1):
+        return None
+    return (bool(s.eos_token_ids) and length < s.min_length, bool(s.suppress_tokens),
+            bool(s.begin_suppress_tokens) and length == s.begin_index)
+
+
 def process(
     scores: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch.Tensor | None, min_keep: int = 1
 ) -> torch.Tensor:

@@ -151,17 +151,14 @@ class StaticBackend:
         feeds, into = merged(first, None, held)
         io = contract_of(self.contracts, graph, feeds)
         into = dict(into or {})
-        call = self._prepare(io, feeds, into)
-        width = call.args[call.names.index(token)].shape[0]  # the rows fed: the bucket's where recorded
-        varying = [i for i, n in enumerate(call.names) if call.copied[i] and n != token and n in plans[0]]
-        for i in varying:  # each step's own feeds, for every step at once: one copy to the device
-            call.args[i] = self._device(_stacked([plan[call.names[i]] for plan in plans], width))
+        call = self._prepare(io, feeds, into, plans)
         step = self._call(graph, io, call.names, call.span, call.targets)
         at = [n for n in io.output_names if n not in call.targets].index("logits")
-        count, where, ahead = len(call.names), call.names.index(token), frozenset(varying)
-        extra = len(call.args) - count  # the outputs written in place; the pick's tensors after them
-        call.args += [self._device(t) for t in pick.tensors]
-        call.copied += [True] * len(pick.tensors)
+        ahead = frozenset(i for i, n in enumerate(call.names) if n in plans[0])  # fed [steps, rows, ...]
+        count, where = len(call.names), call.names.index(token)
+        extra = len(call.args) - count  # the outputs written in place; what the pick reads after them
+        call.args += [*pick.bound, *(self._device(t) for t in pick.tensors)]
+        call.copied += [False] * len(pick.bound) + [True] * len(pick.tensors)
 
         def fn(*args):
             current, chosen = args[where], []
@@ -175,10 +172,12 @@ class StaticBackend:
 
         return self._execute(("chain", graph, steps, call.span, pick.key), fn, call)[0][:call.rows]
 
-    def _prepare(self, io: GraphIO, feeds: Mapping[str, Any], into: dict[str, Any]) -> _Prepared:
+    def _prepare(self, io: GraphIO, feeds: Mapping[str, Any], into: dict[str, Any],
+                 plans: list[Mapping[str, Any]] | None = None) -> _Prepared:
         """A call's arguments: every cache tensor lent by the pool at the batch bucket's rows binds the
         bases where they lie (recorded by key, the other feeds padded to the bucket); otherwise the rows
-        given, on the tensors given, eagerly."""
+        given, on the tensors given, eagerly. A feed that `plans` hold (a chain's steps') is fed for every
+        step at once, [steps, rows, ...]: one copy to the device."""
         rows = next(feeds[t.name].shape[0] for t in io.inputs if t.name != SPAN)
         lent = {name: (value, self.pool.base_of(value)) for name, value in (*feeds.items(), *into.items())
                 if isinstance(value, torch.Tensor) and value.dim() == 4}
@@ -187,7 +186,14 @@ class StaticBackend:
         bound = {name: base if recorded else value for name, (value, base) in lent.items()}
         names = [n for n in io.input_names if n != SPAN]
         targets = [n for n in io.output_names if n in into]
-        args = [bound[n] if n in bound else self._device(feeds[n], bucket if recorded else rows) for n in names]
+        width = bucket if recorded else rows
+
+        def fed(name: str) -> torch.Tensor:
+            if plans is not None and name in plans[0]:
+                return self._device(_stacked([plan[name] for plan in plans], width))
+            return self._device(feeds[name], width)
+
+        args = [bound[n] if n in bound else fed(n) for n in names]
         args += [bound.get(n, into[n]) for n in targets]
         copied = [n not in bound for n in names] + [False] * len(targets)
         return _Prepared(rows, recorded, names, targets, args, copied, self._span(io, feeds, args, names))
