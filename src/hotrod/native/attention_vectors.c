@@ -1,17 +1,16 @@
 /* Encoder attention's products without tiles (see attention_vectors.h): 8 rows by 32 columns a step, the 16 sums in
  * registers through the whole depth, each row's value at a depth broadcast against 32 packed columns. Each row's
  * sums are the same whatever rows go with it. */
-#include <string.h>
-
 #include "attention_vectors.h"
-#include "dots.h"
+#include "dots.h" /* HOTROD_DOT_ROWS, hotrod_has_avx512 */
 #include "lanes.h"
 #include "transpose.h"
 
-/* sums[r][0..32) = rows r < count of `a` (a row stride on) times 32 packed columns `w` ([depth][32]) over `steps`
- * steps of 4 depths. Made one function per count (dots.h). */
+/* out[r * out_stride + 0..32) = rows r < count of `a` (a row stride on) times 32 packed columns `w` ([depth][32])
+ * over `steps` steps of 4 depths: stored where they go, not through a buffer (a second write of every sum). */
 static inline __attribute__((always_inline)) void fma_rows(const float* a, int64_t stride, const float* w,
-                                                          int64_t steps, const int count, float* sums) {
+                                                          int64_t steps, const int count, float* out,
+                                                          int64_t out_stride) {
   __m512 acc[HOTROD_DOT_ROWS][2];
   for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t step = 0; step < steps; step++, a += 4, w += 4 * 32) {
@@ -26,10 +25,18 @@ static inline __attribute__((always_inline)) void fma_rows(const float* a, int64
     }
   }
   for (int r = 0; r < count; r++)
-    for (int h = 0; h < 2; h++) _mm512_store_ps(sums + r * 32 + h * 16, acc[r][h]);
+    for (int h = 0; h < 2; h++) _mm512_storeu_ps(out + r * out_stride + h * 16, acc[r][h]);
 }
 
-HOTROD_DOTS(fma_rows, float, float, float)
+/* One function per count of rows (as dots.h makes them for the products: each count's sums stay in registers). */
+#define FMA_ROWS(count)                                                                                        \
+  static __attribute__((noinline)) void fma##count(const float* a, int64_t stride, const float* w, int64_t steps, \
+                                                   float* out, int64_t out_stride) {                          \
+    fma_rows(a, stride, w, steps, count, out, out_stride);                                                     \
+  }
+FMA_ROWS(1) FMA_ROWS(2) FMA_ROWS(3) FMA_ROWS(4) FMA_ROWS(5) FMA_ROWS(6) FMA_ROWS(7) FMA_ROWS(8)
+static void (*const FMAS[HOTROD_DOT_ROWS])(const float*, int64_t, const float*, int64_t, float*, int64_t) = {
+    fma1, fma2, fma3, fma4, fma5, fma6, fma7, fma8};
 
 int hotrod_attention_vectors_ready(void) { return hotrod_has_avx512(); }
 
@@ -71,25 +78,20 @@ void hotrod_attention_queries(const float* q, int64_t width, int64_t rows, int64
 
 void hotrod_attention_scores(const float* queries, const float* keys, int64_t rows, int64_t seq_k, int64_t padded_k,
                              int64_t depth, float* scores) {
-  float sums[HOTROD_DOT_ROWS * 32] __attribute__((aligned(64)));
   for (int64_t row = 0; row < rows; row += HOTROD_DOT_ROWS) {
     const int64_t count = rows - row < HOTROD_DOT_ROWS ? rows - row : HOTROD_DOT_ROWS;
-    for (int64_t key = 0; key < seq_k; key += 32) {
-      DOTS[count - 1](queries + row * depth, depth, keys + key * depth, depth / 4, sums);
-      for (int64_t r = 0; r < count; r++)
-        memcpy(scores + (row + r) * padded_k + key, sums + r * 32, sizeof(float) * 32);
-    }
+    for (int64_t key = 0; key < seq_k; key += 32)
+      FMAS[count - 1](queries + row * depth, depth, keys + key * depth, depth / 4, scores + row * padded_k + key,
+                      padded_k);
   }
 }
 
 void hotrod_attention_weigh(const float* numerators, const float* values, int64_t rows, int64_t padded_k,
                             int64_t head_size, int64_t depth, float* sums) {
-  float block[HOTROD_DOT_ROWS * 32] __attribute__((aligned(64)));
   for (int64_t row = 0; row < rows; row += HOTROD_DOT_ROWS) {
     const int64_t count = rows - row < HOTROD_DOT_ROWS ? rows - row : HOTROD_DOT_ROWS;
-    for (int64_t column = 0; column < head_size; column += 32) {
-      DOTS[count - 1](numerators + row * padded_k, padded_k, values + column * padded_k, padded_k / 4, block);
-      for (int64_t r = 0; r < count; r++) memcpy(sums + (row + r) * depth + column, block + r * 32, sizeof(float) * 32);
-    }
+    for (int64_t column = 0; column < head_size; column += 32)
+      FMAS[count - 1](numerators + row * padded_k, padded_k, values + column * padded_k, padded_k / 4,
+                      sums + row * depth + column, depth);
   }
 }
