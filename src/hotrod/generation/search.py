@@ -15,7 +15,7 @@ import torch
 
 from hotrod.generation import device_loop
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, greedy_only, held_back, process
+from hotrod.generation.sampling import argmax, greedy_only, held_back, index_on, process
 from hotrod.generation.state import DecodingState
 
 NEG = -1.0e9
@@ -160,30 +160,35 @@ class _Tokens:
 
 
 def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
+    """Beam search where the logits are (a GPU's: no vocabulary-sized copy to the host at every step; the host
+    reads only whether to go on and which beams continue)."""
     beams, batch = s.num_beams, input_ids.shape[0]
     flat, logits = state.start(input_ids, attention_mask, beams)
+    device = logits.device
     prompt_len = flat.shape[1]
     skip = prompt_padding(state, attention_mask, beams, s)
+    skip = None if skip is None else skip.to(device)
     min_keep = max(2, len(s.eos_token_ids) + 1)  # sampled beams must keep a non-EOS continuation
     keep = max(2, 1 + len(s.eos_token_ids)) * beams
-    top_beams = torch.arange(keep) < beams
+    top_beams = torch.arange(keep, device=device) < beams
     fill = (s.pad_token_id or s.eos_token_ids[0]) if s.eos_token_ids else -1
-    eos = torch.tensor(s.eos_token_ids or [-1])
+    eos = index_on(tuple(s.eos_token_ids or [-1]), device)
+    rows = torch.arange(batch, device=device)[:, None] * beams
 
-    running = torch.full((batch, beams, s.max_length), fill, dtype=torch.long)
-    running[:, :, :prompt_len] = flat.view(batch, beams, prompt_len)
+    running = torch.full((batch, beams, s.max_length), fill, dtype=torch.long, device=device)
+    running[:, :, :prompt_len] = flat.view(batch, beams, prompt_len).to(device)
     finished = running.clone()
-    running_scores = torch.zeros(batch, beams)
+    running_scores = torch.zeros(batch, beams, device=device)
     running_scores[:, 1:] = NEG
-    finished_scores = torch.full((batch, beams), NEG)
-    is_finished = torch.zeros(batch, beams, dtype=torch.bool)
-    improvable = torch.ones(batch, 1, dtype=torch.bool)
+    finished_scores = torch.full((batch, beams), NEG, device=device)
+    is_finished = torch.zeros(batch, beams, dtype=torch.bool, device=device)
+    improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
     cur = prompt_len
-    generated = torch.zeros(batch, beams, dtype=torch.long)  # tokens generated per finished hypothesis
-    running_generated = torch.zeros(batch, beams, dtype=torch.long)
+    generated = torch.zeros(batch, beams, dtype=torch.long, device=device)  # tokens per finished hypothesis
+    running_generated = torch.zeros(batch, beams, dtype=torch.long, device=device)
 
     while True:
-        log_probs = torch.log_softmax(logits.cpu(), dim=-1)  # beams' bookkeeping is on the host
+        log_probs = torch.log_softmax(logits, dim=-1)
         log_probs = process(log_probs, running[:, :, :cur].reshape(batch * beams, cur), s, skip, min_keep)
         vocab = log_probs.shape[-1]
         log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
@@ -200,7 +205,7 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
         candidates = _gather(running, source_beam)
         candidates[:, :, cur] = top_idx % vocab
         candidate_generated = _gather(running_generated, source_beam) + 1
-        hits_stop = torch.isin(candidates[:, :, cur], eos) | (cur + 1 >= s.max_length)
+        hits_stop = (candidates[:, :, cur, None] == eos).any(dim=-1) | (cur + 1 >= s.max_length)
 
         # Continue with the best `beams` candidates that did not just finish.
         alive_scores = top_scores + hits_stop.float() * NEG
@@ -224,15 +229,15 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
         cur += 1
         improvable = _still_improvable(improvable, running_scores, finished_scores, is_finished, cur, prompt_len, s)
         done_early = is_finished.all() & (s.early_stopping is True)
-        if not improvable.any() or done_early or hits_stop.all():
+        if bool(~improvable.any() | done_early | hits_stop.all()):  # the host's one read of the step
             break
-        state.reorder((parent + torch.arange(batch)[:, None] * beams).view(-1))
+        state.reorder((parent + rows).view(-1))
         logits = state.step(running[:, :, cur - 1].reshape(-1))
 
     n = s.num_return_sequences
     out = finished[:, :n].reshape(batch * n, s.max_length)
     length = prompt_len + int(generated[:, :n].max())
-    return out[:, :length]
+    return out[:, :length].cpu()
 
 
 def _still_improvable(improvable, running_scores, finished_scores, is_finished, cur, prompt_len, s: Settings):
@@ -242,7 +247,7 @@ def _still_improvable(improvable, running_scores, finished_scores, is_finished, 
     else:
         best_length = cur - prompt_len
     best_running = running_scores[:, :1] / (best_length**s.length_penalty)
-    worst_kept = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0], torch.tensor(NEG))
+    worst_kept = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0], NEG)
     return improvable & (best_running > worst_kept).any(dim=-1, keepdim=True)
 
 

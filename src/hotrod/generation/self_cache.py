@@ -202,7 +202,9 @@ class SelfCache:
         self.capacity = capacity
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (on the device the beams were chosen on; the lengths read them on the host)."""
         self.buffers = [self.backend.select(value, index) for value in self.buffers]
+        index = index.cpu()
         self.lengths, self.idle = self.lengths[index], self.idle[index]
 
     def place(self, other: SelfCache, pairs: list[tuple[int, int]]) -> None:
