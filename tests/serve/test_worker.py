@@ -94,6 +94,22 @@ def test_seeded_sampling_and_beams_share_the_batch_with_greedy(worker_for):
             assert tokens == _alone(worker.model, prompt, p, eos)
 
 
+def test_a_seeded_beam_sample_draws_from_its_own_stream(worker_for):
+    """A beam search that samples takes its request's seed, as a sampled row does: the same seed the same
+    tokens, whatever was drawn in between."""
+    worker = worker_for("gpt2")
+    prompt = _workload(worker.info.vocab_size, count=1, seed=2)[0][0]
+
+    def run(seed: int) -> list[int]:
+        params = Params(max_new_tokens=8, do_sample=True, num_beams=2, temperature=5.0, top_k=0, seed=seed)
+        torch.rand(7)  # the process's own stream moves between requests
+        return asyncio.run(_serve_all(worker, [(prompt, params)]))[0][0]
+
+    first = run(4)
+    assert run(4) == first
+    assert any(run(seed) != first for seed in (5, 6, 7)), "the seed does not reach the beams' draws"
+
+
 def test_streamed_tokens_equal_the_whole_answer_over_http(worker_for):
     worker = worker_for("t5")
     app = create_app({"t5": worker})

@@ -29,7 +29,7 @@ import torch
 
 from hotrod.generation.chain_pick import ChainPick
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, greedy_only, held_at, held_back, index_on, process
+from hotrod.generation.sampling import argmax, draw, greedy_only, held_at, held_back, index_on, process
 from hotrod.generation.state import DecodingState
 
 # Steps between the host's looks at whether every row has finished, and the longest chain of steps in one
@@ -44,17 +44,18 @@ def applies(logits: torch.Tensor) -> bool:
 
 
 def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, s: Settings,
-           skip: torch.Tensor | None) -> torch.Tensor:
+           skip: torch.Tensor | None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Decode from a started `state` (its initial `sequences` and first `logits`) until every row has
-    emitted an EOS or reached `max_length`; `skip` is each row's leading padding (the repetition penalty's).
-    Returns the sequences on the CPU, as the host loop does."""
+    emitted an EOS or reached `max_length`; `skip` is each row's leading padding (the repetition penalty's),
+    `generator` what samples draw from (else the device's default). Returns the sequences on the CPU, as the
+    host loop does."""
     device, vocab = logits.device, logits.shape[-1]
     start = sequences.shape[1]
     rows = torch.empty((sequences.shape[0], max(s.max_length, start + 1)), dtype=torch.long, device=device)
     rows[:, :start] = sequences.to(device, non_blocking=True)
     skip = None if skip is None else skip.to(device)
-    ends, draws = _Ends(s, sequences.shape[0], device), _Draws(s, device)
-    tokens = ends.settle(choose(logits, rows[:, :start], s, skip)[:, None])
+    ends, draws = _Ends(s, sequences.shape[0], device), _Draws(s, device, generator)
+    tokens = ends.settle(choose(logits, rows[:, :start], s, skip, generator)[:, None])
     rows[:, start:start + 1] = tokens
     draws.taken()
     length, unread, chains = start + 1, 1, True
@@ -69,7 +70,7 @@ def decode(state: DecodingState, sequences: torch.Tensor, logits: torch.Tensor, 
         chains = chains and (steps == 1 or block is not None)
         if block is None:
             logits = state.step(last)
-            block, steps = choose(logits, rows[:, :length], s, skip)[:, None], 1
+            block, steps = choose(logits, rows[:, :length], s, skip, generator)[:, None], 1
             draws.taken()
         tokens = ends.settle(block)
         rows[:, length:length + steps] = tokens
@@ -96,7 +97,8 @@ def chain_length(s: Settings, length: int, most: int) -> int:
     return steps
 
 
-def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Tensor | None) -> torch.Tensor:
+def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Tensor | None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
     """Each row's next token, left where the logits are: `hotrod.generation.search.pick` without its copy to
     the host. Greedy settings whose processors only hold fixed ids back process the scores only at the steps
     where they hold some back (the ids depend on the row's length alone, which the host knows)."""
@@ -104,7 +106,7 @@ def choose(logits: torch.Tensor, rows: torch.Tensor, s: Settings, skip: torch.Te
         return argmax(logits)
     scores = process(logits, rows, s, skip)
     if s.do_sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        return draw(scores, 1, generator).squeeze(1)
     return argmax(scores)
 
 
@@ -158,8 +160,8 @@ class _Draws:
     drawn from as many times as tokens were kept, not as many as steps ran before the host saw the end (a
     CUDA generator's state is its seed and offset, on the host: no wait on the device)."""
 
-    def __init__(self, s: Settings, device: torch.device):
-        self.generator = _default_generator(device) if s.do_sample else None
+    def __init__(self, s: Settings, device: torch.device, generator: torch.Generator | None):
+        self.generator = (generator or _default_generator(device)) if s.do_sample else None
         self.states: list[torch.Tensor] = []
 
     def taken(self) -> None:
@@ -173,11 +175,12 @@ class _Draws:
             self.generator.set_state(self.states[tokens - 1])
 
 
-def _default_generator(device: torch.device) -> torch.Generator:
-    """The generator `torch.multinomial` draws from on `device` when given none."""
+def _default_generator(device: torch.device) -> torch.Generator | None:
+    """The generator `torch.multinomial` draws from on `device` when given none (None for a device other
+    than the CPU and CUDA, hotrod's two: its draws are then not given back)."""
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-    return torch.default_generator
+    return torch.default_generator if device.type == "cpu" else None
 
 
 def all_finished(left: torch.Tensor) -> bool:

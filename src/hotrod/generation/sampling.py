@@ -120,6 +120,16 @@ def index_on(token_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(token_ids, dtype=torch.long, device=device)
 
 
+def draw(scores: torch.Tensor, samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`samples` ids a row drawn from softmax(scores) (without replacement, in draw order), on the scores'
+    device: from `generator` where given (its own stream: a server's seeded request; the draw made where it
+    lives), else from the default generator of the scores' device, as transformers draws."""
+    where = scores.device
+    if generator is not None and generator.device != where:
+        scores = scores.to(generator.device)
+    return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=samples, generator=generator).to(where)
+
+
 def top_k(scores: torch.Tensor, k: int, min_keep: int = 1) -> torch.Tensor:
     k = min(max(k, min_keep), scores.shape[-1])
     threshold = torch.topk(scores, k)[0][..., -1, None]

@@ -15,16 +15,19 @@ import torch
 
 from hotrod.generation import device_loop
 from hotrod.generation.config import Settings
-from hotrod.generation.sampling import argmax, greedy_only, held_back, index_on, process
+from hotrod.generation.sampling import argmax, draw, greedy_only, held_back, index_on, process
 from hotrod.generation.state import DecodingState
 
 NEG = -1.0e9
 
 
-def generate(state: DecodingState, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: Settings) -> torch.Tensor:
+def generate(state: DecodingState, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: Settings,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """The sequences `s` asks for; sampled draws from `generator` where given (a request's own seeded
+    stream), else from the default generator of the logits' device."""
     if s.num_beams > 1:
-        return beam_search(state, input_ids, attention_mask, s)
-    return sample_or_greedy(state, input_ids, attention_mask, s)
+        return beam_search(state, input_ids, attention_mask, s, generator)
+    return sample_or_greedy(state, input_ids, attention_mask, s, generator)
 
 
 def prompt_padding(state: DecodingState, attention_mask: torch.Tensor, expand: int, s: Settings) -> torch.Tensor | None:
@@ -46,9 +49,7 @@ def pick(logits: torch.Tensor, sequences: torch.Tensor, s: Settings, skip: torch
         return greedy(logits, s, sequences.shape[1])
     scores = process(logits, sequences, s, skip)
     if s.do_sample:
-        if generator is not None and generator.device != scores.device:
-            scores = scores.to(generator.device)
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(1).cpu()
+        return draw(scores, 1, generator).squeeze(1).cpu()
     return argmax(scores).cpu()
 
 
@@ -94,12 +95,13 @@ def greedy_on_host(logits: torch.Tensor, s: Settings, length: int, scores: np.nd
     return ids
 
 
-def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
+def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Settings,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
     expand = s.num_return_sequences if s.do_sample else 1
     sequences, logits = state.start(input_ids, attention_mask, expand)
     skip = prompt_padding(state, attention_mask, expand, s)
     if device_loop.applies(logits):  # logits on a GPU: the tokens stay there, read every few steps
-        return device_loop.decode(state, sequences, logits, s, skip)
+        return device_loop.decode(state, sequences, logits, s, skip, generator)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool)
     some_finished = False  # a Python bool: asking the tensor at every step costs more than the step's other work
     eos = frozenset(s.eos_token_ids or ())
@@ -113,7 +115,7 @@ def sample_or_greedy(state: DecodingState, input_ids, attention_mask, s: Setting
         elif plain_greedy:  # the sequences are not read: no view of them made at every step
             tokens = greedy(logits, s, out.length)
         else:
-            tokens = pick(logits, out.view(), s, skip)
+            tokens = pick(logits, out.view(), s, skip, generator)
         if some_finished:
             tokens = torch.as_tensor(tokens)
             tokens = torch.where(unfinished, tokens, torch.full_like(tokens, s.pad_token_id))
@@ -159,7 +161,8 @@ class _Tokens:
         return self.buffer[:, : self.length]
 
 
-def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) -> torch.Tensor:
+def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings,
+                generator: torch.Generator | None = None) -> torch.Tensor:
     """Beam search where the logits are (a GPU's: no vocabulary-sized copy to the host at every step; the host
     reads only whether to go on and which beams continue)."""
     beams, batch = s.num_beams, input_ids.shape[0]
@@ -194,7 +197,7 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
         log_probs = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, beams * vocab)
 
         if s.do_sample:
-            top_idx = torch.multinomial(torch.softmax(log_probs, dim=-1), num_samples=keep)
+            top_idx = draw(log_probs, keep, generator)
             # Drawn candidates are ranked by score, as topk's are: the first `beams` are the ones that may
             # finish a hypothesis (transformers ranks them too since 5.24; before, draw order decided).
             top_scores, order = torch.gather(log_probs, 1, top_idx).sort(dim=-1, descending=True)
@@ -232,7 +235,7 @@ def beam_search(state: DecodingState, input_ids, attention_mask, s: Settings) ->
         if bool(~improvable.any() | done_early | hits_stop.all()):  # the host's one read of the step
             break
         state.reorder((parent + rows).view(-1))
-        logits = state.step(running[:, :, cur - 1].reshape(-1))
+        logits = state.step(running[:, :, cur - 1].reshape(-1).contiguous())  # a strided column otherwise
 
     n = s.num_return_sequences
     out = finished[:, :n].reshape(batch * n, s.max_length)

@@ -202,10 +202,11 @@ class SelfCache:
         self.capacity = capacity
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep rows `index` (on the device the beams were chosen on; the lengths read them on the host)."""
+        """Keep rows `index` (on the device the beams were chosen on; the lengths read them on the host, first,
+        before the buffers' copies are queued behind the read)."""
+        host = index.cpu()
         self.buffers = [self.backend.select(value, index) for value in self.buffers]
-        index = index.cpu()
-        self.lengths, self.idle = self.lengths[index], self.idle[index]
+        self.lengths, self.idle = self.lengths[host], self.idle[host]
 
     def place(self, other: SelfCache, pairs: list[tuple[int, int]]) -> None:
         self.reserve(other.capacity)  # what the newcomers will need, not only what they hold now

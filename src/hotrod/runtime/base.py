@@ -90,10 +90,10 @@ class Backend(Protocol):
     def chain(self, graph: str, tokens: torch.Tensor, token: str, plans: list[Mapping[str, Any]],
               held: Held | None, pick: Any) -> torch.Tensor:
         """Where `chains_steps`: `len(plans)` greedy steps of `graph`, step j on the feeds of `plans[j]` and its
-        `token` feed the previous step's choice, `pick(logits [rows, vocab], j, *pick.tensors)` (the first
-        step's: `tokens` [rows]); returns each step's choice [rows, steps]. `pick.tensors` are inputs of
-        the call (copied in at each), `pick.key` names whatever else its choice depends on
-        (`hotrod.generation.device_loop.ChainPick`)."""
+        `token` feed the previous step's choice, `pick(logits [rows, vocab], j, *pick.bound, *pick.tensors)`
+        (the first step's: `tokens` [rows]); returns each step's choice [rows, steps]. `pick.bound` are read
+        where they lie (their addresses part of a recording's key), `pick.tensors` copied in at each call,
+        `pick.key` names whatever else the choice depends on (`hotrod.generation.chain_pick.ChainPick`)."""
 
     def empty(self, shape: tuple[int, ...]) -> Any:
         """A new zero-filled float32 handle of `shape` on the backend's device (a cache buffer)."""

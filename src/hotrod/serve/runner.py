@@ -241,7 +241,8 @@ class GenerationRunner:
         ids = torch.tensor([request.prompt])
         try:
             with torch_threads(self.model.backend.loop_threads):
-                out = search.generate(state, ids, torch.ones_like(ids), settings)  # type: ignore[arg-type]
+                out = search.generate(state, ids, torch.ones_like(ids), settings,  # type: ignore[arg-type]
+                                      request.options.generator)  # a seeded beam sample draws from its own stream
         except _Cancelled:
             return None
         return self.model.spec.generated(out[0], len(request.prompt)).tolist()
