@@ -99,7 +99,11 @@ class HotrodModel:
                               "generate(): call it, or its task's method (embed(), classify(), ...)")
         if input_ids is None:  # transformers' first argument is also called `inputs`
             input_ids = kwargs.pop("inputs", None)
-        input_ids = token_ids(input_ids, self.dims)
+        # The sequences go where the prompt came from, as transformers' (its prompt is on the model's device).
+        device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
+        return self._generate(token_ids(input_ids, self.dims), attention_mask, generation_config, kwargs).to(device)
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask, generation_config, kwargs: dict) -> torch.Tensor:
         code = kwargs.pop(languages.FIELD, None)  # None: no language named (the model's own forced BOS stays)
         if code is not None:
             kwargs["forced_bos_token_id"] = languages.forced_bos(self.tokenizer, code, kwargs.get("forced_bos_token_id"),

@@ -133,3 +133,14 @@ def test_long_seq2seq_generation_matches_transformers(zoo, seq2seq_case, backend
     expected = zoo.hf_generate(seq2seq_case, ids, mask, max_new_tokens=40, min_new_tokens=40)
     actual = zoo.model(seq2seq_case, backend).generate(ids, attention_mask=mask, max_new_tokens=40, min_new_tokens=40)
     assert_same_tokens(actual, expected)
+
+
+def test_sequences_come_back_where_the_prompt_was(zoo, backend):
+    """As transformers' generate: a prompt on the GPU gets its sequences on the GPU (the same tokens)."""
+    ids, mask = prompt_batch(CASES["gpt2"], BATCH)
+    model = zoo.model("gpt2", backend)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=4)
+    device = "cuda" if backend == "cuda" else "cpu"
+    out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=4)
+    assert out.device.type == device
+    assert_same_tokens(out.cpu(), expected)
