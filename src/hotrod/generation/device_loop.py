@@ -19,8 +19,8 @@ The output is the host loop's (`hotrod.generation.search.sample_or_greedy`) to t
 processors over the same rows, the same draws from the same generator in the same order, finished rows
 given the pad token. The steps that ran after the last row's EOS, before the host saw it, are cut from it
 (about two looks' worth of steps of device time, once a generation), and the generator is left as the
-host loop leaves it. A chain feeds a finished row its own
-argmax rather than the pad token: rows are independent, and that row's later tokens are the pad token.
+host loop leaves it. A chain feeds a finished row its own choice rather than the pad token: rows are
+independent, and that row's later tokens are the pad token.
 """
 
 from __future__ import annotations
