@@ -104,3 +104,18 @@ def test_a_backend_whose_calls_cost_more_than_padding_runs_one_padded_call(zoo):
     assert widths == [(4, 52)]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert not got[1, 4:].any()
+
+
+def test_one_padded_call_keeps_the_rows_order_and_trailing_columns(zoo):
+    """The one call runs the rows as given, over the longest row's columns: columns past it come back zero."""
+    model = load_on(zoo.checkpoint("bert"), "static")
+    ids, mask = prompt_batch(CASES["bert"], (50, 4, 52, 4), seed=1)
+    ids = torch.nn.functional.pad(ids, (0, 3))  # three columns no row reaches
+    mask = torch.nn.functional.pad(mask, (0, 3))
+    expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    model.backend.call_overhead_tokens = 1 << 30
+    with call_shapes(model) as widths:
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert widths == [(4, 52)] and got.shape == expected.shape == (4, 55, got.shape[-1])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert not got[:, 52:].any() and not got[1, 4:].any()

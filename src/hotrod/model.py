@@ -315,8 +315,11 @@ class HotrodModel:
             return {name: self._host(out[name], device) for name in io.output_names}
         result = {t.name: torch.zeros(ids.shape[0], *(ids.shape[1] if a == "sequence" else a for a in t.axes[1:]),
                                       device=device) for t in io.outputs}
-        for group in plan(lengths, max_batch=len(lengths), overhead=self.backend.call_overhead_tokens):
-            width = lengths[group[-1]]
+        groups = plan(lengths, max_batch=len(lengths), overhead=self.backend.call_overhead_tokens)
+        # One call (a GPU's, or rows of like length): the rows in their own order, no list indexing a GPU's
+        # tensors (a copy of the list that waits for the device).
+        for group in groups if len(groups) > 1 else [slice(None)]:
+            width = max(lengths) if isinstance(group, slice) else lengths[group[-1]]
             feeds = {"input_ids": ids[group, :width], "attention_mask": mask[group, :width],
                      "token_type_ids": types[group, :width]}
             out = self.backend.run("encoder", feeds)
@@ -325,7 +328,7 @@ class HotrodModel:
                 if "sequence" not in spec.axes:
                     result[spec.name][group] = value
                     continue
-                real = mask[group, :width].to(value.device).reshape(len(group), width, *[1] * (value.dim() - 2))
+                real = mask[group, :width].to(value.device).reshape(value.shape[0], width, *[1] * (value.dim() - 2))
                 result[spec.name][group, :width] = value * real
         return result
 
