@@ -6,7 +6,8 @@ For each workload of `benchmarks/gpu_engine.py` it builds the engine as that scr
 then records one call (a whole `generate`, or an encoder forward) with torch's profiler: the sum of the
 kernels' device time, their count and the costliest ones, beside the call's wall time. The difference
 is what the device spent waiting for the host; the host's graph launches and its waits on the device are
-counted beside them. cProfile over a few more calls names the host's costliest Python functions. Writes DIR/profile-<workload>.txt and prints a summary table last.
+counted beside them. cProfile over a few more calls names the host's costliest Python functions. Writes
+DIR/profile-<workload>.txt and prints a summary table last.
 """
 
 from __future__ import annotations

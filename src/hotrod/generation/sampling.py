@@ -165,14 +165,13 @@ def held_back(s: Settings, length: int) -> tuple[int, ...] | None:
     Kept beside `process`, whose conditions it mirrors."""
     if not s.constrained:  # only min_length's EOS (the common case, asked at every step)
         return s.eos_token_ids if length < s.min_length else ()
-    if (s.forced_bos_token_id is not None and length == 1) or (s.forced_eos_token_ids and length == s.max_length - 1):
+    groups = held_at(s, length)
+    if groups is None:
         return None
     held = [word[0] for word in s.bad_words_ids]
-    held += s.suppress_tokens
-    if s.eos_token_ids and length < s.min_length:
-        held += s.eos_token_ids
-    if s.begin_suppress_tokens and length == s.begin_index:
-        held += s.begin_suppress_tokens
+    for group, holds in zip(held_groups(s), groups):
+        if holds:
+            held += group
     return tuple(held)
 
 

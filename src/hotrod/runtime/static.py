@@ -276,7 +276,7 @@ class StaticBackend:
 
 def _stacked(values: list[Any], rows: int) -> torch.Tensor:
     """Small host feeds of several steps as one [steps, rows, ...] tensor, each zero-padded to `rows`."""
-    arrays = [np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v) for v in values]
+    arrays = [np.asarray(v) for v in values]
     out = np.zeros((len(arrays), rows, *arrays[0].shape[1:]), dtype=arrays[0].dtype)
     for j, array in enumerate(arrays):
         out[j, : array.shape[0]] = array
