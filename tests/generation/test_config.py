@@ -56,7 +56,8 @@ def test_pad_defaults_to_the_first_eos():
     (dict(do_sample=True, temperature=0.0), "temperature must be > 0"),
     (dict(do_sample=True, temperature=1e-300), "temperature must be at least"),  # NaN in the draw
     (dict(do_sample=True, temperature=float("inf")), "temperature must be a finite number"),
-    (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be >= 0.0001"),
+    (dict(repetition_penalty=1e-39), "repetition_penalty must be >= 0.0001"),
     (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite number"),
     (dict(length_penalty=float("nan")), "length_penalty must be a finite number"),
     (dict(early_stopping="sometimes"), "early_stopping must be"),

@@ -106,6 +106,20 @@ def test_logprob_tokens_are_the_text_each_token_added_in_context():
     assert choice.logprobs.text_offset == [0, 5, 11]
 
 
+def test_the_most_likely_tokens_are_keyed_by_their_text_in_context():
+    words = ["▁Hello", "▁world", "!", "▁there", "▁World", "▁world"]  # 5 reads as 1 does
+
+    def sentencepiece(ids: list[int]) -> str:
+        return "".join(words[i] for i in ids).replace("▁", " ").lstrip()
+
+    choice = Choice(sentencepiece, [], 3)
+    choice.add([0], [TokenLogprobs(-0.5, [(0, -0.5)])])
+    # the chosen token second in likelihood; an alternative that reads like a likelier one keeps its logprob
+    choice.add([1], [TokenLogprobs(-1.0, [(4, -0.9), (1, -1.0), (3, -2.0), (5, -3.0)])])
+    assert choice.logprobs.tokens == ["Hello", " world"]
+    assert choice.logprobs.top_logprobs == [{"Hello": -0.5}, {" World": -0.9, " world": -1.0, " there": -2.0}]
+
+
 def test_streamed_logprobs_wait_with_text_held_for_a_stop_string(client, gpt):
     full = _text(gpt, "hi", 8)
     chunks = _streamed(client, {"prompt": "hi", "max_tokens": 8, "logprobs": 0, "stop": [full[3:5]]})

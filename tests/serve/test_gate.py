@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
 from hotrod.errors import HotrodError
 from hotrod.serve.app import create_app
+from hotrod.serve.http_errors import error_body
 from hotrod.serve.limits import Access, ServeLimits
 from tests.serve.fake import FakeWorker
 
@@ -93,3 +96,62 @@ def test_limits_are_checked(kwargs, message):
 def test_access_options_are_checked(kwargs):
     with pytest.raises(HotrodError):
         Access(**kwargs)
+
+
+LONE = "\ud800"  # half a surrogate pair: json.dumps writes it as the escape, valid JSON no UTF-8 encoder takes
+V2 = "/v2/models/fake/infer"
+
+
+def _texts(name: str, value: str) -> dict:
+    return {"inputs": [{"name": name, "datatype": "BYTES", "shape": [1], "data": [value]}]}
+
+
+@pytest.mark.parametrize("path, body, where", [
+    ("/v1/generate", {"text": LONE}, "text"),
+    ("/v1/generate", {"model": LONE, "text": "hi"}, "model"),
+    ("/v1/completions", {"prompt": LONE}, "prompt"),
+    ("/v1/embeddings", {"model": "bert", "input": ["ok", LONE]}, "input[1]"),
+    ("/embed", {"inputs": LONE}, "inputs"),
+    ("/tokenize", {"inputs": LONE}, "inputs"),
+    (V2, _texts("text_input", LONE), "inputs[0].data[0]"),
+    (V2, _texts(LONE, "a"), "inputs[0].name"),
+    (V2, {LONE: 1, "inputs": []}, "body (a key)"),
+])
+def test_a_lone_surrogate_is_a_400_at_the_door(worker, path, body, where):
+    bert = FakeWorker(name="bert", kind="encoder")
+    bert.start()
+    try:
+        with TestClient(create_app({"fake": worker, "bert": bert})) as client:
+            response = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    finally:
+        bert.stop(drain=False)
+    assert response.status_code == 400, response.text
+    assert f"{where}: the text holds a lone UTF-16 surrogate" in response.text
+    assert worker.submitted == [] and bert.submitted == []
+
+
+def test_a_whole_surrogate_pair_is_text_and_messages_repeating_odd_text_still_encode(worker):
+    with _client(worker) as client:
+        emoji = client.post("/v1/generate", content=json.dumps({"text": "\U0001F600", "max_new_tokens": 1}),
+                            headers={"content-type": "application/json"})  # written as a pair of escapes
+        assert emoji.status_code == 200, emoji.text
+        assert worker.submitted[-1][0] == worker.encode("\U0001F600")
+    assert error_body(404, "model '\ud800' is not served", "\udfff")["error"] == {
+        "message": "model '\\ud800' is not served", "type": "not_found_error", "param": "\\udfff"}
+
+
+def test_binary_header_lengths_and_compressed_bodies_are_4xx(worker):
+    header = {"content-type": "application/octet-stream"}
+    with _client(worker) as client:
+        for length in ("²".encode("latin-1"), "9" * 5000, "-1", "0"):  # the raw byte 0xb2 reads as "²"
+            response = client.post(V2, content=b'{"inputs": []}',
+                                   headers={**header, "Inference-Header-Content-Length": length})
+            assert response.status_code == 400 and "Inference-Header-Content-Length" in response.json()["error"]
+        head = json.dumps(_texts(LONE, "a"))
+        response = client.post(V2, content=head,
+                               headers={**header, "Inference-Header-Content-Length": str(len(head))})
+        assert response.status_code == 400 and "lone UTF-16 surrogate" in response.json()["error"]
+        gzipped = client.post("/v1/generate", content=b"\x1f\x8b...", headers={
+            "content-type": "application/json", "content-encoding": "gzip"})
+        assert gzipped.status_code == 415 and "uncompressed" in gzipped.json()["error"]["message"]
+    assert worker.submitted == []

@@ -133,6 +133,8 @@ def test_tei_embed_all_and_tokenize(client, source):
     ("/v1/embeddings", {"input": [[5, 6]], "prompt_name": "query"}, "prompt_name"),
     ("/v1/embeddings", {"input": TEXTS, "encoding_format": "hex"}, "encoding_format"),
     ("/tokenize", {"inputs": []}, "inputs"),
+    ("/tokenize", {"inputs": "a " * 2000}, "inputs"),  # past the bytes of 64 tokens: never tokenized
+    ("/tokenize", {"inputs": ["fine", "hello " * 100]}, "inputs"),  # past 64 tokens
 ])
 def test_bad_input_is_a_4xx_naming_the_field(client, path, body, field):
     response = client.post(path, json=body)

@@ -24,6 +24,8 @@ DEFAULT_NEW_TOKENS = 20
 # Below this, scores / temperature overflows to inf for ordinary logits and the draw turns NaN; a caller
 # who wants the most likely token asks for greedy decoding.
 MIN_TEMPERATURE = 1e-4
+# The same bound for repetition_penalty, which divides a seen token's positive score as a temperature does.
+MIN_REPETITION_PENALTY = MIN_TEMPERATURE
 
 DEFAULTS: dict[str, Any] = {
     "max_length": None,
@@ -226,9 +228,8 @@ def _check_ranges(s: Settings) -> None:
         check_temperature(s.temperature)
     if not 0 < s.top_p <= 1:
         raise HotrodError(f"top_p must be in (0, 1], got {s.top_p}")
-    if not s.repetition_penalty > 0:
-        raise HotrodError(f"repetition_penalty must be > 0, got {s.repetition_penalty}")
-    check_number("repetition_penalty", s.repetition_penalty)  # inf turns a zero score into NaN
+    # inf turns a zero score into NaN; below the least, a seen token's score overflows to inf
+    check_number("repetition_penalty", s.repetition_penalty, MIN_REPETITION_PENALTY)
     check_number("length_penalty", s.length_penalty)
     if s.early_stopping not in (True, False, "never"):
         raise HotrodError(f"early_stopping must be true, false or 'never', got {s.early_stopping!r}")

@@ -18,6 +18,7 @@ from fastapi import Request
 from hotrod.errors import HotrodError, first_line
 from hotrod.generation import draft_rules
 from hotrod.kinds import spec
+from hotrod.serve import unicode_text
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
 from hotrod.serve.messages import Worker
@@ -64,7 +65,11 @@ async def token_ids(request: Request, worker: Worker, item: Item, param: str) ->
 
 def check_bytes(text: str, limit: int, where: str, param: str) -> None:
     budget = limit * BYTES_PER_TOKEN
-    if len(text) > budget or len(text.encode("utf-8")) > budget:
+    try:  # characters first: a text longer in them is longer in bytes, and is never encoded
+        size = len(text) if len(text) > budget else len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a caller past the door's check (`unicode_text`), such as a Ray handle's
+        raise ApiError(400, unicode_text.refusal(where), param) from None
+    if size > budget:
         raise ApiError(400, f"{where}: the text is longer than this server takes ({budget} bytes for a limit of "
                             f"{limit} tokens); shorten it", param)
 
@@ -78,6 +83,12 @@ async def _encode(request: Request, worker: Worker, texts: list[str], param: str
         raise ApiError(400, f"{param}: {first_line(exc)}", param) from None
 
 
+def check_token_count(count: int, limit: int, where: str, param: str) -> None:
+    if count > limit:
+        raise ApiError(400, f"{where}: {count} tokens; this server takes at most {limit} tokens per input "
+                            f"for this model", param)
+
+
 def _encode_all(worker: Worker, texts: list[str]) -> list[list[int]]:
     return [worker.encode(text) if text else [] for text in texts]
 
@@ -85,9 +96,7 @@ def _encode_all(worker: Worker, texts: list[str]) -> list[list[int]]:
 def check_token_row(worker: Worker, ids: list[int], limit: int, where: str, param: str) -> None:
     if not ids:
         raise ApiError(400, f"{where}: the input is empty", param)
-    if len(ids) > limit:
-        raise ApiError(400, f"{where}: {len(ids)} tokens; this server takes at most {limit} tokens per input "
-                            f"for this model", param)
+    check_token_count(len(ids), limit, where, param)
     vocab = worker.info.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
     if bad is not None:

@@ -57,9 +57,11 @@ class Choice:
         self.tokens += len(tokens)
         text = ""
         for i, token in enumerate(tokens):
+            noted = self.logprobs is not None and logprobs
+            top = self._alternatives(token, logprobs[i]) if noted and self.logprobs.top_logprobs is not None else None
             piece = self.detokenizer.add([token])
-            if self.logprobs is not None and logprobs:
-                self._note(self.logprobs, piece, logprobs[i])
+            if noted:
+                self._note(self.logprobs, piece, logprobs[i], top)
             text += piece
         text = self._release(self.held + text, final=False)
         return text, self._due(final=self.stopped)
@@ -97,12 +99,22 @@ class Choice:
         self.sent += len(text)
         return text
 
-    def _note(self, into: Logprobs, piece: str, entry: TokenLogprobs) -> None:
+    def _alternatives(self, token: int, entry: TokenLogprobs) -> list[tuple[str | None, float]]:
+        """The step's most likely tokens, each by the text it would add in this context (as the chosen token's
+        string is made), read before the chosen one goes in; the chosen one's text (None here) is its piece."""
+        return [(None if alternative == token else self.detokenizer.peek(alternative), logprob)
+                for alternative, logprob in entry.top]
+
+    def _note(self, into: Logprobs, piece: str, entry: TokenLogprobs,
+              top: list[tuple[str | None, float]] | None) -> None:
         into.tokens.append(piece)
         into.token_logprobs.append(entry.logprob)
         into.text_offset.append(self._offset)
-        if into.top_logprobs is not None:
-            into.top_logprobs.append({self.decode([t]): lp for t, lp in entry.top})
+        if into.top_logprobs is not None and top is not None:
+            alternatives: dict[str, float] = {}
+            for text, logprob in top:  # two that read alike keep the likelier's logprob: the format keys by text
+                alternatives.setdefault(piece if text is None else text, logprob)
+            into.top_logprobs.append(alternatives)
         self._offset += len(piece)
 
     def _trim(self, end: int) -> None:

@@ -23,6 +23,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hotrod.serve import unicode_text
 from hotrod.serve.http_errors import INFER_PATH, TEI_ROUTES, error_response, is_v2, record
 from hotrod.serve.tensors import HEADER
 
@@ -76,12 +77,18 @@ class Gate:
         if not _readable(scope["path"], media, headers):
             return (415, f"the body must be JSON, sent with `Content-Type: application/json` (got "
                          f"{media or 'none'})", None), receive
+        if headers.get("content-encoding", "identity").strip().lower() != "identity":  # read as JSON, it would fail
+            return (415, "compressed request bodies are not supported; send the body uncompressed", None), receive
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
+        # ASCII digits only (str.isdigit takes "²", which int() refuses); more than 20 is past any limit
+        if declared.isascii() and declared.isdigit() and (len(declared) > 20 or int(declared) > self.max_bytes):
             return self._too_large(), receive
         body = await _read(receive, self.max_bytes)
         if body is None:
             return self._too_large(), receive
+        where = None if HEADER in headers else unicode_text.lone_surrogate(body)  # the binary form: its header, in tensors
+        if where is not None:
+            return (400, unicode_text.refusal(where), None), _replay(body, receive)
         return None, _replay(body, receive)
 
     def _authorized(self, header: str) -> bool:

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hotrod.errors import HotrodError, first_line
 from hotrod.serve.messages import QueueFull, ShuttingDown, Worker, WorkerDown
 from hotrod.serve.metrics import Metrics
+from hotrod.serve.unicode_text import safe
 
 log = logging.getLogger("hotrod.serve")
 
@@ -66,6 +67,7 @@ def is_v2(path: str) -> bool:
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    message, param = safe(message), None if param is None else safe(param)
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param}}
 
 
@@ -86,7 +88,9 @@ def tei_error_type(status: int) -> str:
 def error_response(status: int, message: str, param: str | None = None,
                    headers: dict[str, str] | None = None, *, path: str = "") -> JSONResponse:
     """The error answer of a request for `path`: the v2 protocol's shape under /v2, TEI's on its routes
-    (`{"error", "error_type"}`), hotrod's elsewhere."""
+    (`{"error", "error_type"}`), hotrod's elsewhere. A message that repeats a client's text is made safe to
+    encode (`unicode_text.safe`): the refusal must not fail where the request did."""
+    message, param = safe(message), None if param is None else safe(param)
     if is_v2(path):
         body: dict[str, Any] = {"error": message}
     elif path in TEI_ROUTES:

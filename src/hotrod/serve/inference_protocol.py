@@ -151,8 +151,6 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     """Generate or embed: JSON tensors, or the binary tensor data extension (in, out, or both)."""
     worker, recorder = resolve(request, "infer", name, GENERATORS + ENCODERS)
     _check_version(name, version)
-    if request.headers.get("content-encoding", "identity").strip().lower() != "identity":
-        raise ApiError(415, "compressed request bodies are not supported; send the body uncompressed")
     call = tensors.read_request(await request.body(), request.headers.get(tensors.HEADER))
     found = signature(worker)
     options, binary = _options(call.parameters, found.parameters)

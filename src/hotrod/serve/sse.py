@@ -123,6 +123,12 @@ class Detokenizer:
         self.ids.extend(tokens)
         return self._piece(final=False)
 
+    def peek(self, token: int) -> str:
+        """The text `token` would add after the ids so far, in their context, without adding it: an
+        alternative token's string as the chosen one's is made."""
+        before = self.decode(self.ids[self.prefix:])
+        return self.decode(self.ids[self.prefix:] + [token])[len(before):]
+
     def flush(self) -> str:
         """Whatever is held back (an incomplete character at the very end)."""
         return self._piece(final=True)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from hotrod import tasks
 from hotrod.errors import HotrodError
 from hotrod.serve import tei
+from hotrod.serve.checks import check_bytes, check_token_count, input_limit
 from hotrod.serve.embeddings import chosen_prompt, cut, embed_vectors, embedding_rows
 from hotrod.serve.endpoints import ENCODERS, ERRORS, json_response
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
@@ -104,9 +105,15 @@ async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
     most = request.app.state.limits.max_batch_inputs
     if len(texts) > most:
         raise ApiError(400, f"inputs: {len(texts)} inputs; this server takes at most {most} per request", "inputs")
+    limit = input_limit(request, worker)  # the limits every route's texts meet, before the tokenizer runs
+    wheres = ["inputs"] if isinstance(body.inputs, str) else [f"inputs[{i}]" for i in range(len(texts))]
+    for text, where in zip(texts, wheres):
+        check_bytes(text, limit, where, "inputs")
     prompt = chosen_prompt(worker, None, body.prompt_name, True) or ""
     tokens = await on_tokenizer(request, worker, _tokens, [prompt + text for text in texts], body.add_special_tokens,
                                 param="inputs")
+    for row, where in zip(tokens, wheres):
+        check_token_count(len(row), limit, where, "inputs")
     return json_response(TeiTokens(tokens), recorder)
 
 

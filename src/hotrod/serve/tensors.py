@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from fastapi import Response
 
+from hotrod.serve import unicode_text
 from hotrod.serve.http_errors import ApiError
 
 NUMPY_TYPES = {"INT64": np.dtype("<i8"), "FP32": np.dtype("<f4")}  # the fixed-size datatypes hotrod speaks
@@ -73,7 +74,9 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
     if header_length is None:
         head, rest = body, b""
     else:
-        if not header_length.strip().isdigit() or not 0 < int(header_length) <= len(body):
+        digits = header_length.strip()
+        # ASCII digits only, and few: str.isdigit takes "²", and int() refuses more than 4300 digits
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 20 and 0 < int(digits) <= len(body)):
             raise bad(f"{HEADER}: {header_length!r} is not a length within the body's {len(body)} bytes")
         head, rest = body[:int(header_length)], body[int(header_length):]
     request = _json_object(head)
@@ -98,6 +101,9 @@ def _json_object(head: bytes) -> dict[str, Any]:
         value = json.loads(head)
     except (ValueError, RecursionError) as exc:
         raise bad(f"the request is not valid JSON: {exc}") from None
+    where = unicode_text.lone_surrogate(head)  # a JSON body's was refused at the door; the binary form's here
+    if where is not None:
+        raise bad(unicode_text.refusal(where))
     if not isinstance(value, dict):
         raise bad("the request must be a JSON object")
     return value
