@@ -89,6 +89,15 @@ def test_generate_ids(zoo, capsys, name):
     assert printed.splitlines() == [" ".join(map(str, row)) for row in expected.tolist()]
 
 
+def test_generate_ids_pad_an_encoders_input_on_the_right(zoo, capsys):
+    """BART's encoder has absolute positions: a row padded on the left would start at a later position, and its
+    answer would depend on its batch-mates; each row's answer is its own, alone."""
+    rows = id_text(*prompt_batch(CASES["bart"], (8, 3)))
+    printed = ok(capsys, "generate", zoo.artifact("bart"), *rows, "--ids", "--max-new-tokens", 5)
+    alone = [ok(capsys, "generate", zoo.artifact("bart"), row, "--ids", "--max-new-tokens", 5).strip() for row in rows]
+    assert printed.splitlines() == alone
+
+
 def test_generate_ids_json_with_beams_and_several_returns(zoo, capsys):
     rows = id_text(*prompt_batch(CASES["t5"], (6, 3)))
     printed = ok(capsys, "generate", zoo.artifact("t5"), *rows, "--ids", "--json", "--max-new-tokens", 4,
@@ -269,6 +278,16 @@ MISTAKES = {
     "hub_id_offline": (lambda z, t: ["generate", "someone/not-cached", "hello"], 1, "'someone/not-cached'"),
     "negative_threads": (lambda z, t: ["generate", z.artifact("t5"), "5 6", "--ids", "--threads", "-1"], 1,
                          "threads"),
+    "absurd_threads": (lambda z, t: ["generate", z.artifact("t5"), "5 6", "--ids", "--threads", "100000"], 1,
+                       "threads must be at most"),
+    "seed_past_64_bits": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--do-sample", "--seed",
+                                        str(2**70)], 1, "--seed must be <="),
+    "temperature_without_sampling": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--temperature",
+                                                   "0.5"], 1, "--temperature applies only when sampling"),
+    "seed_without_sampling": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--seed", "3"], 1,
+                              "--seed applies only when sampling"),
+    "optimize_an_artifact": (lambda z, t: ["optimize", z.artifact("gpt2"), "--out", t / "o"], 1,
+                             "is a hotrod artifact, not a checkpoint"),
     "info_not_an_artifact": (lambda z, t: ["info", z.checkpoint("bert")], 1, "not a hotrod artifact"),
     "info_corrupt_artifact": (lambda z, t: ["info", _corrupt_artifact(z, t)], 1, "corrupt"),
     "generate_corrupt_artifact": (lambda z, t: ["generate", _corrupt_artifact(z, t), "5", "--ids"], 1, "corrupt"),

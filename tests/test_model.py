@@ -57,6 +57,12 @@ BAD_CALLS = {
     "token_types_without_types": ("distilbert", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(0, 1)),
                                   "token_type_ids holds 1, but this model takes token type 0 only"),
     "seq2seq_forward_without_decoder_ids": ("t5", lambda m: m(input_ids=ids(5, 6)), "decoder_input_ids"),
+    "token_types_of_a_decoder": ("gpt2", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(1, 1)),
+                                 "token_type_ids: a decoder model's forward takes none"),
+    "mask_of_twos": ("gpt2", lambda m: m.generate(ids(5, 6), attention_mask=ids(2, 2)),
+                     "attention_mask must hold only 0 and 1, got 2"),
+    "mask_of_halves": ("bert", lambda m: m(input_ids=ids(5, 6), attention_mask=torch.tensor([[1.0, 0.5]])),
+                       "attention_mask must hold only 0 and 1, got 0.5"),
 }
 
 
@@ -176,3 +182,13 @@ def test_long_text_is_truncated_to_the_positions(zoo, backend):
     model = zoo.model("bert", backend)
     vector = model.embed(["hello world " * 100])
     assert vector.shape == (1, HIDDEN) and torch.isfinite(vector).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(static=True), "static applies to the torch backend's engine, not to onnxruntime"),
+    (dict(threads=1.5), "threads must be an integer >= 0, got 1.5"),
+    (dict(threads=100000), "threads must be at most 256"),
+])
+def test_load_options_that_would_change_nothing_or_fail_later_are_refused(zoo, kwargs, message):
+    with pytest.raises(hotrod.HotrodError, match=message):
+        hotrod.load(zoo.artifact("gpt2"), **kwargs)

@@ -30,7 +30,7 @@ from hotrod.generation.self_cache import SelfCache
 from hotrod.generation.spares import Spares
 from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
-from hotrod.model_inputs import as_long, check_row, token_ids, token_types
+from hotrod.model_inputs import as_mask, check_row, token_ids, token_types
 from hotrod.pipelines import languages, sentence
 from hotrod.pipelines.base import Row, padded
 from hotrod.pipelines.sentence import SentencePipeline
@@ -111,7 +111,7 @@ class HotrodModel:
         lookup, assistant, assistant_tokens = draft_rules.draft_arguments(self, kwargs)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
-            attention_mask = as_long(attention_mask, input_ids.shape)
+            attention_mask = as_mask(attention_mask, input_ids.shape)
         elif self.spec.infers_padding:
             attention_mask = _infer_mask(input_ids, values)
         else:  # transformers infers padding only for decoder-only models
@@ -196,10 +196,12 @@ class HotrodModel:
         # Outputs go where the inputs came from, as transformers' do (its inputs are on the model's device).
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
         input_ids = token_ids(input_ids, self.dims)
-        mask = torch.ones_like(input_ids) if attention_mask is None else as_long(attention_mask, input_ids.shape)
+        mask = torch.ones_like(input_ids) if attention_mask is None else as_mask(attention_mask, input_ids.shape)
         if not self.spec.generates:
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_types(token_type_ids, input_ids.shape, self.dims)
             return ModelOutput(**self._encode(input_ids, mask, types, device))
+        if token_type_ids is not None:  # a generating model's graphs have no such input
+            raise HotrodError(f"token_type_ids: a {self.spec.name} model's forward takes none here")
         if not self.spec.encodes:
             return ModelOutput(logits=self._decoder_logits(input_ids, mask).to(device))
         if decoder_input_ids is None:

@@ -49,6 +49,16 @@ def as_long(tensor: Any, shape: Sequence[int]) -> torch.Tensor:
     return tensor
 
 
+def as_mask(attention_mask: Any, shape: Sequence[int]) -> torch.Tensor:
+    """An attention mask of `shape` holding only 0 and 1 (a 0.5 would be cut to 0 here, where transformers
+    would weigh the position by it), as a LongTensor on the CPU."""
+    values = torch.as_tensor(attention_mask)
+    odd = values[(values != 0) & (values != 1)]
+    if odd.numel():
+        raise HotrodError(f"attention_mask must hold only 0 and 1, got {odd.flatten()[0].item()!r}")
+    return as_long(values, shape)
+
+
 def token_types(token_type_ids: Any, shape: Sequence[int], dims: Dims) -> torch.Tensor:
     """Token types within the model's table; a model without one (type_vocab_size 0) takes only zeros."""
     types = as_long(token_type_ids, shape)

@@ -77,7 +77,8 @@ def test_matrix_weights_counts_each_weight_once_and_no_activation_product(tmp_pa
 @pytest.mark.parametrize("name", ["gpt2", "t5", "bert"])
 def test_profile_command_times_every_graph_it_runs(zoo, tmp_path, capsys, fixed_machine, name):
     figures = tmp_path / "ops.json"
-    argv = ["profile", str(zoo.artifact(name)), "--length", "6", "--new-tokens", "3", "--runs", "2", "--threads", "1",
+    steps = [] if name == "bert" else ["--new-tokens", "3"]  # an encoder's refuses it (below)
+    argv = ["profile", str(zoo.artifact(name)), "--length", "6", *steps, "--runs", "2", "--threads", "1",
             "--json", str(figures)]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -107,6 +108,12 @@ def test_profile_refuses_options_out_of_range(zoo, capsys, flag, value):
     assert main(["profile", str(zoo.artifact("gpt2")), flag, value]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("hotrod: error:") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["profile", "tune"])
+def test_new_tokens_for_an_encoder_are_refused_not_ignored(zoo, capsys, command):
+    assert main([command, str(zoo.artifact("bert")), "--new-tokens", "5"]) == 1
+    assert "--new-tokens applies to a language model's artifact" in capsys.readouterr().err
 
 
 def test_profile_needs_an_artifact(tmp_path, capsys):

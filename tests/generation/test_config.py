@@ -105,6 +105,31 @@ def test_unsupported_output_options_are_refused(kwargs):
         merge(None, None, kwargs)
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"max_new_tokens": 2}, "generation_config must be a transformers GenerationConfig, got dict"),
+    (GenerationConfig(return_dict_in_generate=True, output_scores=True), "return_dict_in_generate=True"),
+    (GenerationConfig(max_time=0.0), "max_time=0.0, which hotrod does not support"),
+    (GenerationConfig(stop_strings=["x"]), "stop_strings"),
+    (GenerationConfig(dola_layers="low"), "dola_layers"),
+    (GenerationConfig(token_healing=True), "token_healing"),
+])
+def test_a_callers_generation_config_is_read_whole_or_refused(config, message):
+    with pytest.raises(hotrod.HotrodError, match=message):
+        merge(None, config, {})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=[1]), "temperature must be a finite number"),
+    (dict(top_p="0.5"), "top_p must be a finite number"),
+    (dict(repetition_penalty={}), "repetition_penalty must be a finite number"),
+    (dict(do_sample="no"), "do_sample must be true or false"),
+    (dict(max_time=1.0), "max_time=1.0, which hotrod does not support"),
+])
+def test_values_of_the_wrong_type_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(hotrod.HotrodError, match=message):
+        resolved(**kwargs)
+
+
 def test_compatible_output_options_are_accepted():
     values = merge(None, None, dict(use_cache=True, return_dict_in_generate=False, output_scores=False))
     assert "use_cache" not in values

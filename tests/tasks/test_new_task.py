@@ -140,3 +140,16 @@ def test_the_server_has_the_new_task_route(built):
             assert refused.status_code == 400 and "input[1]" in refused.json()["error"]["message"]
     finally:
         worker.stop(drain=False)
+
+
+@pytest.mark.parametrize("architecture, task", [("GPT2Model", "text-generation"), ("GPT2LMHeadModel", "text-generation"),
+                                                ("GPT2DoubleHeadsModel", None)])
+def test_a_head_named_as_a_model_is_not_taken_for_the_bare_model(architecture, task):
+    from hotrod.models import get_family
+
+    config = types.SimpleNamespace(architectures=[architecture])
+    if task is not None:
+        assert tasks.task_of(config, get_family("gpt2")) == task
+        return
+    with pytest.raises(hotrod.HotrodError, match=f"head {architecture} is not supported by hotrod's gpt2 family"):
+        tasks.task_of(config, get_family("gpt2"))

@@ -123,7 +123,10 @@ def _calibration_texts(calibration) -> list[str]:
         return builtin_texts()
     if isinstance(calibration, (str, Path)):
         return read_texts(calibration)
-    texts = [t.strip() for t in calibration if isinstance(t, str) and t.strip()]
+    odd = next((t for t in calibration if not isinstance(t, str)), None)
+    if odd is not None:
+        raise HotrodError(f"calibration texts must be strings, got {odd!r}")
+    texts = [t.strip() for t in calibration if t.strip()]
     if not texts:
         raise HotrodError("calibration texts are empty")
     return texts

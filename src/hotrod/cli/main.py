@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod import tasks
-from hotrod.errors import HotrodError
+from hotrod.errors import HotrodError, check_number
 from hotrod.options import AUTO, BACKENDS, BUILT_PRECISIONS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS
 
 
@@ -245,13 +245,15 @@ def _generate(args) -> int:
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if args.assistant is not None:
         kwargs["assistant_model"] = _load(args, args.assistant)
+    if not args.do_sample:
+        told = [flag for flag, name in SAMPLING_FLAGS.items() if getattr(args, name) is not None]
+        if told:
+            raise HotrodError(f"{told[0]} applies only when sampling: add --do-sample")
     if args.seed is not None:
-        torch.manual_seed(args.seed)
+        torch.manual_seed(check_number("--seed", args.seed, 0, 2**63 - 1))
     if args.ids:
         rows = _parse_ids(args.prompts)
-        width = max(map(len, rows))
-        ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        ids, mask = _padded(rows, left=model.spec.pads_left)
         out = model.generate(ids, attention_mask=mask, **kwargs)
         results = [{"prompt": p, "token_ids": row} for p, row in zip(_repeat(args.prompts, out), out.tolist())]
     else:
@@ -271,6 +273,23 @@ def _generate(args) -> int:
 def _repeat(prompts: Sequence[str], out) -> list[str]:
     per_prompt = out.shape[0] // len(prompts)
     return [p for p in prompts for _ in range(per_prompt)]
+
+
+# Options that only a sampled draw reads: given without --do-sample, they would change nothing.
+SAMPLING_FLAGS = {"--temperature": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--seed": "seed"}
+
+
+def _padded(rows: list[list[int]], left: bool):
+    """Token id rows as one batch and its mask, padded on the side the model's prompts take padding (left for
+    a decoder-only model, whose new tokens follow the prompt; right for an encoder's input, whose absolute
+    positions must start at 0 in every row)."""
+    import torch
+
+    width = max(map(len, rows))
+    pads = [[0] * (width - len(r)) for r in rows]
+    ids = [pad + r if left else r + pad for pad, r in zip(pads, rows)]
+    mask = [[0] * len(pad) + [1] * len(r) if left else [1] * len(r) + [0] * len(pad) for pad, r in zip(pads, rows)]
+    return torch.tensor(ids), torch.tensor(mask)
 
 
 def _tokenize(model, prompts: Sequence[str]):

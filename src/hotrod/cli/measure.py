@@ -9,6 +9,7 @@ from pathlib import Path
 # tune's work when its options are not given; left unset by the parser so that --show and --forget, which
 # measure nothing, can refuse them rather than ignore them
 TUNE_WORK = {"batch": 1, "length": 128, "new_tokens": 32, "runs": 15, "threads": 0}
+PROFILE_WORK = {"batch": 1, "length": 32, "new_tokens": 64}
 
 
 def _work_args(p: argparse.ArgumentParser, length: int, new_tokens: int, unset: bool = False) -> None:
@@ -26,7 +27,7 @@ def _work_args(p: argparse.ArgumentParser, length: int, new_tokens: int, unset: 
 def add_measure_parsers(sub) -> None:
     p = sub.add_parser("profile", help="time an artifact operator by operator, against each graph's floor")
     p.add_argument("artifact")
-    _work_args(p, length=32, new_tokens=64)
+    _work_args(p, length=PROFILE_WORK["length"], new_tokens=PROFILE_WORK["new_tokens"], unset=True)
     p.add_argument("--runs", type=int, default=3, help="profiled runs after a warm-up")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
     p.add_argument("--top", type=int, default=12, help="operators listed per graph")
@@ -52,12 +53,23 @@ def _profile(args: argparse.Namespace) -> int:
     check_number("--top", args.top, 1)
     if args.json:
         check_output(Path(args.json))
-    profile = profile_artifact(args.artifact, batch=args.batch, length=args.length, new_tokens=args.new_tokens,
-                               runs=args.runs, threads=args.threads)
+    _check_new_tokens(args.artifact, args.new_tokens)
+    work = {name: value if (value := getattr(args, name)) is not None else PROFILE_WORK[name] for name in PROFILE_WORK}
+    profile = profile_artifact(args.artifact, **work, runs=args.runs, threads=args.threads)
     print(format_profile(profile, top=args.top))
     if args.json:
         print(f"figures: {write_profile(profile, Path(args.json))}")
     return 0
+
+
+def _check_new_tokens(path: str, given: int | None) -> None:
+    """--new-tokens times a language model's generation: given for an encoder, it would change nothing."""
+    from hotrod import artifact as art
+    from hotrod.errors import HotrodError
+    from hotrod.kinds import spec
+
+    if given is not None and not spec(art.open_artifact(path).manifest["kind"]).generates:
+        raise HotrodError(f"--new-tokens applies to a language model's artifact; {path} holds an encoder")
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -83,6 +95,7 @@ def _tune(args: argparse.Namespace) -> int:
         raise HotrodError("tune needs an artifact to time (or --show, or --forget)")
     from hotrod.bench.tune import format_tuning, tune_artifact
 
+    _check_new_tokens(args.artifact, args.new_tokens)
     work = {name: TUNE_WORK[name] if getattr(args, name) is None else getattr(args, name) for name in TUNE_WORK}
     tuning = tune_artifact(args.artifact, **work)
     print(format_tuning(tuning))

@@ -78,6 +78,12 @@ UNSUPPORTED: dict[str, tuple] = {
     "guidance_scale": (*_OFF, 1.0),
     "renormalize_logits": (*_OFF, False),
     "remove_invalid_values": (*_OFF, False),
+    "force_words_ids": _OFF,
+    "stop_strings": (*_OFF, ""),
+    "max_time": _OFF,
+    "dola_layers": _OFF,
+    "token_healing": (*_OFF, False),
+    "watermarking_config": _OFF,
 }
 
 
@@ -128,6 +134,8 @@ class Settings:
 def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Model config < caller's GenerationConfig < keyword arguments; None means unset."""
     values = dict(DEFAULTS)
+    if user_config is not None:
+        _check_user_config(user_config)
     for config in (model_config, user_config):
         if config is not None:
             settings = _settings_of(config)
@@ -146,6 +154,20 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
         if value is not None or key in NONE_TURNS_OFF:
             values[key] = value
     return values
+
+
+def _check_user_config(config: Any) -> None:
+    """A caller's generation_config is a GenerationConfig, as transformers takes it (a dict's settings would
+    otherwise be read as nothing), and what hotrod returns regardless (a plain tensor, with a cache) is off."""
+    from transformers import GenerationConfig
+
+    if not isinstance(config, GenerationConfig):
+        raise HotrodError(f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}; "
+                          "pass settings as keyword arguments")
+    for key, off in IGNORED.items():
+        if getattr(config, key, None) not in (None, off):  # None: unset (transformers' default)
+            raise HotrodError(f"the generation config sets {key}={getattr(config, key)!r}, which generate() does "
+                              "not support")
 
 
 def _settings_of(config: Any) -> dict[str, Any]:
@@ -204,15 +226,15 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         prompt_length=prompt_length,
         min_length=min_length,
         num_beams=_check_int("num_beams", values["num_beams"], 1),
-        do_sample=bool(values["do_sample"]),
-        temperature=float(values["temperature"]),
+        do_sample=_check_bool("do_sample", values["do_sample"]),
+        temperature=float(check_number("temperature", values["temperature"])),
         top_k=_check_int("top_k", values["top_k"], 0),
-        top_p=float(values["top_p"]),
-        repetition_penalty=float(values["repetition_penalty"]),
+        top_p=float(check_number("top_p", values["top_p"])),
+        repetition_penalty=float(check_number("repetition_penalty", values["repetition_penalty"])),
         eos_token_ids=eos_ids,
         pad_token_id=pad,
         num_return_sequences=_check_int("num_return_sequences", values["num_return_sequences"], 1),
-        length_penalty=float(values["length_penalty"]),
+        length_penalty=float(check_number("length_penalty", values["length_penalty"])),
         early_stopping=values["early_stopping"],
         decoder_start_token_id=start,
         **_processors(values, eos_ids, prompt_length, vocab_size),
@@ -298,6 +320,12 @@ def check_temperature(temperature: float) -> float:
         raise HotrodError(f"temperature must be at least {MIN_TEMPERATURE:g} when sampling, got {temperature:g}; "
                           "for the most likely tokens, decode greedily (do_sample=False)")
     return temperature
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):  # a string such as "no" would read as true
+        raise HotrodError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def _is_integer(value: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from hotrod.contracts import GraphIO
-from hotrod.errors import HotrodError, check_number
+from hotrod.errors import HotrodError, check_count
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,9 @@ class RuntimeOptions:
     profile: bool = False
 
     def __post_init__(self):
-        check_number("threads", self.threads, 0)
+        check_threads(self.threads)
+        if self.static is not None and self.backend != "torch":  # the static engine is the torch backend's
+            raise HotrodError(f"static applies to the torch backend's engine, not to {self.backend}")
         if self.profile and self.backend != "onnxruntime":
             raise HotrodError("profile reads onnxruntime's profiler: it needs the onnxruntime backend")
 
@@ -133,9 +135,19 @@ def merged(feeds: Mapping[str, Any], into: Mapping[str, Any] | None,
     return {**feeds, **held.feeds}, {**(into or {}), **held.into}
 
 
+MAX_THREADS = 256  # past any CPU here: thousands of pool threads take a session minutes to start
+
+
+def check_threads(requested: int) -> int:
+    """A thread count a pool can start: a whole number in [0, MAX_THREADS] (0: every core)."""
+    if check_count("threads", requested, 0) > MAX_THREADS:
+        raise HotrodError(f"threads must be at most {MAX_THREADS}, got {requested}")
+    return requested
+
+
 def cpu_threads(requested: int) -> int:
     """`requested`, or every core this process may use when 0."""
-    if check_number("threads", requested, 0):
+    if check_threads(requested):
         return requested
     import os
 

@@ -51,11 +51,12 @@ def add_serve_parser(sub, runtime_args: Callable[[argparse.ArgumentParser], None
     ray.add_argument("--ray", default=None, metavar="ADDRESS",
                      help="deploy on the Ray cluster at ADDRESS (host:port of its head, or `auto`: the one on "
                           "this machine, started if none runs) and serve through Ray Serve's proxies")
-    ray.add_argument("--replicas", type=int, default=1, help="replicas (each a whole server on one node)")
+    ray.add_argument("--replicas", type=int, default=None, help="replicas (each a whole server on one node; "
+                                                                   "default 1)")
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscale down to this many replicas")
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")
-    ray.add_argument("--num-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
-    ray.add_argument("--num-gpus", type=float, default=0.0, help="GPUs Ray reserves for each replica")
+    ray.add_argument("--num-cpus", type=float, default=None, help="CPUs Ray reserves for each replica (default 1)")
+    ray.add_argument("--num-gpus", type=float, default=None, help="GPUs Ray reserves for each replica (default 0)")
     ray.add_argument("--ship", action="store_true",
                      help="send the artifacts to the cluster (Ray's working_dir) instead of reading them from "
                           "a path every node sees")
@@ -82,6 +83,9 @@ def run_serve(args) -> int:
                              precision=args.engine_precision or "fp32")
     if args.ray is not None:  # Ray's proxies listen, on every node: there is no one socket to try here
         return _run_on_ray(args, options, limits, access, runtime)
+    told = [flag for flag in RAY_FLAGS if vars(args)[flag[2:].replace("-", "_")] not in (None, False)]
+    if told:
+        raise HotrodError(f"{told[0]} applies to a deployment on Ray: add --ray ADDRESS")
     _check_listen(args.host, args.port)
     metrics = Metrics()
     workers = load_workers(args.models, options, runtime, metrics, told_choices(vars(args).get))
@@ -111,13 +115,18 @@ def speculation(value: str | None) -> int:
     return int(count)
 
 
+# The options only a deployment on Ray reads (its replicas and what Ray reserves for each).
+RAY_FLAGS = ("--replicas", "--min-replicas", "--max-replicas", "--num-cpus", "--num-gpus", "--ship")
+
+
 def _run_on_ray(args, options, limits, access, runtime) -> int:
     from hotrod.serve.on_ray import serve_on_ray
     from hotrod.serve.replicas import ReplicaSpec, Scaling
     from hotrod.serve.worker import told_choices
 
-    scaling = Scaling(args.replicas, args.min_replicas, args.max_replicas, num_cpus=args.num_cpus,
-                      num_gpus=args.num_gpus)
+    given = {name: value for name, value in (("replicas", args.replicas), ("num_cpus", args.num_cpus),
+                                             ("num_gpus", args.num_gpus)) if value is not None}
+    scaling = Scaling(min_replicas=args.min_replicas, max_replicas=args.max_replicas, **given)
     artifacts = tuple(str(Path(model).expanduser().resolve()) for model in args.models)
     spec = ReplicaSpec(artifacts, options, limits, runtime, access, scaling, told=told_choices(vars(args).get))
     serve_on_ray(spec, args.ray, args.host, args.port, ship=args.ship)

@@ -240,8 +240,8 @@ def task_of(config, family: Family) -> str:
     head = str(architectures[0])
     suffixes = sorted(((s, spec.name) for spec in _TASKS.values() for s in spec.heads), key=lambda p: -len(p[0]))
     task = next((name for suffix, name in suffixes if head.endswith(suffix)), None)
-    if task is None and head.endswith("Model"):
-        task = runs[0]  # the bare model: the family's own task
+    if task is None and head.endswith("Model") and "Head" not in head:
+        task = runs[0]  # the bare model: the family's own task (not GPT2DoubleHeadsModel, whose heads it has)
     if task in runs:
         return task
     bare = next((s.name for s in map(get, runs) if s.bare and not s.heads), None)
