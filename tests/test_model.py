@@ -59,6 +59,8 @@ BAD_CALLS = {
     "seq2seq_forward_without_decoder_ids": ("t5", lambda m: m(input_ids=ids(5, 6)), "decoder_input_ids"),
     "token_types_of_a_decoder": ("gpt2", lambda m: m(input_ids=ids(5, 6), token_type_ids=ids(1, 1)),
                                  "token_type_ids: a decoder model's forward takes none"),
+    "right_padded_prompt": ("gpt2", lambda m: m.generate(ids(5, 6, 7), attention_mask=ids(1, 1, 0)),
+                            "attention_mask row 0 is padded on the right"),
     "mask_of_twos": ("gpt2", lambda m: m.generate(ids(5, 6), attention_mask=ids(2, 2)),
                      "attention_mask must hold only 0 and 1, got 2"),
     "mask_of_halves": ("bert", lambda m: m(input_ids=ids(5, 6), attention_mask=torch.tensor([[1.0, 0.5]])),

@@ -111,7 +111,7 @@ class HotrodModel:
         lookup, assistant, assistant_tokens = draft_rules.draft_arguments(self, kwargs)
         values = gen_config.merge(self.generation_config, generation_config, kwargs)
         if attention_mask is not None:
-            attention_mask = as_mask(attention_mask, input_ids.shape)
+            attention_mask = as_mask(attention_mask, input_ids.shape, left=self.spec.pads_left)
         elif self.spec.infers_padding:
             attention_mask = _infer_mask(input_ids, values)
         else:  # transformers infers padding only for decoder-only models

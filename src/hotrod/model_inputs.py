@@ -49,14 +49,21 @@ def as_long(tensor: Any, shape: Sequence[int]) -> torch.Tensor:
     return tensor
 
 
-def as_mask(attention_mask: Any, shape: Sequence[int]) -> torch.Tensor:
+def as_mask(attention_mask: Any, shape: Sequence[int], left: bool = False) -> torch.Tensor:
     """An attention mask of `shape` holding only 0 and 1 (a 0.5 would be cut to 0 here, where transformers
-    would weigh the position by it), as a LongTensor on the CPU."""
+    would weigh the position by it), as a LongTensor on the CPU. With `left` (a decoder-only model's prompts to
+    generate from), no row may end in padding: transformers would generate after the pad tokens, hotrod after
+    the prompt, so such a call would answer differently; it is refused instead."""
     values = torch.as_tensor(attention_mask)
     odd = values[(values != 0) & (values != 1)]
     if odd.numel():
         raise HotrodError(f"attention_mask must hold only 0 and 1, got {odd.flatten()[0].item()!r}")
-    return as_long(values, shape)
+    mask = as_long(values, shape)
+    right = ((mask[:, -1] == 0) & (mask.sum(dim=1) > 0)).nonzero() if left and mask.shape[1] else []
+    if len(right):
+        raise HotrodError(f"attention_mask row {int(right[0])} is padded on the right; a decoder-only model's prompts "
+                          "are padded on the left (tokenizer.padding_side = 'left'), as transformers asks")
+    return mask
 
 
 def token_types(token_type_ids: Any, shape: Sequence[int], dims: Dims) -> torch.Tensor:
