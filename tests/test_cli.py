@@ -98,6 +98,14 @@ def test_generate_ids_pad_an_encoders_input_on_the_right(zoo, capsys):
     assert printed.splitlines() == alone
 
 
+def test_sampling_flags_follow_a_checkpoint_that_samples_by_default(zoo, capsys, tmp_path):
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "sampling")
+    settings = json.loads((source / "generation_config.json").read_text())
+    (source / "generation_config.json").write_text(json.dumps({**settings, "do_sample": True}))
+    argv = ("generate", source, "5 6 7", "--ids", "--max-new-tokens", 6, "--temperature", 2.0)
+    assert ok(capsys, *argv, "--seed", 3) == ok(capsys, *argv, "--seed", 3)
+
+
 def test_generate_ids_json_with_beams_and_several_returns(zoo, capsys):
     rows = id_text(*prompt_batch(CASES["t5"], (6, 3)))
     printed = ok(capsys, "generate", zoo.artifact("t5"), *rows, "--ids", "--json", "--max-new-tokens", 4,
@@ -281,7 +289,7 @@ MISTAKES = {
     "absurd_threads": (lambda z, t: ["generate", z.artifact("t5"), "5 6", "--ids", "--threads", "100000"], 1,
                        "threads must be at most"),
     "seed_past_64_bits": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--do-sample", "--seed",
-                                        str(2**70)], 1, "--seed must be <="),
+                                        str(2**64)], 1, "--seed must be in"),
     "temperature_without_sampling": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--temperature",
                                                    "0.5"], 1, "--temperature applies only when sampling"),
     "seed_without_sampling": (lambda z, t: ["generate", z.artifact("gpt2"), "5 6", "--ids", "--seed", "3"], 1,

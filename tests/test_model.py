@@ -61,6 +61,8 @@ BAD_CALLS = {
                                  "token_type_ids: a decoder model's forward takes none"),
     "right_padded_prompt": ("gpt2", lambda m: m.generate(ids(5, 6, 7), attention_mask=ids(1, 1, 0)),
                             "attention_mask row 0 is padded on the right"),
+    "inferred_right_padding": ("gpt2", lambda m: m.generate(ids(5, 6, 1), pad_token_id=1),
+                               "attention_mask row 0 is padded on the right"),  # pad 1 differs from EOS 0
     "mask_of_twos": ("gpt2", lambda m: m.generate(ids(5, 6), attention_mask=ids(2, 2)),
                      "attention_mask must hold only 0 and 1, got 2"),
     "mask_of_halves": ("bert", lambda m: m(input_ids=ids(5, 6), attention_mask=torch.tensor([[1.0, 0.5]])),

@@ -30,7 +30,7 @@ from hotrod.generation.self_cache import SelfCache
 from hotrod.generation.spares import Spares
 from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
-from hotrod.model_inputs import as_mask, check_row, token_ids, token_types
+from hotrod.model_inputs import as_mask, check_row, left_padded, token_ids, token_types
 from hotrod.pipelines import languages, sentence
 from hotrod.pipelines.base import Row, padded
 from hotrod.pipelines.sentence import SentencePipeline
@@ -113,7 +113,7 @@ class HotrodModel:
         if attention_mask is not None:
             attention_mask = as_mask(attention_mask, input_ids.shape, left=self.spec.pads_left)
         elif self.spec.infers_padding:
-            attention_mask = _infer_mask(input_ids, values)
+            attention_mask = left_padded(_infer_mask(input_ids, values))
         else:  # transformers infers padding only for decoder-only models
             attention_mask = torch.ones_like(input_ids)
         settings = self.settings(input_ids.shape[1], values)

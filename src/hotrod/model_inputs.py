@@ -59,7 +59,12 @@ def as_mask(attention_mask: Any, shape: Sequence[int], left: bool = False) -> to
     if odd.numel():
         raise HotrodError(f"attention_mask must hold only 0 and 1, got {odd.flatten()[0].item()!r}")
     mask = as_long(values, shape)
-    right = ((mask[:, -1] == 0) & (mask.sum(dim=1) > 0)).nonzero() if left and mask.shape[1] else []
+    return left_padded(mask) if left else mask
+
+
+def left_padded(mask: torch.Tensor) -> torch.Tensor:
+    """`mask`, where no row ends in padding (see `as_mask`); also for a mask inferred from pad tokens."""
+    right = ((mask[:, -1] == 0) & (mask.sum(dim=1) > 0)).nonzero() if mask.shape[1] else []
     if len(right):
         raise HotrodError(f"attention_mask row {int(right[0])} is padded on the right; a decoder-only model's prompts "
                           "are padded on the left (tokenizer.padding_side = 'left'), as transformers asks")

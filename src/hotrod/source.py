@@ -56,10 +56,10 @@ def open_source(source: str | Path, task: str | None = None) -> Source:
         path, from_hub = _download(origin), True
     if not path.is_dir():
         raise HotrodError(f"not a model directory: {origin}")
+    if (path / "manifest.json").is_file():  # an artifact (ONNX graphs or engine weights) where a checkpoint is asked
+        raise HotrodError(f"{origin} is a hotrod artifact, not a checkpoint: build from the checkpoint it was made "
+                          "from, or load the artifact itself")
     if any(path.glob("*.onnx")) and not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
-        if (path / "manifest.json").is_file():  # an artifact given where its checkpoint is asked for
-            raise HotrodError(f"{origin} is a hotrod artifact, not a checkpoint: build from the checkpoint it was made "
-                              "from, or load the artifact itself")
         raise HotrodError(f"{origin} holds ONNX graphs but no manifest.json: an incomplete or damaged artifact")
     config = read_config(path)
     family = get_family(config.model_type)

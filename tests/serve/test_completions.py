@@ -106,6 +106,20 @@ def test_logprob_tokens_are_the_text_each_token_added_in_context():
     assert choice.logprobs.text_offset == [0, 5, 11]
 
 
+def test_an_alternative_after_a_held_back_character_is_keyed_with_it():
+    pieces = [b"a", b"\xe2", b"\x82", b"\xac", b"x", b"\xac!"]  # the euro sign in three tokens
+
+    def decode(ids: list[int]) -> str:
+        return b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+
+    choice = Choice(decode, [], 2)
+    for token in (0, 1, 2):  # "a", then two bytes of a character held back
+        choice.add([token], [TokenLogprobs(-0.5, [(token, -0.5)])])
+    choice.add([3], [TokenLogprobs(-0.5, [(3, -0.5), (5, -1.0)])])
+    assert choice.logprobs.tokens == ["a", "", "", "\u20ac"]
+    assert choice.logprobs.top_logprobs[-1] == {"\u20ac": -0.5, "\u20ac!": -1.0}
+
+
 def test_the_most_likely_tokens_are_keyed_by_their_text_in_context():
     words = ["▁Hello", "▁world", "!", "▁there", "▁World", "▁world"]  # 5 reads as 1 does
 

@@ -110,7 +110,7 @@ def _texts(name: str, value: str) -> dict:
     ("/v1/generate", {"text": LONE}, "text"),
     ("/v1/generate", {"model": LONE, "text": "hi"}, "model"),
     ("/v1/completions", {"prompt": LONE}, "prompt"),
-    ("/v1/embeddings", {"model": "bert", "input": ["ok", LONE]}, "input[1]"),
+    ("/v1/embeddings", {"model": "bert", "input": ["ok", LONE, LONE + "x"]}, "input[1]"),  # the first named
     ("/embed", {"inputs": LONE}, "inputs"),
     ("/tokenize", {"inputs": LONE}, "inputs"),
     (V2, _texts("text_input", LONE), "inputs[0].data[0]"),
@@ -151,6 +151,9 @@ def test_binary_header_lengths_and_compressed_bodies_are_4xx(worker):
         response = client.post(V2, content=head,
                                headers={**header, "Inference-Header-Content-Length": str(len(head))})
         assert response.status_code == 400 and "lone UTF-16 surrogate" in response.json()["error"]
+        anywhere = client.post("/v1/generate", content=json.dumps({"text": LONE}), headers={
+            "content-type": "application/json", "Inference-Header-Content-Length": "5"})  # the header: v2's only
+        assert anywhere.status_code == 400 and "lone UTF-16 surrogate" in anywhere.text
         gzipped = client.post("/v1/generate", content=b"\x1f\x8b...", headers={
             "content-type": "application/json", "content-encoding": "gzip"})
         assert gzipped.status_code == 415 and "uncompressed" in gzipped.json()["error"]["message"]

@@ -90,7 +90,8 @@ def test_cli_without_ray_says_how_to_install_it(capsys, zoo, monkeypatch):
     assert "hotrod: error: --ray needs Ray Serve: pip install 'hotrod[ray]'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [["--replicas", "3"], ["--num-gpus", "nan"], ["--min-replicas", "5"], ["--ship"]])
+@pytest.mark.parametrize("flags", [["--replicas", "3"], ["--num-gpus", "nan"], ["--min-replicas", "5"], ["--ship"],
+                                   ["--num-gpus", "0"], ["--min-replicas", "0"]])
 def test_ray_flags_without_ray_are_refused_not_ignored(flags, capsys, zoo):
     assert main(["serve", str(zoo.artifact("gpt2")), *flags]) == 1
     assert f"hotrod: error: {flags[0]} applies to a deployment on Ray: add --ray ADDRESS" in capsys.readouterr().err

@@ -123,6 +123,7 @@ def _calibration_texts(calibration) -> list[str]:
         return builtin_texts()
     if isinstance(calibration, (str, Path)):
         return read_texts(calibration)
+    calibration = list(calibration)  # read twice below: a generator once
     odd = next((t for t in calibration if not isinstance(t, str)), None)
     if odd is not None:
         raise HotrodError(f"calibration texts must be strings, got {odd!r}")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod import tasks
-from hotrod.errors import HotrodError, check_number
+from hotrod.errors import HotrodError
 from hotrod.options import AUTO, BACKENDS, BUILT_PRECISIONS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS
 
 
@@ -237,6 +237,8 @@ def _generate(args) -> int:
 
     if any(not p.strip() for p in args.prompts):
         raise HotrodError("empty prompt")
+    if args.seed is not None and not -2**63 <= args.seed < 2**64:  # torch's seeds
+        raise HotrodError(f"--seed must be in [-2**63, 2**64 - 1], got {args.seed}")
     model = _load(args)
     kwargs = {k: getattr(args, k) for k in ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences",
                                             "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
@@ -245,12 +247,13 @@ def _generate(args) -> int:
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if args.assistant is not None:
         kwargs["assistant_model"] = _load(args, args.assistant)
-    if not args.do_sample:
-        told = [flag for flag, name in SAMPLING_FLAGS.items() if getattr(args, name) is not None]
-        if told:
-            raise HotrodError(f"{told[0]} applies only when sampling: add --do-sample")
+    from hotrod.generation import config as gen_config
+
+    told = [flag for flag, name in SAMPLING_FLAGS.items() if getattr(args, name) is not None]
+    if told and not gen_config.merge(model.generation_config, None, {"do_sample": args.do_sample})["do_sample"]:
+        raise HotrodError(f"{told[0]} applies only when sampling: add --do-sample")  # the checkpoint's own may
     if args.seed is not None:
-        torch.manual_seed(check_number("--seed", args.seed, 0, 2**63 - 1))
+        torch.manual_seed(args.seed)
     if args.ids:
         rows = _parse_ids(args.prompts)
         ids, mask = _padded(rows, left=model.spec.pads_left)

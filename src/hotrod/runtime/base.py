@@ -139,9 +139,13 @@ MAX_THREADS = 256  # past any CPU here: thousands of pool threads take a session
 
 
 def check_threads(requested: int) -> int:
-    """A thread count a pool can start: a whole number in [0, MAX_THREADS] (0: every core)."""
-    if check_count("threads", requested, 0) > MAX_THREADS:
-        raise HotrodError(f"threads must be at most {MAX_THREADS}, got {requested}")
+    """A thread count a pool can start: a whole number in [0, MAX_THREADS], or up to this machine's CPUs where
+    it has more (0: every core)."""
+    import os
+
+    most = max(MAX_THREADS, os.cpu_count() or 1)
+    if check_count("threads", requested, 0) > most:
+        raise HotrodError(f"threads must be at most {most}, got {requested}")
     return requested
 
 

@@ -83,7 +83,8 @@ def run_serve(args) -> int:
                              precision=args.engine_precision or "fp32")
     if args.ray is not None:  # Ray's proxies listen, on every node: there is no one socket to try here
         return _run_on_ray(args, options, limits, access, runtime)
-    told = [flag for flag in RAY_FLAGS if vars(args)[flag[2:].replace("-", "_")] not in (None, False)]
+    told = [flag for flag in RAY_FLAGS if (value := vars(args)[flag[2:].replace("-", "_")]) is not None
+            and value is not False]  # 0 is given (0 == False, but not False itself)
     if told:
         raise HotrodError(f"{told[0]} applies to a deployment on Ray: add --ray ADDRESS")
     _check_listen(args.host, args.port)

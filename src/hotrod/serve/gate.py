@@ -86,7 +86,8 @@ class Gate:
         body = await _read(receive, self.max_bytes)
         if body is None:
             return self._too_large(), receive
-        where = None if HEADER in headers else unicode_text.lone_surrogate(body)  # the binary form: its header, in tensors
+        binary = HEADER in headers and INFER_PATH.fullmatch(scope["path"]) is not None  # its header: in tensors
+        where = None if binary else unicode_text.lone_surrogate(body)
         if where is not None:
             return (400, unicode_text.refusal(where), None), _replay(body, receive)
         return None, _replay(body, receive)

@@ -126,7 +126,7 @@ class Detokenizer:
     def peek(self, token: int) -> str:
         """The text `token` would add after the ids so far, in their context, without adding it: an
         alternative token's string as the chosen one's is made."""
-        before = self.decode(self.ids[self.prefix:])
+        before = self.decode(self.ids[self.prefix:self.read])  # held-back ids' text is the next piece's, as in _piece
         return self.decode(self.ids[self.prefix:] + [token])[len(before):]
 
     def flush(self) -> str:

@@ -31,20 +31,24 @@ def lone_surrogate(raw: bytes) -> str | None:
 
 
 def _find(value: Any) -> str | None:
-    """The path of the first string (key or value) holding a surrogate; iterative, for any depth."""
-    pending: list[tuple[str, Any]] = [("body", value)]
+    """The path of the first string (key or value, in the body's order) holding a surrogate; iterative, for
+    any depth. Each entry is (path, value, key, where the key is): a dict's key is checked as its entry comes up."""
+    pending: list[tuple[str, Any, Any, str]] = [("body", value, None, "")]
     while pending:
-        path, item = pending.pop()
+        path, item, key, parent = pending.pop()
+        if key is not None and not _encodable(key):
+            return f"{parent} (a key)"
         if isinstance(item, str) and not _encodable(item):
             return path
         if isinstance(item, dict):
-            for key, child in item.items():
-                if not _encodable(key):
-                    return f"{path} (a key)"
-                pending.append((key if path == "body" else f"{path}.{key}", child))
+            pending.extend((_child(path, str(k)), child, k, path) for k, child in reversed(item.items()))
         elif isinstance(item, list):
-            pending.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+            pending.extend((f"{path}[{i}]", child, None, path) for i, child in reversed(list(enumerate(item))))
     return None
+
+
+def _child(path: str, key: str) -> str:
+    return key if path == "body" else f"{path}.{key}"
 
 
 def _encodable(text: str) -> bool:
