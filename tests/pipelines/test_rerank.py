@@ -91,3 +91,19 @@ def test_an_activation_that_cannot_be_built_is_one_line(tmp_path, path, message)
 def test_a_document_that_is_not_text_is_one_line(checkpoints):
     refused(lambda: hotrod.load(checkpoints["none"], backend="torch").rerank(QUERY, ["hello", 3]),
             "document 1 must be a string")
+
+
+def test_a_cross_encoders_max_length_is_where_documents_are_cut(checkpoints, tmp_path):
+    """CrossEncoder(max_length=16) saves its limit as the tokenizer's model_max_length and cuts every pair there:
+    a longer pair is refused, or with truncate cut where CrossEncoder cuts it."""
+    from sentence_transformers import CrossEncoder
+
+    saved = tmp_path / "ce16"
+    CrossEncoder(str(checkpoints["none"]), max_length=16, device="cpu").save(str(saved))
+    long = "a tiny model says hello to the quick brown fox and the lazy dog"
+    theirs = CrossEncoder(str(saved), device="cpu").predict([(QUERY, long), (QUERY, "hello")])
+    model = hotrod.load(saved, backend="torch")
+    refused(lambda: model.rerank(QUERY, [long]), "document 0 has .* tokens, more than the 16 tokens its tokenizer "
+                                                 "takes")
+    ours = {r["index"]: r["score"] for r in model.rerank(QUERY, [long, "hello"], truncate=True)}
+    assert [ours[0], ours[1]] == pytest.approx([float(t) for t in theirs], abs=1e-5)

@@ -57,13 +57,33 @@ def check_text(text: Any, what: str) -> str:
     return text
 
 
+def tokenizer_limit(model: Any) -> int | None:
+    """The most tokens an input takes where the reference cuts at the tokenizer's own limit (its
+    model_max_length: sentence-transformers' Transformer and CrossEncoder, transformers' token-classification
+    and zero-shot pipelines), capped at the model's positions; an unset limit (a huge number) is none."""
+    positions = model.dims.max_positions or None
+    own = getattr(model.tokenizer, "model_max_length", None)
+    own = own if isinstance(own, int) and 0 < own < 10**9 else None
+    return min(x for x in (own, positions) if x is not None) if (own or positions) else None
+
+
+def too_long(model: Any, name: str, count: int, limit: int, truncatable: bool) -> HotrodError:
+    """The refusal of an input of `count` tokens past `limit`: the positions', or the tokenizer's own."""
+    bound = (f"the model's {limit} positions" if limit == model.dims.max_positions
+             else f"the {limit} tokens its tokenizer takes (model_max_length)")
+    return HotrodError(f"{name} has {count} tokens, more than {bound}; shorten it"
+                       + (" or ask for truncation" if truncatable else ""))
+
+
 def encode(model: Any, texts: Sequence[str], pairs: Sequence[str] | None = None, truncate: bool = False,
-           what: str = "text", cut: str = "longest_first", names: Sequence[str] | None = None) -> list[Row]:
+           what: str = "text", cut: str = "longest_first", names: Sequence[str] | None = None,
+           limit: int | None = None) -> list[Row]:
     """Tokenize texts (or text pairs) as the model's tokenizer does for transformers' pipelines; an input
-    past the model's positions is refused, naming it (`names[i]`, else `what i`), unless `truncate` (then
-    cut to fit by the tokenizer's strategy `cut`: the longer text of a pair first, or only the first)."""
+    past `limit` (default: the model's positions) is refused, naming it (`names[i]`, else `what i`), unless
+    `truncate` (then cut to fit by the tokenizer's strategy `cut`: the longer text of a pair first, or only the
+    first)."""
     tokenizer = model.tokenizer
-    limit = model.dims.max_positions
+    limit = limit or model.dims.max_positions
     kwargs = {"truncation": cut, "max_length": limit} if truncate and limit else {}
     try:
         encoded = tokenizer(list(texts), list(pairs), **kwargs) if pairs is not None else tokenizer(list(texts), **kwargs)
@@ -76,7 +96,6 @@ def encode(model: Any, texts: Sequence[str], pairs: Sequence[str] | None = None,
     for i, ids in enumerate(encoded["input_ids"]):
         if limit and len(ids) > limit:
             name = names[i] if names is not None else f"{what} {i}"
-            raise HotrodError(f"{name} has {len(ids)} tokens, more than the model's {limit} positions; shorten it"
-                              + ("" if kwargs else " or ask for truncation"))
+            raise too_long(model, name, len(ids), limit, truncatable=not kwargs)
         rows.append(Row(list(ids), list(types[i]) if types is not None else None))
     return rows

@@ -20,7 +20,7 @@ import torch
 from hotrod.errors import HotrodError, check_choice
 from hotrod.pipelines import classify
 from hotrod.pipelines.activation import apply_activation, cross_encoder_activation
-from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
+from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer, tokenizer_limit
 
 
 def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None = None,
@@ -44,7 +44,8 @@ def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None 
     else:
         name = check_choice("function_to_apply", str(function).lower(), classify.FUNCTIONS)
         activation = functools.partial(classify.apply, function=name)
-    rows = encode(model, [query] * len(texts), texts, truncate=truncate, what="document")
+    # CrossEncoder cuts at its max_length, which it saves as the tokenizer's model_max_length
+    rows = encode(model, [query] * len(texts), texts, truncate=truncate, what="document", limit=tokenizer_limit(model))
     return Prepared(rows, options={"top_n": top_n, "activation": activation})
 
 

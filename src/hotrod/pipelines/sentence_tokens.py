@@ -10,6 +10,7 @@ from typing import Any
 
 from hotrod.errors import HotrodError
 from hotrod.model_inputs import embed_rows
+from hotrod.pipelines.base import tokenizer_limit
 
 
 @dataclass(frozen=True)
@@ -67,14 +68,10 @@ def _encode(tokenizer: Any, texts: list[str], cut: bool, limit: int | None, side
 
 
 def max_length(model: Any) -> int | None:
-    """Where texts are cut: the checkpoint's max_seq_length; else, for a sentence-transformers checkpoint, the
-    tokenizer's limit capped at the positions (as its Transformer module does); else the positions."""
+    """Where texts are cut: the checkpoint's max_seq_length; else the tokenizer's limit capped at the positions,
+    as sentence-transformers' Transformer module makes it for its checkpoints and for a plain one alike."""
     positions = model.dims.max_positions or None
     pipe = model.sentence
-    if pipe is None:
-        return positions
-    if pipe.max_seq_length is not None:
+    if pipe is not None and pipe.max_seq_length is not None:
         return min(pipe.max_seq_length, positions) if positions else pipe.max_seq_length
-    own = getattr(model.tokenizer, "model_max_length", None)
-    own = own if isinstance(own, int) and own < 10**9 else None
-    return min(x for x in (own, positions) if x is not None) if (own or positions) else None
+    return tokenizer_limit(model)

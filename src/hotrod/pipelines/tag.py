@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hotrod.errors import HotrodError, check_choice
-from hotrod.pipelines.base import Prepared, Row, check_text, require_tokenizer
+from hotrod.pipelines.base import Prepared, Row, check_text, require_tokenizer, tokenizer_limit, too_long
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 _WORD_STRATEGIES = ("first", "average", "max")  # need words, so a tokenizer that maps tokens to characters
@@ -52,15 +52,14 @@ def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str = 
     if not items:
         raise HotrodError("nothing to tag")
     rows, states = [], []
-    limit = model.dims.max_positions
+    limit = tokenizer_limit(model)  # transformers' token-classification pipeline cuts at the tokenizer's limit
     for i, text in enumerate(items):
         check_text(text, f"text {i}")
         kwargs = {"truncation": True, "max_length": limit} if truncate and limit else {}
         encoded = tokenizer(text, return_offsets_mapping=fast, return_special_tokens_mask=True, **kwargs)
         ids = list(encoded["input_ids"])
         if limit and len(ids) > limit:
-            raise HotrodError(f"text {i} has {len(ids)} tokens, more than the model's {limit} positions; "
-                              "shorten it or ask for truncation")
+            raise too_long(model, f"text {i}", len(ids), limit, truncatable=True)
         types = encoded.get("token_type_ids") if model.dims.type_vocab_size else None
         rows.append(Row(ids, list(types) if types is not None else None))
         offsets = [tuple(o) for o in encoded["offset_mapping"]] if fast else None

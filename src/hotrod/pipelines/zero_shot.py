@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hotrod.errors import HotrodError
-from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
+from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer, tokenizer_limit
 
 DEFAULT_TEMPLATE = "This example is {}."
 MAX_LABELS = 100  # candidate labels per call: each is one row per text, so a call runs texts x labels rows
@@ -55,7 +55,7 @@ def prepare(model: Any, sequences: str | Sequence[str], candidate_labels: str | 
     names = [f"{'the text' if single else f'text {i}'} with candidate label {label!r}"
              for i in range(len(texts)) for label in labels]
     rows = encode(model, [text for text in texts for _ in labels], hypotheses * len(texts), truncate=truncate,
-                  cut="only_first", names=names)
+                  cut="only_first", names=names, limit=tokenizer_limit(model))  # where the pipeline cuts
     contradiction = model.dims.num_labels - 1 if entailment == 0 else 0
     return Prepared(rows, state=(single, texts, labels),
                     options={"multi_label": multi_label, "entailment": entailment, "contradiction": contradiction})
