@@ -113,6 +113,21 @@ def test_parity_with_encode(backbones, tmp_path, name):
         assert_encodes_alike(source, _EncodeNames(model), calls)
 
 
+def test_lower_case_as_sentence_transformers_does(backbones, tmp_path):
+    """do_lower_case puts a Lowercase normalizer before the tokenizer's own, as sentence-transformers does: the
+    special tokens are split off first ("[SEP]" in a text stays one), and letters are lowercased one by one."""
+    source = st_checkpoint(backbones("bert"), tmp_path / "lower", prompts=PROMPTS)
+    settings = json.loads((source / "sentence_bert_config.json").read_text())  # as sentence-transformers 2-5 saved it
+    (source / "sentence_bert_config.json").write_text(json.dumps({**settings, "do_lower_case": True}))
+    texts = ["Hello [SEP] World", "ΟΔΟΣ Is This A Model"]
+    reference = st.SentenceTransformer(str(source), device="cpu")
+    for kwargs in ({}, {"prompt_name": "query"}):
+        expected = reference.encode(texts, convert_to_tensor=True, **kwargs)
+        for backend in ("onnxruntime", "torch"):
+            model = hotrod.load(source, backend=backend)
+            torch.testing.assert_close(model.embed(texts, **kwargs), expected, atol=ATOL, rtol=0)
+
+
 class _EncodeNames:
     """`embed` under encode's argument names (normalize_embeddings is embed's normalize)."""
 

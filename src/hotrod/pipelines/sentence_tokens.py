@@ -5,6 +5,8 @@ served vector is the API's."""
 
 from __future__ import annotations
 
+import copy
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +30,9 @@ def tokenize(model: Any, texts: list[str], prompt: str | None, truncate: bool = 
     checkpoint says, cut to its max_seq_length), and the prompt's length in tokens without a trailing special
     token (`_get_prompt_length`). Without `truncate` a text past that length is refused (a server's
     `truncate: false`); `side` "left" keeps a text's end instead of its start (TEI's truncation_direction)."""
-    tokenizer = model.tokenizer
-    if tokenizer is None:
+    if model.tokenizer is None:
         raise HotrodError("this model has no tokenizer; pass token ids instead of text")
+    tokenizer = sentence_tokenizer(model)
     if any(not t.strip() for t in texts):
         raise HotrodError("empty text")
     if side not in ("right", "left"):
@@ -38,7 +40,7 @@ def tokenize(model: Any, texts: list[str], prompt: str | None, truncate: bool = 
     limit = max_length(model)
     prompt = prompt or None  # an empty prompt is none
     texts = [(prompt or "") + t for t in texts]
-    if model.sentence is not None and model.sentence.do_lower_case:
+    if model.sentence is not None and model.sentence.do_lower_case and tokenizer is model.tokenizer:  # a slow one
         texts, prompt = [t.lower() for t in texts], prompt.lower() if prompt else prompt
     cut = truncate and limit is not None
     rows = _encode(tokenizer, texts, cut, limit, side)
@@ -52,6 +54,29 @@ def tokenize(model: Any, texts: list[str], prompt: str | None, truncate: bool = 
         ids = tokenizer([prompt], truncation=limit is not None, max_length=limit)["input_ids"][0]
         prompt_length = len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
     return Tokenized(embed_rows([list(r) for r in rows], tokenizer, model.dims), prompt_length)
+
+
+_LOWERCASING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def sentence_tokenizer(model: Any) -> Any:
+    """The tokenizer sentence-transformers' Transformer module runs: the model's, with a Lowercase normalizer put
+    first where the checkpoint says do_lower_case (as sentence-transformers does to a fast tokenizer: letter by
+    letter, after special tokens are split off, so "[SEP]" in a text stays the special token), made once."""
+    tokenizer = model.tokenizer
+    if model.sentence is None or not model.sentence.do_lower_case or not getattr(tokenizer, "is_fast", False):
+        return tokenizer  # a slow tokenizer: the texts are lowercased instead (`tokenize`)
+    made = _LOWERCASING.get(tokenizer)
+    if made is None:
+        from tokenizers.normalizers import Lowercase, Sequence
+
+        made = copy.deepcopy(tokenizer)
+        existing = made.backend_tokenizer.normalizer
+        kept = list(existing) if isinstance(existing, Sequence) else [] if existing is None else [existing]
+        if not any(isinstance(step, Lowercase) for step in kept):
+            made.backend_tokenizer.normalizer = Sequence([Lowercase(), *kept])
+        _LOWERCASING[tokenizer] = made
+    return made
 
 
 def _encode(tokenizer: Any, texts: list[str], cut: bool, limit: int | None, side: str) -> list[list[int]]:

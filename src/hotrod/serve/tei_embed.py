@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from hotrod import tasks
 from hotrod.errors import HotrodError
+from hotrod.pipelines.sentence_tokens import sentence_tokenizer
 from hotrod.serve import tei
 from hotrod.serve.checks import check_bytes, check_token_count, input_limit
 from hotrod.serve.embeddings import chosen_prompt, cut, embed_vectors, embedding_rows
@@ -120,9 +121,9 @@ async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
 def _tokens(model: Any, texts: list[str], special: bool) -> list[list[TeiToken]]:
     """Each text's tokens: a special token by its own name and no characters, another by the characters it
     covers (a fast tokenizer's offsets)."""
-    tokenizer = model.tokenizer
-    if tokenizer is None:
+    if model.tokenizer is None:
         raise HotrodError("this model has no tokenizer")
+    tokenizer = sentence_tokenizer(model)  # the embedding pipeline's (lowercasing where the checkpoint says)
     if not getattr(tokenizer, "is_fast", False):
         raise HotrodError("this model's tokenizer is not a fast one, so it cannot say which characters a token covers")
     encoded = tokenizer(texts, add_special_tokens=special, return_offsets_mapping=True)
