@@ -81,7 +81,7 @@ def test_classify_scores_as_cross_encoder_predicts(checkpoints, name, runtime):
     expected = _predicted(checkpoints[name])
     model = hotrod.load(checkpoints[name], backend=runtime)
     torch.testing.assert_close(_scores(model, PAIRS), expected, atol=ATOL, rtol=0)
-    best = model.classify(PAIRS)  # top_k=1: the best label and its score, as predict's argmax
+    best = model.classify(PAIRS)  # top_k not given: the best label and its score, as predict's argmax
     assert [b["label"] for b in best] == [model.labels[int(i)] for i in expected.argmax(dim=1)]
     assert [b["score"] for b in best] == pytest.approx(expected.max(dim=1).values.tolist(), abs=ATOL)
 

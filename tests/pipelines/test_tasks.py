@@ -177,6 +177,27 @@ def test_rerank_refuses_empty_queries_and_documents(zoo, cross_encoder_case, tmp
         model.rerank("q", ["d"], top_n=0)
 
 
+def _alike(ours, theirs) -> None:
+    """The same nesting of lists and labels, the scores within 1e-4."""
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and ours["label"] == theirs["label"]
+        assert abs(ours["score"] - theirs["score"]) <= 1e-4
+        return
+    assert isinstance(ours, list) and len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        _alike(a, b)
+
+
+def test_classify_answers_in_the_pipelines_shapes(zoo):
+    """top_k not given is the pipeline's legacy answer (a bare label for one pair); a number, even 1, lists."""
+    model = zoo.model("bert-cls", "torch")
+    pipe = transformers.pipeline("text-classification", model=zoo.reference("bert-cls"), tokenizer=model.tokenizer)
+    pair = {"text": TEXTS[1], "text_pair": TEXTS[2]}
+    for inputs in (TEXTS[0], TEXTS[:2], pair, [pair, pair]):
+        for kwargs in ({}, {"top_k": 1}, {"top_k": 2}, {"top_k": None}):
+            _alike(model.classify(inputs, **kwargs), pipe(inputs, **kwargs))
+
+
 @pytest.mark.parametrize("top_k", [1, None])
 @pytest.mark.parametrize("family", TEXT_CASES)
 def test_classify_equals_the_text_classification_pipeline(zoo, family, top_k):

@@ -23,13 +23,26 @@ FUNCTIONS = ("softmax", "sigmoid", "none")
 Input = str | Sequence[str] | dict  # a text, a (text, text_pair) pair, or {"text", "text_pair"}
 
 
-def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = 1,
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "not given"
+
+
+# top_k not given: the pipeline's own answer without one (each input's best label, a bare dict for one pair),
+# which differs in shape from top_k=1's (each input's list of one label)
+NOT_GIVEN: Any = _NotGiven()
+
+
+def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = NOT_GIVEN,
             function_to_apply: str | None = None, truncate: bool = False) -> Prepared:
-    """`model.classify(...)`: labels and scores as transformers' `pipeline("text-classification")` gives them
-    (`top_k=1`: as it answers without top_k; None: every label). Inputs: a text, a (text, text_pair) pair, or
-    a list of either; this makes their rows. A cross-encoder's checkpoint, asked for no function, scores as
-    `CrossEncoder.predict` (its own activation, no softmax), so the same checkpoint answers alike in both."""
+    """`model.classify(...)`: labels and scores as transformers' `pipeline("text-classification")` gives them,
+    in its shapes (top_k not given: each input's best label; a number: each input's list of that many; None:
+    every label). Inputs: a text, a (text, text_pair) pair, or a list of either; this makes their rows. A
+    cross-encoder's checkpoint, asked for no function, scores as `CrossEncoder.predict` (its own activation,
+    no softmax), so the same checkpoint answers alike in both."""
     require_tokenizer(model, "classify")
+    legacy = top_k is NOT_GIVEN
+    top_k = 1 if legacy else top_k
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise HotrodError(f"top_k must be a whole number >= 1 or None, got {top_k!r}")
     function: str | Activation
@@ -49,27 +62,30 @@ def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = 1,
         raise HotrodError("inputs mix single texts and text pairs; classify one kind at a time")
     else:
         rows = encode(model, [a for a, _ in pairs], [b for _, b in pairs], truncate=truncate, what="pair")
-    return Prepared(rows, state=single, options={"top_k": top_k, "function": function})
+    one = ("text" if isinstance(inputs, str) else "pair") if single else None
+    return Prepared(rows, state=one, options={"top_k": top_k, "legacy": legacy, "function": function})
 
 
-def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> list:
-    """The pipeline's answer: with top_k=1, the best label of each input (a list of one for one input);
-    otherwise each input's top_k labels (every label for None), best first."""
-    top_k, function = prepared.options["top_k"], prepared.options["function"]
-    answers = []
+def finish(model: Any, prepared: Prepared, outputs: list[dict[str, torch.Tensor]]) -> Any:
+    """The pipeline's answer: top_k not given, the best label of each input (for one input, a list of one, or
+    the bare label for one pair); otherwise each input's top_k labels (every label for None), best first (for
+    one input, its list)."""
+    top_k, function, legacy = prepared.options["top_k"], prepared.options["function"], prepared.options["legacy"]
+    answers: list = []
     for out in outputs:
         logits = out["logits"].float()
         scores = apply(logits, function) if isinstance(function, str) else apply_activation(function, logits)
-        if top_k == 1:
+        if legacy:
             best = int(scores.argmax())
             answers.append({"label": model.labels[best], "score": float(scores[best])})
             continue
         ranked = sorted(({"label": model.labels[i], "score": float(s)} for i, s in enumerate(scores)),
                         key=lambda entry: entry["score"], reverse=True)
         answers.append(ranked if top_k is None else ranked[:top_k])
-    if prepared.state and top_k != 1:
-        return answers[0]
-    return answers
+    one = prepared.state  # "text" or "pair" for one input; None (or False) for a list
+    if not one or (legacy and one == "text"):
+        return answers
+    return answers[0]
 
 
 def default_function(config) -> str:

@@ -42,7 +42,8 @@ class _Pooler(nn.Module):
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.add_argument("--pair", action="append", metavar="TEXT", help="the second text of a pair, once per TEXT")
-    p.add_argument("--top-k", type=_top, default=1, help="labels per input, best first; all: every label")
+    p.add_argument("--top-k", type=_top, default=classify.NOT_GIVEN,
+                   help="labels per input, best first; all: every label (default: the best label of each)")
     p.add_argument("--function", default=None, choices=classify.FUNCTIONS,
                    help="applied to the logits (default: the pipeline's choice for the head)")
 
@@ -89,7 +90,8 @@ def _door(body: Any) -> Door:
 
 
 def _arguments_of(body: Any) -> tuple:
-    return body.input, body.top_k, "none" if body.raw_scores else None, body.truncate
+    top_k = classify.NOT_GIVEN if body.top_k == 1 else body.top_k  # the route's 1: one best label per input
+    return body.input, top_k, "none" if body.raw_scores else None, body.truncate
 
 
 def _respond(body: Any, results: Any, reply: Any) -> Any:
