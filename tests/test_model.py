@@ -63,6 +63,10 @@ BAD_CALLS = {
                             "attention_mask row 0 is padded on the right"),
     "inferred_right_padding": ("gpt2", lambda m: m.generate(ids(5, 6, 1), pad_token_id=1),
                                "attention_mask row 0 is padded on the right"),  # pad 1 differs from EOS 0
+    "forward_option_it_lacks": ("bert", lambda m: m(input_ids=ids(5, 6), output_hidden_states=True),
+                                "model\\(\\) does not support output_hidden_states="),
+    "task_option_it_lacks": ("bert-cls", lambda m: m.classify("hello", truncation=True),
+                             "classify\\(\\): got an unexpected keyword argument 'truncation'"),
     "mask_of_twos": ("gpt2", lambda m: m.generate(ids(5, 6), attention_mask=ids(2, 2)),
                      "attention_mask must hold only 0 and 1, got 2"),
     "mask_of_halves": ("bert", lambda m: m(input_ids=ids(5, 6), attention_mask=torch.tensor([[1.0, 0.5]])),

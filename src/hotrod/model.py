@@ -184,9 +184,11 @@ class HotrodModel:
     # -- forward --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None) -> ModelOutput:
-        """One forward pass, with transformers' output fields: `.logits` for language models; for encoders,
-        what the head returns (`.logits`, `.start_logits` / `.end_logits`), or `.last_hidden_state`."""
+    def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None,
+                 **unsupported: Any) -> ModelOutput:
+        """One forward pass with transformers' output fields: a language model's `.logits`; an encoder's head's."""
+        if unsupported:  # output_hidden_states=, past_key_values=, ...: one line each, not a TypeError
+            raise HotrodError(f"model() does not support {next(iter(unsupported))}=")
         with torch_threads(self.backend.loop_threads):
             return self._forward(input_ids, attention_mask, token_type_ids, decoder_input_ids)
 
@@ -290,6 +292,10 @@ class HotrodModel:
         refusal = spec.refusal(self.task, self.dims.num_labels, names=list(self.labels.values()))
         if refusal:
             raise HotrodError(refusal)
+        try:  # an argument the pipeline lacks (transformers' stride=, batch_size=) is one line, not a TypeError
+            inspect.signature(spec.pipeline.prepare).bind(self, *args, **kwargs)
+        except TypeError as exc:
+            raise HotrodError(f"{spec.method}(): {exc}") from None
         prepared = spec.pipeline.prepare(self, *args, **kwargs)
         return spec.pipeline.finish(self, prepared, self.run_rows(prepared.rows))
 
