@@ -263,3 +263,17 @@ def test_the_route_answers_as_the_method(client, checkpoints):
 def test_the_route_refuses_naming_the_field(client, body, param, words):
     request = {"model": "nli", "input": "hello", "candidate_labels": ["a"], **body}
     _refusal(client.post("/v1/zero-shot", json=request), param, *words)
+
+
+@pytest.mark.parametrize("limit", [5, 12])
+def test_a_tokenizer_limit_below_the_positions_cuts_as_the_pipeline(checkpoints, tmp_path, limit):
+    """The pipeline cuts the text where the tokenizer's model_max_length says; where even the hypothesis does not
+    fit there, it runs the pair uncut (within the positions), and so does zero_shot."""
+    import json
+    import shutil
+
+    source = Path(shutil.copytree(checkpoints["bert"], tmp_path / "limited"))
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": limit}))
+    model = hotrod.load(source, backend="torch")
+    assert_same(model.zero_shot(TEXTS[0], LABELS, truncate=True), _pipeline(source)(TEXTS[0], candidate_labels=LABELS))

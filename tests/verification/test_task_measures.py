@@ -83,7 +83,7 @@ def test_ranking_groups_by_query_and_scores_given_targets(checkpoints, tmp_path)
                                             progress=False), texts=file)
     assert figures["queries"] == 2 and figures["rank_agreement"] == figures["top1_agreement"] == 1.0
     scores = [s["score"] for s in source.classify([("which fox", d) for d in
-                                                  ("the quick brown fox", "the lazy dog", "hello world")], top_k=1)]
+                                                  ("the quick brown fox", "the lazy dog", "hello world")])]
     scores += [s["score"] for s in source.classify([("a world", "hello world"), ("a world", "a tiny model")])]
     by_source = metrics.order_agreement([(scores[:3], [3, 1, 0]), (scores[3:], [2, 1])])
     assert figures["target_rank_agreement"] == figures["source_target_rank_agreement"] == by_source

@@ -324,7 +324,8 @@ def _task_commands(sub) -> None:
         p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
         command.arguments(p)
         if command.truncate:
-            p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model's positions")
+            p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model takes (its positions, or where the "
+                                                                        "reference cuts: the tokenizer's model_max_length)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         _runtime_args(p)
         p.set_defaults(handler=functools.partial(_run_task, command))

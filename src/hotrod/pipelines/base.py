@@ -91,6 +91,7 @@ def encode(model: Any, texts: Sequence[str], pairs: Sequence[str] | None = None,
         if not kwargs or "too short" not in str(exc):
             raise
         encoded = tokenizer(list(texts), list(pairs)) if pairs is not None else tokenizer(list(texts))
+        limit = model.dims.max_positions  # run uncut, as the pipeline does, within the positions
     types = encoded.get("token_type_ids") if model.dims.type_vocab_size else None
     rows = []
     for i, ids in enumerate(encoded["input_ids"]):

@@ -59,7 +59,7 @@ def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str = 
         encoded = tokenizer(text, return_offsets_mapping=fast, return_special_tokens_mask=True, **kwargs)
         ids = list(encoded["input_ids"])
         if limit and len(ids) > limit:
-            raise too_long(model, f"text {i}", len(ids), limit, truncatable=True)
+            raise too_long(model, f"text {i}", len(ids), limit, truncatable=not truncate)
         types = encoded.get("token_type_ids") if model.dims.type_vocab_size else None
         rows.append(Row(ids, list(types) if types is not None else None))
         offsets = [tuple(o) for o in encoded["offset_mapping"]] if fast else None
