@@ -250,8 +250,9 @@ def _generate(args) -> int:
     from hotrod.generation import config as gen_config
 
     told = [flag for flag, name in SAMPLING_FLAGS.items() if getattr(args, name) is not None]
+    # do_sample as generate() resolves it: a checkpoint's generation config may sample by default
     if told and not gen_config.merge(model.generation_config, None, {"do_sample": args.do_sample})["do_sample"]:
-        raise HotrodError(f"{told[0]} applies only when sampling: add --do-sample")  # the checkpoint's own may
+        raise HotrodError(f"{told[0]} applies only when sampling: add --do-sample")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     if args.ids:
@@ -324,8 +325,9 @@ def _task_commands(sub) -> None:
         p.add_argument("model", help="artifact directory, checkpoint directory or hub id")
         command.arguments(p)
         if command.truncate:
-            p.add_argument("--truncate", action="store_true", help="cut inputs longer than the model takes (its positions, or where the "
-                                                                        "reference cuts: the tokenizer's model_max_length)")
+            p.add_argument("--truncate", action="store_true",
+                           help="cut inputs longer than the model takes (its positions, or the tokenizer's "
+                                "model_max_length where the reference cuts there)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         _runtime_args(p)
         p.set_defaults(handler=functools.partial(_run_task, command))
