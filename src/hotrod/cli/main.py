@@ -248,6 +248,7 @@ def _generate(args) -> int:
     if args.assistant is not None:
         kwargs["assistant_model"] = _load(args, args.assistant)
     from hotrod.generation import config as gen_config
+    from hotrod.model_inputs import padded_batch
 
     told = [flag for flag, name in SAMPLING_FLAGS.items() if getattr(args, name) is not None]
     # do_sample as generate() resolves it: a checkpoint's generation config may sample by default
@@ -257,7 +258,7 @@ def _generate(args) -> int:
         torch.manual_seed(args.seed)
     if args.ids:
         rows = _parse_ids(args.prompts)
-        ids, mask = _padded(rows, left=model.spec.pads_left)
+        ids, mask = padded_batch(rows, left=model.spec.pads_left)
         out = model.generate(ids, attention_mask=mask, **kwargs)
         results = [{"prompt": p, "token_ids": row} for p, row in zip(_repeat(args.prompts, out), out.tolist())]
     else:
@@ -281,19 +282,6 @@ def _repeat(prompts: Sequence[str], out) -> list[str]:
 
 # Options that only a sampled draw reads: given without --do-sample, they would change nothing.
 SAMPLING_FLAGS = {"--temperature": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--seed": "seed"}
-
-
-def _padded(rows: list[list[int]], left: bool):
-    """Token id rows as one batch and its mask, padded on the side the model's prompts take padding (left for
-    a decoder-only model, whose new tokens follow the prompt; right for an encoder's input, whose absolute
-    positions must start at 0 in every row)."""
-    import torch
-
-    width = max(map(len, rows))
-    pads = [[0] * (width - len(r)) for r in rows]
-    ids = [pad + r if left else r + pad for pad, r in zip(pads, rows)]
-    mask = [[0] * len(pad) + [1] * len(r) if left else [1] * len(r) + [0] * len(pad) for pad, r in zip(pads, rows)]
-    return torch.tensor(ids), torch.tensor(mask)
 
 
 def _tokenize(model, prompts: Sequence[str]):
