@@ -106,12 +106,16 @@ def embed_rows(texts_or_ids: Any, tokenizer: Any, dims: Dims) -> list[list[int]]
     return rows
 
 
-def padded_batch(rows: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id rows as one batch and its mask, padded on the side the model's prompts take padding (left for
-    a decoder-only model, whose new tokens follow the prompt; right for an encoder's input, whose absolute
-    positions must start at 0 in every row)."""
-    width = max(map(len, rows))
-    pads = [[0] * (width - len(r)) for r in rows]
-    ids = [pad + r if left else r + pad for pad, r in zip(pads, rows)]
-    mask = [[0] * len(pad) + [1] * len(r) if left else [1] * len(r) + [0] * len(pad) for pad, r in zip(pads, rows)]
-    return torch.tensor(ids), torch.tensor(mask)
+def padded_batch(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows as one batch and its mask, `multiple` columns at a time wide, padded with 0 on the side the
+    model's prompts take padding (left for a decoder-only model, whose new tokens follow the prompt; right for
+    an encoder's input, whose absolute positions must start at 0 in every row)."""
+    width = max(len(r) for r in rows)
+    width += -width % multiple
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, span] = torch.tensor(row)
+        mask[i, span] = 1
+    return ids, mask

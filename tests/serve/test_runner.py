@@ -162,11 +162,11 @@ def test_compacting_keeps_a_multiple_of_the_invariant_rows(rows, least, kept):
 
 
 def test_prompts_are_padded_to_a_multiple_of_columns():
-    from hotrod.serve.runner import _padded
+    from hotrod.model_inputs import padded_batch
 
-    ids, mask = _padded([[5, 6, 7], [8]], left=False, multiple=2)
+    ids, mask = padded_batch([[5, 6, 7], [8]], left=False, multiple=2)
     assert ids.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]] and mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
-    ids, mask = _padded([[5, 6, 7], [8]], left=True, multiple=1)
+    ids, mask = padded_batch([[5, 6, 7], [8]], left=True, multiple=1)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
 
 

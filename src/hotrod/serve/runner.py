@@ -35,6 +35,7 @@ from hotrod.generation import config as gen_config
 from hotrod.generation import draft_rules, search
 from hotrod.generation.state import DecodingState
 from hotrod.model import HotrodModel, torch_threads
+from hotrod.model_inputs import padded_batch
 from hotrod.serve.messages import Params
 from hotrod.serve.picks import Outcome, RowOptions, accept
 from hotrod.serve.scheduler import Request
@@ -99,7 +100,7 @@ class GenerationRunner:
         multiple = self.model.invariant_rows
         spare = -len(requests) % multiple
         prompts = [r.prompt for r in requests] + [requests[0].prompt] * spare
-        ids, mask = _padded(prompts, left=self.model.spec.pads_left, multiple=multiple)
+        ids, mask = padded_batch(prompts, left=self.model.spec.pads_left, multiple=multiple)
         # A cache as wide as the prompts: these rows are copied into the running batch, whose buffers are
         # sized for what every row will need. Sizing the prefill's own for that too doubled the fresh
         # memory the first burst of clients touches, its page faults a large part of the burst's time.
@@ -275,15 +276,3 @@ class _Cancellable:
 
     def __getattr__(self, name: str):
         return getattr(self._state, name)
-
-
-def _padded(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    width += -width % multiple
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        span = slice(width - len(row), width) if left else slice(0, len(row))
-        ids[i, span] = torch.tensor(row)
-        mask[i, span] = 1
-    return ids, mask
