@@ -230,7 +230,9 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         temperature=float(check_number("temperature", values["temperature"])),
         top_k=_check_int("top_k", values["top_k"], 0),
         top_p=float(check_number("top_p", values["top_p"])),
-        repetition_penalty=float(check_number("repetition_penalty", values["repetition_penalty"])),
+        # inf turns a zero score into NaN; below the least, a seen token's score overflows to inf
+        repetition_penalty=float(check_number("repetition_penalty", values["repetition_penalty"],
+                                              MIN_REPETITION_PENALTY)),
         eos_token_ids=eos_ids,
         pad_token_id=pad,
         num_return_sequences=_check_int("num_return_sequences", values["num_return_sequences"], 1),
@@ -250,9 +252,6 @@ def _check_ranges(s: Settings) -> None:
         check_temperature(s.temperature)
     if not 0 < s.top_p <= 1:
         raise HotrodError(f"top_p must be in (0, 1], got {s.top_p}")
-    # inf turns a zero score into NaN; below the least, a seen token's score overflows to inf
-    check_number("repetition_penalty", s.repetition_penalty, MIN_REPETITION_PENALTY)
-    check_number("length_penalty", s.length_penalty)
     if s.early_stopping not in (True, False, "never"):
         raise HotrodError(f"early_stopping must be true, false or 'never', got {s.early_stopping!r}")
     if not s.do_sample and s.num_return_sequences > s.num_beams:
