@@ -102,8 +102,8 @@ class Choice:
     def _alternatives(self, token: int, entry: TokenLogprobs) -> list[tuple[str | None, float]]:
         """The step's most likely tokens, each by the text it would add in this context (as the chosen token's
         string is made), read before the chosen one goes in; the chosen one's text (None here) is its piece."""
-        return [(None if alternative == token else self.detokenizer.peek(alternative), logprob)
-                for alternative, logprob in entry.top]
+        texts = iter(self.detokenizer.peek([alternative for alternative, _ in entry.top if alternative != token]))
+        return [(None if alternative == token else next(texts), logprob) for alternative, logprob in entry.top]
 
     def _note(self, into: Logprobs, piece: str, entry: TokenLogprobs,
               top: list[tuple[str | None, float]] | None) -> None:

@@ -123,11 +123,11 @@ class Detokenizer:
         self.ids.extend(tokens)
         return self._piece(final=False)
 
-    def peek(self, token: int) -> str:
-        """The text `token` would add after the ids so far, in their context, without adding it: an
-        alternative token's string as the chosen one's is made."""
-        before = self.decode(self.ids[self.prefix:self.read])  # held-back ids' text is the next piece's, as in _piece
-        return self.decode(self.ids[self.prefix:] + [token])[len(before):]
+    def peek(self, tokens: list[int]) -> list[str]:
+        """The text each of `tokens` would add after the ids so far, in their context, without adding it:
+        alternative tokens' strings as the chosen one's is made."""
+        before = len(self.decode(self.ids[self.prefix:self.read]))  # held-back ids' text is the next piece's
+        return [self.decode(self.ids[self.prefix:] + [token])[before:] for token in tokens]
 
     def flush(self) -> str:
         """Whatever is held back (an incomplete character at the very end)."""
