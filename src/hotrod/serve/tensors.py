@@ -80,6 +80,10 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
             raise bad(f"{HEADER}: {header_length!r} is not a length within the body's {len(body)} bytes")
         head, rest = body[:int(header_length)], body[int(header_length):]
     request = _json_object(head)
+    # a JSON body's strings were checked at the door (`hotrod.serve.gate`); the binary form's header is here
+    where = None if header_length is None else unicode_text.lone_surrogate(head, request)
+    if where is not None:
+        raise bad(unicode_text.refusal(where))
     unknown = sorted(set(request) - _REQUEST_KEYS)
     if unknown:
         raise bad(f"{unknown[0]}: not a field of an inference request (fields: id, parameters, inputs, outputs)")
@@ -101,9 +105,6 @@ def _json_object(head: bytes) -> dict[str, Any]:
         value = json.loads(head)
     except (ValueError, RecursionError) as exc:
         raise bad(f"the request is not valid JSON: {exc}") from None
-    where = unicode_text.lone_surrogate(head)  # a JSON body's was refused at the door; the binary form's here
-    if where is not None:
-        raise bad(unicode_text.refusal(where))
     if not isinstance(value, dict):
         raise bad("the request must be a JSON object")
     return value

@@ -18,16 +18,18 @@ from typing import Any
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def lone_surrogate(raw: bytes) -> str | None:
+def lone_surrogate(raw: bytes, parsed: Any = None) -> str | None:
     """Where in the JSON body `raw` a string holds a lone surrogate (a path such as `input[1]`), or None where
-    none does, or where the body is not JSON at all (its parser's refusal is the one to give)."""
+    none does, or where the body is not JSON at all (its parser's refusal is the one to give). `parsed`: the
+    body already parsed, where the caller has it."""
     if _SURROGATE_ESCAPE.search(raw) is None:
         return None
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return _find(value)
+    if parsed is None:
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+    return _find(parsed)
 
 
 def _find(value: Any) -> str | None:
