@@ -54,12 +54,16 @@ def _profile(args: argparse.Namespace) -> int:
     if args.json:
         check_output(Path(args.json))
     _check_new_tokens(args.artifact, args.new_tokens)
-    work = {name: value if (value := getattr(args, name)) is not None else PROFILE_WORK[name] for name in PROFILE_WORK}
-    profile = profile_artifact(args.artifact, **work, runs=args.runs, threads=args.threads)
+    profile = profile_artifact(args.artifact, **_work(args, PROFILE_WORK), runs=args.runs, threads=args.threads)
     print(format_profile(profile, top=args.top))
     if args.json:
         print(f"figures: {write_profile(profile, Path(args.json))}")
     return 0
+
+
+def _work(args: argparse.Namespace, defaults: dict[str, int]) -> dict[str, int]:
+    """The work's options as given, each not given at its default."""
+    return {name: default if getattr(args, name) is None else getattr(args, name) for name, default in defaults.items()}
 
 
 def _check_new_tokens(path: str, given: int | None) -> None:
@@ -96,7 +100,6 @@ def _tune(args: argparse.Namespace) -> int:
     from hotrod.bench.tune import format_tuning, tune_artifact
 
     _check_new_tokens(args.artifact, args.new_tokens)
-    work = {name: TUNE_WORK[name] if getattr(args, name) is None else getattr(args, name) for name in TUNE_WORK}
-    tuning = tune_artifact(args.artifact, **work)
+    tuning = tune_artifact(args.artifact, **_work(args, TUNE_WORK))
     print(format_tuning(tuning))
     return 0
