@@ -18,7 +18,6 @@ from fastapi import Request
 from hotrod.errors import HotrodError, first_line
 from hotrod.generation import draft_rules
 from hotrod.kinds import spec
-from hotrod.serve import unicode_text
 from hotrod.serve.http_errors import ApiError
 from hotrod.serve.limits import BYTES_PER_TOKEN
 from hotrod.serve.messages import Worker
@@ -65,11 +64,7 @@ async def token_ids(request: Request, worker: Worker, item: Item, param: str) ->
 
 def check_bytes(text: str, limit: int, where: str, param: str) -> None:
     budget = limit * BYTES_PER_TOKEN
-    try:  # characters first: a text longer in them is longer in bytes, and is never encoded
-        size = len(text) if len(text) > budget else len(text.encode("utf-8"))
-    except UnicodeEncodeError:  # a caller past the door's check (`unicode_text`), such as a Ray handle's
-        raise ApiError(400, unicode_text.refusal(where), param) from None
-    if size > budget:
+    if len(text) > budget or len(text.encode("utf-8")) > budget:  # encodable: the door refused lone surrogates
         raise ApiError(400, f"{where}: the text is longer than this server takes ({budget} bytes for a limit of "
                             f"{limit} tokens); shorten it", param)
 
