@@ -8,9 +8,10 @@ import json
 
 import pytest
 import torch
+import transformers
 
 import hotrod
-from tests.pipelines.test_tasks import refused
+from tests.pipelines.test_tasks import _close, refused
 from tests.zoo import HEAD_CASES, build_checkpoint, load_on
 
 LONG = "the quick brown fox jumps over the lazy dog says a tiny model to the whole world hello"
@@ -37,5 +38,8 @@ def test_tagging_refuses_or_cuts_where_the_pipeline_cuts(tmp_path):
     source = _limited(build_checkpoint(HEAD_CASES["bert-ner"], tmp_path / "ner16"))
     model = hotrod.load(source, backend="torch")
     refused(lambda: model.tag(LONG), "text 0 has .* tokens, more than the 16 tokens its tokenizer takes")
-    tagged = model.tag(LONG, truncate=True, aggregation_strategy="none", ignore_labels=[])
-    assert len(tagged) == LIMIT - 2  # the tokens between [CLS] and [SEP], as the pipeline's
+    pipe = transformers.pipeline("token-classification", model=str(source), aggregation_strategy="none")
+    theirs = pipe(LONG, ignore_labels=[])
+    ours = model.tag(LONG, truncate=True, aggregation_strategy="none", ignore_labels=[])
+    assert len(theirs) == LIMIT - 2  # the pipeline cut the text: the tokens between [CLS] and [SEP]
+    _close(ours, theirs)
