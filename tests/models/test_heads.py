@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 import torch
 
+import hotrod
 from tests.zoo import HEAD_CASES, prompt_batch
 
 FIELDS = {"text-classification": ("logits",), "token-classification": ("logits",),
@@ -35,3 +40,32 @@ def test_labelled_heads_carry_their_label_map(zoo, head_case):
     expected = {} if case.task == "question-answering" else dict(case.config().id2label)
     assert model.labels == expected
     assert model.manifest["task"] == case.task
+
+
+def _without_architectures(checkpoint: Path) -> Path:
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.pop("architectures", None)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    return checkpoint
+
+
+def test_head_weights_under_a_config_naming_no_head_are_refused_not_dropped(zoo, head_case, tmp_path):
+    """transformers' AutoModel would run such a checkpoint bare and drop its head with a warning: hotrod says
+    so in one line naming the head's weights and the tasks that run it, and runs the head when told to."""
+    case = HEAD_CASES[head_case]
+    checkpoint = _without_architectures(zoo.copy_checkpoint(head_case, tmp_path / "ckpt"))
+    with pytest.raises(hotrod.HotrodError, match=f"names no architectures.*--task.*{case.task}") as caught:
+        hotrod.load(checkpoint, backend="torch")
+    assert "\n" not in str(caught.value)
+    ids, mask = prompt_batch(case, (5, 3), seed=1)
+    told = hotrod.load(checkpoint, backend="torch", task=case.task)
+    ours = told(input_ids=ids, attention_mask=mask)
+    theirs = zoo.model(head_case, "torch")(input_ids=ids, attention_mask=mask)
+    for field in FIELDS[case.task]:
+        torch.testing.assert_close(ours[field], theirs[field], atol=0, rtol=0)
+
+
+def test_a_bare_checkpoint_naming_no_head_runs_bare(zoo, encoder_case, tmp_path):
+    """The check looks for a whole head: a bare model's own extras (BERT's pooler) are no head."""
+    checkpoint = _without_architectures(zoo.copy_checkpoint(encoder_case, tmp_path / "ckpt"))
+    assert hotrod.load(checkpoint, backend="torch").task == "feature-extraction"

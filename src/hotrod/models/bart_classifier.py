@@ -20,12 +20,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hotrod.models.bart_stack import BartLikeModel, Layout
+from hotrod.models.bart_stack import HEAD_PREFIX, BartLikeModel, Layout
 from hotrod.models.common import load_weights
 from hotrod.registry import registered
-from hotrod.tasks import build_head
-
-HEAD_PREFIX = "classification_head."
+from hotrod.tasks import build_head, unnamed_heads
 
 
 class ClassificationHead(nn.Module):
@@ -77,5 +75,10 @@ class EosClassifier(nn.Module):
 def build(config, layout: Layout) -> nn.Module:
     """The module `config`'s task asks of a BART-like family: the generating stack, or, where the family has a
     head for the task (`Family.heads`), the whole model ending in it."""
-    head = build_head(config, registered(config.model_type))
-    return BartLikeModel(config, layout) if head is None else EosClassifier(config, layout, head)
+    family = registered(config.model_type)
+    head = build_head(config, family)
+    if head is not None:
+        return EosClassifier(config, layout, head)
+    model = BartLikeModel(config, layout)
+    model.unnamed_heads = unnamed_heads(config, family)  # its `load_hf` asks: a classifier's weights, unnamed?
+    return model

@@ -37,6 +37,8 @@ from hotrod.models.common import FusedProjection, load_weights, strip_prefix
 from hotrod.models.seq2seq import cross_bias, seq2seq_graphs
 from hotrod.registry import Dims
 
+HEAD_PREFIX = "classification_head."  # a ...ForSequenceClassification checkpoint's head (`bart_classifier`)
+
 
 def shift_right(input_ids: torch.Tensor, config) -> torch.Tensor:
     """transformers' `shift_tokens_right` of BART: the decoder start token, then each row but its last id."""
@@ -261,7 +263,10 @@ class BartLikeModel(nn.Module):
         return seq2seq_graphs(self)
 
     def load_hf(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """A ...ForConditionalGeneration checkpoint (or the bare model's: the head is then the embedding)."""
+        """A ...ForConditionalGeneration checkpoint (or the bare model's: the head is then the embedding). A
+        classifier's weights where the config names no head are refused (`hotrod.tasks.unnamed_heads`)."""
+        if getattr(self, "unnamed_heads", None) is not None:
+            self.unnamed_heads.check({k.removeprefix(HEAD_PREFIX) for k in state_dict if k.startswith(HEAD_PREFIX)})
         state = strip_prefix(dict(state_dict), ("model.",))
         ties = self._ties()
         for source in dict.fromkeys(ties.values()):  # tied weights: whichever of them the checkpoint saved

@@ -17,7 +17,7 @@ from hotrod.models.attention import additive_mask, multi_head_attention, padding
 from hotrod.models.heads import load_with_head
 from hotrod.models.packing import Packing, packed_attention
 from hotrod.registry import registered
-from hotrod.tasks import build_head
+from hotrod.tasks import build_head, unnamed_heads
 
 
 def attend(q, k, v, bias, num_heads: int, scale: float) -> torch.Tensor:
@@ -41,6 +41,7 @@ class EncoderStack(nn.Module):
             setattr(self, name, module)
         self.num_labels = config.num_labels
         self.head = build_head(config, registered(config.model_type))
+        self.unnamed_heads = unnamed_heads(config, registered(config.model_type))  # `load_with_head` asks
 
     def layers(self) -> nn.ModuleList:
         """The family's layers, in order (each family names their place in its checkpoint)."""

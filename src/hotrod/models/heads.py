@@ -67,7 +67,8 @@ class ProjectedClassifier(nn.Module):
 
 def load_with_head(module: nn.Module, state_dict: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> None:
     """Load an encoder and its head (`module.head`): checkpoint names outside the backbone's submodules are
-    the head's. A head whose size differs from the label map is one line saying so."""
+    the head's. A head whose size differs from the label map is one line saying so, and so is a head's weights
+    left unused because the config names no head (`module.unnamed_heads`, `hotrod.tasks.unnamed_heads`)."""
     state = strip_prefix(state_dict, prefixes)
     backbone = {name for name, _ in module.named_children() if name != "head"}
     mapped = {key if key.split(".")[0] in backbone else f"head.{key}": value for key, value in state.items()}
@@ -75,6 +76,8 @@ def load_with_head(module: nn.Module, state_dict: dict[str, torch.Tensor], prefi
         if source in mapped:
             mapped[f"head.{name}"] = mapped[source]
     own = module.state_dict()
+    if getattr(module, "unnamed_heads", None) is not None:  # a config naming no head: is one in the weights?
+        module.unnamed_heads.check({key[5:] for key in mapped if key.startswith("head.") and key not in own})
     for name, tensor in own.items():
         source = mapped.get(name)
         if name.startswith("head.") and source is not None and source.shape != tensor.shape:

@@ -29,7 +29,7 @@ from hotrod.models.bert import bert_dims
 from hotrod.models.heads import load_with_head
 from hotrod.models.rotary import RotaryEmbedding
 from hotrod.registry import Dims, Family, register, registered
-from hotrod.tasks import build_head
+from hotrod.tasks import build_head, unnamed_heads
 from hotrod.tasks.constants import ANSWER, CLASSIFY, TOKENS
 
 GLOBAL = "full_attention"
@@ -173,6 +173,7 @@ class ModernBertEncoder(nn.Module):
         self.final_norm = _norm(config)
         self.num_labels = config.num_labels
         self.head = build_head(config, registered(config.model_type))
+        self.unnamed_heads = unnamed_heads(config, registered(config.model_type))  # `load_with_head` asks
 
     def forward(self, input_ids, attention_mask):
         x = self.embeddings(input_ids)

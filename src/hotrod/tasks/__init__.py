@@ -28,6 +28,7 @@ from hotrod.tasks.registry import (
     of_model,
     register,
     task_of,
+    unnamed_heads,
     unregister,
 )
 
@@ -40,4 +41,4 @@ for _name in _BUILT_IN + tuple(sorted(m.name for m in pkgutil.iter_modules(__pat
 
 __all__ = ["TASK_KEY", "Bench", "Command", "Door", "Output", "Route", "TaskSpec", "all_specs", "bare", "build_head", "by_method",
            "check_task", "family_tasks", "get", "label_count", "labels", "names", "of_model", "register", "task_of",
-           "unregister"]
+           "unnamed_heads", "unregister"]

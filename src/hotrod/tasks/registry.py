@@ -295,6 +295,43 @@ def labels(config, task: str) -> dict[int, str]:
     return {int(i): str(name) for i, name in id2label.items()}
 
 
+@dataclass(frozen=True)
+class UnnamedHeads:
+    """A config that names no head (no `architectures`, no task told) runs its family's bare task, `bare`;
+    `heads` holds each head task the family runs with the names of its head's weights, so that a loader finding
+    all of one task's among a checkpoint's unused tensors says so (`check`) where transformers' AutoModel would
+    drop them with a warning."""
+
+    bare: str
+    heads: dict[str, frozenset[str]]
+
+    def check(self, unused: set[str]) -> None:
+        """Refuse, in one line, unused tensors that hold the whole of a head this config does not name."""
+        tasks = [task for task, names in self.heads.items() if names and names <= unused]
+        if tasks:
+            shown = sorted(frozenset.intersection(*(self.heads[t] for t in tasks)))  # what they share
+            raise HotrodError(
+                f"the checkpoint holds the weights of a head ({', '.join(shown[:4])}{' ...' if len(shown) > 4 else ''})"
+                f" but its config names no architectures, so the head would be dropped: pass --task (task=) "
+                f"{' or '.join(tasks)} to run it, or {self.bare} for the bare model")
+
+
+def unnamed_heads(config, family: Family) -> UnnamedHeads | None:
+    """What a loader checks where `config` names no head (`UnnamedHeads`); None where it names one. The heads
+    are built on the meta device, so asking costs no memory."""
+    if getattr(config, TASK_KEY, None) or getattr(config, "architectures", None):
+        return None
+    import torch
+
+    heads: dict[str, frozenset[str]] = {}
+    for spec in map(get, family_tasks(family)):
+        make = (family.heads or {}).get(spec.name) or spec.head
+        if spec.heads and make is not None:
+            with torch.device("meta"):
+                heads[spec.name] = frozenset(make(config).state_dict())
+    return UnnamedHeads(task_of(config, family), heads)
+
+
 def build_head(config, family: Family):
     """The head module `config`'s task asks for (the family's own, else the task's standard one), or None
     for a task without a head (the bare encoder)."""
