@@ -139,3 +139,35 @@ def test_streamed_logprobs_wait_with_text_held_for_a_stop_string(client, gpt):
     chunks = _streamed(client, {"prompt": "hi", "max_tokens": 8, "logprobs": 0, "stop": [full[3:5]]})
     tokens = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
     assert "".join(tokens) == "".join(c["choices"][0]["text"] for c in chunks) == full[:3]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "marian"])
+def test_a_decoders_text_continues_its_prompt_on_every_route(zoo, started, name):
+    """A decoder's answer is read after its prompt, as the whole sequence decodes: the zoo's GPT-2 has a
+    SentencePiece-style tokenizer, whose word-initial token alone loses its space ("hello world" + "▁world"
+    read "hello worldworld"). An encoder-decoder's answer starts anew: it is the generated ids' own text."""
+    from hotrod.serve.worker import ModelWorker, ServeOptions
+
+    model = zoo.model(name, "torch")
+    worker = started(ModelWorker(name, model, ServeOptions(max_batch_size=4, max_queue_delay_ms=1.0, max_queue=8)))
+    tokenizer = model.tokenizer
+    with TestClient(create_app({name: worker}, ServeLimits(max_new_tokens_limit=40))) as http:
+        for prompt in ("hello world", "the quick brown fox"):
+            ids = tokenizer(prompt)["input_ids"]
+            answer = http.post("/v1/generate", json={"text": prompt, "max_new_tokens": 6}).json()
+            whole = tokenizer.decode(ids + answer["token_ids"], skip_special_tokens=True)
+            expected = whole[len(tokenizer.decode(ids, skip_special_tokens=True)):] if model.spec.continues_prompt \
+                else tokenizer.decode(answer["token_ids"], skip_special_tokens=True)
+            assert answer["text"] == expected
+            streamed = events(http.post("/v1/generate", json={"text": prompt, "max_new_tokens": 6, "stream": True}))
+            assert "".join(c["text"] for c in streamed) == expected
+            body = {"prompt": prompt, "max_tokens": 6}
+            assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
+            echoed = http.post("/v1/completions", json={**body, "echo": True}).json()["choices"][0]["text"]
+            assert echoed == prompt + expected
+            chunks = events(http.post("/v1/completions", json={**body, "stream": True}))
+            assert "".join(c["choices"][0]["text"] for c in chunks) == expected
+            v2 = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
+                  "parameters": {"max_new_tokens": 6}}
+            outputs = http.post(f"/v2/models/{name}/infer", json=v2).json()["outputs"]
+            assert next(o for o in outputs if o["name"] == "text_output")["data"] == [expected]

@@ -9,7 +9,7 @@ drops special tokens exactly as the whole-text decode does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +34,13 @@ class Logprobs:
 class Choice:
     """The text of one choice, piece by piece (`add`, then `flush`), ended early by a stop string."""
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: list[str], logprobs: int | None, start: int = 0):
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str], logprobs: int | None, start: int = 0,
+                 context: Sequence[int] = ()):
+        """`start`: the echoed prompt's length (offsets count it); `context`: the prompt ids the text continues
+        (`sse.prompt_context`)."""
         self.decode = decode
         self.stops = stops
-        self.detokenizer = Detokenizer(decode)
+        self.detokenizer = Detokenizer(decode, context)
         self.held = ""  # text that may be the start of a stop string
         self.sent = start  # characters of text handed out (the echoed prompt counts: offsets start after it)
         self.tokens = 0  # tokens whose text is (at least partly) in the choice

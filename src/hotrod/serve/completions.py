@@ -27,7 +27,7 @@ from hotrod.serve.http_errors import (
 )
 from hotrod.serve.messages import Params, Worker
 from hotrod.serve.schemas import MAX_STOPS, CompletionChoice, CompletionRequest, CompletionResponse
-from hotrod.serve.sse import EventStream, TicketReader, check_end, sse, stream_failed, submit_all
+from hotrod.serve.sse import EventStream, TicketReader, check_end, prompt_context, sse, stream_failed, submit_all
 
 router = APIRouter()
 Piece = tuple[str, Logprobs | None, str | None]  # text, its tokens' logprobs, finish reason
@@ -48,7 +48,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     lookup = prompt_lookup(worker, body.speculate, num_beams=1)
     readers = _submit_all(request, worker, prompt, body, new, lookup, forced)
     echo = (body.prompt if isinstance(body.prompt, str) else worker.decode(prompt)) if body.echo else ""
-    choices = [Choice(worker.decode, stops, body.logprobs, len(echo)) for _ in readers]
+    context = prompt_context(worker.decode, worker.info.kind, prompt)
+    choices = [Choice(worker.decode, stops, body.logprobs, len(echo), context) for _ in readers]
     pieces = [_pieces(reader, choice) for reader, choice in zip(readers, choices)]
     head = {"id": f"cmpl-{request_id_of(request)}", "object": "text_completion", "created": int(time.time()),
             "model": recorder.model}

@@ -23,7 +23,7 @@ from hotrod.serve.schemas import (
     Sampling,
     Usage,
 )
-from hotrod.serve.sse import collect, stream, submit
+from hotrod.serve.sse import collect, continuation, prompt_context, stream, submit
 
 GENERATORS = kinds.names(lambda kind: kind.generates)  # the kinds each route serves
 ENCODERS = kinds.names(lambda kind: not kind.generates)
@@ -72,13 +72,15 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     params = generation_params(body, new, worker, forced)
     reader = submit(request, functools.partial(worker.submit_generate, prompt, params))
     name = recorder.model
+    context = prompt_context(worker.decode, worker.info.kind, prompt)  # a decoder's text continues its prompt
     if body.stream:
         def chunk(text: str, ids: list[int], finish: str | None, usage: dict | None) -> dict[str, Any]:
             return {"model": name, "text": text, "token_ids": ids, "finish_reason": finish,
                     **({"usage": usage} if usage else {})}
 
-        return await stream(reader, recorder, worker.decode, len(prompt), chunk)
+        return await stream(reader, recorder, worker.decode, len(prompt), chunk, context)
     tokens, last = await collect(reader)
-    return json_response(GenerateResponse(model=name, text=worker.decode(tokens), token_ids=tokens,
+    return json_response(GenerateResponse(model=name, text=continuation(worker.decode, context, tokens),
+                                          token_ids=tokens,
                                           finish_reason=last.finish_reason or "stop",
                                           usage=usage(len(prompt), len(tokens))), recorder)

@@ -42,7 +42,7 @@ from hotrod.serve.endpoints import ENCODERS, GENERATORS, generation_params
 from hotrod.serve.http_errors import ApiError, check_running, resolve
 from hotrod.serve.messages import Worker
 from hotrod.serve.schemas import Pooling, Sampling, _Request
-from hotrod.serve.sse import collect_all, submit_all
+from hotrod.serve.sse import collect_all, continuation, prompt_context, submit_all
 from hotrod.serve.task_calls import run as run_rows
 from hotrod.serve.tensors import Input, Output, bad
 from hotrod.version import __version__
@@ -283,7 +283,11 @@ async def _generate(request: Request, worker: Worker, prompts: list[list[int]], 
     ids = np.full((rows, width), PAD, dtype=np.int64)
     for i, row in enumerate(tokens):
         ids[i, :len(row)] = row
-    return {"text_output": lambda: ([rows], [worker.decode(row) for row in tokens]),
+    def texts() -> list[str]:  # a decoder's text continues its prompt
+        return [continuation(worker.decode, prompt_context(worker.decode, worker.info.kind, prompt), row)
+                for prompt, row in zip(prompts, tokens)]
+
+    return {"text_output": lambda: ([rows], texts()),
             "output_ids": lambda: ([rows, width], ids),
             "output_lengths": lambda: ([rows], [len(row) for row in tokens]),
             "finish_reason": lambda: ([rows], [last.finish_reason or "stop" for _, last in results])}

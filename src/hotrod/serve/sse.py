@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from hotrod import kinds
 from hotrod.serve.http_errors import (
     CLIENT_CLOSED,
     ApiError,
@@ -113,11 +114,13 @@ class Detokenizer:
     in an incomplete character.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str]):
+    def __init__(self, decode: Callable[[list[int]], str], context: Sequence[int] = ()):
+        """`context`: ids the text continues (a decoder's prompt, `prompt_context`), whose own text is not
+        given: the first piece is read after them, as the whole sequence's decoding reads it."""
         self.decode = decode
-        self.ids: list[int] = []
+        self.ids: list[int] = list(context)
         self.prefix = 0  # the window's start: context for the next piece
-        self.read = 0  # ids already turned into text
+        self.read = len(self.ids)  # ids already turned into text
 
     def add(self, tokens: list[int]) -> str:
         self.ids.extend(tokens)
@@ -142,6 +145,26 @@ class Detokenizer:
             return ""
         self.prefix, self.read = self.read, len(self.ids)
         return after[len(before):]
+
+
+CONTEXT_TOKENS = 6  # prompt ids a continuation is decoded after: a word's first token (its space) and a character's
+
+
+def prompt_context(decode: Callable[[list[int]], str], kind: str, prompt: Sequence[int]) -> list[int]:
+    """The end of `prompt` that a continuation's text is decoded after (`Detokenizer`), where the model's
+    answer continues its prompt (a decoder): decoded alone, a SentencePiece word's first token loses its space
+    ("hello world" + "▁world" read "hello worldworld"). None for an encoder-decoder, whose answer starts anew,
+    or where the prompt ends inside a character (its text is not yet whole)."""
+    if not kinds.spec(kind).continues_prompt:
+        return []
+    context = list(prompt[-CONTEXT_TOKENS:])
+    return [] if decode(context).endswith("\ufffd") else context
+
+
+def continuation(decode: Callable[[list[int]], str], context: Sequence[int], tokens: list[int]) -> str:
+    """The whole text of `tokens` after `context` (`prompt_context`), as the pieces of a stream join into it."""
+    detokenizer = Detokenizer(decode, context)
+    return detokenizer.add(tokens) + detokenizer.flush()
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -218,11 +241,12 @@ def check_end(event: Event) -> None:
 
 
 async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[list[int]], str],
-                 prompt_tokens: int, chunk: Chunk) -> EventStream:
+                 prompt_tokens: int, chunk: Chunk, context: Sequence[int] = ()) -> EventStream:
     """An SSE response of a generation: `chunk(text, token_ids, finish_reason, usage)` shapes each event.
 
     The first event is awaited before the response starts, so that a request that fails or times out
-    before its first token still gets a real status code; later failures become an error event.
+    before its first token still gets a real status code; later failures become an error event. The text is
+    read after `context` (`prompt_context`).
     """
     try:
         first = await reader.next()
@@ -231,7 +255,7 @@ async def stream(reader: TicketReader, recorder: Recorder, decode: Callable[[lis
     except BaseException:
         reader.close()
         raise
-    detokenizer = Detokenizer(decode)
+    detokenizer = Detokenizer(decode, context)
 
     async def events() -> AsyncIterator[str]:
         event, count = first, 0
