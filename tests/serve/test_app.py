@@ -139,6 +139,9 @@ def test_models_health_and_metrics(client):
     assert models["object"] == "list"
     assert [(m["id"], m["object"], m["owned_by"], m["kind"]) for m in models["data"]] == \
         [("gpt", "model", "hotrod", "decoder"), ("bert", "model", "hotrod", "encoder")]
+    assert client.get("/v1/models/bert").json() == models["data"][1]  # the client's models.retrieve
+    missing = client.get("/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["message"].startswith("model: 'nope' is not served")
     assert client.get("/health").json() == {"status": "ok"}
     client.post("/v1/generate", json={"model": "gpt", "text": "a", "max_new_tokens": 1})
     client.post("/v1/generate", json={"model": "gpt", "text": ""})

@@ -175,6 +175,8 @@ def test_tei_rerank_shape(serve, reranker):
         assert set(rank) == {"index", "text", "score"}
         assert rank["score"] == pytest.approx(scores[rank["index"]], rel=1e-5)
         assert rank["text"] == DOCUMENTS[rank["index"]]
+    right = client.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "truncation_direction": "right"})
+    assert right.json() == [{k: v for k, v in rank.items() if k != "text"} for rank in ranks]  # TEI's default
     raw = client.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "raw_scores": True}).json()
     logits = _pair_scores(reranker, QUERY, DOCUMENTS, "none")
     assert all("text" not in r for r in raw)
@@ -243,6 +245,8 @@ def test_rerank_takes_at_most_ten_thousand_documents(serve, reranker):
     ("/predict", {"inputs": [["a", "b", "c"]]}, 400, ("inputs[0]", "3 texts")),
     ("/predict", {"inputs": [["a"], [""]]}, 400, ("inputs[1]", "empty")),
     ("/predict", {"inputs": []}, 400, ("inputs", "empty")),
+    ("/predict", {"inputs": "a", "truncation_direction": "left"}, 400, ("truncation_direction", "left")),
+    ("/rerank", {"query": "q", "texts": ["d"], "truncation_direction": "Left"}, 400, ("truncation_direction", "Left")),
 ])
 def test_tei_refusals_in_its_shape(serve, reranker, path, body, status, words):
     client = serve({"rank": reranker})

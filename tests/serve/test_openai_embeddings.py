@@ -62,3 +62,24 @@ def test_too_many_dimensions_is_a_400_naming_the_field(served):
     _, client = served
     with pytest.raises(openai.BadRequestError, match="dimensions"):
         client.embeddings.create(model="bert", input="hello", dimensions=33)
+
+
+def test_the_user_is_written_to_the_servers_console_log(served, capsys):
+    """`hotrod serve` puts hotrod's log lines beside uvicorn's, at its level (they had no handler, so the
+    `user` of an embeddings request was written nowhere)."""
+    import logging
+
+    from hotrod.serve import app
+
+    logger = logging.getLogger("hotrod.serve")
+    kept = logger.handlers[:], logger.level, logger.propagate
+    try:
+        logger.handlers[:] = []  # as in a fresh process (another test's server may have set one)
+        app._log_beside_uvicorn("info")
+        served[1].embeddings.create(model="bert", input="hello", user="alice-42")
+        assert "embeddings for user 'alice-42' on model bert" in capsys.readouterr().err
+        app._log_beside_uvicorn("info")  # a logger with a handler is left as is: one line, not two
+        served[1].embeddings.create(model="bert", input="hello", user="bob")
+        assert capsys.readouterr().err.count("'bob'") == 1
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = kept

@@ -249,6 +249,7 @@ def test_the_embed_sparse_route_answers_as_tei(encoders):
     from hotrod.serve.app import create_app
     from hotrod.serve.limits import Access, ServeLimits
     from hotrod.serve.worker import ModelWorker, ServeOptions
+    from tests.serve.fake import FakeWorker
 
     model = encoders.model("bert", "onnxruntime")
     worker = ModelWorker("splade", model, ServeOptions(max_queue_delay_ms=1.0))
@@ -279,6 +280,18 @@ def test_the_embed_sparse_route_answers_as_tei(encoders):
                 answer = refused.json()
                 assert refused.status_code == status and message in answer["error"], (request, answer)
                 assert answer["error_type"] == "validation"
+        workers = {"gpt": FakeWorker(name="gpt"), "splade": ModelWorker("splade", model, ServeOptions())}
+        for served in workers.values():
+            served.start()
+        try:  # TEI clients name no model: the one served model the route's task runs on answers
+            with TestClient(create_app(workers, ServeLimits())) as client:
+                plain = client.post("/embed_sparse", json={"inputs": "hello world"}).json()
+                assert [e["index"] for e in plain[0]] == [e["index"] for e in sparse.entries(model.embed_sparse(
+                    ["hello world"]))[0]]
+                assert client.post("/v1/generate", json={"text": "a"}).status_code == 400  # /v1 routes: still named
+        finally:
+            for served in workers.values():
+                served.stop(drain=False)
     finally:
         worker.stop(drain=False)
 

@@ -106,6 +106,16 @@ async def models(request: Request) -> ModelList:
                            for name, worker in request.app.state.workers.items()])
 
 
+@router.get("/v1/models/{name:path}", response_model=ModelCard, responses={404: {"model": ErrorBody}})
+async def model_card(name: str, request: Request) -> ModelCard:
+    """One served model, in OpenAI's shape (the official client's `models.retrieve`); a 404 naming it otherwise."""
+    worker = request.app.state.workers.get(name)
+    if worker is None:
+        raise ApiError(404, f"model: '{name}' is not served here; served: {', '.join(request.app.state.workers)}",
+                       "model")
+    return ModelCard(id=name, created=worker.info.created, kind=worker.info.kind)
+
+
 @router.get("/health")
 async def health() -> dict[str, str]:
     """Liveness: answers as long as the process serves HTTP, even while models load."""
@@ -168,6 +178,21 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _log_beside_uvicorn(level: str) -> None:
+    """hotrod's own log lines (a model ready, an embeddings request's `user`, a request's failure under its id)
+    on the console as uvicorn writes its own, at the same level; a logger the caller configured is left as is."""
+    if log.handlers:
+        return
+    from uvicorn.config import LOG_LEVELS
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=None))
+    log.addHandler(handler)
+    log.setLevel(LOG_LEVELS.get(level, logging.INFO))
+    log.propagate = False
+
+
 def serve(workers: dict[str, Worker], limits: ServeLimits | None = None, host: str = "127.0.0.1",
           port: int = 8000, metrics: Metrics | None = None, *, log_level: str = "info",
           access_log: bool = True, access: Access | None = None) -> None:
@@ -183,6 +208,7 @@ def serve(workers: dict[str, Worker], limits: ServeLimits | None = None, host: s
     """
     limits = limits or ServeLimits()
     app = create_app(workers, limits, metrics, access)
+    _log_beside_uvicorn(log_level)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             lifespan="on", timeout_graceful_shutdown=limits.shutdown_timeout_s,
                             limit_concurrency=limits.max_connections)

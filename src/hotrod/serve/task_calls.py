@@ -23,7 +23,7 @@ from hotrod.errors import HotrodError, first_line
 from hotrod.pipelines.base import Prepared, Row
 from hotrod.serve.checks import check_bytes, input_limit
 from hotrod.serve.endpoints import ENCODERS
-from hotrod.serve.http_errors import ApiError, Recorder, resolve
+from hotrod.serve.http_errors import TEI_ROUTES, ApiError, Recorder, resolve
 from hotrod.serve.messages import Worker
 from hotrod.serve.sse import collect, submit
 
@@ -38,7 +38,13 @@ class FieldError(HotrodError):
 
 def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) -> tuple[Worker, Recorder]:
     """The served model a request names, refused (400, naming its task) unless `spec` runs on it
-    (`hotrod.tasks.TaskSpec.refusal`)."""
+    (`hotrod.tasks.TaskSpec.refusal`). TEI's routes name none (TEI serves one model): there it is the one
+    served model `spec` runs on, whatever else is served."""
+    if name is None and request.url.path in TEI_ROUTES:
+        fits = [served for served, worker in request.app.state.workers.items()
+                if spec.refusal(worker.info.task or worker.info.kind, len(worker.info.labels),
+                                names=worker.info.labels) is None]
+        name = fits[0] if len(fits) == 1 else None
     worker, recorder = resolve(request, endpoint, name, ENCODERS)
     found = worker.info.task or worker.info.kind
     labels = len(worker.info.labels)

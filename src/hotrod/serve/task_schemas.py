@@ -16,6 +16,8 @@ from hotrod.serve.schemas import _MODEL, Usage, _Request
 _TRUNCATE = Field(False, description="Cut inputs longer than the model takes (the longer text of a pair first); "
                                      "without it such an input is a 400 naming it.")
 _RAW = Field(False, description="The head's logits, without the sigmoid or softmax.")
+_RIGHT_ONLY = Field("right", description="TEI's field: which end `truncate` cuts; a pair is cut from the "
+                                        "right of its longer text, as transformers cuts it (left is refused).")
 
 
 class ClassifyRequest(_Request):
@@ -80,6 +82,7 @@ class PredictRequest(_Request):
 
     inputs: str | list[str] | list[list[str]]
     truncate: bool = _TRUNCATE
+    truncation_direction: Literal["right", "left", "Right", "Left"] = _RIGHT_ONLY
     raw_scores: bool = _RAW
 
 
@@ -98,6 +101,7 @@ class TeiRerankRequest(_Request):
     query: str
     texts: list[str]
     truncate: bool = _TRUNCATE
+    truncation_direction: Literal["right", "left", "Right", "Left"] = _RIGHT_ONLY
     raw_scores: bool = _RAW
     return_text: bool = False
 

@@ -74,6 +74,13 @@ def predict_items(inputs: str | list[str] | list[list[str]]) -> tuple[list[Item]
     return items, False
 
 
+def check_direction(direction: str) -> None:
+    """TEI's truncation_direction on the pair routes: right, as transformers cuts pairs; left, refused by name."""
+    if direction.lower() != "right":
+        raise ApiError(400, f"truncation_direction: {direction} is not supported here; texts and pairs are cut on "
+                            "the right", "truncation_direction")
+
+
 def tei_function(worker: Worker, raw_scores: bool) -> str:
     if raw_scores:
         return "none"
@@ -84,6 +91,7 @@ def tei_function(worker: Worker, raw_scores: bool) -> str:
 async def predict(body: PredictRequest, request: Request) -> Response:
     """Every label's score of each input, best first (TEI's /predict)."""
     worker, recorder = served_head(request, "predict", CLASSIFY)
+    check_direction(body.truncation_direction)
     items, single = predict_items(body.inputs)
     task_calls.check_count(request, len(items), "inputs")
     texts = [(f"inputs[{i}]" if isinstance(item, str) else f"inputs[{i}][{j}]", text)
@@ -109,6 +117,7 @@ async def _prepare_mixed(request: Request, worker: Worker, items: list[Item], fu
 async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     """The texts by relevance to the query, best first (TEI's /rerank)."""
     worker, recorder = served_head(request, "rerank", RERANK)
+    check_direction(body.truncation_direction)
     task_calls.check_count(request, len(body.texts), "texts", MAX_DOCUMENTS)
     task_calls.check_texts(request, worker, [("query", body.query)], "query", body.truncate)
     task_calls.check_texts(request, worker, [(f"texts[{i}]", text) for i, text in enumerate(body.texts)], "texts",
