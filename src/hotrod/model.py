@@ -97,8 +97,8 @@ class HotrodModel:
         if not self.spec.generates:
             raise HotrodError(f"this {self.config.model_type} model runs as an encoder ({self.task}); it has no "
                               "generate(): call it, or its task's method (embed(), classify(), ...)")
-        if input_ids is None:  # transformers' first argument is also called `inputs`
-            input_ids = kwargs.pop("inputs", None)
+        input_ids = kwargs.pop("inputs", None) if input_ids is None else input_ids  # transformers' name for it
+        attention_mask, generation_config = gen_config.positional(attention_mask, generation_config)
         # The sequences go where the prompt came from, as transformers' (its prompt is on the model's device).
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
         return self._generate(token_ids(input_ids, self.dims), attention_mask, generation_config, kwargs).to(device)

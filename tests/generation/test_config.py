@@ -214,3 +214,15 @@ def test_unsupported_generation_config_is_not_silently_ignored(zoo, tmp_path, se
     except hotrod.HotrodError:
         return
     assert_same_tokens(actual, expected)
+
+
+def test_a_generation_config_passed_second_is_the_config_as_in_transformers(zoo):
+    """transformers' generate(inputs, generation_config): a drop-in call with the config second (where
+    hotrod's own second argument is the mask) reads it as the config, and answers as transformers does."""
+    model = zoo.model("gpt2", "torch")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    positional = model.generate(ids, config)
+    assert torch.equal(positional, model.generate(ids, generation_config=config))
+    assert torch.equal(positional, zoo.reference("gpt2").generate(ids, config))
+    assert positional.shape[1] == ids.shape[1] + 3
