@@ -171,3 +171,19 @@ def test_a_decoders_text_continues_its_prompt_on_every_route(zoo, started, name)
                   "parameters": {"max_new_tokens": 6}}
             outputs = http.post(f"/v2/models/{name}/infer", json=v2).json()["outputs"]
             assert next(o for o in outputs if o["name"] == "text_output")["data"] == [expected]
+
+
+def test_openai_fields_at_values_that_change_nothing_are_taken(client, gpt):
+    """What LangChain's OpenAI LLM sends on every call (penalties 0, no bias, best_of = n), and OpenAI's
+    nullable fields as null, answer as if left out; other values of those fields are refused by name."""
+    plain = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4}).json()["choices"]
+    neutral = {"prompt": "hi", "max_tokens": 4, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+               "best_of": 1, "suffix": None, "n": None, "echo": None, "stream": None, "temperature": None,
+               "top_p": None, "logprobs": None, "stop": None, "seed": None, "user": None}
+    answer = client.post("/v1/completions", json=neutral)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"] == plain
+    default = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": None}).json()
+    assert default["usage"]["completion_tokens"] == 16  # OpenAI's default, as when left out
+    two = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "n": 2, "best_of": 2}).json()
+    assert len(two["choices"]) == 2

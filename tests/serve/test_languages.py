@@ -61,11 +61,11 @@ def test_every_generation_route_hands_the_fields_to_the_worker(client, mt):
      r"target_language: 'xx_YY' is not a language of this model's tokenizer \(it has ar_AR, cs_CZ"),
     ({"target_language": "fr_XX", "forced_bos_token_id": 7}, 400, "target_language",
      "'fr_XX' is token 12, but forced_bos_token_id is 7; give one of the two"),
-    ({"target_language": ""}, 422, "target_language", "target_language"),
-    ({"target_language": "x" * 33}, 422, "target_language", "target_language"),
-    ({"forced_bos_token_id": "7"}, 422, "forced_bos_token_id", "forced_bos_token_id"),
-    ({"no_repeat_ngram_size": -1}, 422, "no_repeat_ngram_size", "no_repeat_ngram_size"),
-    ({"no_repeat_ngram_size": 33}, 422, "no_repeat_ngram_size", "no_repeat_ngram_size"),
+    ({"target_language": ""}, 400, "target_language", "target_language"),
+    ({"target_language": "x" * 33}, 400, "target_language", "target_language"),
+    ({"forced_bos_token_id": "7"}, 400, "forced_bos_token_id", "forced_bos_token_id"),
+    ({"no_repeat_ngram_size": -1}, 400, "no_repeat_ngram_size", "no_repeat_ngram_size"),
+    ({"no_repeat_ngram_size": 33}, 400, "no_repeat_ngram_size", "no_repeat_ngram_size"),
 ])
 def test_refusals_name_their_field_and_submit_nothing(client, mt, body, status, param, message):
     for path, request in (("/v1/generate", {**GENERATE, **body}),

@@ -83,3 +83,12 @@ def test_the_user_is_written_to_the_servers_console_log(served, capsys):
         assert capsys.readouterr().err.count("'bob'") == 1
     finally:
         logger.handlers[:], logger.level, logger.propagate = kept
+
+
+def test_nullable_fields_as_null_are_left_out(served):
+    model, client = served
+    raw = client._client.post("/v1/embeddings", json={"model": "bert", "input": "hello world",
+                                                      "encoding_format": None, "dimensions": None, "user": None})
+    assert raw.status_code == 200, raw.text
+    vector = torch.tensor(raw.json()["data"][0]["embedding"])  # float, the default
+    assert torch.allclose(vector, model.embed(["hello world"], pooling="mean", normalize=True)[0], atol=1e-6)

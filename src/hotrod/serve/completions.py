@@ -37,6 +37,7 @@ Piece = tuple[str, Logprobs | None, str | None]  # text, its tokens' logprobs, f
 async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI's completions endpoint (legacy): `n` choices of one prompt, text or token ids."""
     worker, recorder = resolve(request, "completions", body.model, GENERATORS)
+    check_neutral(body)
     stops = _stops(body.stop)
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options: only allowed with stream: true", "stream_options")
@@ -66,6 +67,19 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                for i, ((text, finish), c) in enumerate(zip(texts, choices))]
     return json_response(CompletionResponse(**head, choices=answers,
                                             usage=usage(len(prompt), sum(c.tokens for c in choices))), recorder)
+
+
+def check_neutral(body: CompletionRequest) -> None:
+    """OpenAI's fields hotrod does not run, at the values that change nothing (left out, or as clients send
+    them on every call: penalties 0, no bias, no suffix, best_of = n); any other value is a 400 naming it."""
+    neutral = {"best_of": (None, body.n), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+               "logit_bias": (None, {}), "suffix": (None, "")}
+    for name, allowed in neutral.items():
+        value = getattr(body, name)
+        if value not in allowed:
+            shown = " or ".join(repr(a) for a in allowed if a is not None)
+            raise ApiError(400, f"{name}: {value!r} is not supported; hotrod takes only {shown} (or leave it out)",
+                           name)
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:

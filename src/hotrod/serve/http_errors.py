@@ -140,7 +140,8 @@ def record(request: Request, status: int, body: Any = None) -> None:
 
 
 def _validation_error(exc: RequestValidationError) -> tuple[int, str, str | None]:
-    """FastAPI's list of errors as (status, message naming the first offending field, that field).
+    """FastAPI's list of errors as (status, message naming the first offending field, that field): 422, as
+    FastAPI and TEI answer, where the body parsed.
 
     A union field (prompt: str | list[int]) reports one error per member; the deepest one of the first
     field says most (`prompt[1]: Input should be a valid integer`).
@@ -174,6 +175,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, message, param = _validation_error(exc)
+        if request.url.path not in TEI_ROUTES:  # OpenAI's API answers every invalid parameter 400 (TEI: 422)
+            status = 400
         record(request, status, exc.body)
         return error_response(status, message, param, path=request.url.path)
 

@@ -8,9 +8,9 @@ served model (vocabulary, positions, kind) cannot live in a schema; the app make
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from hotrod.generation.drafts import MAX_DRAFT_TOKENS
 
@@ -23,6 +23,14 @@ _SEED = Field(None, ge=0, le=2**63 - 1, description="Seed of the sampler, for re
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+    null_is_default: ClassVar[tuple[str, ...]] = ()  # fields whose null means "left out", as the API they copy has
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_left_out(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.null_is_default:
+            return {k: v for k, v in data.items() if not (v is None and k in cls.null_is_default)}
+        return data
 
 
 class Speculate(_Request):
@@ -106,8 +114,11 @@ class StreamOptions(_Request):
 
 class CompletionRequest(_Request):
     """OpenAI's legacy completions request, for one prompt (forced_bos_token_id, target_language and
-    no_repeat_ngram_size are hotrod's own: the client's `extra_body`)."""
+    no_repeat_ngram_size are hotrod's own: the client's `extra_body`). OpenAI's fields hotrod does not run are
+    taken at the values that change nothing (which clients such as LangChain's send on every call), and any
+    other value is refused by name (`completions.check_neutral`)."""
 
+    null_is_default = ("max_tokens", "n", "stream", "echo")
     model: str | None = _MODEL
     prompt: str | list[int]
     max_tokens: int = Field(16, ge=1)
@@ -126,6 +137,11 @@ class CompletionRequest(_Request):
     forced_bos_token_id: int | None = _FORCED_BOS
     target_language: str | None = _TARGET_LANGUAGE
     user: str | None = None
+    best_of: int | None = Field(None, description="Only n (each choice is its own sample).")
+    presence_penalty: float | None = Field(None, description="Only 0.")
+    frequency_penalty: float | None = Field(None, description="Only 0.")
+    logit_bias: dict[str, float] | None = Field(None, description="Only empty.")
+    suffix: str | None = Field(None, description="Only empty.")
 
 
 class EmbeddingsRequest(_Request):
@@ -134,6 +150,7 @@ class EmbeddingsRequest(_Request):
     each vector's little-endian float32 bytes, base64-encoded. `prompt_name` and `truncate` are hotrod's own
     (the client's `extra_body`)."""
 
+    null_is_default = ("encoding_format", "dimensions", "user")
     model: str | None = _MODEL
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
