@@ -15,7 +15,7 @@ from tests.serve.test_app import events
 
 @pytest.fixture
 def client(gpt):
-    with TestClient(create_app({"gpt": gpt}, ServeLimits(max_new_tokens_limit=40))) as client:
+    with TestClient(create_app({"gpt": gpt}, ServeLimits(max_new_tokens_limit=40, max_batch_inputs=40))) as client:
         yield client
 
 
@@ -187,3 +187,37 @@ def test_openai_fields_at_values_that_change_nothing_are_taken(client, gpt):
     assert default["usage"]["completion_tokens"] == 16  # OpenAI's default, as when left out
     two = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "n": 2, "best_of": 2}).json()
     assert len(two["choices"]) == 2
+
+
+def test_a_list_of_prompts_answers_each_as_alone(client, gpt):
+    """OpenAI's batched prompt (LangChain's OpenAI LLM sends a list; lm-eval's batches): texts or token-id
+    rows, choice i * n + j the j-th of prompt i, each as that prompt alone would get it."""
+    prompts = ["hi", "yo there"]
+    body = {"prompt": prompts, "max_tokens": 3, "n": 2, "seed": 3, "temperature": 0.5, "echo": True}
+    answer = client.post("/v1/completions", json=body).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+    for i, prompt in enumerate(prompts):
+        alone = client.post("/v1/completions", json={**body, "prompt": prompt}).json()["choices"]
+        assert [c["text"] for c in answer["choices"][2 * i:2 * i + 2]] == [c["text"] for c in alone]
+        assert alone[0]["text"].startswith(prompt)
+    assert [p.seed for _, p in gpt.submitted[:4]] == [3, 4, 3, 4]
+    assert answer["usage"]["prompt_tokens"] == sum(len(gpt.encode(p)) for p in prompts)
+    assert answer["usage"]["completion_tokens"] == 12
+    rows = [gpt.encode(p) for p in prompts]
+    by_ids = client.post("/v1/completions", json={"prompt": rows, "max_tokens": 3}).json()["choices"]
+    assert [c["text"] for c in by_ids] == [_text(gpt, p, 3) for p in prompts]
+    chunks = _streamed(client, {"prompt": prompts, "max_tokens": 3})
+    for index, prompt in enumerate(prompts):
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == index) == \
+            _text(gpt, prompt, 3)
+
+
+@pytest.mark.parametrize("prompt, words", [
+    ([], "prompt: the list is empty"),
+    (["hi", ""], "prompt[1]"),
+    (["hi"] * 41, "41 prompts of n=1 choices make 41; this server takes at most 40"),
+])
+def test_a_bad_list_of_prompts_is_refused_naming_it(client, gpt, prompt, words):
+    answer = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert answer.status_code == 400 and words in answer.json()["error"]["message"], answer.text
+    assert answer.json()["error"]["param"] == "prompt" and not gpt.submitted

@@ -1,4 +1,4 @@
-"""OpenAI's completions endpoint: `n` choices of one prompt, with `stop`, `logprobs`, `echo`, `seed` and
+"""OpenAI's completions endpoint: `n` choices of a prompt (or of each of a list), with `stop`, `logprobs`, `echo`, `seed` and
 streaming (`stream_options.include_usage` adds a last chunk with the usage, as OpenAI's API does).
 
 Each choice is a request of its own to the worker (choice i of a seeded request samples with seed + i,
@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from hotrod.serve.checks import forced_bos, new_tokens, prompt_lookup, token_ids
+from hotrod.serve.checks import forced_bos, new_tokens, prompt_lookup, token_rows
 from hotrod.serve.choices import Choice, Logprobs
 from hotrod.serve.endpoints import GENERATORS, STREAMED, json_response, sampling, usage
 from hotrod.serve.http_errors import (
@@ -35,7 +35,7 @@ Piece = tuple[str, Logprobs | None, str | None]  # text, its tokens' logprobs, f
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAMED)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    """OpenAI's completions endpoint (legacy): `n` choices of one prompt, text or token ids."""
+    """OpenAI's completions endpoint (legacy): `n` choices of a prompt, text or token ids, or of each of a list."""
     worker, recorder = resolve(request, "completions", body.model, GENERATORS)
     check_neutral(body)
     stops = _stops(body.stop)
@@ -44,19 +44,24 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.echo and body.logprobs is not None:
         raise ApiError(400, "echo: not supported together with logprobs (the prompt is not scored)", "echo")
     forced = await forced_bos(request, worker, body)
-    prompt = await token_ids(request, worker, body.prompt, "prompt")
-    new = new_tokens(request, worker, prompt, body.max_tokens, "prompt", "max_tokens")
+    items = _prompts(request, body)
+    prompts = await token_rows(request, worker, items, "prompt",
+                               ["prompt" if len(items) == 1 else f"prompt[{i}]" for i in range(len(items))])
+    news = [new_tokens(request, worker, prompt, body.max_tokens, "prompt", "max_tokens") for prompt in prompts]
     lookup = prompt_lookup(worker, body.speculate, num_beams=1)
-    readers = _submit_all(request, worker, prompt, body, new, lookup, forced)
-    echo = (body.prompt if isinstance(body.prompt, str) else worker.decode(prompt)) if body.echo else ""
-    context = prompt_context(worker.decode, worker.info.kind, prompt)
-    choices = [Choice(worker.decode, stops, body.logprobs, len(echo), context) for _ in readers]
+    readers = _submit_all(request, worker, prompts, body, news, lookup, forced)
+    echoes = [(item if isinstance(item, str) else worker.decode(prompt)) if body.echo else ""
+              for item, prompt in zip(items, prompts) for _ in range(body.n)]  # choice i is of prompt i // n
+    contexts = [prompt_context(worker.decode, worker.info.kind, prompt) for prompt in prompts]
+    choices = [Choice(worker.decode, stops, body.logprobs, len(echo), contexts[i // body.n])
+               for i, echo in enumerate(echoes)]
     pieces = [_pieces(reader, choice) for reader, choice in zip(readers, choices)]
     head = {"id": f"cmpl-{request_id_of(request)}", "object": "text_completion", "created": int(time.time()),
             "model": recorder.model}
+    prompt_tokens = sum(map(len, prompts))
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return await _stream(readers, pieces, choices, recorder, head, echo, len(prompt), include_usage)
+        return await _stream(readers, pieces, choices, recorder, head, echoes, prompt_tokens, include_usage)
     try:
         texts = await asyncio.gather(*(_whole(p) for p in pieces))
     finally:
@@ -64,9 +69,24 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             reader.close()
     answers = [CompletionChoice(text=echo + text, index=i, finish_reason=finish,
                                 logprobs=c.logprobs.as_dict() if c.logprobs is not None else None)
-               for i, ((text, finish), c) in enumerate(zip(texts, choices))]
+               for i, ((text, finish), c, echo) in enumerate(zip(texts, choices, echoes))]
     return json_response(CompletionResponse(**head, choices=answers,
-                                            usage=usage(len(prompt), sum(c.tokens for c in choices))), recorder)
+                                            usage=usage(prompt_tokens, sum(c.tokens for c in choices))), recorder)
+
+
+def _prompts(request: Request, body: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts, as OpenAI reads `prompt`: a text, token ids, or a list of either (a batch, whose
+    prompt i has choices i * n .. i * n + n - 1); every choice is a request of its own, so a batch holds at
+    most the server's --max-batch-inputs of them."""
+    prompt = body.prompt
+    items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    if not items:
+        raise ApiError(400, "prompt: the list is empty", "prompt")
+    limit = request.app.state.limits.max_batch_inputs
+    if len(items) * body.n > limit:
+        raise ApiError(400, f"prompt: {len(items)} prompts of n={body.n} choices make {len(items) * body.n}; this "
+                            f"server takes at most {limit} per request (--max-batch-inputs)", "prompt")
+    return items  # type: ignore[return-value]
 
 
 def check_neutral(body: CompletionRequest) -> None:
@@ -90,14 +110,19 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
-def _submit_all(request: Request, worker: Worker, prompt: list[int], body: CompletionRequest,
-                new: int, lookup: int | None, forced: int | None) -> list[TicketReader]:
-    """One ticket per choice (choice i of a seeded request samples with seed + i)."""
-    params = [Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
-                     seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs, prompt_lookup=lookup,
-                     forced_bos_token_id=forced, no_repeat_ngram_size=body.no_repeat_ngram_size,
-                     **sampling(body.temperature, True)) for i in range(body.n)]
-    return submit_all(request, [functools.partial(worker.submit_generate, prompt, p) for p in params])
+def _submit_all(request: Request, worker: Worker, prompts: list[list[int]], body: CompletionRequest,
+                news: list[int], lookup: int | None, forced: int | None) -> list[TicketReader]:
+    """One ticket per choice of each prompt (a seeded prompt's choice i samples with seed + i, so that each
+    prompt of a batch answers as it would alone)."""
+    calls = []
+    for prompt, new in zip(prompts, news):
+        for i in range(body.n):
+            params = Params(max_new_tokens=new, top_p=1.0 if body.top_p is None else body.top_p,
+                            seed=None if body.seed is None else body.seed + i, logprobs=body.logprobs,
+                            prompt_lookup=lookup, forced_bos_token_id=forced,
+                            no_repeat_ngram_size=body.no_repeat_ngram_size, **sampling(body.temperature, True))
+            calls.append(functools.partial(worker.submit_generate, prompt, params))
+    return submit_all(request, calls)
 
 
 async def _pieces(reader: TicketReader, choice: Choice) -> AsyncIterator[Piece]:
@@ -137,7 +162,7 @@ async def _whole(pieces: AsyncIterator[Piece]) -> tuple[str, str | None]:
 
 
 async def _stream(readers: list[TicketReader], pieces: list[AsyncIterator[Piece]], choices: list[Choice],
-                  recorder: Recorder, head: dict[str, Any], echo: str, prompt_tokens: int,
+                  recorder: Recorder, head: dict[str, Any], echoes: list[str], prompt_tokens: int,
                   include_usage: bool) -> EventStream:
     """Chunks of every choice as they come. The first piece of each is awaited before the response
     starts, so a request that fails before its first token still gets a real status code."""
@@ -155,8 +180,9 @@ async def _stream(readers: list[TicketReader], pieces: list[AsyncIterator[Piece]
 
     async def events() -> AsyncIterator[str]:
         try:
-            for index in range(len(pieces)) if echo else ():
-                yield chunk(index, echo, None, None)
+            for index, echo in enumerate(echoes):
+                if echo:
+                    yield chunk(index, echo, None, None)
             async for index, (text, logprobs, finish) in _merged(firsts, pieces):
                 yield chunk(index, text, logprobs, finish)
             if include_usage:

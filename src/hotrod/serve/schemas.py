@@ -113,14 +113,15 @@ class StreamOptions(_Request):
 
 
 class CompletionRequest(_Request):
-    """OpenAI's legacy completions request, for one prompt (forced_bos_token_id, target_language and
+    """OpenAI's legacy completions request, for a prompt or a list of them (forced_bos_token_id, target_language and
     no_repeat_ngram_size are hotrod's own: the client's `extra_body`). OpenAI's fields hotrod does not run are
     taken at the values that change nothing (which clients such as LangChain's send on every call), and any
     other value is refused by name (`completions.check_neutral`)."""
 
     null_is_default = ("max_tokens", "n", "stream", "echo")
     model: str | None = _MODEL
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="A text or token ids; or a list of either, whose prompt i has choices i * n .. i * n + n - 1.")
     max_tokens: int = Field(16, ge=1)
     temperature: float | None = Field(None, ge=0, le=2, description="0 or absent: greedy; above 0: sampling.")
     top_p: float | None = Field(None, gt=0, le=1)
