@@ -91,14 +91,14 @@ class HotrodModel:
     # -- generation -----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs: Any) -> torch.LongTensor:
-        """Greedy, beam or sampled generation with transformers' arguments and output layout; hotrod's own
+    def generate(self, input_ids=None, generation_config=None, *, attention_mask=None, **kwargs: Any) -> torch.LongTensor:
+        """Greedy, beam or sampled generation with transformers' arguments (in its order: the prompt, then a
+        GenerationConfig; the mask by name) and output layout; hotrod's own
         `target_language=` ("fr_XX", "fr", "fra_Latn") is forced_bos_token_id by the tokenizer's language code."""
         if not self.spec.generates:
             raise HotrodError(f"this {self.config.model_type} model runs as an encoder ({self.task}); it has no "
                               "generate(): call it, or its task's method (embed(), classify(), ...)")
         input_ids = kwargs.pop("inputs", None) if input_ids is None else input_ids  # transformers' name for it
-        attention_mask, generation_config = gen_config.positional(attention_mask, generation_config)
         # The sequences go where the prompt came from, as transformers' (its prompt is on the model's device).
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else torch.device("cpu")
         return self._generate(token_ids(input_ids, self.dims), attention_mask, generation_config, kwargs).to(device)

@@ -217,8 +217,8 @@ def test_unsupported_generation_config_is_not_silently_ignored(zoo, tmp_path, se
 
 
 def test_a_generation_config_passed_second_is_the_config_as_in_transformers(zoo):
-    """transformers' generate(inputs, generation_config): a drop-in call with the config second (where
-    hotrod's own second argument is the mask) reads it as the config, and answers as transformers does."""
+    """transformers' generate(inputs, generation_config, ..., attention_mask=): the config second, the mask by
+    name; a mask given second is refused in one line saying so."""
     model = zoo.model("gpt2", "torch")
     ids = torch.tensor([[5, 6, 7, 8]])
     config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0)
@@ -226,3 +226,7 @@ def test_a_generation_config_passed_second_is_the_config_as_in_transformers(zoo)
     assert torch.equal(positional, model.generate(ids, generation_config=config))
     assert torch.equal(positional, zoo.reference("gpt2").generate(ids, config))
     assert positional.shape[1] == ids.shape[1] + 3
+    mask = torch.ones_like(ids)
+    assert torch.equal(model.generate(ids, config, attention_mask=mask), positional)  # the mask by name, as there
+    with pytest.raises(hotrod.HotrodError, match="got Tensor .*pass a mask as attention_mask="):
+        model.generate(ids, mask)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hotrod
-from tests.zoo import HEAD_CASES, prompt_batch
+from tests.zoo import HEAD_CASES, MNLI_CASES, prompt_batch
 
 FIELDS = {"text-classification": ("logits",), "token-classification": ("logits",),
           "question-answering": ("start_logits", "end_logits")}
@@ -57,6 +57,8 @@ def test_head_weights_under_a_config_naming_no_head_are_refused_not_dropped(zoo,
     with pytest.raises(hotrod.HotrodError, match=f"names no architectures.*--task.*{case.task}") as caught:
         hotrod.load(checkpoint, backend="torch")
     assert "\n" not in str(caught.value)
+    named = ("classification_head.dense.weight",) if head_case in MNLI_CASES else ("classifier.", "qa_outputs.")
+    assert any(name in str(caught.value) for name in named)  # as the checkpoint names them
     ids, mask = prompt_batch(case, (5, 3), seed=1)
     told = hotrod.load(checkpoint, backend="torch", task=case.task)
     ours = told(input_ids=ids, attention_mask=mask)

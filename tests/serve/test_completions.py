@@ -216,8 +216,19 @@ def test_a_list_of_prompts_answers_each_as_alone(client, gpt):
     ([], "prompt: the list is empty"),
     (["hi", ""], "prompt[1]"),
     (["hi"] * 41, "41 prompts of n=1 choices make 41; this server takes at most 40"),
+    (["hi", "x" * 63], "prompt[1]: the prompt's 63 tokens plus max_tokens=2 exceed"),
+    (["a", "b", None], "prompt[2]: Input should be a valid string"),  # the type its first items set
+    (["a", 5], "prompt[1]: Input should be a valid string"),
+    ([[5, 6], [7, "x"]], "prompt[1][1]: Input should be a valid integer"),
 ])
 def test_a_bad_list_of_prompts_is_refused_naming_it(client, gpt, prompt, words):
     answer = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
     assert answer.status_code == 400 and words in answer.json()["error"]["message"], answer.text
-    assert answer.json()["error"]["param"] == "prompt" and not gpt.submitted
+    assert answer.json()["error"]["param"].startswith("prompt") and not gpt.submitted
+
+
+def test_one_prompts_choices_are_bounded_by_n_alone(gpt):
+    """--max-batch-inputs bounds a list of prompts' choices; one prompt's n is OpenAI's field, up to 16."""
+    with TestClient(create_app({"gpt": gpt}, ServeLimits(max_batch_inputs=4))) as client:
+        answer = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "n": 16})
+        assert answer.status_code == 200 and len(answer.json()["choices"]) == 16

@@ -64,25 +64,36 @@ def test_too_many_dimensions_is_a_400_naming_the_field(served):
         client.embeddings.create(model="bert", input="hello", dimensions=33)
 
 
-def test_the_user_is_written_to_the_servers_console_log(served, capsys):
-    """`hotrod serve` puts hotrod's log lines beside uvicorn's, at its level (they had no handler, so the
-    `user` of an embeddings request was written nowhere)."""
+def test_the_user_is_written_to_the_servers_console_log(served, capsys, monkeypatch):
+    """`hotrod serve` puts hotrod's log lines beside uvicorn's, at its level, where nothing would write them
+    (the `user` of an embeddings request was written nowhere); a process whose logging is configured keeps it."""
     import logging
 
     from hotrod.serve import app
 
-    logger = logging.getLogger("hotrod.serve")
-    kept = logger.handlers[:], logger.level, logger.propagate
-    try:
-        logger.handlers[:] = []  # as in a fresh process (another test's server may have set one)
-        app._log_beside_uvicorn("info")
-        served[1].embeddings.create(model="bert", input="hello", user="alice-42")
-        assert "embeddings for user 'alice-42' on model bert" in capsys.readouterr().err
-        app._log_beside_uvicorn("info")  # a logger with a handler is left as is: one line, not two
-        served[1].embeddings.create(model="bert", input="hello", user="bob")
-        assert capsys.readouterr().err.count("'bob'") == 1
-    finally:
-        logger.handlers[:], logger.level, logger.propagate = kept
+    logger, root = logging.getLogger("hotrod.serve"), logging.getLogger()
+    monkeypatch.setattr(logger, "handlers", [])  # as in a fresh process: no handler anywhere (pytest's taken off)
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(logger, "level", logger.level)
+    app._log_beside_uvicorn("info")
+    served[1].embeddings.create(model="bert", input="hello", user="alice-42")
+    assert "embeddings for user 'alice-42' on model bert" in capsys.readouterr().err
+    app._log_beside_uvicorn("info")  # a handler already there: one line, not two
+    served[1].embeddings.create(model="bert", input="hello", user="bob")
+    assert capsys.readouterr().err.count("'bob'") == 1
+
+    class Kept(logging.Handler):
+        lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(root, "handlers", [Kept()])  # the caller's own logging (basicConfig, say)
+    app._log_beside_uvicorn("critical")
+    assert not logger.handlers
+    logger.error("to the caller's handler")
+    assert Kept.lines == ["to the caller's handler"]
 
 
 def test_nullable_fields_as_null_are_left_out(served):

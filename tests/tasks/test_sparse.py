@@ -289,6 +289,10 @@ def test_the_embed_sparse_route_answers_as_tei(encoders):
                 assert [e["index"] for e in plain[0]] == [e["index"] for e in sparse.entries(model.embed_sparse(
                     ["hello world"]))[0]]
                 assert client.post("/v1/generate", json={"text": "a"}).status_code == 400  # /v1 routes: still named
+            del workers["splade"]
+            with TestClient(create_app(workers | {"gpt2": FakeWorker(name="gpt2")}, ServeLimits())) as client:
+                none = client.post("/embed_sparse", json={"inputs": "hello world"}).json()
+                assert none["error"].startswith("/embed_sparse needs a sparse-embedding model; this server serves gpt")
         finally:
             for served in workers.values():
                 served.stop(drain=False)

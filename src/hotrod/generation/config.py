@@ -156,24 +156,16 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
     return values
 
 
-def positional(attention_mask: Any, generation_config: Any) -> tuple[Any, Any]:
-    """(mask, config) of a generate() call: transformers takes a GenerationConfig as its second positional
-    argument, where hotrod's is the mask, so one given there is the config (a drop-in call keeps working)."""
-    from transformers import GenerationConfig
-
-    if generation_config is None and isinstance(attention_mask, GenerationConfig):
-        return None, attention_mask
-    return attention_mask, generation_config
-
-
 def _check_user_config(config: Any) -> None:
     """A caller's generation_config is a GenerationConfig, as transformers takes it (a dict's settings would
     otherwise be read as nothing), and what hotrod returns regardless (a plain tensor, with a cache) is off."""
     from transformers import GenerationConfig
 
     if not isinstance(config, GenerationConfig):
-        raise HotrodError(f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}; "
-                          "pass settings as keyword arguments")
+        mask = " (generate()'s second argument, as transformers'; pass a mask as attention_mask=)" \
+            if hasattr(config, "shape") else ""
+        raise HotrodError(f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}"
+                          f"{mask}; pass settings as keyword arguments")
     for key, off in IGNORED.items():
         if getattr(config, key, None) not in (None, off):  # None: unset (transformers' default)
             raise HotrodError(f"the generation config sets {key}={getattr(config, key)!r}, which generate() does "

@@ -266,7 +266,8 @@ class BartLikeModel(nn.Module):
         """A ...ForConditionalGeneration checkpoint (or the bare model's: the head is then the embedding). A
         classifier's weights where the config names no head are refused (`hotrod.tasks.unnamed_heads`)."""
         if getattr(self, "unnamed_heads", None) is not None:
-            self.unnamed_heads.check({k.removeprefix(HEAD_PREFIX) for k in state_dict if k.startswith(HEAD_PREFIX)})
+            self.unnamed_heads.check({k.removeprefix(HEAD_PREFIX) for k in state_dict if k.startswith(HEAD_PREFIX)},
+                                     HEAD_PREFIX)
         state = strip_prefix(dict(state_dict), ("model.",))
         ties = self._ties()
         for source in dict.fromkeys(ties.values()):  # tied weights: whichever of them the checkpoint saved

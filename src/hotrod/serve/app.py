@@ -180,8 +180,9 @@ class _Server(uvicorn.Server):
 
 def _log_beside_uvicorn(level: str) -> None:
     """hotrod's own log lines (a model ready, an embeddings request's `user`, a request's failure under its id)
-    on the console as uvicorn writes its own, at the same level; a logger the caller configured is left as is."""
-    if log.handlers:
+    on the console as uvicorn writes its own, at the same level, where nothing would write them; a process
+    whose logging is configured (a handler on this logger or any above it, the root's included) keeps its own."""
+    if log.hasHandlers():
         return
     from uvicorn.config import LOG_LEVELS
     from uvicorn.logging import DefaultFormatter
@@ -190,7 +191,6 @@ def _log_beside_uvicorn(level: str) -> None:
     handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=None))
     log.addHandler(handler)
     log.setLevel(LOG_LEVELS.get(level, logging.INFO))
-    log.propagate = False
 
 
 def serve(workers: dict[str, Worker], limits: ServeLimits | None = None, host: str = "127.0.0.1",

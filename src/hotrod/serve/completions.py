@@ -45,9 +45,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, "echo: not supported together with logprobs (the prompt is not scored)", "echo")
     forced = await forced_bos(request, worker, body)
     items = _prompts(request, body)
-    prompts = await token_rows(request, worker, items, "prompt",
-                               ["prompt" if len(items) == 1 else f"prompt[{i}]" for i in range(len(items))])
-    news = [new_tokens(request, worker, prompt, body.max_tokens, "prompt", "max_tokens") for prompt in prompts]
+    wheres = ["prompt" if len(items) == 1 else f"prompt[{i}]" for i in range(len(items))]
+    prompts = await token_rows(request, worker, items, "prompt", wheres)
+    news = [new_tokens(request, worker, prompt, body.max_tokens, where, "max_tokens")
+            for prompt, where in zip(prompts, wheres)]
     lookup = prompt_lookup(worker, body.speculate, num_beams=1)
     readers = _submit_all(request, worker, prompts, body, news, lookup, forced)
     echoes = [(item if isinstance(item, str) else worker.decode(prompt)) if body.echo else ""
@@ -76,14 +77,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 def _prompts(request: Request, body: CompletionRequest) -> list[str | list[int]]:
     """The request's prompts, as OpenAI reads `prompt`: a text, token ids, or a list of either (a batch, whose
-    prompt i has choices i * n .. i * n + n - 1); every choice is a request of its own, so a batch holds at
-    most the server's --max-batch-inputs of them."""
+    prompt i has choices i * n .. i * n + n - 1); every choice is a request of its own, so a list of prompts
+    makes at most the server's --max-batch-inputs of them."""
     prompt = body.prompt
     items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
     if not items:
         raise ApiError(400, "prompt: the list is empty", "prompt")
     limit = request.app.state.limits.max_batch_inputs
-    if len(items) * body.n > limit:
+    if len(items) > 1 and len(items) * body.n > limit:  # one prompt's n is bounded by the schema alone
         raise ApiError(400, f"prompt: {len(items)} prompts of n={body.n} choices make {len(items) * body.n}; this "
                             f"server takes at most {limit} per request (--max-batch-inputs)", "prompt")
     return items  # type: ignore[return-value]

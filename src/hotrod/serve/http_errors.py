@@ -143,8 +143,8 @@ def _validation_error(exc: RequestValidationError) -> tuple[int, str, str | None
     """FastAPI's list of errors as (status, message naming the first offending field, that field): 422, as
     FastAPI and TEI answer, where the body parsed.
 
-    A union field (prompt: str | list[int]) reports one error per member; the deepest one of the first
-    field says most (`prompt[1]: Input should be a valid integer`).
+    A union field (prompt: str | list[int] | list[str]) reports errors per member; those of the member the value
+    came closest to say most (`_closest`: `prompt[2]: Input should be a valid string` for ["a", "b", null]).
     """
     errors = exc.errors()
     if not errors:
@@ -158,10 +158,29 @@ def _validation_error(exc: RequestValidationError) -> tuple[int, str, str | None
 
     field = next(iter(path(errors[0])), None)
     param = field if isinstance(field, str) else None
-    first = max((e for e in errors if next(iter(path(e)), None) == field), key=lambda e: len(path(e)))
+    first = _closest([e for e in errors if next(iter(path(e)), None) == field], path)
     where = (param or "body") + "".join(f"[{part}]" for part in path(first)[1:] if isinstance(part, int))
     message = "unknown field" if first.get("type") == "extra_forbidden" else first.get("msg", "invalid value")
     return 422, f"{where}: {message}", param
+
+
+def _closest(errors: list[Any], path: Any) -> Any:
+    """The error to name among one field's: with a union, of the member whose outer type the value has (its
+    errors lie inside it) and that has the fewest, the deepest and latest (["a", 5]: the first item set the
+    type, the second broke it); the deepest of all where none matched further than its type."""
+    members: dict[Any, list[Any]] = {}
+    for error in errors:
+        where = path(error)
+        if len(where) > 2 and isinstance(where[1], str):  # (field, member, inside...): the member's type matched
+            members.setdefault(where[1], []).append(error)
+    if not members:
+        return max(errors, key=lambda e: len(path(e)))
+
+    def place(error: Any) -> tuple[int, ...]:
+        return (len(path(error)), *(part for part in path(error) if isinstance(part, int)))
+
+    found = min(members.values(), key=lambda group: (len(group), tuple(-x for x in max(map(place, group)))))
+    return max(found, key=place)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -40,11 +40,8 @@ def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) ->
     """The served model a request names, refused (400, naming its task) unless `spec` runs on it
     (`hotrod.tasks.TaskSpec.refusal`). TEI's routes name none (TEI serves one model): there it is the one
     served model `spec` runs on, whatever else is served."""
-    if name is None and request.url.path in TEI_ROUTES:
-        fits = [served for served, worker in request.app.state.workers.items()
-                if spec.refusal(worker.info.task or worker.info.kind, len(worker.info.labels),
-                                names=worker.info.labels) is None]
-        name = fits[0] if len(fits) == 1 else None
+    if name is None and request.url.path in TEI_ROUTES and len(request.app.state.workers) > 1:
+        name = one_served(request, spec, "name it with the request's model field")
     worker, recorder = resolve(request, endpoint, name, ENCODERS)
     found = worker.info.task or worker.info.kind
     labels = len(worker.info.labels)
@@ -58,6 +55,24 @@ def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) ->
     if spec.fits is not None and not spec.fits(labels):
         raise ApiError(400, f"model: '{worker.info.name}' has {labels} labels; {route} needs {spec.needs}", "model")
     raise ApiError(400, f"model: '{worker.info.name}': {refusal}", "model")
+
+
+def one_served(request: Request, spec: Any, choose: str) -> str:
+    """The one served model `spec` runs on, for TEI's routes (TEI serves one model, so its clients name none);
+    none, or several, is a 400 saying which are served (`choose`: how to name one)."""
+    workers = request.app.state.workers
+    fits = [name for name, worker in workers.items()
+            if spec.refusal(worker.info.task or worker.info.kind, len(worker.info.labels),
+                            names=worker.info.labels) is None]
+    wanted = f"{spec.base} model" + (f" fit for {spec.name}: {spec.needs}" if spec.variant_of else "")
+    if not fits:
+        served = ", ".join(f"{name} ({worker.info.task or worker.info.kind}, {len(worker.info.labels)} labels)"
+                           for name, worker in workers.items())
+        raise ApiError(400, f"{request.url.path} needs a {wanted}; this server serves {served}")
+    if len(fits) > 1:
+        raise ApiError(400, f"{request.url.path} serves one {wanted}, and several are served ({', '.join(fits)}); "
+                            f"{choose}")
+    return fits[0]
 
 
 def check_count(request: Request, count: int, param: str, most: int | None = None) -> None:

@@ -39,19 +39,8 @@ Item = str | list[str]  # one text, or a [text, text_pair]
 
 def served_head(request: Request, endpoint: str, task: str) -> tuple[Worker, Any]:
     """The one served model that `task` (classification, or its reranking variant) runs on, as TEI serves one."""
-    workers = request.app.state.workers
-    spec = tasks.get(task)
-    fits = [name for name, worker in workers.items()
-            if spec.refusal(worker.info.task, len(worker.info.labels), names=worker.info.labels) is None]
-    wanted = f"{spec.base} model" + (f" fit for {spec.name}: {spec.needs}" if spec.variant_of else "")
-    if not fits:
-        served = ", ".join(f"{name} ({worker.info.task or worker.info.kind}, {len(worker.info.labels)} labels)"
-                           for name, worker in workers.items())
-        raise ApiError(400, f"{request.url.path} needs a {wanted}; this server serves {served}")
-    if len(fits) > 1:
-        raise ApiError(400, f"{request.url.path} serves one {wanted}, and several are served ({', '.join(fits)}); "
-                            f"name one with {_NAMED[endpoint]}")
-    return resolve(request, endpoint if endpoint == "predict" else "tei_rerank", fits[0], ENCODERS)
+    name = task_calls.one_served(request, tasks.get(task), f"name one with {_NAMED[endpoint]}")
+    return resolve(request, endpoint if endpoint == "predict" else "tei_rerank", name, ENCODERS)
 
 
 def predict_items(inputs: str | list[str] | list[list[str]]) -> tuple[list[Item], bool]:

@@ -305,11 +305,12 @@ class UnnamedHeads:
     bare: str
     heads: dict[str, frozenset[str]]
 
-    def check(self, unused: set[str]) -> None:
-        """Refuse, in one line, unused tensors that hold the whole of a head this config does not name."""
+    def check(self, unused: set[str], prefix: str = "") -> None:
+        """Refuse, in one line, unused tensors that hold the whole of a head this config does not name (`unused`
+        named as the head names them; `prefix`: where the checkpoint keeps them, for the message)."""
         tasks = [task for task, names in self.heads.items() if names and names <= unused]
         if tasks:
-            shown = sorted(frozenset.intersection(*(self.heads[t] for t in tasks)))  # what they share
+            shown = [prefix + name for name in sorted(frozenset.intersection(*(self.heads[t] for t in tasks)))]
             raise HotrodError(
                 f"the checkpoint holds the weights of a head ({', '.join(shown[:4])}{' ...' if len(shown) > 4 else ''})"
                 f" but its config names no architectures, so the head would be dropped: pass --task (task=) "
