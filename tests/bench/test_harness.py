@@ -25,7 +25,8 @@ def short_settle(monkeypatch):
 
 def sweep(zoo, name: str, out, *args: str) -> dict:
     """One small `hotrod bench` sweep on a zoo checkpoint; returns results.json."""
-    argv = ["bench", str(zoo.checkpoint(name)), "--new-tokens", "2", "--runs", "2", "--out", str(out), *args]
+    tokens = [] if name == "bert" else ["--new-tokens", "2"]  # an encoder's sweep refuses --new-tokens
+    argv = ["bench", str(zoo.checkpoint(name)), *tokens, "--runs", "2", "--out", str(out), *args]
     assert main(argv) == 0
     return json.loads((out / "results.json").read_text())
 
@@ -33,7 +34,8 @@ def sweep(zoo, name: str, out, *args: str) -> dict:
 @pytest.mark.parametrize("name", ["gpt2", "t5", "bert"])
 def test_sweep_writes_figures_and_report(zoo, tmp_path, capsys, no_floor_measurement, name):
     out = tmp_path / "bench"
-    args = ["bench", str(zoo.checkpoint(name)), "--batch", "1,2", "--seq", "4,8", "--new-tokens", "2",
+    args = ["bench", str(zoo.checkpoint(name)), "--batch", "1,2", "--seq", "4,8",
+            *([] if name == "bert" else ["--new-tokens", "2"]),
             "--precision", "fp32,int8", "--peers", "optimum,ctranslate2", "--runs", "2", "--out", str(out)]
     assert main(args) == 0
     assert "report:" in capsys.readouterr().out
@@ -73,11 +75,14 @@ def test_missing_peer_is_skipped_with_its_reason(monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["--seq", "200"], "longer than the model's 64 positions"),
-    (["--batch", "0"], "--batch values must be >= 1"),
+    (["--batch", "0"], "--batch values must be within 1..256, got 0"),
+    (["--batch", "1,257"], "--batch values must be within 1..256, got 257"),
     (["--precision", "fp8"], "unknown precision 'fp8'"),
     (["--peers", "tensorflow"], "unknown peer 'tensorflow'"),
     (["--workload", "W1"], "not both"),
-    (["--runs", "0"], "--runs must be >= 1"),
+    (["--runs", "0"], "--runs must be a whole number within 1..100, got 0"),
+    (["--runs", "1000000000"], "--runs must be a whole number within 1..100"),
+    (["--out", " "], "--out must name a folder"),
 ])
 def test_bad_bench_input_is_refused_before_any_run(zoo, tmp_path, capsys, no_floor_measurement, args, message):
     assert main(["bench", str(zoo.checkpoint("gpt2")), "--out", str(tmp_path / "b"), "--new-tokens", "2", *args]) == 1
@@ -187,3 +192,54 @@ def test_every_head_task_runs_both_sides_and_agrees(zoo, head):
     theirs = pytorch_runner(reference, case.kind, ids, mask, task=task)()
     ours = hotrod_runner(load(case.source, backend="torch"), ids, mask, task=task)()
     assert agreement(ours, theirs, case.kind, mask, task) == pytest.approx(1.0)
+
+
+def test_what_a_sweep_or_a_workload_does_not_take_is_refused(zoo, tmp_path, capsys, no_floor_measurement):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv, message in [
+        (["--workload", "W3", "--batch", "2"], "--batch applies to a model's sweep; a workload has its own shapes"),
+        (["--workload", "W3", "--new-tokens", "5"], "--new-tokens applies to a model's sweep"),
+        (["--workload", "W1,W99"], "unknown workload 'W99'"),  # before W1's checkpoint is built
+        ([str(zoo.checkpoint("bert")), "--new-tokens", "7"], "--new-tokens applies to language models"),
+        ([str(zoo.checkpoint("bert")), "--out", str(afile)], f"--out {afile} is a file, not a folder"),
+    ]:
+        assert main(["bench", *argv, "--out", str(tmp_path / "b")] if "--out" not in argv else ["bench", *argv]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("hotrod: error:") and message in err and "\n" not in err, (argv, err)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_head_checkpoints_sweep_runs_its_head(zoo, tmp_path, no_floor_measurement):
+    out = tmp_path / "bench"
+    assert main(["bench", str(zoo.checkpoint("bert-cls")), "--runs", "1", "--seq", "6", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())["results"][0]
+    assert result["case"]["task"] == "text-classification"
+    assert result["systems"]["hotrod fp32"]["agreement"] == 1.0  # the labels compared, as the head's bench says
+
+
+def test_a_run_cut_short_says_so_and_leaves_no_earlier_report(zoo, tmp_path, no_floor_measurement, monkeypatch):
+    out = tmp_path / "bench"
+    whole = sweep(zoo, "bert", out, "--seq", "4,6")
+    assert whole["planned"] == ["b1-s4", "b1-s6"] and whole["complete"] and (out / "report.md").exists()
+    real = harness._run_case
+
+    def cut(case, plan, result):
+        if case.name == "b1-s6":
+            raise KeyboardInterrupt
+        real(case, plan, result)
+
+    monkeypatch.setattr(harness, "_run_case", cut)
+    with pytest.raises(KeyboardInterrupt):
+        harness.run(harness.sweep_cases(str(zoo.checkpoint("bert")), [1], [4, 6], None), ["fp32"], [], 1, 1, out)
+    cut_short = json.loads((out / "results.json").read_text())
+    assert cut_short["planned"] == ["b1-s4", "b1-s6"] and not cut_short["complete"]
+    assert len(cut_short["results"]) == 1
+    assert not (out / "report.md").exists() and not (out / "speedup.png").exists()
+
+
+@pytest.mark.parametrize("samples, q, expected", [
+    (range(1, 7), 90, 6), (range(1, 11), 90, 9), (range(1, 6), 50, 3), (range(1, 27), 90, 24), ([7.0], 99, 7.0),
+])
+def test_percentiles_are_nearest_rank(samples, q, expected):
+    assert harness._percentile(list(samples), q) == expected

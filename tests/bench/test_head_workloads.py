@@ -137,3 +137,15 @@ def test_full_size_definitions():
     assert w6.lengths == (384,) and w6.batches == (1, 8) and w6.head == "question-answering"
     assert len(w7.lengths) == 100 and w7.head == "text-classification"
     assert all(32 <= n - w7.query - 3 <= 128 for n in w7.lengths)
+
+
+def test_a_workload_checkpoint_cut_short_is_built_again(tiny_workloads, tmp_path):
+    """transformers writes config.json before the weights: a build interrupted between them left a folder
+    that every later run failed to read; now builds go to a folder beside it, renamed into place whole."""
+    root = tmp_path / "cache" / "bench" / "checkpoints"
+    (root / "W6").mkdir(parents=True)
+    (root / "W6" / "config.json").write_text("{}")  # what an interrupted save leaves
+    path = workloads.checkpoint(harness.WORKLOADS["W6"], root)
+    assert path == root / "W6" and any(path.glob("*.safetensors"))
+    assert [p.name for p in root.iterdir()] == ["W6"]  # no partial folder left beside it
+    assert workloads.checkpoint(harness.WORKLOADS["W6"], root) == path  # built once

@@ -89,3 +89,14 @@ def test_show_and_forget(capsys):
     assert main(["tune", "--forget"]) == 0 and "record removed" in capsys.readouterr().out
     assert main(["tune", "--forget"]) == 0 and "no record" in capsys.readouterr().out
     assert tune.MARGIN > 1.0 and 0.0 < tune.ALPHA < 0.5 and 0.5 ** tune.MIN_RUNS < tune.ALPHA <= 0.5 ** (tune.MIN_RUNS - 1)
+
+
+def test_tune_and_profile_refuse_a_torch_engine_artifact(zoo, tmp_path, capsys):
+    """The torch engine runs none of onnxruntime's graphs: both commands say so (tune raised an AttributeError)."""
+    art = tmp_path / "engine"
+    assert main(["optimize", str(zoo.checkpoint("gpt2")), "--out", str(art), "--backend", "torch"]) == 0
+    capsys.readouterr()
+    for command in (["tune", str(art), "--runs", "7"], ["profile", str(art), "--runs", "1"]):
+        assert main([*command, "--length", "4", "--new-tokens", "2"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("hotrod: error:") and "torch engine artifact" in err and len(err.splitlines()) == 1

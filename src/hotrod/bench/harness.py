@@ -14,23 +14,27 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from hotrod import precisions
+from hotrod import precisions, tasks
 from hotrod.bench import peers as peer_systems
 from hotrod.bench.case import Case
 from hotrod.bench.device import check_device, gpu_figures, gpu_start, ort_has_cuda
 from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
+from hotrod.bench.ops import MAX_RUNS
 from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError, first_line
+from hotrod.files import write_whole
 from hotrod.kinds import spec as kind_spec
 from hotrod.options import PRECISIONS, check_choice
 from hotrod.runtime import kernel_choice
@@ -38,6 +42,8 @@ from hotrod.source import cache_dir, open_source
 from hotrod.timing import interleaved, synchronized
 
 PEERS = peer_systems.PEERS
+DEFAULT_NEW_TOKENS = 32
+REPORT_FILES = ("report.md", "speedup.png", "latency_vs_batch.png", "latency_vs_seq.png")  # `report`'s
 missing_peers = peer_systems.missing_peers
 
 
@@ -58,10 +64,11 @@ def portable_source(source: str) -> str:
 
 
 def workload_cases(ids: Sequence[str]) -> list[Case]:
+    unknown = [wid for wid in ids if wid not in WORKLOADS]
+    if unknown:  # before any workload's checkpoint is built
+        raise HotrodError(f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOADS)}")
     cases = []
     for wid in ids:
-        if wid not in WORKLOADS:
-            raise HotrodError(f"unknown workload {wid!r}; choose from {', '.join(WORKLOADS)}")
         w = WORKLOADS[wid]
         kind = {"generate": None, "forward": "encoder"}[w.task]
         source = str(checkpoint(w, cache_dir() / "bench" / "checkpoints"))
@@ -76,30 +83,60 @@ def workload_cases(ids: Sequence[str]) -> list[Case]:
     return cases
 
 
-def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_tokens: int) -> list[Case]:
-    """Every batch x sequence length on one model; an impossible shape is refused before any run."""
+MAX_BATCH = 256  # as `hotrod profile` bounds it: beyond, a sweep's inputs alone fill the memory
+
+
+def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_tokens: int | None) -> list[Case]:
+    """Every batch x sequence length on one model, with the head its checkpoint names (its task's `bench`
+    comparison); an impossible shape, or --new-tokens for a model that does not generate, is refused before
+    any run. `new_tokens` None: 32 for a language model."""
     src = open_source(source)
     dims = src.family.dims(src.config)
     kind = src.family.kind_of(src.config)  # a BART classifier runs as an encoder
     spec = kind_spec(kind)
-    for value, name in [(b, "--batch") for b in batches] + [(s, "--seq") for s in seqs]:
-        if value < 1:
-            raise HotrodError(f"{name} values must be >= 1, got {value}")
+    for value, name, high in [(b, "--batch", MAX_BATCH) for b in batches] + [(s, "--seq", None) for s in seqs]:
+        if value < 1 or (high is not None and value > high):
+            raise HotrodError(f"{name} values must be within 1..{high or 'the positions'}, got {value}")
+    if not spec.generates and new_tokens is not None:
+        raise HotrodError(f"--new-tokens applies to language models; {source} is a {kind} model")
+    new_tokens = DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
     if spec.generates and new_tokens < 1:
         raise HotrodError("--new-tokens must be >= 1 for a language model")
+    task = _head(src)
     limit = dims.max_positions
     for seq in seqs:
         if limit is not None and spec.needs_positions(seq, new_tokens) > limit:
             raise HotrodError(f"--seq {seq}{' + --new-tokens ' + str(new_tokens) if spec.room(new_tokens) else ''} "
                               f"is longer than the model's {limit} positions")
-    return [Case(f"b{b}-s{s}", str(src.path), kind, (s,) * b, new_tokens if spec.generates else 0)
+    return [Case(f"b{b}-s{s}", str(src.path), kind, (s,) * b, new_tokens if spec.generates else 0, task)
             for b in batches for s in seqs]
+
+
+def _head(src: Any) -> str | None:
+    """The head a swept checkpoint runs (None: its bare model), refused where the bench cannot compare it."""
+    task = tasks.task_of(src.config, src.family)
+    spec = tasks.get(task)
+    if spec.bare:
+        return None
+    if spec.bench is None:
+        raise HotrodError(f"hotrod bench has no comparison for a {task} head; time it with hotrod profile")
+    return task
+
+
+def check_out(out: str) -> Path:
+    """The results folder, refused before anything is measured: empty, or a file where a folder goes."""
+    if not out.strip():
+        raise HotrodError("--out must name a folder for results.json and report.md")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise HotrodError(f"--out {out} is a file, not a folder")
+    return path
 
 
 def check_options(precisions: Sequence[str], peers: Sequence[str], runs: int, device: str) -> None:
     """Refuses a bad option in one line before anything is built or loaded."""
-    if runs < 1:
-        raise HotrodError("--runs must be >= 1")
+    if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
+        raise HotrodError(f"--runs must be a whole number within 1..{MAX_RUNS}, got {runs!r}")
     for precision in precisions:
         check_choice("precision", precision, PRECISIONS)
     for peer in peers:
@@ -115,13 +152,16 @@ def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], 
     plan = _Plan(precisions, [p for p in peers if p not in skipped], runs, threads, device,
                  machine(threads, device=device), progress)
     out.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:  # an earlier run's report beside this run's results would read as one run
+        (out / name).unlink(missing_ok=True)
     results: list[Result] = []
+    planned = [case.name for case in cases]
     for case in cases:
         result = Result(case={**asdict(case), "source": portable_source(case.source), "device": device},
                         skipped=dict(skipped))
         _run_case(case, plan, result)
         results.append(result)
-        write_json(results, plan.machine, out)
+        write_json(results, plan.machine, out, planned)
     return results
 
 
@@ -298,9 +338,9 @@ def _floor(case: Case, precision: str, step: int, total: int, m: Machine) -> flo
 
 
 def _percentile(samples: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile: the least sample with at least q% of them at or below it."""
     ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def _rss() -> int:
@@ -314,13 +354,16 @@ def _rss() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def write_json(results: Sequence[Result], m: Machine, out: Path) -> Path:
-    path = out / "results.json"
+def write_json(results: Sequence[Result], m: Machine, out: Path, planned: Sequence[str] | None = None) -> Path:
+    """results.json, written whole after each case: `planned` names every case of the run and `complete` says
+    whether all are in, so a run cut short reads as such."""
+    planned = [r.case["name"] for r in results] if planned is None else list(planned)
     payload = {
         "machine": {**asdict(m), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__},
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "planned": planned,
+        "complete": len(results) == len(planned),
         "results": [asdict(r) for r in results],
     }
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
+    return write_whole(out / "results.json", json.dumps(payload, indent=2) + "\n")

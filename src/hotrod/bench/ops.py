@@ -29,6 +29,7 @@ import torch
 
 from hotrod import artifact as art
 from hotrod.bench.floor import machine
+from hotrod.build.static_engine import is_engine
 from hotrod.errors import HotrodError, check_number
 from hotrod.files import write_whole
 from hotrod.kinds import spec as kind_spec
@@ -134,6 +135,9 @@ def work_inputs(path: str | Path, batch: int, length: int, new_tokens: int, runs
     device = manifest["options"].get("device", "cpu")
     if device != "cpu":
         raise HotrodError(f"{what}; {artifact.path} was built for {device}")
+    if is_engine(manifest):
+        raise HotrodError(f"{what}; {artifact.path} is a torch engine artifact (--backend torch), which runs none "
+                          "of onnxruntime's graphs")
     ids = torch.randint(0, manifest["dims"]["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(0))
     return artifact, ids
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hotrod.bench.harness import Result
+from hotrod.files import write_whole
 from hotrod.kinds import spec as kind_spec
 
 
@@ -21,9 +23,7 @@ def write_report(results: Sequence[Result], out: Path) -> Path:
     for result in results:
         lines += _case_table(result)
     lines += [f"![{chart.stem}]({chart.name})" for chart in charts]
-    report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n")
-    return report
+    return write_whole(out / "report.md", "\n".join(lines) + "\n")
 
 
 def _case_table(result: Result) -> list[str]:
@@ -83,7 +83,8 @@ def _speedup_chart(plt, results: Sequence[Result], path: Path) -> Path:
     width = 0.8 / max(1, len(systems))
     for i, system in enumerate(systems):
         xs = [j + i * width for j in range(len(results))]
-        ax.bar(xs, [r.systems.get(system, {}).get("speedup", 0) for r in results], width, label=system)
+        # a system a case lacks (skipped there) draws no bar, never a 0x one
+        ax.bar(xs, [r.systems.get(system, {}).get("speedup", math.nan) for r in results], width, label=system)
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(results))],
                   [r.case["name"] for r in results])

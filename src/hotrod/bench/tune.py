@@ -64,10 +64,10 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
     the kernels whose absence was faster."""
     import hotrod
 
-    if runs < MIN_RUNS:
+    artifact, ids = work_inputs(path, batch, length, new_tokens, runs, "tune chooses among hotrod's CPU kernels")
+    if runs < MIN_RUNS:  # a whole number within bounds: `work_inputs` checked it
         raise HotrodError(f"tune needs at least {MIN_RUNS} runs: with fewer, no loss passes its sign test "
                           f"(p < {ALPHA}), got {runs}")
-    artifact, ids = work_inputs(path, batch, length, new_tokens, runs, "tune chooses among hotrod's CPU kernels")
     generates = kind_spec(artifact.manifest["kind"]).generates
     with kernel_choice.leaving_out(set()):
         models = {ALL: hotrod.load(artifact.path, device="cpu", threads=threads)}

@@ -10,6 +10,8 @@ told the same search explicitly (`hotrod.bench.case.Case.generate_kwargs`), sear
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,15 +172,24 @@ WORKLOADS: dict[str, Workload] = {
 
 
 def checkpoint(workload: Workload, root: Path | None = None) -> Path:
-    """The workload's seeded random checkpoint, built once and kept under the hotrod cache."""
+    """The workload's seeded random checkpoint, built once and kept under the hotrod cache: built in a folder
+    beside it and renamed into place when whole, so an interrupted build is built again, never read half."""
     root = root or cache_dir() / "workloads"
     path = root / workload.id
-    if not (path / "config.json").is_file():
-        torch.manual_seed(0)
-        model = workload.build().eval()
-        model.save_pretrained(path)
-        if workload.query:  # the reranking peers take text: a tokenizer over the bench's word vocabulary
-            from hotrod.bench.vocab import save_tokenizer
+    if path.is_dir() and not ((path / "config.json").is_file() and any(path.glob("*.safetensors"))):
+        shutil.rmtree(path)  # an earlier build cut short before this one renamed its folders into place
+    if not path.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(dir=root, prefix=f".{workload.id}-"))
+        try:
+            torch.manual_seed(0)
+            model = workload.build().eval()
+            model.save_pretrained(partial)
+            if workload.query:  # the reranking peers take text: a tokenizer over the bench's word vocabulary
+                from hotrod.bench.vocab import save_tokenizer
 
-            save_tokenizer(path, model.config.vocab_size, model.config.max_position_embeddings)
+                save_tokenizer(partial, model.config.vocab_size, model.config.max_position_embeddings)
+            partial.rename(path)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return path

@@ -11,7 +11,6 @@ import functools
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from hotrod import tasks
 from hotrod.errors import HotrodError
@@ -134,9 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time hotrod against PyTorch (and installed peers) against the hardware floor")
     p.add_argument("source", nargs="?", help="checkpoint or hub id for a batch x sequence sweep")
     p.add_argument("--workload", type=_names, default=None, help="comma-separated workload ids (W1-W4, W6, W7, W10, W11); need no model")
-    p.add_argument("--batch", type=_ints, default="1", help="comma-separated batch sizes for the sweep")
-    p.add_argument("--seq", type=_ints, default="32", help="comma-separated prompt lengths for the sweep")
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate per case (language models)")
+    p.add_argument("--batch", type=_ints, default=None, help="comma-separated batch sizes for the sweep (default 1)")
+    p.add_argument("--seq", type=_ints, default=None, help="comma-separated prompt lengths for the sweep (default 32)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens to generate per case of a language model's "
+                   "sweep (default 32)")
     p.add_argument("--precision", type=_names, default="fp32", help="comma-separated hotrod precisions to time")
     p.add_argument("--peers", type=_names, default="torch", help="comma-separated peers beside PyTorch eager: torch "
                    "(torch.compile), ctranslate2, llamacpp, openvino (in the environment HOTROD_OPENVINO_PYTHON "
@@ -349,13 +349,17 @@ def _bench(args) -> int:
     if bool(args.workload) == bool(args.source):
         raise HotrodError("give either a model to sweep or --workload W1,..., not both or neither")
     harness.check_options(args.precision, args.peers, args.runs, args.device)  # before any checkpoint is built
+    out = harness.check_out(args.out)
     if args.workload:
+        given = [flag for flag, value in (("--batch", args.batch), ("--seq", args.seq),
+                                          ("--new-tokens", args.new_tokens)) if value is not None]
+        if given:
+            raise HotrodError(f"{given[0]} applies to a model's sweep; a workload has its own shapes")
         cases = harness.workload_cases(args.workload)
     else:
-        cases = harness.sweep_cases(args.source, args.batch, args.seq, args.new_tokens)
+        cases = harness.sweep_cases(args.source, args.batch or [1], args.seq or [32], args.new_tokens)
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
-    out = Path(args.out)
     results = harness.run(cases, args.precision, args.peers, args.runs, threads, out, device=args.device)
     report = write_report(results, out)
     print(report.read_text())
