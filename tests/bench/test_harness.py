@@ -83,6 +83,7 @@ def test_missing_peer_is_skipped_with_its_reason(monkeypatch):
     (["--runs", "0"], "--runs must be a whole number within 1..100, got 0"),
     (["--runs", "1000000000"], "--runs must be a whole number within 1..100"),
     (["--out", " "], "--out must name a folder"),
+    (["--peers", "torch,infinity"], "--peers infinity times reranking (W7) only, and none of these cases reranks"),
 ])
 def test_bad_bench_input_is_refused_before_any_run(zoo, tmp_path, capsys, no_floor_measurement, args, message):
     assert main(["bench", str(zoo.checkpoint("gpt2")), "--out", str(tmp_path / "b"), "--new-tokens", "2", *args]) == 1

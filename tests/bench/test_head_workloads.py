@@ -103,11 +103,16 @@ def test_w7_times_infinity_in_its_own_environment(tiny_workloads, tmp_path):
     assert infinity["version"]
 
 
-def test_rerankers_skip_other_workloads_with_a_reason(tiny_workloads, tmp_path):
+def test_rerankers_skip_other_workloads_with_a_reason(tiny_workloads, tmp_path, capsys):
+    """Beside W7 a reranker is skipped on the other workloads, with its reason; with none that reranks, it is
+    refused before anything is built."""
     pytest.importorskip("sentence_transformers")
-    results = run_bench(tmp_path, "W6", "crossencoder")
+    results = run_bench(tmp_path, "W6,W7", "crossencoder")
     assert all(r["skipped"]["crossencoder"] == "crossencoder times cross-encoder reranking only (W7)"
-               for r in results)
+               for r in results if r["case"]["query"] is None)
+    assert any("crossencoder" in r["systems"] for r in results if r["case"]["query"])
+    assert main(["bench", "--workload", "W6", "--peers", "crossencoder", "--out", str(tmp_path / "b")]) == 1
+    assert "--peers crossencoder times reranking (W7) only" in capsys.readouterr().err
 
 
 def test_w7_rows_come_back_as_the_same_text(tiny_workloads):

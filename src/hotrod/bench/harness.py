@@ -148,6 +148,9 @@ def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], 
         out: Path, progress: bool = True, device: str = "cpu") -> list[Result]:
     """Time every case on every system; writes `out`/results.json after each case."""
     check_options(precisions, peers, runs, device)
+    idle = [peer for peer in peers if peer in peer_systems.RERANKERS] if not any(c.query for c in cases) else []
+    if idle:  # a reranker beside some cases that rerank is skipped on the others, with its reason
+        raise HotrodError(f"--peers {idle[0]} times reranking (W7) only, and none of these cases reranks")
     skipped = missing_peers(peers, device)
     plan = _Plan(precisions, [p for p in peers if p not in skipped], runs, threads, device,
                  machine(threads, device=device), progress)
