@@ -84,6 +84,8 @@ def test_missing_peer_is_skipped_with_its_reason(monkeypatch):
     (["--runs", "1000000000"], "--runs must be a whole number within 1..100"),
     (["--out", " "], "--out must name a folder"),
     (["--peers", "torch,infinity"], "--peers infinity times reranking (W7) only, and none of these cases reranks"),
+    (["--precision", "fp32,int8,fp32"], "--precision names fp32 twice"),
+    (["--batch", "1,2,1"], "--batch names 1 twice"),
 ])
 def test_bad_bench_input_is_refused_before_any_run(zoo, tmp_path, capsys, no_floor_measurement, args, message):
     assert main(["bench", str(zoo.checkpoint("gpt2")), "--out", str(tmp_path / "b"), "--new-tokens", "2", *args]) == 1
@@ -205,6 +207,7 @@ def test_what_a_sweep_or_a_workload_does_not_take_is_refused(zoo, tmp_path, caps
         ([str(zoo.checkpoint("bert")), "--new-tokens", "7"], "--new-tokens applies to language models"),
         ([str(zoo.checkpoint("bert")), "--out", str(afile)], f"--out {afile} is a file, not a folder"),
     ]:
+        capsys.readouterr()  # the checkpoint's build (its progress bar) is no part of the answer
         assert main(["bench", *argv, "--out", str(tmp_path / "b")] if "--out" not in argv else ["bench", *argv]) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith("hotrod: error:") and message in err and "\n" not in err, (argv, err)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,7 @@ def test_tune_times_each_kernel_the_artifact_uses_and_records_the_choice(int8_be
         timing = KernelTiming(name, figures["with_ms"], figures["without_ms"], figures["speedup"],
                               figures["rounds_faster_without"], figures["runs"])
         assert (name in body["left_out"]) is timing.left_out and figures["runs"] == tune.MIN_RUNS
+        assert figures["threads"] == 1 and figures["artifact"] == str(Path(int8_bert).resolve())
         assert f"  {name} " in out
     assert f"record: {kernel_choice.record_path()}" in out
 

@@ -97,6 +97,8 @@ def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_to
     for value, name, high in [(b, "--batch", MAX_BATCH) for b in batches] + [(s, "--seq", None) for s in seqs]:
         if value < 1 or (high is not None and value > high):
             raise HotrodError(f"{name} values must be within 1..{high or 'the positions'}, got {value}")
+    _check_once("--batch", list(batches))
+    _check_once("--seq", list(seqs))
     if not spec.generates and new_tokens is not None:
         raise HotrodError(f"--new-tokens applies to language models; {source} is a {kind} model")
     new_tokens = DEFAULT_NEW_TOKENS if new_tokens is None else new_tokens
@@ -123,6 +125,13 @@ def _head(src: Any) -> str | None:
     return task
 
 
+def _check_once(flag: str, values: Sequence[Any]) -> None:
+    """A list option names each value once: a repeat would time one system (or case) as two."""
+    repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if repeated is not None:
+        raise HotrodError(f"{flag} names {repeated} twice")
+
+
 def check_out(out: str) -> Path:
     """The results folder, refused before anything is measured: empty, or a file where a folder goes."""
     if not out.strip():
@@ -141,6 +150,8 @@ def check_options(precisions: Sequence[str], peers: Sequence[str], runs: int, de
         check_choice("precision", precision, PRECISIONS)
     for peer in peers:
         check_choice("peer", peer, PEERS)
+    _check_once("--precision", precisions)
+    _check_once("--peers", peers)
     check_device(device)
 
 

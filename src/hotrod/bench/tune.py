@@ -24,6 +24,7 @@ from hotrod.bench.ops import time_work, work_inputs
 from hotrod.errors import HotrodError
 from hotrod.kinds import spec as kind_spec
 from hotrod.runtime import kernel_choice
+from hotrod.runtime.base import cpu_threads
 from hotrod.timing import interleaved
 
 ALL = "every kernel"
@@ -91,8 +92,8 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
     timings = [KernelTiming(name, medians[ALL], medians[name], statistics.median(ratios[name]),
                             sum(r < 1.0 for r in ratios[name]), runs) for name in used]
     measured = {t.kernel: {"with_ms": t.with_ms, "without_ms": t.without_ms, "speedup": t.speedup,
-                           "rounds_faster_without": t.lost, "artifact": str(artifact.path), "runs": runs,
-                           "threads": threads} for t in timings}
+                           "rounds_faster_without": t.lost, "artifact": str(Path(artifact.path).resolve()),
+                           "runs": runs, "threads": cpu_threads(threads)} for t in timings}  # as measured
     # kernels this artifact could not measure keep their choice
     path, chosen = kernel_choice.record({t.kernel: t.left_out for t in timings}, measured)
     return Tuning(timings, chosen, path)
