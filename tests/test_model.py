@@ -196,6 +196,8 @@ def test_long_text_is_truncated_to_the_positions(zoo, backend):
     (dict(static=True), "static applies to the torch backend's engine, not to onnxruntime"),
     (dict(threads=1.5), "threads must be an integer >= 0, got 1.5"),
     (dict(threads=100000), "threads must be at most 256"),
+    (dict(profile="no"), "profile must be true or false, got 'no'"),
+    (dict(static="yes", backend="torch"), "static must be true or false, got 'yes'"),
 ])
 def test_load_options_that_would_change_nothing_or_fail_later_are_refused(zoo, kwargs, message):
     with pytest.raises(hotrod.HotrodError, match=message):

@@ -33,6 +33,13 @@ def check_number(name: str, value: float, low: float | None = None, high: float 
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    """`value` when it is True or False, else one line: a string such as "no" would read as true."""
+    if not isinstance(value, bool):
+        raise HotrodError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     """`value` when it is one of `choices`, else one line that lists them."""
     if value not in choices:

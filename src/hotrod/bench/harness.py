@@ -30,7 +30,7 @@ from hotrod.bench import peers as peer_systems
 from hotrod.bench.case import Case
 from hotrod.bench.device import check_device, gpu_figures, gpu_start, ort_has_cuda
 from hotrod.bench.floor import Machine, forward_floor, generation_floor, machine, matmul_params
-from hotrod.bench.ops import MAX_RUNS
+from hotrod.bench.ops import MAX_BATCH, MAX_RUNS
 from hotrod.bench.runners import System, agreement, dir_size, hotrod_runner, pytorch_model, pytorch_runner
 from hotrod.bench.workloads import WORKLOADS, checkpoint
 from hotrod.errors import HotrodError, first_line
@@ -81,9 +81,6 @@ def workload_cases(ids: Sequence[str]) -> list[Case]:
         cases += [Case(name, source, kind, lengths, w.new_tokens, w.head, w.query, beams)
                   for name, lengths, beams in shapes]
     return cases
-
-
-MAX_BATCH = 256  # as `hotrod profile` bounds it: beyond, a sweep's inputs alone fill the memory
 
 
 def sweep_cases(source: str, batches: Sequence[int], seqs: Sequence[int], new_tokens: int | None) -> list[Case]:

@@ -40,6 +40,7 @@ from hotrod.runtime.base import cpu_threads
 MATRIX_OPS = {"MatMul": 1, "Gemm": 1, "MatMulInteger": 1, "DynamicQuantizeMatMul": 1, "MatMulIntegerToFloat": 1,
               "MatMulNBits": 1, "QLinearMatMul": 3, "QGemm": 3, "FusedMatMul": 1}
 MAX_RUNS = 100
+MAX_BATCH = 256  # rows of one run's work: beyond, its inputs alone fill the memory
 MAX_TOKENS = 4096
 
 
@@ -125,7 +126,7 @@ def work_inputs(path: str | Path, batch: int, length: int, new_tokens: int, runs
                 what: str) -> tuple[art.Artifact, torch.Tensor]:
     """The CPU artifact at `path` and `batch` x `length` seeded token ids for its work, the figures checked;
     `what` says why another device's artifact is refused."""
-    for name, value, high in (("batch", batch, 256), ("length", length, MAX_TOKENS),
+    for name, value, high in (("batch", batch, MAX_BATCH), ("length", length, MAX_TOKENS),
                               ("new tokens", new_tokens, MAX_TOKENS), ("runs", runs, MAX_RUNS)):
         check_number(name, value, 1, high)
         if not isinstance(value, int):

@@ -17,7 +17,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from hotrod.errors import HotrodError, check_number
+from hotrod.errors import HotrodError, check_bool, check_number
 
 MAX_NEW_TOKENS_CAP = 1 << 16  # beyond this a request is a mistake, not a workload
 DEFAULT_NEW_TOKENS = 20
@@ -228,7 +228,7 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         prompt_length=prompt_length,
         min_length=min_length,
         num_beams=_check_int("num_beams", values["num_beams"], 1),
-        do_sample=_check_bool("do_sample", values["do_sample"]),
+        do_sample=check_bool("do_sample", values["do_sample"]),
         temperature=float(check_number("temperature", values["temperature"])),
         top_k=_check_int("top_k", values["top_k"], 0),
         top_p=float(check_number("top_p", values["top_p"])),
@@ -321,12 +321,6 @@ def check_temperature(temperature: float) -> float:
         raise HotrodError(f"temperature must be at least {MIN_TEMPERATURE:g} when sampling, got {temperature:g}; "
                           "for the most likely tokens, decode greedily (do_sample=False)")
     return temperature
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):  # a string such as "no" would read as true
-        raise HotrodError(f"{name} must be true or false, got {value!r}")
-    return value
 
 
 def _is_integer(value: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from hotrod.contracts import GraphIO
-from hotrod.errors import HotrodError, check_count
+from hotrod.errors import HotrodError, check_bool, check_count
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class RuntimeOptions:
 
     def __post_init__(self):
         check_threads(self.threads)
-        for name, value, allowed in (("static", self.static, (True, False, None)), ("profile", self.profile, (True, False))):
-            if not any(value is a for a in allowed):  # "no" would read as true
-                raise HotrodError(f"{name} must be true or false, got {value!r}")
+        if self.static is not None:
+            check_bool("static", self.static)
+        check_bool("profile", self.profile)
         if self.static is not None and self.backend != "torch":  # the static engine is the torch backend's
             raise HotrodError(f"static applies to the torch backend's engine, not to {self.backend}")
         if self.profile and self.backend != "onnxruntime":
