@@ -46,7 +46,7 @@ def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) ->
     found = worker.info.task or worker.info.kind
     labels = len(worker.info.labels)
     route = request.url.path
-    refusal = spec.refusal(found, labels, call=route, names=worker.info.labels)
+    refusal = _refusal(spec, worker, route)
     if refusal is None:
         return worker, recorder
     if found != spec.base:
@@ -57,13 +57,17 @@ def task_worker(request: Request, spec: Any, endpoint: str, name: str | None) ->
     raise ApiError(400, f"model: '{worker.info.name}': {refusal}", "model")
 
 
+def _refusal(spec: Any, worker: Worker, call: str | None = None) -> str | None:
+    """Why `spec` does not run on the served model (its task, else its kind; its labels), or None."""
+    return spec.refusal(worker.info.task or worker.info.kind, len(worker.info.labels), call=call,
+                        names=worker.info.labels)
+
+
 def one_served(request: Request, spec: Any, choose: str) -> str:
     """The one served model `spec` runs on, for TEI's routes (TEI serves one model, so its clients name none);
     none, or several, is a 400 saying which are served (`choose`: how to name one)."""
     workers = request.app.state.workers
-    fits = [name for name, worker in workers.items()
-            if spec.refusal(worker.info.task or worker.info.kind, len(worker.info.labels),
-                            names=worker.info.labels) is None]
+    fits = [name for name, worker in workers.items() if _refusal(spec, worker) is None]
     wanted = f"{spec.base} model" + (f" fit for {spec.name}: {spec.needs}" if spec.variant_of else "")
     if not fits:
         served = ", ".join(f"{name} ({worker.info.task or worker.info.kind}, {len(worker.info.labels)} labels)"
