@@ -232,3 +232,21 @@ def test_one_prompts_choices_are_bounded_by_n_alone(gpt):
     with TestClient(create_app({"gpt": gpt}, ServeLimits(max_batch_inputs=4))) as client:
         answer = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "n": 16})
         assert answer.status_code == 200 and len(answer.json()["choices"]) == 16
+
+
+def test_the_official_client_batches_retrieves_and_reads_refusals_as_bad_requests(client, gpt):
+    """The `openai` client itself, with its defaults: a list of prompts with the neutral fields LangChain
+    sends, models.retrieve, and an invalid field raised as BadRequestError (a 422 was another exception)."""
+    openai = pytest.importorskip("openai")
+    api = openai.OpenAI(api_key="unused", base_url="http://testserver/v1", http_client=client)
+    answer = api.completions.create(model="gpt", prompt=["hi", "yo there"], max_tokens=3, presence_penalty=0,
+                                    frequency_penalty=0, best_of=1, logit_bias={})
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert [c.text for c in answer.choices] == [_text(gpt, "hi", 3), _text(gpt, "yo there", 3)]
+    assert api.models.retrieve("gpt").id == "gpt"
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        api.completions.create(model="gpt", prompt="hi", temperature=5)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty: 0.5 is not supported"):
+        api.completions.create(model="gpt", prompt="hi", presence_penalty=0.5)
+    with pytest.raises(openai.NotFoundError, match="'nope' is not served"):
+        api.models.retrieve("nope")
