@@ -278,6 +278,15 @@ def test_unknown_routes_answer_in_the_error_shape(client):
     assert client.get("/v1/generate").status_code == 405
 
 
+def test_a_model_of_the_wrong_kind_is_refused_naming_the_route(gpt):
+    with TestClient(create_app({"gpt": gpt})) as client:
+        for path, body in (("/tokenize", {"inputs": "hi"}), ("/decode", {"ids": [1]}), ("/v1/embed", {"texts": ["hi"]})):
+            response = client.post(path, json=body)
+            message = response.json()["error"]
+            message = message if isinstance(message, str) else message["message"]
+            assert response.status_code == 400 and f"{path} needs one of kind encoder" in message, response.text
+
+
 def test_shutting_down_gives_503(client, gpt):
     with gpt._lock:
         gpt._accepting = False  # the worker refuses (ShuttingDown) though it still says ready

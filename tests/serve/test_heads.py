@@ -261,6 +261,22 @@ def test_tei_routes_need_one_model_of_their_task(serve, zoo, classifier, reranke
     tei_error(two.post("/predict", json={"inputs": "hello"}), 400, "several", "/v1/classify")
 
 
+
+def test_tei_info_describes_the_one_model(serve, zoo, classifier, reranker):
+    info = serve({"cls": classifier}).get("/info").json()
+    labels = [classifier.labels[i] for i in sorted(classifier.labels)]
+    assert info["model_type"] == {"classifier": {"id2label": {str(i): label for i, label in enumerate(labels)},
+                                                 "label2id": {label: i for i, label in enumerate(labels)}}}
+    assert (info["model_id"], info["model_dtype"], info["auto_truncate"]) == ("cls", "fp32", False)
+    assert info["max_client_batch_size"] == ServeLimits().max_batch_inputs
+    assert (info["max_batch_requests"], info["max_concurrent_requests"]) == (OPTIONS.max_batch_size, OPTIONS.max_queue)
+    assert info["max_input_length"] == classifier.dims.max_positions
+    assert info["max_batch_tokens"] == OPTIONS.max_batch_size * info["max_input_length"]
+    assert list(serve({"rank": reranker}).get("/info").json()["model_type"]) == ["reranker"]
+    tei_error(serve({"bert": zoo.model("bert", "torch"), "cls": classifier}).get("/info"), 400, "several", "bert",
+              "cls", "/v1/models")
+    tei_error(serve({"gpt": zoo.model("gpt2", "torch")}).get("/info"), 400, "none", "gpt")
+
 # -- the worker: rows of concurrent requests share one model call ----------------------------------------
 
 def test_concurrent_requests_rows_share_one_model_call(started, reranker, classifier, monkeypatch):

@@ -123,6 +123,19 @@ def test_tei_embed_all_and_tokenize(client, source):
         text.replace(" ", "")
 
 
+
+def test_tei_decode_and_info(client, source):
+    model = hotrod.load(source, backend="torch")
+    rows = model.tokenizer(TEXTS)["input_ids"]
+    assert client.post("/decode", json={"ids": rows}).json() == model.tokenizer.batch_decode(rows,
+                                                                                             skip_special_tokens=True)
+    kept = client.post("/decode", json={"ids": rows[0], "skip_special_tokens": False}).json()
+    assert kept == [model.tokenizer.decode(rows[0])] and kept[0].startswith("[CLS]")
+    assert client.post("/decode", json={"ids": []}).json() == [""]
+    info = client.get("/info").json()
+    assert info["model_type"] == {"embedding": {"pooling": "cls"}} and info["model_id"] == "st"
+    assert info["max_input_length"] == 32  # the checkpoint's max_seq_length, below its positions
+
 @pytest.mark.parametrize("path, body, field", [
     ("/v1/embeddings", {"input": TEXTS, "prompt_name": "nope"}, "prompt_name"),
     ("/embed", {"inputs": TEXTS, "prompt_name": "nope"}, "prompt_name"),
@@ -135,6 +148,11 @@ def test_tei_embed_all_and_tokenize(client, source):
     ("/tokenize", {"inputs": []}, "inputs"),
     ("/tokenize", {"inputs": "a " * 2000}, "inputs"),  # past the bytes of 64 tokens: never tokenized
     ("/tokenize", {"inputs": ["fine", "hello " * 100]}, "inputs"),  # past 64 tokens
+    ("/decode", {"ids": [[5], [6, 10**6]]}, "ids"),  # outside the vocabulary
+    ("/decode", {"ids": [5, -1]}, "ids"),
+    ("/decode", {"ids": [[5]] * 300}, "ids"),  # past --max-batch-inputs
+    ("/decode", {"ids": [5] * 100}, "ids"),  # past 64 tokens
+    ("/decode", {"ids": "hello"}, "ids"),
 ])
 def test_bad_input_is_a_4xx_naming_the_field(client, path, body, field):
     response = client.post(path, json=body)
@@ -184,6 +202,8 @@ def test_huggingface_hubs_tei_client_gets_encodes_vectors(app, reference, monkey
             if server.started:
                 break
             threading.Event().wait(0.05)
+        assert hub.InferenceClient(model=f"http://127.0.0.1:{port}", provider="hf-inference").get_endpoint_info()["model_type"] == \
+            {"embedding": {"pooling": "cls"}}
         for url in (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/embed"):
             client = hub.InferenceClient(model=url)
             got = client.feature_extraction(TEXTS[1])

@@ -73,7 +73,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 # text-embeddings-inference's own, at the root as TEI has them (/embed_sparse: the sparse-embedding task's route;
 # POST /: the served model's main route)
-TEI_ROUTES = ("/", "/predict", "/rerank", "/embed", "/embed_all", "/embed_sparse", "/tokenize")
+TEI_ROUTES = ("/", "/predict", "/rerank", "/embed", "/embed_all", "/embed_sparse", "/tokenize", "/decode", "/info")
 
 
 def tei_error_type(status: int) -> str:
@@ -237,7 +237,7 @@ def resolve(request: Request, endpoint: str, name: str | None, kinds: tuple[str,
         raise ApiError(404, f"model: '{name}' is not served here; served: {served}", "model")
     worker = state.workers[name]
     if worker.info.kind not in kinds:
-        raise ApiError(400, f"model: '{name}' is a model of kind {worker.info.kind}; /v1/{endpoint} needs "
+        raise ApiError(400, f"model: '{name}' is a model of kind {worker.info.kind}; {request.url.path} needs "
                             f"one of kind {' or '.join(kinds)}", "model")
     check_running(name, worker)
     return worker, recorder

@@ -144,6 +144,9 @@ class ModelInfo:
     width: int = 0  # an encoder's embedding size (0: not known before its first answer)
     sentence: Any = None  # an encoder's sentence-transformers pipeline (`hotrod.pipelines.sentence`): its
     #                       prompts and normalization; None: a plain checkpoint
+    precision: str = "fp32"  # the artifact's precision (`hotrod.precisions`), which TEI's /info reports
+    max_batch_size: int = 0  # the most rows (sequences) one batch runs; 0: not known
+    max_queue: int = 0  # the most requests waiting before a 429; 0: not known
 
 
 class Worker(Protocol):

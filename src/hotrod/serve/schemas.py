@@ -277,6 +277,38 @@ class TeiTokenizeRequest(_Request):
     prompt_name: str | None = _PROMPT_NAME
 
 
+class TeiDecodeRequest(_Request):
+    """TEI's /decode: the text of each row of token ids."""
+
+    ids: list[int] | list[list[int]] = Field(description="One row of token ids, or a list of rows.")
+    skip_special_tokens: bool = True
+
+
+class TeiTexts(RootModel[list[str]]):
+    """Each row's text, in order (a one-row request too)."""
+
+
+class TeiInfo(BaseModel):
+    """TEI's /info: the served model and the server's limits, in TEI's names. `model_type` is one of
+    {"embedding": {"pooling": ...}}, {"classifier": {"id2label", "label2id"}}, {"reranker": {...}};
+    `model_dtype` is hotrod's precision (fp32, int8, bf16-products, ...)."""
+
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_type: dict[str, dict[str, Any]]
+    max_concurrent_requests: int = Field(description="Requests that may wait for the model before a 429.")
+    max_input_length: int = Field(description="The most tokens of one input.")
+    max_batch_tokens: int = Field(description="The most tokens one batch runs: rows times max_input_length.")
+    max_batch_requests: int | None = Field(description="The most rows one batch runs.")
+    max_client_batch_size: int = Field(description="The most inputs of one request.")
+    auto_truncate: bool = Field(description="Whether a long input is cut without `truncate`: never here.")
+    tokenization_workers: int
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
+
+
 class TeiToken(BaseModel):
     id: int
     text: str

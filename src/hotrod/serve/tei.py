@@ -1,5 +1,6 @@
-"""text-embeddings-inference's /predict and /rerank, with its request and response shapes, so that a TEI
-client (huggingface_hub's, LangChain's and LlamaIndex's TEI rerankers) switches to hotrod unchanged.
+"""text-embeddings-inference's /predict, /rerank and /info, with its request and response shapes, so that a
+TEI client (huggingface_hub's, LangChain's and LlamaIndex's TEI rerankers; `InferenceClient.get_endpoint_info`)
+switches to hotrod unchanged.
 
 TEI serves one model, so these routes name none: they use the one served model of the task (a
 text-classification head; for /rerank, one with a single label). Scores are TEI's: without `raw_scores`, a
@@ -12,14 +13,15 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from hotrod import tasks
-from hotrod.pipelines import classify
+from hotrod import tasks, version
+from hotrod.pipelines import classify, sentence_tokens
 from hotrod.pipelines import rerank as rerank_pipeline
 from hotrod.pipelines.base import Prepared
 from hotrod.serve import task_calls
 from hotrod.serve.endpoints import ENCODERS, ERRORS
 from hotrod.serve.http_errors import ApiError, resolve
-from hotrod.serve.messages import Worker
+from hotrod.serve.messages import ModelInfo, Worker
+from hotrod.serve.schemas import TeiInfo
 from hotrod.serve.task_routes import json_response
 from hotrod.serve.task_schemas import (
     Prediction,
@@ -117,3 +119,44 @@ async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     ranks = [Rank(index=r["index"], text=body.texts[r["index"]] if body.return_text else None, score=r["score"])
              for r in ranking]
     return json_response(TeiRerankResponse(ranks), recorder)
+
+
+@router.get("/info", response_model=TeiInfo, responses=ERRORS)
+async def info(request: Request) -> TeiInfo:
+    """The served model TEI would serve (an embedder, a classifier or a reranker) and this server's limits
+    (TEI's /info). With several such models served, a 400 that names them: /v1/models lists each."""
+    workers = request.app.state.workers
+    fits = [name for name, worker in workers.items() if model_type(worker.info) is not None]
+    if len(fits) != 1:
+        served = ", ".join(f"{name} ({worker.info.task or worker.info.kind})" for name, worker in workers.items())
+        have = "several of them" if fits else "none of them"
+        raise ApiError(400, f"/info describes the one embedding, classification or reranking model served, and "
+                            f"this server has {have} ({served}); /v1/models lists every model")
+    described, limits = workers[fits[0]].info, request.app.state.limits
+    longest = limits.input_tokens(described.max_positions)
+    if "embedding" in model_type(described):  # a longer text is refused or cut where sentence-transformers cuts
+        cut = await task_calls.on_tokenizer(request, workers[fits[0]], sentence_tokens.max_length, param="inputs")
+        longest = min(longest, cut or longest)
+    rows = described.max_batch_size or None
+    return TeiInfo(model_id=described.name, model_dtype=described.precision, model_type=model_type(described),
+                   max_concurrent_requests=described.max_queue, max_input_length=longest,
+                   max_batch_tokens=(rows or 1) * longest, max_batch_requests=rows,
+                   max_client_batch_size=limits.max_batch_inputs, auto_truncate=False, tokenization_workers=1,
+                   version=version.__version__)
+
+
+def model_type(info: ModelInfo) -> dict[str, dict[str, Any]] | None:
+    """TEI's model_type of a served model: a labelled head is a classifier (a reranker with one label), an
+    encoder with embeddings an embedding model with its pooling; None for one TEI would not serve."""
+    if info.kind not in ENCODERS:
+        return None
+    if info.labels:
+        labels = {"id2label": {str(i): label for i, label in enumerate(info.labels)},
+                  "label2id": {label: i for i, label in enumerate(info.labels)}}
+        return {"reranker" if len(info.labels) == 1 else "classifier": labels}
+    if info.task is not None and not tasks.get(info.task).embeds:
+        return None
+    steps = getattr(info.sentence, "steps", None)
+    first = steps[0] if steps else None
+    pooling = "+".join(first.modes) if hasattr(first, "modes") else getattr(first, "type", "mean")
+    return {"embedding": {"pooling": pooling}}

@@ -1,5 +1,5 @@
-"""text-embeddings-inference's embedding routes: /embed, /embed_all, /tokenize, and POST / (which TEI answers
-as its served model's main route), with TEI's request and response shapes, so a TEI client
+"""text-embeddings-inference's embedding routes: /embed, /embed_all, /tokenize, /decode, and POST / (which TEI
+answers as its served model's main route), with TEI's request and response shapes, so a TEI client
 (`huggingface_hub.InferenceClient.feature_extraction`, LangChain's and LlamaIndex's TEI embeddings) switches
 to hotrod unchanged. The vectors are the model's own, as /v1/embeddings gives them (`embeddings.py`).
 
@@ -24,8 +24,10 @@ from hotrod.serve.endpoints import ENCODERS, ERRORS, json_response
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
 from hotrod.serve.messages import Worker
 from hotrod.serve.schemas import (
+    TeiDecodeRequest,
     TeiEmbedAllRequest,
     TeiEmbedRequest,
+    TeiTexts,
     TeiToken,
     TeiTokenizeRequest,
     TeiTokens,
@@ -97,9 +99,7 @@ async def embed_all(body: TeiEmbedAllRequest, request: Request) -> Response:
 async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
     """Each text's tokens with their characters (TEI's /tokenize), as the model's embedding pipeline makes
     them, its prompt included."""
-    one = len(request.app.state.workers) == 1  # TEI tokenizes for any model it serves
-    worker, recorder = resolve(request, "tei_tokenize", None, ENCODERS) if one else served_embedder(request,
-                                                                                                   "tei_tokenize")
+    worker, recorder = _tokenizing(request, "tei_tokenize")
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
     if not texts:
         raise ApiError(400, "inputs: the list is empty", "inputs")
@@ -116,6 +116,40 @@ async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
     for row, where in zip(tokens, wheres):
         check_token_count(len(row), limit, where, "inputs")
     return json_response(TeiTokens(tokens), recorder)
+
+
+@router.post("/decode", response_model=TeiTexts, responses=ERRORS)
+async def decode(body: TeiDecodeRequest, request: Request) -> Response:
+    """The text of each row of token ids (TEI's /decode), special tokens left out unless asked for."""
+    worker, recorder = _tokenizing(request, "tei_decode")
+    single = not body.ids or isinstance(body.ids[0], int)
+    rows: list[list[int]] = [body.ids] if single else body.ids  # type: ignore[list-item]
+    most = request.app.state.limits.max_batch_inputs
+    if len(rows) > most:
+        raise ApiError(400, f"ids: {len(rows)} rows; this server takes at most {most} per request", "ids")
+    limit, vocab = input_limit(request, worker), worker.info.vocab_size
+    for i, row in enumerate(rows):
+        where = "ids" if single else f"ids[{i}]"
+        check_token_count(len(row), limit, where, "ids")
+        bad = next((token for token in row if not 0 <= token < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab})", "ids")
+    texts = await on_tokenizer(request, worker, _texts, rows, body.skip_special_tokens, param="ids")
+    return json_response(TeiTexts(texts), recorder)
+
+
+def _tokenizing(request: Request, endpoint: str) -> tuple[Worker, Recorder]:
+    """The model whose tokenizer /tokenize and /decode use: the one served, as TEI tokenizes for any model it
+    serves; among several, the one that embeds."""
+    if len(request.app.state.workers) == 1:
+        return resolve(request, endpoint, None, ENCODERS)
+    return served_embedder(request, endpoint)
+
+
+def _texts(model: Any, rows: list[list[int]], skip_special: bool) -> list[str]:
+    if model.tokenizer is None:
+        raise HotrodError("this model has no tokenizer")
+    return [model.tokenizer.decode(row, skip_special_tokens=skip_special) for row in rows]
 
 
 def _tokens(model: Any, texts: list[str], special: bool) -> list[list[TeiToken]]:

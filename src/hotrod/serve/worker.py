@@ -64,6 +64,12 @@ class ServeOptions:
             raise HotrodError(f"unknown batching {self.batching!r}; choose from {', '.join(POLICIES)}")
 
 
+def _precision(model: HotrodModel) -> str:
+    """What the model computes in: its artifact's precision, or its engine's; fp32 for a checkpoint as it is."""
+    built = ((model.manifest or {}).get("options") or {}).get("precision")
+    return built or getattr(getattr(model.backend, "options", None), "precision", None) or "fp32"
+
+
 class ModelWorker:
     def __init__(self, name: str, model: HotrodModel, options: ServeOptions, metrics: Metrics | None = None,
                  path: str = ""):
@@ -74,7 +80,8 @@ class ModelWorker:
         verifies = model.spec.generates and model.backend.verifies_drafts
         self.info = ModelInfo(name, model.kind, model.config.vocab_size, dims.max_positions, int(time.time()), path,
                               model.task, tuple(model.labels[i] for i in sorted(model.labels)), verifies,
-                              sentence.width(model) if model.spec.encodes else 0, model.sentence)
+                              sentence.width(model) if model.spec.encodes else 0, model.sentence,
+                              _precision(model), options.max_batch_size, options.max_queue)
         self._cond = threading.Condition()
         self._accepting = True
         self._ready = False
