@@ -181,8 +181,19 @@ def test_openapi_lists_endpoints_and_fields(client):
     assert set(components["EmbeddingsRequest"]["properties"]) == {"model", "input", "encoding_format", "dimensions",
                                                                    "user", "prompt_name", "truncate"}
     responses = schema["paths"]["/v1/generate"]["post"]["responses"]
-    assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert "text/event-stream" in responses["200"]["content"]
+    # an invalid field is a 400 except on TEI's routes, which answer 422 in TEI's error shape
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            errors = {status: answer["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+                      for status, answer in operation["responses"].items() if status >= "400"}
+            if path in ("/embed", "/embed_all", "/embed_sparse", "/predict", "/rerank", "/tokenize", "/decode", "/info",
+                        "/"):
+                assert errors["422"] == errors["400"] == "TeiErrorBody", path
+            else:
+                assert "422" not in errors, path
+    assert "HTTPValidationError" not in components
 
 
 # -- refusals ---------------------------------------------------------------------------------------------

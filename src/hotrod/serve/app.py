@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from hotrod import tasks
 from hotrod.serve import completions, embeddings, endpoints, inference_protocol, task_routes, tei, tei_embed
 from hotrod.serve.gate import Gate
-from hotrod.serve.http_errors import ApiError, install_error_handlers
+from hotrod.serve.http_errors import TEI_ROUTES, ApiError, install_error_handlers
 from hotrod.serve.limits import Access, ServeLimits
 from hotrod.serve.messages import Worker
 from hotrod.serve.metrics import Metrics
@@ -81,7 +82,24 @@ def create_app(workers: dict[str, Worker], options: ServeLimits | None = None,
         app.include_router(module.router)
     app.include_router(task_routes.router())
     app.include_router(router)
+    app.openapi = functools.partial(_openapi, app, app.openapi)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI, build: Any) -> dict[str, Any]:
+    """FastAPI's schema without the 422 it adds to every route with a body: only TEI's routes answer 422
+    (declared with TEI's error body); the others answer an invalid field 400, as OpenAI does."""
+    if app.openapi_schema is None:
+        schema = build()
+        for path, operations in schema["paths"].items():
+            for operation in operations.values():
+                if path not in TEI_ROUTES:
+                    operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        if "HTTPValidationError" not in json.dumps(schema["paths"]):
+            components.pop("HTTPValidationError", None)
+            components.pop("ValidationError", None)
+    return app.openapi_schema
 
 
 async def _drain(app: FastAPI) -> None:

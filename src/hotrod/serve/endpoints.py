@@ -21,14 +21,18 @@ from hotrod.serve.schemas import (
     GenerateRequest,
     GenerateResponse,
     Sampling,
+    TeiErrorBody,
     Usage,
 )
 from hotrod.serve.sse import collect, continuation, prompt_context, stream, submit
 
 GENERATORS = kinds.names(lambda kind: kind.generates)  # the kinds each route serves
 ENCODERS = kinds.names(lambda kind: not kind.generates)
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody}
-                                           for s in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
+# An invalid field is a 400 on hotrod's and OpenAI's routes (as OpenAI answers it), a 422 on TEI's (as TEI does).
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (400, 401, 404, 413, 415, 429, 500, 503,
+                                                                             504)}
+TEI_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": TeiErrorBody} for s in (400, 401, 404, 413, 415, 422,
+                                                                                    429, 500, 503, 504)}
 STREAMED = {**ERRORS, 200: {"description": "JSON, or with `stream: true` server-sent events ending in "
                                            "`data: [DONE]`", "content": {"text/event-stream": {}}}}
 

@@ -246,6 +246,13 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class TeiErrorBody(BaseModel):
+    """Every error of text-embeddings-inference's routes, as TEI answers it."""
+
+    error: str
+    error_type: Literal["validation", "tokenizer", "backend", "overloaded", "unhealthy"]
+
+
 # -- text-embeddings-inference's embedding routes (`tei_embed.py`), field for field ------------------------
 
 _TEI_INPUTS = Field(description="A text, a list of texts, or token ids (one row or a list of rows).")

@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request, Response
 from hotrod import tasks
 from hotrod.errors import HotrodError
 from hotrod.serve import task_calls
-from hotrod.serve.endpoints import ERRORS, usage
-from hotrod.serve.http_errors import ApiError, Recorder
+from hotrod.serve.endpoints import ERRORS, TEI_ERRORS, usage
+from hotrod.serve.http_errors import TEI_ROUTES, ApiError, Recorder
 from hotrod.serve.schemas import Usage
 
 
@@ -63,7 +63,8 @@ def _add(found: APIRouter, spec: tasks.TaskSpec) -> None:
     handle.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
         inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=request_model),
         inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)])
-    found.add_api_route(route.path, handle, methods=["POST"], response_model=response_model, responses=ERRORS)
+    errors = TEI_ERRORS if route.path in TEI_ROUTES else ERRORS
+    found.add_api_route(route.path, handle, methods=["POST"], response_model=response_model, responses=errors)
 
 
 async def answer(spec: tasks.TaskSpec, body: Any, request: Request) -> Response:

@@ -18,7 +18,7 @@ from hotrod.pipelines import classify, sentence_tokens
 from hotrod.pipelines import rerank as rerank_pipeline
 from hotrod.pipelines.base import Prepared
 from hotrod.serve import task_calls
-from hotrod.serve.endpoints import ENCODERS, ERRORS
+from hotrod.serve.endpoints import ENCODERS, TEI_ERRORS
 from hotrod.serve.http_errors import ApiError, resolve
 from hotrod.serve.messages import ModelInfo, Worker
 from hotrod.serve.schemas import TeiInfo
@@ -78,7 +78,7 @@ def tei_function(worker: Worker, raw_scores: bool) -> str:
     return "sigmoid" if len(worker.info.labels) == 1 else "softmax"
 
 
-@router.post("/predict", response_model=PredictResponse, responses=ERRORS)
+@router.post("/predict", response_model=PredictResponse, responses=TEI_ERRORS)
 async def predict(body: PredictRequest, request: Request) -> Response:
     """Every label's score of each input, best first (TEI's /predict)."""
     worker, recorder = served_head(request, "predict", CLASSIFY)
@@ -104,7 +104,7 @@ async def _prepare_mixed(request: Request, worker: Worker, items: list[Item], fu
     return Prepared([row for part in prepared for row in part.rows], state=False, options=prepared[0].options)
 
 
-@router.post("/rerank", response_model=TeiRerankResponse, responses=ERRORS)
+@router.post("/rerank", response_model=TeiRerankResponse, responses=TEI_ERRORS)
 async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     """The texts by relevance to the query, best first (TEI's /rerank)."""
     worker, recorder = served_head(request, "rerank", RERANK)
@@ -121,7 +121,7 @@ async def rerank(body: TeiRerankRequest, request: Request) -> Response:
     return json_response(TeiRerankResponse(ranks), recorder)
 
 
-@router.get("/info", response_model=TeiInfo, responses=ERRORS)
+@router.get("/info", response_model=TeiInfo, responses=TEI_ERRORS)
 async def info(request: Request) -> TeiInfo:
     """The served model TEI would serve (an embedder, a classifier or a reranker) and this server's limits
     (TEI's /info). With several such models served, a 400 that names them: /v1/models lists each."""

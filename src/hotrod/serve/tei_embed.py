@@ -20,7 +20,7 @@ from hotrod.pipelines.sentence_tokens import sentence_tokenizer
 from hotrod.serve import tei
 from hotrod.serve.checks import check_bytes, check_token_count, input_limit
 from hotrod.serve.embeddings import chosen_prompt, cut, embed_vectors, embedding_rows
-from hotrod.serve.endpoints import ENCODERS, ERRORS, json_response
+from hotrod.serve.endpoints import ENCODERS, TEI_ERRORS, json_response
 from hotrod.serve.http_errors import ApiError, Recorder, resolve
 from hotrod.serve.messages import Worker
 from hotrod.serve.schemas import (
@@ -71,7 +71,7 @@ async def _rows(request: Request, worker: Worker, body: TeiEmbedAllRequest) -> A
                                 body.truncation_direction.lower())
 
 
-@router.post("/embed", response_model=TeiVectors, responses=ERRORS)
+@router.post("/embed", response_model=TeiVectors, responses=TEI_ERRORS)
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     """One vector per input (TEI's /embed): the model's own pooling, Dense and normalization."""
     worker, recorder = served_embedder(request, "tei_embed")
@@ -83,7 +83,7 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     return json_response(TeiVectors(cut(vectors, body.dimensions, body.normalize).tolist()), recorder)
 
 
-@router.post("/embed_all", response_model=TeiTokenVectors, responses=ERRORS)
+@router.post("/embed_all", response_model=TeiTokenVectors, responses=TEI_ERRORS)
 async def embed_all(body: TeiEmbedAllRequest, request: Request) -> Response:
     """Every token's vector of the last hidden state, per input (TEI's /embed_all)."""
     worker, recorder = served_embedder(request, "tei_embed_all")
@@ -95,7 +95,7 @@ async def embed_all(body: TeiEmbedAllRequest, request: Request) -> Response:
     return json_response(TeiTokenVectors([state.float().tolist() for state in states]), recorder)
 
 
-@router.post("/tokenize", response_model=TeiTokens, responses=ERRORS)
+@router.post("/tokenize", response_model=TeiTokens, responses=TEI_ERRORS)
 async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
     """Each text's tokens with their characters (TEI's /tokenize), as the model's embedding pipeline makes
     them, its prompt included."""
@@ -118,7 +118,7 @@ async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
     return json_response(TeiTokens(tokens), recorder)
 
 
-@router.post("/decode", response_model=TeiTexts, responses=ERRORS)
+@router.post("/decode", response_model=TeiTexts, responses=TEI_ERRORS)
 async def decode(body: TeiDecodeRequest, request: Request) -> Response:
     """The text of each row of token ids (TEI's /decode), special tokens left out unless asked for."""
     worker, recorder = _tokenizing(request, "tei_decode")
@@ -171,7 +171,7 @@ def _tokens(model: Any, texts: list[str], special: bool) -> list[list[TeiToken]]
     return result
 
 
-@router.post("/", responses=ERRORS)
+@router.post("/", responses=TEI_ERRORS)
 async def root(request: Request, body: dict[str, Any] = Body(...)) -> Response:  # noqa: B008 (FastAPI's idiom)
     """TEI's main route: the served model's own (/embed for an embedding model, /rerank for a reranker given a
     query, /predict for a classifier)."""
