@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from hotrod.serve.app import StartupFailed, _Server, create_app, serve
 from hotrod.serve.limits import ServeLimits
 from hotrod.serve.sse import Detokenizer
 from tests.serve.fake import FakeWorker, expected_embedding, expected_tokens
+from tests.serve.live import free_port, live_server
 
 LIMITS = ServeLimits(max_new_tokens_limit=40, request_timeout_s=5.0)
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,8 +187,8 @@ def test_openapi_lists_endpoints_and_fields(client):
         for operation in operations.values():
             errors = {status: answer["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
                       for status, answer in operation["responses"].items() if status >= "400"}
-            if path in ("/embed", "/embed_all", "/embed_sparse", "/predict", "/rerank", "/tokenize", "/decode", "/info",
-                        "/"):
+            if path in ("/embed", "/embed_all", "/embed_sparse", "/similarity", "/predict", "/rerank", "/tokenize",
+                        "/decode", "/info", "/"):
                 assert errors["422"] == errors["400"] == "TeiErrorBody", path
             else:
                 assert "422" not in errors, path
@@ -462,30 +461,17 @@ def test_detokenizer_holds_back_split_characters_and_keeps_spaces():
 
 # -- a real server ------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_over_real_http_a_closed_stream_cancels_its_ticket():
     worker = FakeWorker(delay=0.02)
     worker.start()
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app({"fake": worker}), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        assert wait_for(lambda: server.started, timeout=10)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+        with live_server(create_app({"fake": worker})) as url, httpx.Client(base_url=url, timeout=5) as client:
             body = {"text": "net", "max_new_tokens": 40, "stream": True}
             with client.stream("POST", "/v1/generate", json=body) as response:
                 first = next(response.iter_lines())
                 assert first.startswith("data: ")
             assert wait_for(lambda: worker.tickets and worker.tickets[-1] in worker.cancelled)
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         worker.stop(drain=False)
 
 
@@ -496,7 +482,7 @@ def test_a_model_that_fails_to_start_stops_the_server():
 
     healthy, broken = FakeWorker(name="ok"), Broken(name="broken")
     with pytest.raises(StartupFailed, match="broken failed to start: no weights"):
-        serve({"ok": healthy, "broken": broken}, port=_free_port(), log_level="critical")
+        serve({"ok": healthy, "broken": broken}, port=free_port(), log_level="critical")
     assert healthy.stopped_with == [True] and broken.stopped_with == [True]
 
 
@@ -509,7 +495,7 @@ serve({"fake": FakeWorker(delay=0.03)}, port=int(sys.argv[1]), log_level="warnin
 
 
 def test_sigterm_lets_open_streams_finish_then_exits():
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)], cwd=ROOT, stderr=subprocess.PIPE)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
@@ -553,7 +539,7 @@ def test_a_model_that_dies_while_serving_stops_the_server():
             self.died = "the worker died: RuntimeError"
 
     with pytest.raises(StartupFailed, match="model fake stopped working"):
-        serve({"fake": Dying()}, port=_free_port(), log_level="critical")
+        serve({"fake": Dying()}, port=free_port(), log_level="critical")
 
 
 def test_serve_bounds_connections_and_shutdown(monkeypatch):
@@ -563,5 +549,5 @@ def test_serve_bounds_connections_and_shutdown(monkeypatch):
         seen.update(limit=self.config.limit_concurrency, grace=self.config.timeout_graceful_shutdown)
 
     monkeypatch.setattr(_Server, "run", run)
-    serve({"fake": FakeWorker()}, ServeLimits(max_connections=7, shutdown_timeout_s=3.0), port=_free_port())
+    serve({"fake": FakeWorker()}, ServeLimits(max_connections=7, shutdown_timeout_s=3.0), port=free_port())
     assert seen == {"limit": 7, "grace": 3.0}

@@ -18,6 +18,7 @@ from hotrod.pipelines.base import Row
 from hotrod.serve.app import create_app
 from hotrod.serve.limits import Access, ServeLimits
 from hotrod.serve.worker import ModelWorker, ServeOptions
+from tests.serve.live import live_server
 from tests.zoo import CASES, build_checkpoint, head_case
 
 OPTIONS = ServeOptions(max_batch_size=64, max_queue_delay_ms=1.0)
@@ -162,6 +163,30 @@ def test_tei_predict_shapes(serve, classifier):
     logits = classifier.run_rows([Row(classifier.tokenizer("hello")["input_ids"],
                                       classifier.tokenizer("hello")["token_type_ids"])])[0]["logits"]
     assert sorted(p["score"] for p in raw) == pytest.approx(sorted(logits.tolist()), rel=1e-5)
+
+
+def test_tei_predict_takes_the_inference_apis_parameters(serve, classifier, monkeypatch):
+    client = serve({"cls": classifier})
+    every = client.post("/predict", json={"inputs": "hello", "truncate": None}).json()
+    assert_same_labels(every, _tei_labels(classifier, "hello"))
+    # with `parameters`, the Inference API's request: its answer is a list per input, one input too
+    assert client.post("/predict", json={"inputs": "hello", "parameters": {}}).json() == [every]
+    best = client.post("/predict", json={"inputs": "hello", "parameters": {"top_k": 1}}).json()
+    assert best == [every[:1]]
+    raw = client.post("/predict", json={"inputs": "hello", "raw_scores": True}).json()
+    none = client.post("/predict", json={"inputs": "hello", "parameters": {"function_to_apply": "none"}}).json()
+    assert none == [raw]
+    tei_error(client.post("/predict", json={"inputs": "hello", "raw_scores": True,
+                                            "parameters": {"function_to_apply": "softmax"}}), 400, "function_to_apply")
+    tei_error(client.post("/predict", json={"inputs": "hello", "parameters": {"top_k": 0}}), 422, "top_k")
+    hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)  # the tests keep the hub offline; this is loopback
+    with live_server(client.app) as url:
+        for target in (url, f"{url}/predict"):
+            labels = hub.InferenceClient(model=target).text_classification("hello")
+            assert [(x.label, pytest.approx(x.score)) for x in labels] == [(x["label"], x["score"]) for x in every]
+            top = hub.InferenceClient(model=target).text_classification("hello", top_k=2, function_to_apply="none")
+            assert [(x.label, pytest.approx(x.score)) for x in top] == [(x["label"], x["score"]) for x in raw[:2]]
 
 
 def test_tei_rerank_shape(serve, reranker):

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from hotrod.serve.app import create_app
 from hotrod.serve.limits import Access, ServeLimits
 from hotrod.serve.messages import Event
 from tests.serve.fake import FAIL_TOKEN, FakeWorker, expected_embedding, expected_tokens
-from tests.serve.test_app import _free_port, wait_for
+from tests.serve.live import live_server
+from tests.serve.test_app import wait_for
 
 LIMITS = ServeLimits(max_new_tokens_limit=40, request_timeout_s=5.0, max_batch_inputs=4)
 HEADER = "Inference-Header-Content-Length"
@@ -385,16 +384,8 @@ def test_tritonclient_against_a_real_server(zoo, started):
 
     options = ServeOptions(max_batch_size=4, max_queue_delay_ms=2.0, max_queue=64)
     workers = {name: started(ModelWorker(name, zoo.model(name, "torch"), options)) for name in ("gpt2", "bert")}
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(workers), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        assert wait_for(lambda: server.started, timeout=10)
-        _triton_calls(http, f"127.0.0.1:{port}")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with live_server(create_app(workers)) as url:
+        _triton_calls(http, url.removeprefix("http://"))
 
 
 def _triton_calls(http, url: str) -> None:

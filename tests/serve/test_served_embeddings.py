@@ -7,19 +7,16 @@ arguments change, and a bad value is a 4xx naming its field."""
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import numpy as np
 import pytest
 import torch
-import uvicorn
 from fastapi.testclient import TestClient
 
 import hotrod
 from hotrod.serve.app import create_app
 from hotrod.serve.worker import ModelWorker, ServeOptions
 from tests.pipelines.test_sentence import PROMPTS, st_checkpoint
+from tests.serve.live import live_server
 from tests.zoo import CASES, build_checkpoint
 
 st = pytest.importorskip("sentence_transformers")
@@ -94,6 +91,8 @@ def test_a_text_past_max_seq_length_is_cut_only_when_asked(client, reference):
     np.testing.assert_allclose(cut, _encode(reference, [LONG])[0], atol=ATOL)
     tei = client.post("/embed", json={"inputs": LONG, "truncate": True}).json()
     np.testing.assert_allclose(tei, _encode(reference, [LONG]), atol=ATOL)
+    assert client.post("/embed", json={"inputs": LONG, "truncate": None}).status_code == 400  # TEI's null: the default
+    assert client.post("/embed_all", json={"inputs": "a", "truncate": None}).status_code == 200
 
 
 def test_tei_embed_shapes_and_options(client, source, reference):
@@ -153,6 +152,10 @@ def test_tei_decode_and_info(client, source):
     ("/decode", {"ids": [[5]] * 300}, "ids"),  # past --max-batch-inputs
     ("/decode", {"ids": [5] * 100}, "ids"),  # past 64 tokens
     ("/decode", {"ids": "hello"}, "ids"),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, "inputs"),
+    ("/similarity", {"inputs": {"source_sentence": " ", "sentences": ["b"]}}, "inputs"),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": "x"}},
+     "prompt_name"),
 ])
 def test_bad_input_is_a_4xx_naming_the_field(client, path, body, field):
     response = client.post(path, json=body)
@@ -191,26 +194,16 @@ def test_the_inference_protocol_serves_the_same_vectors(client, reference):
 def test_huggingface_hubs_tei_client_gets_encodes_vectors(app, reference, monkeypatch):
     hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)  # the tests keep the hub offline; this is loopback
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(200):
-            if server.started:
-                break
-            threading.Event().wait(0.05)
-        assert hub.InferenceClient(model=f"http://127.0.0.1:{port}", provider="hf-inference").get_endpoint_info()["model_type"] == \
-            {"embedding": {"pooling": "cls"}}
-        for url in (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/embed"):
+    with live_server(app) as base:
+        info = hub.InferenceClient(model=base, provider="hf-inference").get_endpoint_info()
+        assert info["model_type"] == {"embedding": {"pooling": "cls"}}
+        for url in (base, f"{base}/embed"):
             client = hub.InferenceClient(model=url)
             got = client.feature_extraction(TEXTS[1])
             np.testing.assert_allclose(np.asarray(got).reshape(1, -1), _encode(reference, TEXTS[1:2]), atol=ATOL)
             named = client.feature_extraction(TEXTS[1], prompt_name="passage", normalize=True)
             np.testing.assert_allclose(np.asarray(named).reshape(1, -1),
                                        _encode(reference, TEXTS[1:2], prompt_name="passage"), atol=ATOL)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        scores = hub.InferenceClient(model=f"{base}/similarity").sentence_similarity(TEXTS[0], TEXTS[1:])
+        vectors = _encode(reference, TEXTS)
+        np.testing.assert_allclose(scores, vectors[1:] @ vectors[0], atol=ATOL)  # encode's are unit length

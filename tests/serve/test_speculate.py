@@ -270,15 +270,15 @@ def _without_speculate(body: dict) -> dict:
 
 @pytest.mark.parametrize("path, body, status, message", [
     ("/v1/generate", {"num_beams": 2, "speculate": {"prompt_lookup": 3}}, 400, "speculate: prompt lookup runs"),
-    ("/v1/generate", {"speculate": {"prompt_lookup": 3, "draft_model": "x"}}, 400, "speculate: unknown field"),
-    ("/v1/generate", {"speculate": {"prompt_lookup": 65}}, 400, "speculate: Input should be less than or equal"),
-    ("/v1/generate", {"speculate": {"prompt_lookup": -1}}, 400, "speculate: Input should be greater than"),
-    ("/v1/generate", {"speculate": {"prompt_lookup": "4"}}, 400, "speculate: Input should be a valid integer"),
-    ("/v1/generate", {"speculate": {}}, 400, "speculate: Field required"),
+    ("/v1/generate", {"speculate": {"prompt_lookup": 3, "draft_model": "x"}}, 400, "speculate.draft_model: unknown field"),
+    ("/v1/generate", {"speculate": {"prompt_lookup": 65}}, 400, "speculate.prompt_lookup: Input should be less than or equal"),
+    ("/v1/generate", {"speculate": {"prompt_lookup": -1}}, 400, "speculate.prompt_lookup: Input should be greater than"),
+    ("/v1/generate", {"speculate": {"prompt_lookup": "4"}}, 400, "speculate.prompt_lookup: Input should be a valid integer"),
+    ("/v1/generate", {"speculate": {}}, 400, "speculate.prompt_lookup: Field required"),
     ("/v1/generate", {"speculate": 4}, 400, "speculate: Input should be"),
     ("/v1/generate", {"model": "static", "speculate": {"prompt_lookup": 3}}, 400, "speculate: model 'static' cannot"),
     ("/v1/completions", {"model": "static", "speculate": {"prompt_lookup": 2}}, 400, "speculate: model 'static'"),
-    ("/v1/completions", {"speculate": {"prompt_lookup": 2, "ngram": 2}}, 400, "speculate: unknown field"),
+    ("/v1/completions", {"speculate": {"prompt_lookup": 2, "ngram": 2}}, 400, "speculate.ngram: unknown field"),
 ])
 def test_bad_speculation_is_refused_naming_the_field(client, path, body, status, message):
     client, workers = client

@@ -268,6 +268,8 @@ def test_the_embed_sparse_route_answers_as_tei(encoders):
                                                      "truncation_direction": "Left"}, headers=key).json()
             assert len(one) == 1 and [e["index"] for e in one[0]] == \
                    [e["index"] for e in sparse.entries(model.embed_sparse(["hello world"], prompt_name="query"))[0]]
+            root = client.post("/", json={"inputs": TEXTS, "truncate": True}, headers=key)  # TEI's main route
+            assert root.status_code == 200 and root.json() == body
             for request, status, message in [
                 ({"inputs": []}, 400, "inputs: the list is empty"),
                 ({"inputs": ["hello", ""]}, 400, "inputs[1]: the text is empty"),

@@ -39,7 +39,8 @@ log = logging.getLogger("hotrod.serve")
 
 _ENDPOINTS = {"/v1/generate": "generate", "/v1/embed": "embed", "/v1/completions": "completions",
               "/v1/embeddings": "embeddings", "/predict": "predict", "/rerank": "tei_rerank", "/embed": "tei_embed",
-              "/embed_all": "tei_embed_all", "/tokenize": "tei_tokenize", "/decode": "tei_decode"}
+              "/embed_all": "tei_embed_all", "/tokenize": "tei_tokenize", "/decode": "tei_decode",
+              "/similarity": "tei_similarity"}
 router = APIRouter()
 
 

@@ -73,7 +73,8 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 # text-embeddings-inference's own, at the root as TEI has them (/embed_sparse: the sparse-embedding task's route;
 # POST /: the served model's main route)
-TEI_ROUTES = ("/", "/predict", "/rerank", "/embed", "/embed_all", "/embed_sparse", "/tokenize", "/decode", "/info")
+TEI_ROUTES = ("/", "/predict", "/rerank", "/embed", "/embed_all", "/embed_sparse", "/similarity", "/tokenize",
+              "/decode", "/info")
 
 
 def tei_error_type(status: int) -> str:
@@ -159,9 +160,19 @@ def _validation_error(exc: RequestValidationError) -> tuple[int, str, str | None
     field = next(iter(path(errors[0])), None)
     param = field if isinstance(field, str) else None
     first = _closest([e for e in errors if next(iter(path(e)), None) == field], path)
-    where = (param or "body") + "".join(f"[{part}]" for part in path(first)[1:] if isinstance(part, int))
+    where = (param or "body") + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                                        for part in path(first)[1:] if isinstance(part, int) or _is_field(part))
     message = "unknown field" if first.get("type") == "extra_forbidden" else first.get("msg", "invalid value")
     return 422, f"{where}: {message}", param
+
+
+def _is_field(part: Any) -> bool:
+    """Whether a part of an error's place is a field of a nested object (parameters.top_k) rather than the union
+    member it was tried as (`str`, `list[int]`, a model's class name)."""
+    return isinstance(part, str) and part.isidentifier() and part[:1].islower() and part not in _TYPE_NAMES
+
+
+_TYPE_NAMES = ("str", "int", "float", "bool", "list", "dict", "none")
 
 
 def _closest(errors: list[Any], path: Any) -> Any:

@@ -262,6 +262,7 @@ _DIRECTION = Field("right", description="Which end of a text `truncate` cuts: ri
 class TeiEmbedAllRequest(_Request):
     """TEI's /embed_all: every token's vector of the last hidden state."""
 
+    null_is_default: ClassVar[tuple[str, ...]] = ("truncate",)  # TEI's Option<bool>
     inputs: str | list[str] | list[int] | list[list[int]] = _TEI_INPUTS
     truncate: bool = _EMBED_TRUNCATE
     truncation_direction: Literal["right", "left", "Right", "Left"] = _DIRECTION
@@ -282,6 +283,31 @@ class TeiTokenizeRequest(_Request):
     inputs: str | list[str]
     add_special_tokens: bool = True
     prompt_name: str | None = _PROMPT_NAME
+
+
+class TeiSimilarityInputs(_Request):
+    source_sentence: str
+    sentences: list[str] = Field(description="The texts compared with source_sentence.")
+
+
+class TeiSimilarityParameters(_Request):
+    null_is_default: ClassVar[tuple[str, ...]] = ("truncate",)  # TEI's Option<bool>
+    truncate: bool = _EMBED_TRUNCATE
+    truncation_direction: Literal["right", "left", "Right", "Left"] = _DIRECTION
+    prompt_name: str | None = _PROMPT_NAME
+
+
+class TeiSimilarityRequest(_Request):
+    """TEI's /similarity (huggingface_hub's `sentence_similarity`): the cosine similarity of source_sentence's
+    vector with each sentence's, the vectors as /embed makes them."""
+
+    null_is_default: ClassVar[tuple[str, ...]] = ("parameters",)
+    inputs: TeiSimilarityInputs
+    parameters: TeiSimilarityParameters | None = None
+
+
+class TeiSimilarities(RootModel[list[float]]):
+    """Each sentence's cosine similarity with the source sentence, in order."""
 
 
 class TeiDecodeRequest(_Request):

@@ -7,7 +7,7 @@ task, labels, positions) is checked by the routes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, RootModel
 
@@ -77,13 +77,23 @@ class RerankResponse(BaseModel):
     usage: RerankUsage
 
 
+class PredictParameters(_Request):
+    """What huggingface_hub's `text_classification` sends beside `inputs` (the Inference API's parameters)."""
+
+    top_k: int | None = Field(None, ge=1, description="The best k labels of each input; default: every label.")
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
+        None, description="The scores' function in place of TEI's (sigmoid for one label, softmax otherwise).")
+
+
 class PredictRequest(_Request):
     """text-embeddings-inference's /predict: a text, a [text, text_pair], or a batch of [text] and [text, pair]."""
 
+    null_is_default: ClassVar[tuple[str, ...]] = ("truncate", "parameters")  # TEI's Option<bool>
     inputs: str | list[str] | list[list[str]]
     truncate: bool = _TRUNCATE
     truncation_direction: Literal["right", "left", "Right", "Left"] = _RIGHT_ONLY
     raw_scores: bool = _RAW
+    parameters: PredictParameters | None = None
 
 
 class Prediction(BaseModel):
@@ -98,6 +108,7 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
 class TeiRerankRequest(_Request):
     """text-embeddings-inference's /rerank."""
 
+    null_is_default: ClassVar[tuple[str, ...]] = ("truncate",)  # TEI's Option<bool>
     query: str
     texts: list[str]
     truncate: bool = _TRUNCATE

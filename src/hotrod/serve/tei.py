@@ -25,6 +25,7 @@ from hotrod.serve.schemas import TeiInfo
 from hotrod.serve.task_routes import json_response
 from hotrod.serve.task_schemas import (
     Prediction,
+    PredictParameters,
     PredictRequest,
     PredictResponse,
     Rank,
@@ -88,10 +89,20 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     texts = [(f"inputs[{i}]" if isinstance(item, str) else f"inputs[{i}][{j}]", text)
              for i, item in enumerate(items) for j, text in enumerate([item] if isinstance(item, str) else item)]
     task_calls.check_texts(request, worker, texts, "inputs", body.truncate)
-    prepared = await _prepare_mixed(request, worker, items, tei_function(worker, body.raw_scores), body.truncate)
+    options = body.parameters or PredictParameters()
+    function = tei_function(worker, body.raw_scores)
+    if options.function_to_apply is not None:
+        if body.raw_scores and options.function_to_apply != "none":
+            raise ApiError(400, f"parameters.function_to_apply: {options.function_to_apply} with raw_scores: true; "
+                                "give one", "parameters")
+        function = options.function_to_apply
+    prepared = await _prepare_mixed(request, worker, items, function, body.truncate)
     answers = await task_calls.answer(request, worker, classify, prepared, "inputs")
-    predictions = [[Prediction(**label) for label in labels] for labels in answers]
-    return json_response(PredictResponse(predictions[0] if single else predictions), recorder)
+    predictions = [[Prediction(**label) for label in labels[:options.top_k]] for labels in answers]
+    # A body with `parameters` is the Inference API's (huggingface_hub's text_classification), answered as that
+    # API answers: a list per input, one input too.
+    flat = single and body.parameters is None
+    return json_response(PredictResponse(predictions[0] if flat else predictions), recorder)
 
 
 async def _prepare_mixed(request: Request, worker: Worker, items: list[Item], function: str,

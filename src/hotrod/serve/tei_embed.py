@@ -1,5 +1,5 @@
-"""text-embeddings-inference's embedding routes: /embed, /embed_all, /tokenize, /decode, and POST / (which TEI
-answers as its served model's main route), with TEI's request and response shapes, so a TEI client
+"""text-embeddings-inference's embedding routes: /embed, /embed_all, /similarity, /tokenize, /decode, and POST /
+(which TEI answers as its served model's main route), with TEI's request and response shapes, so a TEI client
 (`huggingface_hub.InferenceClient.feature_extraction`, LangChain's and LlamaIndex's TEI embeddings) switches
 to hotrod unchanged. The vectors are the model's own, as /v1/embeddings gives them (`embeddings.py`).
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from hotrod import tasks
 from hotrod.errors import HotrodError
 from hotrod.pipelines.sentence_tokens import sentence_tokenizer
-from hotrod.serve import tei
+from hotrod.serve import task_routes, tei
 from hotrod.serve.checks import check_bytes, check_token_count, input_limit
 from hotrod.serve.embeddings import chosen_prompt, cut, embed_vectors, embedding_rows
 from hotrod.serve.endpoints import ENCODERS, TEI_ERRORS, json_response
@@ -27,6 +28,9 @@ from hotrod.serve.schemas import (
     TeiDecodeRequest,
     TeiEmbedAllRequest,
     TeiEmbedRequest,
+    TeiSimilarities,
+    TeiSimilarityParameters,
+    TeiSimilarityRequest,
     TeiTexts,
     TeiToken,
     TeiTokenizeRequest,
@@ -37,7 +41,7 @@ from hotrod.serve.schemas import (
 from hotrod.serve.sse import collect, submit
 from hotrod.serve.task_calls import on_tokenizer
 from hotrod.serve.task_schemas import PredictRequest, TeiRerankRequest
-from hotrod.tasks.constants import RERANK
+from hotrod.tasks.constants import RERANK, SPARSE
 
 router = APIRouter()
 
@@ -93,6 +97,23 @@ async def embed_all(body: TeiEmbedAllRequest, request: Request) -> Response:
     if len(states) != len(tokenized.rows):
         raise ApiError(500, f"the model returned {len(states)} rows of vectors for {len(tokenized.rows)} inputs")
     return json_response(TeiTokenVectors([state.float().tolist() for state in states]), recorder)
+
+
+@router.post("/similarity", response_model=TeiSimilarities, responses=TEI_ERRORS)
+async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
+    """The cosine similarity of the source sentence's vector with each sentence's (TEI's /similarity)."""
+    worker, recorder = served_embedder(request, "tei_similarity")
+    options = body.parameters or TeiSimilarityParameters()
+    if not body.inputs.sentences:
+        raise ApiError(400, "inputs.sentences: the list is empty", "inputs")
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    wheres = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(body.inputs.sentences)))]
+    prompt = chosen_prompt(worker, None, options.prompt_name, True)
+    tokenized = await embedding_rows(request, worker, texts, "inputs", prompt, options.truncate,
+                                     options.truncation_direction.lower(), wheres)
+    vectors = torch.from_numpy(await embed_vectors(request, worker, tokenized, None, None))
+    scores = torch.nn.functional.cosine_similarity(vectors[:1], vectors[1:])
+    return json_response(TeiSimilarities(scores.tolist()), recorder)
 
 
 @router.post("/tokenize", response_model=TeiTokens, responses=TEI_ERRORS)
@@ -173,11 +194,14 @@ def _tokens(model: Any, texts: list[str], special: bool) -> list[list[TeiToken]]
 
 @router.post("/", responses=TEI_ERRORS)
 async def root(request: Request, body: dict[str, Any] = Body(...)) -> Response:  # noqa: B008 (FastAPI's idiom)
-    """TEI's main route: the served model's own (/embed for an embedding model, /rerank for a reranker given a
-    query, /predict for a classifier)."""
+    """TEI's main route: the served model's own (/embed for an embedding model, /embed_sparse for a SPLADE
+    one, /rerank for a reranker given a query, /predict for a classifier)."""
     workers = request.app.state.workers
     if any(_embeds(worker) for worker in workers.values()):
         return await embed(_validated(TeiEmbedRequest, body), request)
+    sparse = tasks.get(SPARSE)
+    if any(worker.info.task == SPARSE for worker in workers.values()):
+        return await task_routes.answer(sparse, _validated(sparse.route.schemas()[0], body), request)
     rerankers = tasks.get(RERANK)
     if "query" in body and any(rerankers.refusal(w.info.task, len(w.info.labels), names=w.info.labels) is None
                                  for w in workers.values()):
