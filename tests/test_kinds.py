@@ -65,7 +65,7 @@ def test_each_kind_makes_its_own_state_and_names_its_graphs():
                 num_decoder_layers=2)
     assert isinstance(kinds.spec("decoder").new_state(None, dims, None, 8), DecoderState)
     assert isinstance(kinds.spec("seq2seq").new_state(None, dims, 0, 8), Seq2SeqState)
-    with pytest.raises(HotrodError, match="decoder_start_token_id is not set"):
+    with pytest.raises(HotrodError, match="neither decoder_start_token_id nor bos_token_id is set"):
         kinds.spec("seq2seq").new_state(None, dims, None, 8)
     with pytest.raises(HotrodError, match="does not generate"):
         kinds.spec("encoder").new_state(None, dims, None, 8)

@@ -60,7 +60,8 @@ class KindSpec:
         if not self.encodes:
             return DecoderState(backend, dims, capacity=capacity)
         if start_token is None:
-            raise HotrodError("decoder_start_token_id is not set in the model's configs; pass it to generate()")
+            raise HotrodError("neither decoder_start_token_id nor bos_token_id is set in the model's configs; pass "
+                              "decoder_start_token_id to generate()")
         return Seq2SeqState(backend, dims, start_token, capacity=capacity)
 
     def cache_layers(self, dims: Dims) -> int:

@@ -177,9 +177,9 @@ class HotrodModel:
         return self.spec.new_state(self.backend, self.dims, self._start_token(settings), capacity)
 
     def _start_token(self, settings: gen_config.Settings) -> int | None:
-        """An encoder-decoder's first decoder token: the settings', else the model's config's."""
-        start = settings.decoder_start_token_id
-        return getattr(self.config, "decoder_start_token_id", None) if start is None else start
+        """An encoder-decoder's first decoder token: the settings', the model config's, else BOS (transformers')."""
+        starts = (settings.decoder_start_token_id, getattr(self.config, "decoder_start_token_id", None))
+        return next((token for token in starts if token is not None), settings.bos_token_id)
 
     # -- forward --------------------------------------------------------------------------------
 

@@ -204,14 +204,18 @@ def load_tokenizer(path: Path):
 
 
 def load_generation_config(path: Path, config):
-    """generation_config.json if present, else the defaults transformers derives from the model config."""
+    """generation_config.json if present; else, as transformers' from_pretrained reads it, the generation
+    settings an older checkpoint keeps in config.json (BART's num_beams, max_length, no_repeat_ngram_size...),
+    which the loaded model config no longer carries."""
     from transformers import GenerationConfig
 
-    if (path / "generation_config.json").is_file():
-        try:
-            return GenerationConfig.from_pretrained(path)
-        except (OSError, ValueError) as exc:
-            raise HotrodError(f"cannot read {path / 'generation_config.json'}: {first_line(exc)}") from None
+    for name, options in (("generation_config.json", {}),
+                          ("config.json", {"config_file_name": "config.json", "_from_model_config": True})):
+        if (path / name).is_file():
+            try:
+                return GenerationConfig.from_pretrained(path, **options)
+            except (OSError, ValueError) as exc:
+                raise HotrodError(f"cannot read {path / name}: {first_line(exc)}") from None
     return GenerationConfig.from_model_config(config)
 
 

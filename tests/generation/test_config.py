@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -32,8 +34,18 @@ def test_max_length_counts_the_prompt():
 def test_precedence_model_config_then_user_config_then_kwargs():
     model = GenerationConfig(num_beams=2, top_k=7, max_new_tokens=4)
     user = GenerationConfig(num_beams=3)
-    s = resolved(model=model, user=user, top_k=None, max_new_tokens=6)
+    s = resolved(model=model, user=user, max_new_tokens=6)
     assert (s.num_beams, s.top_k, s.max_length) == (3, 7, 5 + 6)
+
+
+def test_a_keyword_argument_none_turns_the_setting_off_as_in_transformers():
+    model = GenerationConfig(top_k=7, top_p=0.5, temperature=0.7, repetition_penalty=1.3, eos_token_id=3,
+                             num_beams=2, max_new_tokens=4)
+    s = resolved(model=model, top_k=None, top_p=None, temperature=None, repetition_penalty=None, eos_token_id=None,
+                 num_beams=None, max_new_tokens=None)
+    assert (s.top_k, s.top_p, s.temperature, s.repetition_penalty, s.eos_token_ids, s.num_beams) == (
+        0, 1.0, 1.0, 1.0, (), 1)
+    assert s.max_length == 5 + 20  # no length set anywhere now: transformers' 20 new tokens
 
 
 def test_pad_defaults_to_the_first_eos():
@@ -185,6 +197,56 @@ def test_generation_config_json_of_the_checkpoint_is_honoured(zoo, backend, tmp_
     model = load_on(hotrod.optimize(source, tmp_path / "art", progress=False) if backend == "onnxruntime"
                     else source, backend)
     assert_same_tokens(model.generate(ids, attention_mask=mask), expected)
+
+
+def test_generation_settings_kept_in_config_json_apply(zoo, backend, tmp_path):
+    """An older checkpoint without generation_config.json keeps its settings in config.json; transformers
+    reads them from there, and so does hotrod (and the artifact records them)."""
+    source = zoo.copy_checkpoint("bart", tmp_path / "ckpt")
+    (source / "generation_config.json").unlink(missing_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    settings = dict(num_beams=3, max_length=9, min_length=4, no_repeat_ngram_size=2)
+    (source / "config.json").write_text(json.dumps({**config, **settings}))
+    ids, mask = prompt_batch(CASES["bart"], (5, 3))
+    reference = CASES["bart"].hf_class.from_pretrained(source).eval()
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask)
+    assert expected.shape[1] == 9
+    model = load_on(hotrod.optimize(source, tmp_path / "art", progress=False) if backend == "onnxruntime"
+                    else source, backend)
+    assert {k: getattr(model.generation_config, k) for k in settings} == settings
+    assert_same_tokens(model.generate(ids, attention_mask=mask), expected)
+
+
+def test_eos_none_decodes_past_the_models_eos_as_transformers(zoo, backend, tmp_path):
+    source = zoo.copy_checkpoint("gpt2", tmp_path / "ckpt")
+    ids, mask = prompt_batch(CASES["gpt2"], (5, 3))
+    reference = CASES["gpt2"].hf_class.from_pretrained(source).eval()
+    with torch.no_grad():
+        first = int(reference.generate(ids, attention_mask=mask, max_new_tokens=1)[0, -1])
+    settings = json.loads((source / "generation_config.json").read_text())
+    (source / "generation_config.json").write_text(json.dumps({**settings, "eos_token_id": first}))
+    reference = CASES["gpt2"].hf_class.from_pretrained(source).eval()
+    model = load_on(hotrod.optimize(source, tmp_path / "art", progress=False) if backend == "onnxruntime"
+                    else source, backend)
+    for kwargs in ({}, {"eos_token_id": None}):
+        with torch.no_grad():
+            expected = reference.generate(ids, attention_mask=mask, max_new_tokens=6, **kwargs)
+        assert_same_tokens(model.generate(ids, attention_mask=mask, max_new_tokens=6, **kwargs), expected)
+
+
+def test_a_seq2seq_start_falls_back_to_bos_as_in_transformers(zoo, tmp_path):
+    source = zoo.copy_checkpoint("t5", tmp_path / "ckpt")
+    for name in ("config.json", "generation_config.json"):
+        settings = json.loads((source / name).read_text())
+        settings.pop("decoder_start_token_id", None)
+        (source / name).write_text(json.dumps({**settings, "bos_token_id": 1}))
+    ids, mask = prompt_batch(CASES["t5"], (5, 3))
+    reference = CASES["t5"].hf_class.from_pretrained(source).eval()
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask, max_new_tokens=3)
+    assert (expected[:, 0] == 1).all()
+    assert_same_tokens(load_on(source, "torch").generate(ids, attention_mask=mask, max_new_tokens=3), expected)
 
 
 UNSUPPORTED = {  # generation_config.json settings, given a token the plain greedy output starts with

@@ -52,11 +52,11 @@ DEFAULTS: dict[str, Any] = {
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
 }
-# Processor settings whose "off" is None: a keyword argument None turns the model's own off, as in
-# transformers (whose `GenerationConfig.update` sets it), where an mBART caller drops its forced language.
-NONE_TURNS_OFF = frozenset(
-    {"no_repeat_ngram_size", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
-     "begin_suppress_tokens"})
+# A keyword argument None sets the setting to None, as transformers' `GenerationConfig.update` does, and None
+# turns it off there: the model's own EOS, top-k, forced language... no longer apply. What None means for each
+# setting whose default is not None (no top-k filter, no penalty, ...); the others are None.
+NONE_MEANS = {"min_length": 0, "num_beams": 1, "do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+              "repetition_penalty": 1.0, "num_return_sequences": 1, "length_penalty": 1.0, "early_stopping": False}
 # Accepted for compatibility with transformers' callers; hotrod always decodes with a cache and
 # returns a plain tensor.
 IGNORED = {"use_cache": True, "return_dict_in_generate": False, "output_scores": False, "output_logits": False}
@@ -106,6 +106,7 @@ class Settings:
     length_penalty: float
     early_stopping: bool | str
     decoder_start_token_id: int | None
+    bos_token_id: int | None  # an encoder-decoder's first token where no decoder start is set, as in transformers
     # Processors (transformers' order, `hotrod.generation.sampling.process`); each empty or 0 when off.
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # EOS alone left out, as transformers does
@@ -132,7 +133,8 @@ class Settings:
 
 
 def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Model config < caller's GenerationConfig < keyword arguments; None means unset."""
+    """Model config < caller's GenerationConfig < keyword arguments. None in a config is unset; a keyword
+    argument None turns the setting off (`NONE_MEANS`), as in transformers."""
     values = dict(DEFAULTS)
     if user_config is not None:
         _check_user_config(user_config)
@@ -151,8 +153,7 @@ def merge(model_config: Any, user_config: Any, kwargs: dict[str, Any]) -> dict[s
             continue
         if key not in DEFAULTS:
             raise HotrodError(f"generate() got an unknown argument {key!r}")
-        if value is not None or key in NONE_TURNS_OFF:
-            values[key] = value
+        values[key] = NONE_MEANS.get(key) if value is None else value
     return values
 
 
@@ -241,6 +242,7 @@ def resolve(values: dict[str, Any], prompt_length: int, max_positions: int | Non
         length_penalty=float(check_number("length_penalty", values["length_penalty"])),
         early_stopping=values["early_stopping"],
         decoder_start_token_id=start,
+        bos_token_id=_token_id("bos_token_id", values["bos_token_id"], vocab_size, optional=True),
         **_processors(values, eos_ids, prompt_length, vocab_size),
     )
     _check_ranges(settings)
