@@ -12,7 +12,6 @@ import dataclasses
 import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ from hotrod.generation.spares import Spares
 from hotrod.generation.state import DecodingState
 from hotrod.kinds import spec as kind_spec
 from hotrod.model_inputs import as_mask, check_row, left_padded, token_ids, token_types
+from hotrod.outputs import ModelOutput
 from hotrod.pipelines import languages, sentence
 from hotrod.pipelines.base import Row, padded
 from hotrod.pipelines.sentence import SentencePipeline
@@ -39,21 +39,6 @@ from hotrod.registry import Family
 # What finished generate() calls keep for the next ones at most, in all (`hotrod.generation.spares`):
 # GPT-2 124M's whole 1,024 positions at fp32 for one row take 72 MiB.
 SPARE_CACHE_BYTES = 256 * 2**20
-
-
-@dataclass
-class ModelOutput:
-    """What transformers' forward returns, for the fields hotrod computes."""
-
-    logits: torch.Tensor | None = None
-    last_hidden_state: torch.Tensor | None = None
-    encoder_last_hidden_state: torch.Tensor | None = None
-    start_logits: torch.Tensor | None = None  # question answering
-    end_logits: torch.Tensor | None = None
-    embeddings: torch.Tensor | None = None  # sparse-embedding: the SPLADE vectors [batch, vocab]
-
-    def __getitem__(self, key: str) -> torch.Tensor | None:
-        return getattr(self, key)
 
 
 class HotrodModel:
@@ -184,11 +169,19 @@ class HotrodModel:
     # -- forward --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def __call__(self, input_ids=None, attention_mask=None, token_type_ids=None, decoder_input_ids=None,
+    def __call__(self, input_ids=None, attention_mask=None, *third, token_type_ids=None, decoder_input_ids=None,
                  **unsupported: Any) -> ModelOutput:
-        """One forward pass with transformers' output fields: a language model's `.logits`; an encoder's head's."""
+        """One forward pass with transformers' output fields: a language model's `.logits`; an encoder's head's.
+        The third positional argument is transformers': a seq2seq model's decoder_input_ids, else token_type_ids."""
         if unsupported:  # output_hidden_states=, past_key_values=, ...: one line each, not a TypeError
             raise HotrodError(f"model() does not support {next(iter(unsupported))}=")
+        if len(third) > 1 or (third and (token_type_ids, decoder_input_ids) != (None, None)):
+            raise HotrodError("model() takes input_ids, attention_mask and one more input by position; pass the rest "
+                              "by name")
+        if third and self.spec.generates and self.spec.encodes:
+            decoder_input_ids = third[0]
+        elif third:
+            token_type_ids = third[0]
         with torch_threads(self.backend.loop_threads):
             return self._forward(input_ids, attention_mask, token_type_ids, decoder_input_ids)
 
@@ -200,6 +193,9 @@ class HotrodModel:
         input_ids = token_ids(input_ids, self.dims)
         mask = torch.ones_like(input_ids) if attention_mask is None else as_mask(attention_mask, input_ids.shape)
         if not self.spec.generates:
+            if decoder_input_ids is not None:  # a BART head builds its decoder's inputs from input_ids in its graph
+                raise HotrodError(f"decoder_input_ids: this {self.config.model_type} model runs as an encoder, its "
+                                  "decoder's inputs made from input_ids as transformers makes them by default")
             types = torch.zeros_like(input_ids) if token_type_ids is None else token_types(token_type_ids, input_ids.shape, self.dims)
             return ModelOutput(**self._encode(input_ids, mask, types, device))
         if token_type_ids is not None:  # a generating model's graphs have no such input

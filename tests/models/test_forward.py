@@ -54,6 +54,30 @@ def test_lm_logits_without_attention_mask(zoo, lm_case, backend):
     assert_close_where(ours.logits, theirs.logits, atol=CASES[lm_case].atol)
 
 
+def assert_read_as_transformers(zoo, name: str, backend: str) -> None:
+    """By position (`out[0]`, as the pooling snippets on model cards read it), as a mapping, as a tuple; a
+    seq2seq model's third positional argument is decoder_input_ids, as transformers' T5 and BART take it."""
+    ids, mask = prompt_batch(CASES[name], BATCH)
+    third = [decoder_inputs(len(BATCH))] if CASES[name].kind == "seq2seq" else []
+    with torch.no_grad():  # (GPT-2's second positional argument is past_key_values)
+        theirs = zoo.reference(name)(ids, mask, *third) if third else zoo.reference(name)(ids, attention_mask=mask)
+    ours = zoo.model(name, backend)(ids, mask, *third)
+    assert list(ours) == ours.keys() and len(ours) == len(ours.keys()) and ours.keys()[0] in ours
+    assert ours[0] is ours[ours.keys()[0]] is getattr(ours, ours.keys()[0])
+    assert ours.to_tuple() == tuple(ours.values()) and dict(ours.items()).keys() == set(ours.keys())
+    assert_close_where(ours[0], theirs[0], mask if CASES[name].kind != "seq2seq" else None, CASES[name].atol)
+    with pytest.raises(KeyError):
+        ours["past_key_values"]
+
+
+def test_lm_outputs_are_read_as_transformers_outputs(zoo, lm_case, backend):
+    assert_read_as_transformers(zoo, lm_case, backend)
+
+
+def test_encoder_outputs_are_read_as_transformers_outputs(zoo, encoder_case, backend):
+    assert_read_as_transformers(zoo, encoder_case, backend)
+
+
 def test_seq2seq_encoder_output_matches_transformers(zoo, seq2seq_case, backend):
     ids, mask = prompt_batch(CASES[seq2seq_case], BATCH)
     theirs, ours = run_both(zoo, seq2seq_case, backend, input_ids=ids, attention_mask=mask,

@@ -37,6 +37,13 @@ def test_labels_can_be_kept_or_named(zoo):
     assert some not in {e["entity"] for e in model.tag(TEXTS[0], aggregation_strategy="none", ignore_labels=some)}
 
 
+def test_the_default_aggregation_is_the_pipelines_every_token(zoo):
+    model = zoo.model("bert-ner", "onnxruntime")
+    every = model.tag(TEXTS[0], aggregation_strategy="none")
+    assert model.tag(TEXTS[0]) == every == model.tag(TEXTS[0], aggregation_strategy=None)
+    assert every and all("entity" in e and "index" in e for e in every)
+
+
 def test_a_long_text_is_refused_or_cut(zoo):
     model = zoo.model("bert-ner", "torch")
     long = "the quick brown fox jumps over the lazy dog " * 10

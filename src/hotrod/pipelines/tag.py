@@ -32,10 +32,11 @@ class _Text:
     special: list[int]
 
 
-def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str = "simple",
+def prepare(model: Any, texts: str | Sequence[str], aggregation_strategy: str | None = "none",
             ignore_labels: Sequence[str] | str | None = ("O",), truncate: bool = False) -> Prepared:
     """`model.tag(...)`: entities as transformers' `pipeline("token-classification")` gives them, for
-    aggregation none, simple, first, average or max: a list for one text, a list of lists for several.
+    aggregation none (the pipeline's default: every token), simple, first, average or max: a list for one
+    text, a list of lists for several.
     This makes the rows of one text or a list of texts; a text past the model's positions is refused
     unless `truncate`."""
     tokenizer = require_tokenizer(model, "tag")
