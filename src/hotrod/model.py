@@ -256,9 +256,11 @@ class HotrodModel:
         with torch_threads(self.backend.loop_threads):
             return sentence.embed(self, texts_or_ids, pooling, normalize, batch_size, prompt_name, prompt, truncate_dim)
 
-    def embedding_settings(self, pooling: str | None = None, normalize: bool | None = None) -> dict:
-        """What `embed(pooling=, normalize=)` applies: the pooling modes, and whether it normalizes."""
-        return sentence.settings(self, pooling, normalize)
+    def embedding_settings(self, pooling: str | None = None, normalize: bool | None = None,
+                           truncate_dim: int | None = None) -> dict:
+        """What `embed(pooling=, normalize=, truncate_dim=)` applies: the pooling modes, and whether its vectors
+        are unit length."""
+        return sentence.settings(self, pooling, normalize, truncate_dim)
 
     # -- task heads (`hotrod.pipelines`) -------------------------------------------------------------
 

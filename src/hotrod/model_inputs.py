@@ -88,22 +88,40 @@ def embed_rows(texts_or_ids: Any, tokenizer: Any, dims: Dims) -> list[list[int]]
         texts_or_ids = [texts_or_ids]
     if isinstance(texts_or_ids, torch.Tensor):
         texts_or_ids = texts_or_ids.tolist() if texts_or_ids.dim() == 2 else [texts_or_ids.tolist()]
+    if not isinstance(texts_or_ids, list | tuple):
+        raise HotrodError(f"embed() takes a text, a list of texts, or token ids; got {type(texts_or_ids).__name__}")
     items = list(texts_or_ids)
-    if items and all(isinstance(t, int) for t in items):  # one row of ids
+    if items and all(_is_id(t) for t in items):  # one row of ids
         items = [items]
     if not items:
         raise HotrodError("nothing to embed")
-    if all(isinstance(t, str) for t in items):
+    if any(isinstance(t, str) for t in items):
+        odd = next((i for i, t in enumerate(items) if not isinstance(t, str)), None)
+        if odd is not None:
+            raise HotrodError(f"input {odd} is a {type(items[odd]).__name__}, beside texts; embed texts or token id "
+                              "rows, each alone")
         if tokenizer is None:
             raise HotrodError("this model has no tokenizer; pass token ids instead of text")
         if any(not t.strip() for t in items):
             raise HotrodError("empty text")
         limit = dims.max_positions or None
         items = tokenizer(items, truncation=limit is not None, max_length=limit)["input_ids"]
-    rows = [list(map(int, r)) for r in items]
+    rows = [_id_row(r, i) for i, r in enumerate(items)]
     for row in rows:
         check_row(row, dims)
     return rows
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _id_row(row: Any, index: int) -> list[int]:
+    """One row of token ids; anything else (a float, a nested list, None) is one line naming the row."""
+    values = row.tolist() if isinstance(row, torch.Tensor) else row
+    if not isinstance(values, list | tuple) or not all(_is_id(v) for v in values):
+        raise HotrodError(f"input {index} is not a row of token ids (whole numbers): {str(row)[:60]}")
+    return list(values)
 
 
 def padded_batch(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

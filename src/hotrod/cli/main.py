@@ -252,7 +252,8 @@ def _generate(args) -> int:
 
     told = [flag for flag, name in SAMPLING_FLAGS.items() if getattr(args, name) is not None]
     # do_sample as generate() resolves it: a checkpoint's generation config may sample by default
-    if told and not gen_config.merge(model.generation_config, None, {"do_sample": args.do_sample})["do_sample"]:
+    asked = {} if args.do_sample is None else {"do_sample": args.do_sample}
+    if told and not gen_config.merge(model.generation_config, None, asked)["do_sample"]:
         raise HotrodError(f"{told[0]} applies only when sampling: add --do-sample")
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -299,7 +300,7 @@ def _embed(args) -> int:
     model = _load(args)
     inputs = _parse_ids(args.texts) if args.ids else list(args.texts)
     vectors = model.embed(inputs, args.pooling, args.normalize, prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim)
-    print(json.dumps({**model.embedding_settings(args.pooling, args.normalize), "dim": vectors.shape[1], "embeddings": vectors.tolist()}))
+    print(json.dumps({**model.embedding_settings(args.pooling, args.normalize, args.truncate_dim), "dim": vectors.shape[1], "embeddings": vectors.tolist()}))
     return 0
 
 

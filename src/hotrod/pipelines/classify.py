@@ -52,6 +52,8 @@ def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = NOT
         activation = cross_encoder_activation(model.config)
         function = default_function(model.config) if activation is None else activation
     single = _is_one(inputs)
+    if not single and not isinstance(inputs, list | tuple):
+        raise HotrodError(f"inputs must be a text, a (text, text_pair), or a list of them; got {type(inputs).__name__}")
     items = [inputs] if single else list(inputs)
     if not items:
         raise HotrodError("nothing to classify")

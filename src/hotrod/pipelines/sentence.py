@@ -16,9 +16,8 @@ runs it over a model's encoder, following sentence-transformers 6.2 (`Pooling._f
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,49 +29,23 @@ from hotrod.files import inside
 from hotrod.model_inputs import embed_rows
 from hotrod.pipelines import splade
 from hotrod.pipelines.activation import recorded_in_files
+from hotrod.pipelines.sentence_modules import (
+    MODULES,
+    Dense,
+    Normalize,
+    Pooling,
+    Step,
+    activation,
+    cut_length,
+    module_kind,
+    read_json,
+    read_step,
+    transformer_config,
+)
 from hotrod.pipelines.sentence_tokens import Tokenized, tokenize
 
-MODULES = "modules.json"
 SETTINGS = "config_sentence_transformers.json"
-# sentence-transformers reads the first of these the Transformer module's folder has.
-TRANSFORMER_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
-                       "sentence_camembert_config.json", "sentence_albert_config.json",
-                       "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
-MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-# The old boolean keys, in the order their modes are concatenated.
-_LEGACY = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
-           "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-           "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 DEFAULT_PROMPTS = ("query", "document")  # SentenceTransformer's own names, empty unless the checkpoint fills them
-_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-_OUTPUT = "sentence_embedding"
-
-
-@dataclass(frozen=True)
-class Pooling:
-    modes: tuple[str, ...] = ("mean",)
-    include_prompt: bool = True
-    type: str = "pooling"
-
-
-@dataclass(frozen=True)
-class Dense:
-    in_features: int
-    out_features: int
-    bias: bool
-    activation: str  # a torch.nn module's dotted path
-    use_residual: bool
-    weights: str  # the weights file, relative to the checkpoint
-    type: str = "dense"
-    tensors: dict = field(default_factory=dict, repr=False, compare=False)  # read from `weights`, kept off the JSON
-
-
-@dataclass(frozen=True)
-class Normalize:
-    type: str = "normalize"
-
-
-Step = Pooling | Dense | Normalize
 
 
 @dataclass(frozen=True)
@@ -83,6 +56,7 @@ class SentencePipeline:
     prompts: tuple[tuple[str, str | None], ...] = ()
     default_prompt_name: str | None = None
     similarity_fn_name: str | None = None
+    truncate_dim: int | None = None  # encode's default truncate_dim (a Matryoshka checkpoint's saved one)
     files: tuple[str, ...] = ()  # what the checkpoint holds of it, relative paths: an artifact copies them
 
     @classmethod
@@ -92,23 +66,23 @@ class SentencePipeline:
         if not (path / MODULES).is_file() or recorded_in_files(path) is not None:
             return None  # a CrossEncoder's modules.json lists only its Transformer: its head is the checkpoint's
         steps, files, transformer, transformer_name = [], [MODULES], None, ""
-        entries = _json(path, MODULES)
+        entries = read_json(path, MODULES)
         for entry in entries:
-            module_type = _module_kind(entry, path)
+            module_type = module_kind(entry, path)
             folder = str(entry.get("path") or "")
             if module_type in ("Transformer", *splade.TRANSFORMERS):
                 if folder or steps or transformer is not None:
                     raise HotrodError(f"{path}/{MODULES} puts its Transformer in {folder!r} or after other "
                                       "modules; hotrod runs the checkpoint's own encoder first")
-                transformer, transformer_name = _transformer_config(path), module_type
+                transformer, transformer_name = transformer_config(path), module_type
                 files += [transformer[0]] if transformer[0] else []
                 continue
             if transformer is None:
                 raise HotrodError(f"{path}/{MODULES} does not begin with a Transformer module")
             config_name = f"{folder}/config.json" if folder else ""
-            config = _json(path, config_name) if config_name and inside(path, config_name, MODULES).is_file() else {}
+            config = read_json(path, config_name) if config_name and inside(path, config_name, MODULES).is_file() else {}
             files += [config_name] if config else []
-            step = _step(module_type, config, path, folder)
+            step = read_step(module_type, config, path, folder)
             if isinstance(step, Dense):
                 files.append(step.weights)
             steps.append(step)
@@ -119,11 +93,19 @@ class SentencePipeline:
         if not sparse and (not steps or not isinstance(steps[0], Pooling) or pools > 1):
             raise HotrodError(f"{path}/{MODULES} has no single Pooling module right after its Transformer; "
                               "hotrod embeds with exactly one")
-        settings = _json(path, SETTINGS) if (path / SETTINGS).is_file() else {}
+        settings = read_json(path, SETTINGS) if (path / SETTINGS).is_file() else {}
         prompts = {**dict.fromkeys(DEFAULT_PROMPTS), **(settings.get("prompts") or {})}
-        return cls(tuple(steps), _optional_int(options.get("max_seq_length")), bool(options.get("do_lower_case")),
-                   tuple(prompts.items()), settings.get("default_prompt_name"), settings.get("similarity_fn_name"),
-                   tuple(files + ([SETTINGS] if settings else [])))
+        default = settings.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise HotrodError(f"{path}/{SETTINGS}: default_prompt_name {default!r} is not one of its prompts "
+                              f"({', '.join(map(repr, prompts))})")
+        truncate_dim = settings.get("truncate_dim")
+        if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int)
+                                         or truncate_dim < 1):
+            raise HotrodError(f"{path}/{SETTINGS}: truncate_dim must be a whole number >= 1, got {truncate_dim!r}")
+        return cls(tuple(steps), cut_length(options, f"{path}/{transformer[0] if transformer else ''}"),
+                   bool(options.get("do_lower_case")), tuple(prompts.items()), default,
+                   settings.get("similarity_fn_name"), truncate_dim, tuple(files + ([SETTINGS] if settings else [])))
 
     def to_dict(self) -> dict:
         """The JSON the artifact's manifest records ("sentence_transformers")."""
@@ -131,7 +113,8 @@ class SentencePipeline:
                  for s in self.steps]
         return {"modules": steps, "max_seq_length": self.max_seq_length, "do_lower_case": self.do_lower_case,
                 "prompts": dict(self.prompts), "default_prompt_name": self.default_prompt_name,
-                "similarity_fn_name": self.similarity_fn_name, "files": list(self.files)}
+                "similarity_fn_name": self.similarity_fn_name, "truncate_dim": self.truncate_dim,
+                "files": list(self.files)}
 
     def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         """The prompt text `encode` would prepend: `prompt`, the named one, or the default one."""
@@ -178,15 +161,20 @@ def output_width(steps: tuple[Step, ...], hidden: int) -> int:
 
 
 def width(model: Any) -> int:
-    """The width of the model's own embeddings (its pipeline's, else the hidden size)."""
-    return output_width((model.sentence or PLAIN).steps, model.dims.hidden_size)
+    """The width of the model's own embeddings (its pipeline's, cut to its truncate_dim; else the hidden size)."""
+    pipe = model.sentence or PLAIN
+    full = output_width(pipe.steps, model.dims.hidden_size)
+    return min(full, pipe.truncate_dim or full)
 
 
-def settings(model: Any, pooling: str | None, normalize: bool | None) -> dict:
+def settings(model: Any, pooling: str | None, normalize: bool | None, truncate_dim: int | None = None) -> dict:
     """What `embed` applies for these overrides (the command prints it): the pooling modes, joined by "+",
-    and whether the vectors are normalized."""
-    steps = (model.sentence or PLAIN).with_overrides(pooling, normalize)
-    normalized = bool(normalize) or (normalize is None and any(isinstance(s, Normalize) for s in steps))
+    and whether the vectors are unit length (normalized last, after any cut to truncate_dim)."""
+    pipe = model.sentence or PLAIN
+    steps = pipe.with_overrides(pooling, normalize)
+    cut = truncate_dim or pipe.truncate_dim
+    whole = cut is None or cut >= output_width(steps, model.dims.hidden_size)
+    normalized = bool(normalize) or (normalize is None and isinstance(steps[-1], Normalize) and whole)
     return {"pooling": "+".join(steps[0].modes), "normalized": normalized}
 
 
@@ -195,12 +183,14 @@ def embed(model: Any, inputs: Any, pooling: str | None, normalize: bool | None, 
     """What `HotrodModel.embed` returns (its docstring says what each argument does); `inputs` may also be
     `Tokenized` rows."""
     pipe = model.sentence or PLAIN
+    inputs = _listed(inputs)
     texts = _texts(inputs)
     if texts is None and (prompt is not None or prompt_name is not None):
         raise HotrodError("a prompt goes before text; token ids cannot take prompt or prompt_name")
     chosen = pipe.resolve_prompt(prompt, prompt_name) if texts is not None else None
     steps = pipe.with_overrides(pooling, normalize)
     width = output_width(steps, model.dims.hidden_size)
+    truncate_dim = pipe.truncate_dim if truncate_dim is None else truncate_dim  # encode's default: the saved one
     if truncate_dim is not None and not (isinstance(truncate_dim, int) and 1 <= truncate_dim <= width):
         raise HotrodError(f"truncate_dim must be between 1 and the embedding's width {width}, got {truncate_dim!r}")
     if isinstance(inputs, Tokenized):
@@ -260,98 +250,6 @@ def pool(step: Pooling, hidden: torch.Tensor, mask: torch.Tensor, prompt_length:
     return torch.cat(vectors, dim=-1)
 
 
-# -- reading ----------------------------------------------------------------------------------------
-
-
-def _json(path: Path, name: str) -> Any:
-    file = inside(path, name, f"{path}/{MODULES}")
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HotrodError(f"cannot read {file}: {exc}") from None
-
-
-def _module_kind(entry: Any, path: Path) -> str:
-    """The module's class name where hotrod runs it (sentence-transformers' own Transformer, Pooling, Dense or
-    Normalize, under any of its module paths); anything else is refused by name."""
-    module_type = str(entry.get("type", "")) if isinstance(entry, dict) else repr(entry)
-    name = module_type.rpartition(".")[2]
-    if module_type.startswith("sentence_transformers.") and name in ("Transformer", "Pooling", "Dense", "Normalize",
-                                                                      splade.MODULE, *splade.TRANSFORMERS):
-        return name
-    raise HotrodError(f"{path}/{MODULES} has a {module_type} module, which hotrod does not run; it embeds with "
-                      "Transformer, Pooling, Dense and Normalize modules only (a SparseEncoder with its "
-                      "Transformer and SpladePooling)")
-
-
-def _transformer_config(path: Path) -> tuple[str, dict]:
-    for name in TRANSFORMER_CONFIGS:
-        if (path / name).is_file():
-            return name, _json(path, name)
-    return "", {}
-
-
-def _step(module_type: str, config: dict, path: Path, folder: str) -> Step:
-    if module_type == "Normalize":
-        return Normalize()
-    if module_type == splade.MODULE:  # a SparseEncoder's (`hotrod.pipelines.splade`)
-        return splade.step(config, path, folder)
-    for key in ("module_input_name", "module_output_name"):
-        if config.get(key, _OUTPUT) not in (None, _OUTPUT):
-            raise HotrodError(f"{path}/{folder} reads or writes {config[key]!r}; hotrod runs modules on the "
-                              "sentence embedding only")
-    if module_type == "Pooling":
-        modes = config.get("pooling_mode")
-        if modes is None:
-            modes = [mode for key, mode in _LEGACY.items() if config.get(key)] or ["mean"]
-        modes = (modes,) if isinstance(modes, str) else tuple(modes)
-        unknown = [m for m in modes if m not in MODES]
-        if unknown or not modes:
-            raise HotrodError(f"{path}/{folder} asks for pooling {unknown or modes}; known: {', '.join(MODES)}")
-        return Pooling(modes, bool(config.get("include_prompt", True)))
-    activation = str(config.get("activation_function") or "torch.nn.modules.activation.Tanh")
-    _activation(activation, f"{path}/{folder}")
-    weights = next((f"{folder}/{n}" for n in _WEIGHTS if inside(path, f"{folder}/{n}", MODULES).is_file()), None)
-    if weights is None:
-        raise HotrodError(f"{path}/{folder} has no weights ({' or '.join(_WEIGHTS)})")
-    try:
-        step = Dense(int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True)),
-                     activation, bool(config.get("use_residual", False)), weights)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HotrodError(f"{path}/{folder}/config.json is incomplete: {exc}") from None
-    step.tensors.update(_read_weights(path / weights))
-    return step
-
-
-def _activation(dotted: str, where: str) -> torch.nn.Module:
-    """The activation as an instance of the torch.nn module the path names; other code is never imported."""
-    module, _, name = dotted.rpartition(".")
-    built = None
-    if module == "torch.nn" or module.startswith("torch.nn."):
-        try:
-            built = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            built = None
-    if not (isinstance(built, type) and issubclass(built, torch.nn.Module)):
-        raise HotrodError(f"{where}'s activation_function {dotted!r} is not a torch.nn module; hotrod builds only those")
-    return built()
-
-
-def _read_weights(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return {k: v.float() for k, v in load_file(str(file)).items()}
-        return {k: v.float() for k, v in torch.load(file, map_location="cpu", weights_only=True).items()}
-    except Exception as exc:  # a damaged or foreign file, whatever the reader's complaint
-        raise HotrodError(f"cannot read the Dense weights {file}: {exc}") from None
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
 # -- running ----------------------------------------------------------------------------------------
 
 
@@ -359,11 +257,23 @@ def _dense(step: Dense, vector: torch.Tensor) -> torch.Tensor:
     """sentence-transformers' `Dense.forward`: activation(linear(x)), plus the residual when asked."""
     weights = step.tensors
     out = torch.nn.functional.linear(vector, weights["linear.weight"], weights.get("linear.bias") if step.bias else None)
-    out = _activation(step.activation, "Dense")(out)
+    out = activation(step.activation, "Dense")(out)
     if step.use_residual:
         out = out + (vector if step.in_features == step.out_features
                      else torch.nn.functional.linear(vector, weights["residual.weight"]))
     return out
+
+
+def _listed(inputs: Any) -> Any:
+    """`inputs` as encode reads them: a numpy array, a generator or another iterable of texts (or of id rows)
+    as a list; a text, a tensor and `Tokenized` rows as they are."""
+    if isinstance(inputs, str | bytes | torch.Tensor | Tokenized):
+        return inputs
+    if hasattr(inputs, "tolist"):  # a numpy array
+        return inputs.tolist()
+    if isinstance(inputs, Iterable) and not isinstance(inputs, list | tuple | dict):
+        return list(inputs)
+    return inputs
 
 
 def _texts(inputs: Any) -> list[str] | None:
