@@ -250,3 +250,12 @@ def test_the_official_client_batches_retrieves_and_reads_refusals_as_bad_request
         api.completions.create(model="gpt", prompt="hi", presence_penalty=0.5)
     with pytest.raises(openai.NotFoundError, match="'nope' is not served"):
         api.models.retrieve("nope")
+    # what the client types and OpenAI takes: a negative seed, stream obfuscation
+    seeded = api.completions.create(model="gpt", prompt="hi", max_tokens=2, seed=-7, temperature=0.5)
+    assert seeded.choices[0].text and gpt.submitted[-1][1].seed == -7
+    chunks = list(api.completions.create(model="gpt", prompt="hi", max_tokens=2, stream=True,
+                                         stream_options={"include_obfuscation": True, "include_usage": True}))
+    assert all(len(c.model_extra["obfuscation"]) >= 1 for c in chunks) and chunks[-1].usage.completion_tokens == 2
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == _text(gpt, "hi", 2)
+    plain = list(api.completions.create(model="gpt", prompt="hi", max_tokens=2, stream=True))
+    assert all("obfuscation" not in (c.model_extra or {}) for c in plain)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 import httpx
 import numpy as np
@@ -369,6 +370,22 @@ def test_shutting_down_and_timeouts(gpt):
         assert 'endpoint="infer",model="gpt",outcome="timeout"} 1.0' in client.get("/metrics").text
 
 
+def test_tritons_timeout_bounds_a_request_below_the_servers_and_priority_is_refused(gpt):
+    gpt.delay = 0.05
+    with TestClient(create_app({"gpt": gpt}, ServeLimits(request_timeout_s=30))) as client:
+        body = {"inputs": [ids([[5]])], "parameters": {"max_new_tokens": 30, "timeout": 200_000}}  # 0.2 s
+        started = time.monotonic()
+        response = client.post("/v2/models/gpt/infer", json=body)
+        assert response.status_code == 504 and time.monotonic() - started < 5
+        body = {"inputs": [ids([[5]])], "parameters": {"max_new_tokens": 2, "timeout": 30_000_000, "priority": 0}}
+        assert client.post("/v2/models/gpt/infer", json=body).status_code == 200
+        for parameters, words in (({"priority": 2}, "parameters.priority"), ({"timeout": -1}, "parameters.timeout"),
+                                  ({"timeout": 1.5}, "parameters.timeout")):
+            body = {"inputs": [ids([[5]])], "parameters": {"max_new_tokens": 2, **parameters}}
+            response = client.post("/v2/models/gpt/infer", json=body)
+            assert response.status_code == 400 and words in response.json()["error"], response.text
+
+
 def test_openapi_lists_the_v2_routes(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}", "/v2/models/{name}/ready",
@@ -410,7 +427,8 @@ def _triton_calls(http, url: str) -> None:
         assert _rows(result) == alone
         tensor = http.InferInput("input_ids", [2, 4], "INT64")
         tensor.set_data_from_numpy(prompt_ids, binary_data=as_binary)
-        result = client.infer("gpt2", [tensor], model_version="1", request_id="r1", parameters={"max_new_tokens": 6})
+        result = client.infer("gpt2", [tensor], model_version="1", request_id="r1", parameters={"max_new_tokens": 6},
+                              timeout=30_000_000)
         assert _rows(result) == by_ids and result.get_response()["id"] == "r1"
         texts = http.InferInput("text", [2], "BYTES")
         texts.set_data_from_numpy(np.array(prompts, dtype=object), binary_data=as_binary)

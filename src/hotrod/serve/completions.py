@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +27,7 @@ from hotrod.serve.http_errors import (
     worker_error,
 )
 from hotrod.serve.messages import Params, Worker
-from hotrod.serve.schemas import MAX_STOPS, CompletionChoice, CompletionRequest, CompletionResponse
+from hotrod.serve.schemas import MAX_STOPS, CompletionChoice, CompletionRequest, CompletionResponse, StreamOptions
 from hotrod.serve.sse import EventStream, TicketReader, check_end, prompt_context, sse, stream_failed, submit_all
 
 router = APIRouter()
@@ -61,8 +62,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             "model": recorder.model}
     prompt_tokens = sum(map(len, prompts))
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return await _stream(readers, pieces, choices, recorder, head, echoes, prompt_tokens, include_usage)
+        options = body.stream_options or StreamOptions()
+        return await _stream(readers, pieces, choices, recorder, head, echoes, prompt_tokens, options)
     try:
         texts = await asyncio.gather(*(_whole(p) for p in pieces))
     finally:
@@ -164,7 +165,7 @@ async def _whole(pieces: AsyncIterator[Piece]) -> tuple[str, str | None]:
 
 async def _stream(readers: list[TicketReader], pieces: list[AsyncIterator[Piece]], choices: list[Choice],
                   recorder: Recorder, head: dict[str, Any], echoes: list[str], prompt_tokens: int,
-                  include_usage: bool) -> EventStream:
+                  options: StreamOptions) -> EventStream:
     """Chunks of every choice as they come. The first piece of each is awaited before the response
     starts, so a request that fails before its first token still gets a real status code."""
     try:
@@ -177,7 +178,7 @@ async def _stream(readers: list[TicketReader], pieces: list[AsyncIterator[Piece]
     def chunk(index: int, text: str, logprobs: Logprobs | None, finish: str | None) -> str:
         choice = {"text": text, "index": index, "finish_reason": finish,
                   "logprobs": logprobs.as_dict() if logprobs is not None else None}
-        return sse({**head, "choices": [choice]})
+        return sse({**head, "choices": [choice], **_obfuscation(options)})
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -186,9 +187,10 @@ async def _stream(readers: list[TicketReader], pieces: list[AsyncIterator[Piece]
                     yield chunk(index, echo, None, None)
             async for index, (text, logprobs, finish) in _merged(firsts, pieces):
                 yield chunk(index, text, logprobs, finish)
-            if include_usage:
+            if options.include_usage:
                 total = sum(c.tokens for c in choices)
-                yield sse({**head, "choices": [], "usage": usage(prompt_tokens, total).model_dump()})
+                yield sse({**head, "choices": [], "usage": usage(prompt_tokens, total).model_dump(),
+                           **_obfuscation(options)})
             recorder.done("ok")
             yield sse("[DONE]")
         except Exception as exc:  # noqa: BLE001  (a stream ends with an error event, never a dropped connection)
@@ -232,3 +234,9 @@ async def _merged(firsts: list[Piece], pieces: list[AsyncIterator[Piece]]) -> As
     finally:
         for task in tasks:
             task.cancel()
+
+
+def _obfuscation(options: StreamOptions) -> dict[str, str]:
+    """OpenAI's stream obfuscation: random characters of random length in each chunk, asked for by
+    `stream_options.include_obfuscation`, so that a chunk's size on the wire does not give its text away."""
+    return {"obfuscation": secrets.token_urlsafe(1 + secrets.randbelow(16))} if options.include_obfuscation else {}

@@ -153,7 +153,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     _check_version(name, version)
     call = tensors.read_request(await request.body(), request.headers.get(tensors.HEADER))
     found = signature(worker)
-    options, binary = _options(call.parameters, found.parameters)
+    options, binary = _options(call.parameters, found.parameters, request)
     wanted = _requested(call.outputs, found.outputs, binary)
     source = _source(call.inputs, found.inputs, worker)
     items, wheres = _items(request, worker, source)
@@ -190,12 +190,22 @@ def _check_version(name: str, version: str | None) -> None:
 
 # -- the request's parts, checked before any work ---------------------------------------------------------
 
-def _options(parameters: dict[str, Any], model: type[BaseModel]) -> tuple[BaseModel, bool]:
-    """The model's parameters (checked as its /v1 endpoint checks them), and `binary_data_output`."""
+def _options(parameters: dict[str, Any], model: type[BaseModel], request: Request) -> tuple[BaseModel, bool]:
+    """The model's parameters (checked as its /v1 endpoint checks them), and `binary_data_output`; Triton's
+    request parameters that tritonclient's `infer(timeout=, priority=)` send: the timeout (microseconds) bounds
+    this request below the server's own; priority levels are not kept here, so only the default 0 runs."""
     given = dict(parameters)
     binary = given.pop("binary_data_output", False)
     if not isinstance(binary, bool):
         raise bad("parameters.binary_data_output: must be true or false")
+    timeout, priority = given.pop("timeout", None), given.pop("priority", 0)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+            raise bad(f"parameters.timeout: microseconds, a whole number >= 1; got {timeout!r}")
+        request.state.timeout_s = timeout / 1e6
+    if priority != 0 or isinstance(priority, bool):
+        raise bad(f"parameters.priority: this server runs requests in arrival order, without priority levels; "
+                  f"send 0 (the default), not {priority!r}")
     try:
         return model.model_validate(given), binary
     except ValidationError as exc:

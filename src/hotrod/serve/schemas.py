@@ -18,7 +18,8 @@ MAX_CHOICES = 16
 MAX_LOGPROBS = 5  # as OpenAI's legacy completions
 MAX_STOPS = 4
 _MODEL = Field(None, description="A served model's name; optional when the server serves exactly one.")
-_SEED = Field(None, ge=0, le=2**63 - 1, description="Seed of the sampler, for repeatable samples.")
+_SEED = Field(None, ge=-2**63, le=2**63 - 1, description="Seed of the sampler, for repeatable samples (OpenAI's "
+                                                         "range, a signed 64-bit number).")
 
 
 class _Request(BaseModel):
@@ -110,6 +111,8 @@ class EmbedRequest(Pooling):
 
 class StreamOptions(_Request):
     include_usage: bool = Field(False, description="End the stream with a chunk holding only the usage.")
+    include_obfuscation: bool = Field(False, description="Each chunk carries `obfuscation`, random characters of "
+                                                         "random length, so that chunk sizes do not tell the text.")
 
 
 class CompletionRequest(_Request):

@@ -33,12 +33,14 @@ POLL_S = 0.05  # how often a waiting request asks whether its client is still th
 
 
 def submit(request: Request, submit: Callable[[], Ticket]) -> TicketReader:
-    """The ticket of a submitted request, read under the server's timeout; a refusal is its 4xx/5xx."""
+    """The ticket of a submitted request, read under the server's timeout (or the request's own, where lower:
+    `request.state.timeout_s`); a refusal is its 4xx/5xx."""
     try:
         ticket = submit()
     except Exception as exc:  # QueueFull 429, ShuttingDown/WorkerDown 503, HotrodError 400, anything else 500
         raise worker_error(exc, request_id_of(request)) from None
-    return TicketReader(ticket, request, request.app.state.limits.request_timeout_s)
+    limit = request.app.state.limits.request_timeout_s
+    return TicketReader(ticket, request, min(limit, getattr(request.state, "timeout_s", limit)))
 
 
 def submit_all(request: Request, calls: list[Callable[[], Ticket]]) -> list[TicketReader]:
