@@ -115,6 +115,29 @@ def test_the_activation_travels_through_an_artifact(checkpoints, tmp_path):
                                atol=ATOL, rtol=0)
 
 
+def test_a_saved_cross_encoders_prompts_apply_as_predict_applies_them(checkpoints, tmp_path):
+    """sentence-transformers 6 saves a CrossEncoder's prompts: predict puts the default (or the named) one before
+    each pair's first text, and so do rerank and classify, through an artifact too."""
+    from sentence_transformers import CrossEncoder
+
+    source = tmp_path / "prompted"
+    CrossEncoder(str(checkpoints["one_sigmoid"]), device="cpu", prompts={"query": "hello world ", "q2": "a "},
+                 default_prompt_name="query").save(str(source))
+    reference = CrossEncoder(str(source), device="cpu")
+    query, documents = PAIRS[0][0], [b for _, b in PAIRS]
+    for loaded in (hotrod.load(source, backend="torch"),
+                   hotrod.load(hotrod.optimize(source, tmp_path / "art", progress=False, verify_examples=0))):
+        for kwargs in ({}, {"prompt_name": "q2"}, {"prompt": "the "}):
+            expected = torch.as_tensor(reference.predict([(query, d) for d in documents], **kwargs)).float()
+            ranked = {r["index"]: r["score"] for r in loaded.rerank(query, documents, **kwargs)}
+            torch.testing.assert_close(torch.tensor([ranked[i] for i in range(len(documents))]), expected,
+                                       atol=ATOL, rtol=0)
+            scores = _scores(loaded, [(query, d) for d in documents], **kwargs).reshape(-1)
+            torch.testing.assert_close(scores, expected, atol=ATOL, rtol=0)
+        refused(lambda m=loaded: m.rerank(query, documents, prompt_name="nope"), "unknown prompt_name 'nope'")
+        refused(lambda m=loaded: m.rerank(query, documents, prompt="a", prompt_name="q2"), "not both")
+
+
 def test_an_activation_outside_torch_falls_back_as_cross_encoder_does(tmp_path):
     """CrossEncoder without trust_remote_code builds no module outside torch: a one-output head gets its
     sigmoid, a head of several labels its logits (not the pipeline's softmax)."""

@@ -49,8 +49,33 @@ def recorded_in_files(path: Path) -> dict[str, Any] | None:
         raise HotrodError(f"cannot read {file}: {exc}") from None
     if not isinstance(settings, dict) or settings.get("model_type") != "CrossEncoder":
         return None
-    found = settings.get("activation_fn")
-    return {"sentence_transformers": {"activation_fn": found}} if isinstance(found, str) else {}
+    kept = {"activation_fn": settings.get("activation_fn")} if isinstance(settings.get("activation_fn"), str) else {}
+    prompts, default = settings.get("prompts") or {}, settings.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise HotrodError(f"{file}: prompts must map names to texts")
+    if default is not None and default not in prompts:
+        raise HotrodError(f"{file}: default_prompt_name {default!r} is not one of its prompts "
+                          f"({', '.join(map(repr, prompts)) or 'none'})")
+    kept.update({"prompts": prompts, "default_prompt_name": default} if prompts else {})
+    return {"sentence_transformers": kept} if kept else {}
+
+
+def cross_encoder_prompt(config: Any, prompt: str | None, prompt_name: str | None) -> str:
+    """The prompt `CrossEncoder.predict` puts before the first text of each input: `prompt`, the named one, or
+    the checkpoint's default (sentence-transformers 6 saves prompts with a CrossEncoder); "" for none."""
+    if prompt is not None and prompt_name is not None:
+        raise HotrodError("give prompt or prompt_name, not both")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise HotrodError(f"prompt must be a text, got {type(prompt).__name__}")
+        return prompt
+    settings = getattr(config, "sentence_transformers", None)
+    settings = settings if isinstance(settings, dict) else {}
+    prompts = settings.get("prompts") or {}
+    if prompt_name is not None and prompt_name not in prompts:
+        raise HotrodError(f"unknown prompt_name {prompt_name!r}; this model knows {', '.join(prompts) or 'no prompts'}")
+    name = prompt_name if prompt_name is not None else settings.get("default_prompt_name")
+    return prompts.get(name, "") if name is not None else ""
 
 
 def cross_encoder_activation(config: Any) -> Activation | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hotrod.errors import HotrodError, check_choice
-from hotrod.pipelines.activation import Activation, apply_activation, cross_encoder_activation
+from hotrod.pipelines.activation import Activation, apply_activation, cross_encoder_activation, cross_encoder_prompt
 from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
@@ -34,12 +34,14 @@ NOT_GIVEN: Any = _NotGiven()
 
 
 def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = NOT_GIVEN,
-            function_to_apply: str | None = None, truncate: bool = False) -> Prepared:
+            function_to_apply: str | None = None, truncate: bool = False, *, prompt_name: str | None = None,
+            prompt: str | None = None) -> Prepared:
     """`model.classify(...)`: labels and scores as transformers' `pipeline("text-classification")` gives them,
     in its shapes (top_k not given: each input's best label; a number: each input's list of that many; None:
     every label). Inputs: a text, a (text, text_pair) pair, or a list of either; this makes their rows. A
     cross-encoder's checkpoint, asked for no function, scores as `CrossEncoder.predict` (its own activation,
-    no softmax), so the same checkpoint answers alike in both."""
+    no softmax; its prompt, `prompt` or `prompt_name` or its saved default, before each first text), so the
+    same checkpoint answers alike in both."""
     require_tokenizer(model, "classify")
     legacy = top_k is NOT_GIVEN
     top_k = 1 if legacy else top_k
@@ -57,7 +59,8 @@ def prepare(model: Any, inputs: Input | Sequence[Input], top_k: int | None = NOT
     items = [inputs] if single else list(inputs)
     if not items:
         raise HotrodError("nothing to classify")
-    pairs = [_pair(item, i) for i, item in enumerate(items)]
+    before = cross_encoder_prompt(model.config, prompt, prompt_name)  # a CrossEncoder's, before each first text
+    pairs = [(before + first, second) for first, second in (_pair(item, i) for i, item in enumerate(items))]
     if all(second is None for _, second in pairs):
         rows = encode(model, [first for first, _ in pairs], truncate=truncate)
     elif any(second is None for _, second in pairs):

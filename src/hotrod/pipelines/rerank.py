@@ -19,18 +19,21 @@ import torch
 
 from hotrod.errors import HotrodError, check_choice
 from hotrod.pipelines import classify
-from hotrod.pipelines.activation import apply_activation, cross_encoder_activation
+from hotrod.pipelines.activation import apply_activation, cross_encoder_activation, cross_encoder_prompt
 from hotrod.pipelines.base import Prepared, check_text, encode, require_tokenizer, tokenizer_limit
 
 
 def prepare(model: Any, query: str, documents: Sequence[str], top_n: int | None = None,
-            truncate: bool = False, function: str | None = None) -> Prepared:
+            truncate: bool = False, function: str | None = None, *, prompt_name: str | None = None,
+            prompt: str | None = None) -> Prepared:
     """`model.rerank(...)`: documents by a cross-encoder's score for (query, document), best first, as
-    [{"index", "score"}], the score as sentence-transformers' `CrossEncoder.predict` gives it; this makes
-    one row per (query, document) pair. `function` replaces the cross-encoder's own activation with one
-    of classify's (softmax, sigmoid, none), for callers that promise another score (TEI's raw scores)."""
+    [{"index", "score"}], the score as sentence-transformers' `CrossEncoder.predict` gives it (its prompt,
+    `prompt` or `prompt_name` or the checkpoint's default, before the query); this makes one row per
+    (query, document) pair. `function` replaces the cross-encoder's own activation with one of classify's
+    (softmax, sigmoid, none), for callers that promise another score (TEI's raw scores)."""
     require_tokenizer(model, "rerank")
     check_text(query, "the query")
+    query = cross_encoder_prompt(model.config, prompt, prompt_name) + query
     if isinstance(documents, str) or not isinstance(documents, Sequence):
         raise HotrodError("documents must be a list of texts")
     if not documents:
