@@ -172,16 +172,18 @@ class HotrodModel:
     def __call__(self, input_ids=None, attention_mask=None, *third, token_type_ids=None, decoder_input_ids=None,
                  **unsupported: Any) -> ModelOutput:
         """One forward pass with transformers' output fields: a language model's `.logits`; an encoder's head's.
-        The third positional argument is transformers': a seq2seq model's decoder_input_ids, else token_type_ids."""
+        The third positional argument is transformers': an encoder-decoder's decoder_input_ids, else token_type_ids."""
         if unsupported:  # output_hidden_states=, past_key_values=, ...: one line each, not a TypeError
             raise HotrodError(f"model() does not support {next(iter(unsupported))}=")
         if len(third) > 1 or (third and (token_type_ids, decoder_input_ids) != (None, None)):
             raise HotrodError("model() takes input_ids, attention_mask and one more input by position; pass the rest "
                               "by name")
-        if third and self.spec.generates and self.spec.encodes:
+        if third and getattr(self.config, "is_encoder_decoder", False):  # T5, BART, and a BART head
             decoder_input_ids = third[0]
-        elif third:
+        elif third and not self.spec.generates:
             token_type_ids = third[0]
+        elif third:
+            raise HotrodError("a decoder model's forward takes input_ids and attention_mask by position")
         with torch_threads(self.backend.loop_threads):
             return self._forward(input_ids, attention_mask, token_type_ids, decoder_input_ids)
 

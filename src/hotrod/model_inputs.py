@@ -3,9 +3,11 @@ and the rows `embed` reads, each refusal one line naming what is wrong."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
 import torch
 
 from hotrod.errors import HotrodError
@@ -113,15 +115,19 @@ def embed_rows(texts_or_ids: Any, tokenizer: Any, dims: Dims) -> list[list[int]]
 
 
 def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A whole number (Python's, numpy's, a 0-d integer tensor), not a bool."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | numpy.bool_)
 
 
 def _id_row(row: Any, index: int) -> list[int]:
-    """One row of token ids; anything else (a float, a nested list, None) is one line naming the row."""
-    values = row.tolist() if isinstance(row, torch.Tensor) else row
+    """One row of token ids (a list, a tensor, a numpy array); anything else (a float, a nested list, None) is
+    one line naming the row."""
+    values = row.tolist() if hasattr(row, "tolist") else row
     if not isinstance(values, list | tuple) or not all(_is_id(v) for v in values):
         raise HotrodError(f"input {index} is not a row of token ids (whole numbers): {str(row)[:60]}")
-    return list(values)
+    return [int(v) for v in values]
 
 
 def padded_batch(rows: list[list[int]], left: bool, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

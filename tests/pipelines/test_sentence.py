@@ -208,6 +208,10 @@ def test_the_checkpoints_saved_truncate_dim_is_encodes_default(backbone, tmp_pat
         assert_encodes_alike(source, model, [{}, {"truncate_dim": 4}])
         assert model.embed(TEXTS).shape[1] == 8 and model.embedding_settings()["normalized"] is False
         assert model.embedding_settings(normalize=True)["normalized"] is True
+    _edit(source, "config_sentence_transformers.json", truncate_dim=64)  # past the width: a slice of all of it
+    model = hotrod.load(source, backend="torch")
+    assert_encodes_alike(source, model, [{}])
+    assert model.embed(TEXTS).shape[1] == 16
 
 
 def test_the_tokenizers_limit_and_processing_kwargs_cut_as_encode(backbone, tmp_path):
@@ -291,6 +295,12 @@ def test_bad_arguments_are_one_line(backbone, tmp_path):
     _one_line_error(lambda: model.embed([[[2, 30]]]), "input 0 is not a row of token ids")
     _one_line_error(lambda: model.embed([[2.5, 30.0]]), "input 0 is not a row of token ids")
     _one_line_error(lambda: model.embed(torch.tensor([[2.5, 30.0]])), "input 0 is not a row of token ids")
+    import numpy as np
+
+    rows = [[2, 30, 3], [2, 31, 40, 3]]
+    expected = model.embed(rows)
+    for given in ([np.array(r) for r in rows], [list(np.array(r)) for r in rows], [list(torch.tensor(r)) for r in rows]):
+        torch.testing.assert_close(model.embed(given), expected, atol=0, rtol=0)
     assert SentencePipeline.read(tmp_path) is None
 
 

@@ -301,6 +301,7 @@ def test_tei_info_describes_the_one_model(serve, zoo, classifier, reranker):
     tei_error(serve({"bert": zoo.model("bert", "torch"), "cls": classifier}).get("/info"), 400, "several", "bert",
               "cls", "/v1/models")
     tei_error(serve({"gpt": zoo.model("gpt2", "torch")}).get("/info"), 400, "none", "gpt")
+    tei_error(serve({"ner": zoo.model("bert-ner", "torch")}).get("/info"), 400, "none", "ner")  # TEI serves no tagger
 
 # -- the worker: rows of concurrent requests share one model call ----------------------------------------
 

@@ -190,7 +190,8 @@ def embed(model: Any, inputs: Any, pooling: str | None, normalize: bool | None, 
     chosen = pipe.resolve_prompt(prompt, prompt_name) if texts is not None else None
     steps = pipe.with_overrides(pooling, normalize)
     width = output_width(steps, model.dims.hidden_size)
-    truncate_dim = pipe.truncate_dim if truncate_dim is None else truncate_dim  # encode's default: the saved one
+    if truncate_dim is None and pipe.truncate_dim is not None:  # encode's default: the saved one, a slice that
+        truncate_dim = min(pipe.truncate_dim, width)            # keeps all of a narrower vector, as encode's does
     if truncate_dim is not None and not (isinstance(truncate_dim, int) and 1 <= truncate_dim <= width):
         raise HotrodError(f"truncate_dim must be between 1 and the embedding's width {width}, got {truncate_dim!r}")
     if isinstance(inputs, Tokenized):

@@ -157,14 +157,16 @@ async def info(request: Request) -> TeiInfo:
 
 
 def model_type(info: ModelInfo) -> dict[str, dict[str, Any]] | None:
-    """TEI's model_type of a served model: a labelled head is a classifier (a reranker with one label), an
-    encoder with embeddings an embedding model with its pooling; None for one TEI would not serve."""
+    """TEI's model_type of a served model: a text-classification head is a reranker where /rerank runs on it (one
+    label), else a classifier; an encoder with embeddings an embedding model with its pooling; None for one TEI
+    would not serve (a tagger, a question answerer, a decoder)."""
     if info.kind not in ENCODERS:
         return None
-    if info.labels:
-        labels = {"id2label": {str(i): label for i, label in enumerate(info.labels)},
-                  "label2id": {label: i for i, label in enumerate(info.labels)}}
-        return {"reranker" if len(info.labels) == 1 else "classifier": labels}
+    labels = {"id2label": {str(i): label for i, label in enumerate(info.labels)},
+              "label2id": {label: i for i, label in enumerate(info.labels)}}
+    for task, name in ((RERANK, "reranker"), (CLASSIFY, "classifier")):  # what /rerank and /predict serve
+        if tasks.get(task).refusal(info.task or info.kind, len(info.labels), names=info.labels) is None:
+            return {name: labels}
     if info.task is not None and not tasks.get(info.task).embeds:
         return None
     steps = getattr(info.sentence, "steps", None)
