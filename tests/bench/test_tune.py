@@ -39,6 +39,22 @@ def test_a_kernel_is_left_out_only_on_consistent_evidence(lost, speedup, without
     assert timing.chance == pytest.approx(sum(math.comb(15, k) for k in range(lost, 16)) / 2 ** 15)
 
 
+@pytest.mark.parametrize(("lost", "speedup", "without_ms", "decided"), [
+    (15, 0.90, 9.0, True),    # a clear loss: left out
+    (0, 1.30, 13.0, False),   # a clear win: run (put back where an earlier tune left it out)
+    (2, 1.10, 11.0, False),   # 13 of 15 won
+    (6, 1.05, 10.4, None),    # t5-small's int4 products on a Zen 4: no evidence, the earlier choice stays
+    (0, 1.01, 10.1, None),    # won every round, within the margin
+])
+def test_only_evidence_changes_the_machines_choice(lost, speedup, without_ms, decided, monkeypatch, tmp_path):
+    timing = KernelTiming("int4-matmul", 10.0, without_ms, speedup, lost, 15)
+    assert timing.decided is decided
+    monkeypatch.setattr(kernel_choice, "record_path", lambda: tmp_path / "record.json")
+    kernel_choice.record({"int4-matmul": True}, {})
+    _, chosen = kernel_choice.record({t.kernel: t.decided for t in [timing] if t.decided is not None}, {})
+    assert ("int4-matmul" in chosen) is (decided is not False)
+
+
 @library
 def test_tune_times_each_kernel_the_artifact_uses_and_records_the_choice(int8_bert, capsys):
     kernel_choice.record({"int4-matmul": True}, {"int4-matmul": {"speedup": 0.9}})  # one this artifact cannot measure

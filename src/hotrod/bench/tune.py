@@ -7,10 +7,12 @@ judged by the median over the rounds of its round's ratio (the work without it o
 moments apart), which a phase that moves between rounds does not sway. A kernel is recorded as left out on this
 machine (`hotrod.runtime.kernel_choice`) where the work ran faster without it in more rounds than chance
 allows (a one-sided sign test at ALPHA: with 15 rounds, 13 or more) and both that median ratio and the ratio of
-the two medians are below 1 / MARGIN; models loaded afterwards run onnxruntime's ops in its place. One that
-passes only some of these stays, so that noise alone does not flip a choice; a small loss needs more rounds
-(`--runs`) to be found. Kernels that do not apply to this artifact keep
-what an earlier measurement chose for them.
+the two medians are below 1 / MARGIN; models loaded afterwards run onnxruntime's ops in its place. It is put
+back only where the same test finds it faster (a win, the mirror of that loss). A measurement that passes
+neither keeps the earlier choice, so that noise alone does not flip one: the record is the machine's, for every
+artifact, and one artifact's tie (t5-small's products on a Zen 4, 1.05x in 6 of 15 rounds) must not undo
+another's clear loss (GPT-2's, 0.82x in 14 of 15). A small loss needs more rounds (`--runs`) to be found.
+Kernels that do not apply to this artifact keep what an earlier measurement chose for them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,18 @@ class KernelTiming:
     @property
     def left_out(self) -> bool:
         return self.chance < ALPHA and self.speedup * MARGIN < 1.0 and self.without_ms * MARGIN < self.with_ms
+
+    @property
+    def wins(self) -> bool:
+        """Faster with it by the same test a loss must pass: what puts back a kernel left out before."""
+        won = self.rounds - self.lost
+        chance = sum(math.comb(self.rounds, k) for k in range(won, self.rounds + 1)) / 2 ** self.rounds
+        return chance < ALPHA and self.speedup > MARGIN and self.with_ms * MARGIN < self.without_ms
+
+    @property
+    def decided(self) -> bool | None:
+        """Left out (True), run (False), or None where the measurement is no evidence either way."""
+        return True if self.left_out else False if self.wins else None
 
 
 @dataclass(frozen=True)
@@ -94,14 +108,19 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
     measured = {t.kernel: {"with_ms": t.with_ms, "without_ms": t.without_ms, "speedup": t.speedup,
                            "rounds_faster_without": t.lost, "artifact": str(Path(artifact.path).resolve()),
                            "runs": runs, "threads": cpu_threads(threads)} for t in timings}  # as measured
-    # kernels this artifact could not measure keep their choice
-    path, chosen = kernel_choice.record({t.kernel: t.left_out for t in timings}, measured)
+    # kernels this artifact could not measure, or measured without evidence either way, keep their choice
+    path, chosen = kernel_choice.record({t.kernel: t.decided for t in timings if t.decided is not None}, measured)
     return Tuning(timings, chosen, path)
 
 
 def format_tuning(tuning: Tuning) -> str:
     lines = [f"  {'kernel':<14} {'with it ms':>11} {'without ms':>11} {'gain':>6} {'lost':>8} {'p':>6}  here",
              *(f"  {t.kernel:<14} {t.with_ms:11.3f} {t.without_ms:11.3f} {t.speedup:5.2f}x {t.lost:3d} of {t.rounds:<2d} "
-               f"{t.chance:6.3f}  {'onnxruntime runs instead' if t.left_out else 'runs'}" for t in tuning.timings)]
+               f"{t.chance:6.3f}  {_verdict(t, tuning.left_out)}" for t in tuning.timings)]
     out = ", ".join(sorted(tuning.left_out)) or "none"
     return "\n".join([*lines, f"left out on this machine: {out}", f"record: {tuning.record}"])
+
+
+def _verdict(timing: KernelTiming, left_out: frozenset[str]) -> str:
+    now = "onnxruntime runs instead" if timing.kernel in left_out else "runs"
+    return now if timing.decided is not None else f"{now} (no evidence either way: the earlier choice stays)"
