@@ -63,6 +63,24 @@ def test_a_record_keeps_earlier_choices_and_measurements_and_is_written_whole():
     assert kernel_choice.record_path().stat().st_mode & 0o044  # readable as the user's other files are
 
 
+def test_a_tuned_artifact_runs_its_own_verdicts_and_the_machines_elsewhere(tmp_path):
+    """The int4 kernel losing on one artifact's shapes and winning on another's: each keeps its own verdict,
+    an artifact never tuned the machine's choice, and a verdict its tune did not reach the machine's."""
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "gpt2" / "manifest.json").write_text('{"a": 1}')
+    (tmp_path / "t5" / "manifest.json").write_text('{"a": 2}')
+    gpt2, t5 = kernel_choice.artifact_key(tmp_path / "gpt2"), kernel_choice.artifact_key(tmp_path / "t5")
+    assert gpt2 != t5 and kernel_choice.artifact_key(tmp_path) is None  # a build under way: no manifest yet
+    _, chosen = kernel_choice.record({"int4-matmul": True}, {}, gpt2)
+    assert chosen == {"int4-matmul"}
+    _, chosen = kernel_choice.record({"int4-matmul": False, "attention": True}, {}, t5)
+    assert chosen == {"attention"} == kernel_choice.left_out(t5)
+    assert kernel_choice.left_out(gpt2) == {"int4-matmul", "attention"}  # its own int4 verdict, the machine's rest
+    assert kernel_choice.left_out() == {"attention"} == kernel_choice.left_out("never-tuned")
+    assert kernel_choice.tuned_artifacts() == 2
+
+
 def test_a_write_that_fails_leaves_the_record_as_it_was(monkeypatch):
     kernel_choice.record({"attention": True}, {})
     monkeypatch.setattr(files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
@@ -72,7 +90,9 @@ def test_a_write_that_fails_leaves_the_record_as_it_was(monkeypatch):
     assert not list(kernel_choice.record_path().parent.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("text", ["{", '{"left_out": ["turbo"]}', '{"left_out": "rows"}', "[]", '{"other": 1}'])
+@pytest.mark.parametrize("text", ["{", '{"left_out": ["turbo"]}', '{"left_out": "rows"}', "[]", '{"other": 1}',
+                                  '{"left_out": [], "by_artifact": {"k": {"turbo": true}}}',
+                                  '{"left_out": [], "by_artifact": {"k": {"attention": 1}}}'])
 def test_a_damaged_record_warns_and_leaves_nothing_out(text):
     path = kernel_choice.record_path()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -283,7 +283,8 @@ def _hotrod(case: Case, ids: torch.Tensor, mask: torch.Tensor, precision: str, p
     # which of hotrod's CPU kernels ran, and which this machine's `hotrod tune` record left out
     ran = sorted(set().union(*getattr(model.backend, "kernel_ops", {}).values()))
     return System(call, first, precision, dir_size(path), figures={
-        "backend": backend, "kernel_ops": ran, "kernels_left_out": sorted(kernel_choice.left_out())})
+        "backend": backend, "kernel_ops": ran,
+        "kernels_left_out": sorted(kernel_choice.left_out(kernel_choice.artifact_key(Path(path))))})
 
 
 def _one_token(case: Case) -> dict:

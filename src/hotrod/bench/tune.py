@@ -69,7 +69,7 @@ class KernelTiming:
 @dataclass(frozen=True)
 class Tuning:
     timings: list[KernelTiming]
-    left_out: frozenset[str]  # on this machine from now on, this artifact's kernels and others' alike
+    left_out: frozenset[str]  # for this artifact from now on (its own verdicts, else the machine's)
     record: Path
 
 
@@ -109,7 +109,8 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
                            "rounds_faster_without": t.lost, "artifact": str(Path(artifact.path).resolve()),
                            "runs": runs, "threads": cpu_threads(threads)} for t in timings}  # as measured
     # kernels this artifact could not measure, or measured without evidence either way, keep their choice
-    path, chosen = kernel_choice.record({t.kernel: t.decided for t in timings if t.decided is not None}, measured)
+    path, chosen = kernel_choice.record({t.kernel: t.decided for t in timings if t.decided is not None}, measured,
+                                        kernel_choice.artifact_key(Path(artifact.path)))
     return Tuning(timings, chosen, path)
 
 

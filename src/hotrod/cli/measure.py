@@ -93,7 +93,9 @@ def _tune(args: argparse.Namespace) -> int:
             print("record removed: every kernel runs" if kernel_choice.forget() else "no record: every kernel runs")
             return 0
         out = ", ".join(sorted(kernel_choice.left_out())) or "none"
-        print(f"left out on this machine: {out}\nrecord: {kernel_choice.record_path()}")
+        own = kernel_choice.tuned_artifacts()
+        print(f"left out on this machine: {out}" + (f" (and {own} tuned artifacts run their own verdicts)" if own else "")
+              + f"\nrecord: {kernel_choice.record_path()}")
         return 0
     if not args.artifact:
         raise HotrodError("tune needs an artifact to time (or --show, or --forget)")

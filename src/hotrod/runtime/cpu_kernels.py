@@ -35,7 +35,7 @@ class KernelGraph:
 def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     """The graph at `path` with what hotrod's kernels compute rewritten to their ops, for the span of the
     block; None where none applies (or the library is missing, or this CPU cannot run it)."""
-    out = kernel_choice.left_out()
+    out = kernel_choice.left_out(kernel_choice.artifact_key(path.parent))
     int4 = q4.library() is not None and kernel_choice.INT4 not in out  # elsewhere an int4 graph is not even parsed
     int8 = i8.available() and kernel_choice.INT8 not in out
     calibrated = (b"DequantizeLinear",) if int8 else ()  # int8-static's products

@@ -6,6 +6,10 @@ AVX-512 runs on 256-bit units). `hotrod tune` times an artifact's work with ever
 turn, on this machine; a kernel whose absence was faster is recorded here as left out, and graphs loaded
 afterwards keep onnxruntime's ops where it would have run. The record is this machine's: named by the CPU's
 model and flags and by the kernels' library, so another CPU, or a rebuilt library, starts with every kernel.
+
+A kernel's verdict can turn on the shapes (on a Zen 4 the int4 kernel loses on GPT-2's products and wins on
+t5-small's), so the record also keeps each tuned artifact's own verdicts, by its manifest: an artifact that was
+tuned runs what its own measurements chose, and the machine's choice where they chose nothing.
 """
 
 from __future__ import annotations
@@ -70,8 +74,9 @@ def _machine(tiles: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def left_out() -> frozenset[str]:
-    """The kernels this machine leaves out as graphs load: those `hotrod tune` measured slower here."""
+def left_out(artifact: str | None = None) -> frozenset[str]:
+    """The kernels this machine leaves out as graphs load: those `hotrod tune` measured slower here, for the
+    artifact keyed `artifact` (`artifact_key`) by its own measurements where it has them."""
     if _override is not None:
         return _override
     path = record_path()
@@ -79,21 +84,46 @@ def left_out() -> frozenset[str]:
         status = path.stat()
     except OSError:  # no record: every kernel runs
         return frozenset()
-    return _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))
+    machine, own = _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))
+    verdicts = dict(own.get(artifact, ())) if artifact is not None else {}
+    return frozenset({name for name in machine if verdicts.get(name, True)} |
+                     {name for name, out in verdicts.items() if out})
+
+
+def tuned_artifacts() -> int:
+    """How many artifacts the record keeps verdicts of their own for."""
+    path = record_path()
+    try:
+        status = path.stat()
+    except OSError:
+        return 0
+    return len(_recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))[1])
+
+
+def artifact_key(directory: Path) -> str | None:
+    """The key of the artifact in `directory` in the record (its manifest's hash), or None for graphs that are no
+    artifact's (a build under way)."""
+    manifest = directory / "manifest.json"
+    return file_sha256(manifest)[:16] if manifest.is_file() else None
 
 
 @functools.cache
-def _recorded(path: Path, stamp: tuple[int, int, int]) -> frozenset[str]:
+def _recorded(path: Path, stamp: tuple[int, int, int]) -> tuple[frozenset[str], dict[str, tuple]]:
     """The record at `path` as it was at `stamp` (its inode, modification time and size; each write is a new
-    file put in place): read once, again when it changes."""
+    file put in place), read once, again when it changes: the machine's kernels left out, and each tuned
+    artifact's verdicts ((kernel, left out), ...)."""
     try:
-        names = json.loads(path.read_text())["left_out"]
+        body = json.loads(path.read_text())
+        names, own = body["left_out"], body.get("by_artifact", {})
         if not isinstance(names, list) or not all(isinstance(name, str) and name in KERNELS for name in names):
             raise ValueError("left_out must list kernels by name")
+        if not isinstance(own, dict) or not all(isinstance(v, dict) and set(v) <= set(KERNELS) and
+                                                all(isinstance(out, bool) for out in v.values()) for v in own.values()):
+            raise ValueError("by_artifact must map artifacts to kernels' verdicts")
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged record must not stop a model loading
         warnings.warn(f"hotrod: {path} is not a kernel record ({exc}); every kernel runs", stacklevel=2)
-        return frozenset()
-    return frozenset(names)
+        return frozenset(), {}
+    return frozenset(names), {key: tuple(verdicts.items()) for key, verdicts in own.items()}
 
 
 @contextlib.contextmanager
@@ -110,11 +140,11 @@ def leaving_out(names: set[str] | frozenset[str]) -> Iterator[None]:
         _override = before
 
 
-def record(decided: dict[str, bool], measured: dict[str, dict]) -> tuple[Path, frozenset[str]]:
+def record(decided: dict[str, bool], measured: dict[str, dict], artifact: str | None = None) -> tuple[Path, frozenset[str]]:
     """Writes this machine's record: each kernel in `decided` left out or not as it says, every other keeping
-    its earlier choice, with the measurements that chose them (by kernel, beside earlier ones). Two tunes at
-    once take turns (a lock beside the record), so neither drops the other's choices. Returns the record and
-    the kernels it now leaves out."""
+    its earlier choice, with the measurements that chose them (by kernel, beside earlier ones); the same verdicts
+    as the artifact keyed `artifact`'s own. Two tunes at once take turns (a lock beside the record), so neither
+    drops the other's choices. Returns the record and the kernels it now leaves out for that artifact."""
     unknown = set(decided) - set(KERNELS)
     if unknown:
         raise HotrodError(f"unknown kernels {sorted(unknown)}; hotrod's are {', '.join(KERNELS)}")
@@ -126,10 +156,16 @@ def record(decided: dict[str, bool], measured: dict[str, dict]) -> tuple[Path, f
         kept = {name for name in before.get("left_out", []) if name in KERNELS and name not in decided}
         chosen = frozenset(kept | {name for name, out in decided.items() if out})
         earlier = before.get("measured", {})
+        own = before.get("by_artifact", {})
+        own = own if isinstance(own, dict) else {}
+        if artifact is not None:
+            own[artifact] = {**(own.get(artifact) if isinstance(own.get(artifact), dict) else {}), **decided}
         body = {"cpu": native.cpu_name(), "left_out": sorted(chosen),
-                "measured": {**(earlier if isinstance(earlier, dict) else {}), **measured}}
+                "measured": {**(earlier if isinstance(earlier, dict) else {}), **measured}, "by_artifact": own}
         write_whole(path, json.dumps(body, indent=2))
-    return path, chosen
+    verdicts = own.get(artifact, {}) if artifact is not None else {}
+    return path, frozenset({name for name in chosen if verdicts.get(name, True)} |
+                           {name for name, out in verdicts.items() if out})
 
 
 def _read(path: Path) -> dict:
