@@ -6,6 +6,7 @@ library, under hotrod's cache, earlier choices kept where not measured again."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -78,7 +79,17 @@ def test_a_tuned_artifact_runs_its_own_verdicts_and_the_machines_elsewhere(tmp_p
     assert chosen == {"attention"} == kernel_choice.left_out(t5)
     assert kernel_choice.left_out(gpt2) == {"int4-matmul", "attention"}  # its own int4 verdict, the machine's rest
     assert kernel_choice.left_out() == {"attention"} == kernel_choice.left_out("never-tuned")
+    kernel_choice.record({}, {}, "undecided")  # a tune that decided nothing keeps no entry
     assert kernel_choice.tuned_artifacts() == 2
+    body = json.loads(kernel_choice.record_path().read_text())
+    body["by_artifact"]["stale"] = {"turbo": True}  # a kernel a later hotrod dropped: the next tune drops it
+    kernel_choice.record_path().write_text(json.dumps(body))
+    assert kernel_choice.left_out(gpt2) == frozenset()  # meanwhile the record does not read: every kernel runs
+    kernel_choice.record({"layernorm": False}, {}, t5)
+    assert kernel_choice.left_out(gpt2) == {"int4-matmul", "attention"} and kernel_choice.tuned_artifacts() == 2
+    (tmp_path / "gpt2" / "manifest.json").chmod(0)
+    if not os.access(tmp_path / "gpt2" / "manifest.json", os.R_OK):  # root reads it anyway
+        assert kernel_choice.artifact_key(tmp_path / "gpt2") is None
 
 
 def test_a_write_that_fails_leaves_the_record_as_it_was(monkeypatch):

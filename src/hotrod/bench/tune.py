@@ -9,10 +9,11 @@ machine (`hotrod.runtime.kernel_choice`) where the work ran faster without it in
 allows (a one-sided sign test at ALPHA: with 15 rounds, 13 or more) and both that median ratio and the ratio of
 the two medians are below 1 / MARGIN; models loaded afterwards run onnxruntime's ops in its place. It is put
 back only where the same test finds it faster (a win, the mirror of that loss). A measurement that passes
-neither keeps the earlier choice, so that noise alone does not flip one: the record is the machine's, for every
-artifact, and one artifact's tie (t5-small's products on a Zen 4, 1.05x in 6 of 15 rounds) must not undo
-another's clear loss (GPT-2's, 0.82x in 14 of 15). A small loss needs more rounds (`--runs`) to be found.
-Kernels that do not apply to this artifact keep what an earlier measurement chose for them.
+neither keeps the earlier choice, so that noise alone does not flip one: one artifact's tie (t5-small's products
+on a Zen 4, 1.05x in 6 of 15 rounds) must not undo another's clear loss (GPT-2's, 0.82x in 14 of 15). A small
+loss needs more rounds (`--runs`) to be found. The verdicts are the machine's, and this artifact's own too (a
+verdict turns on the shapes): the artifact then loads with its own, others with the machine's. Kernels that do
+not apply to this artifact keep what an earlier measurement chose for them.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class Tuning:
 
 def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_tokens: int = 32, runs: int = 15,
                   threads: int = 0) -> Tuning:
-    """Times the artifact's work with each of hotrod's kernels and without it, and records for this machine
-    the kernels whose absence was faster."""
+    """Times the artifact's work with each of hotrod's kernels and without it, and records for this machine and
+    for this artifact the kernels whose absence was faster (and those whose presence was)."""
     import hotrod
 
     artifact, ids = work_inputs(path, batch, length, new_tokens, runs, "tune chooses among hotrod's CPU kernels")
@@ -107,7 +108,8 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
                             sum(r < 1.0 for r in ratios[name]), runs) for name in used]
     measured = {t.kernel: {"with_ms": t.with_ms, "without_ms": t.without_ms, "speedup": t.speedup,
                            "rounds_faster_without": t.lost, "artifact": str(Path(artifact.path).resolve()),
-                           "runs": runs, "threads": cpu_threads(threads)} for t in timings}  # as measured
+                           "runs": runs, "threads": cpu_threads(threads)}
+                for t in timings if t.decided is not None}  # the measurements that decided, as measured
     # kernels this artifact could not measure, or measured without evidence either way, keep their choice
     path, chosen = kernel_choice.record({t.kernel: t.decided for t in timings if t.decided is not None}, measured,
                                         kernel_choice.artifact_key(Path(artifact.path)))
@@ -119,7 +121,9 @@ def format_tuning(tuning: Tuning) -> str:
              *(f"  {t.kernel:<14} {t.with_ms:11.3f} {t.without_ms:11.3f} {t.speedup:5.2f}x {t.lost:3d} of {t.rounds:<2d} "
                f"{t.chance:6.3f}  {_verdict(t, tuning.left_out)}" for t in tuning.timings)]
     out = ", ".join(sorted(tuning.left_out)) or "none"
-    return "\n".join([*lines, f"left out on this machine: {out}", f"record: {tuning.record}"])
+    machine = ", ".join(sorted(kernel_choice.left_out())) or "none"
+    return "\n".join([*lines, f"left out for this artifact: {out}", f"left out on this machine (artifacts not tuned): "
+                      f"{machine}", f"record: {tuning.record}"])
 
 
 def _verdict(timing: KernelTiming, left_out: frozenset[str]) -> str:

@@ -97,14 +97,17 @@ def tuned_artifacts() -> int:
         status = path.stat()
     except OSError:
         return 0
-    return len(_recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))[1])
+    return sum(1 for verdicts in _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))[1].values()
+               if verdicts)
 
 
 def artifact_key(directory: Path) -> str | None:
-    """The key of the artifact in `directory` in the record (its manifest's hash), or None for graphs that are no
-    artifact's (a build under way)."""
-    manifest = directory / "manifest.json"
-    return file_sha256(manifest)[:16] if manifest.is_file() else None
+    """The key of the artifact in `directory` in the record (its manifest's hash, so a rebuild is a new artifact
+    to tune), or None for graphs that are no artifact's (a build under way)."""
+    try:  # an unreadable manifest must not stop a model loading: the machine's choice then
+        return file_sha256(directory / "manifest.json")[:16]
+    except OSError:
+        return None
 
 
 @functools.cache
@@ -156,10 +159,11 @@ def record(decided: dict[str, bool], measured: dict[str, dict], artifact: str | 
         kept = {name for name in before.get("left_out", []) if name in KERNELS and name not in decided}
         chosen = frozenset(kept | {name for name, out in decided.items() if out})
         earlier = before.get("measured", {})
-        own = before.get("by_artifact", {})
-        own = own if isinstance(own, dict) else {}
-        if artifact is not None:
-            own[artifact] = {**(own.get(artifact) if isinstance(own.get(artifact), dict) else {}), **decided}
+        own = {key: verdicts for key, verdicts in (before.get("by_artifact") or {}).items()  # what still reads
+               if isinstance(verdicts, dict) and set(verdicts) <= set(KERNELS)
+               and all(isinstance(out, bool) for out in verdicts.values())} if isinstance(before.get("by_artifact"), dict) else {}
+        if artifact is not None and decided:
+            own[artifact] = {**own.get(artifact, {}), **decided}
         body = {"cpu": native.cpu_name(), "left_out": sorted(chosen),
                 "measured": {**(earlier if isinstance(earlier, dict) else {}), **measured}, "by_artifact": own}
         write_whole(path, json.dumps(body, indent=2))
