@@ -124,7 +124,7 @@ def test_int8_static_runs_as_integer_kernels_and_leaves_the_rest_fp32(zoo, feeds
         dequantized = {node.output[0] for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
         for node in quantized.graph.node:  # the residual stream and fused ops read fp32 tensors
             if node.op_type not in ("MatMul", "Gemm", "DequantizeLinear"):
-                assert not dequantized & set(node.input[:2]), (name, node.name)
+                assert not dequantized & set(node.input), (name, node.name)
         run(quantized, held_out[name][:1], optimized=tmp_path / f"{name}.onnx")
         ops = [node.op_type for node in onnx.load(str(tmp_path / f"{name}.onnx")).graph.node]
         assert sum(op in QUANTIZED_KERNELS for op in ops) == len(weight_ops(fp32)), (name, ops)
@@ -395,3 +395,25 @@ def test_int8_weights_keep_to_seven_bits_so_every_x86_kernel_is_exact(precision)
     assert weights and all(np.abs(w.astype(np.int32)).max() <= 64 for w in weights)
     [[got]] = run(quantized, [{"x": x}])  # as sessions run it, after onnxruntime's own fusions
     assert np.abs(got - exact).max() <= 0.02 * np.abs(exact).max()  # a saturated sum is off by about half
+
+
+def test_a_constant_shared_with_a_quantized_gemm_stays_fp32_for_its_other_readers():
+    """A Gemm's bias becomes int32 behind a DequantizeLinear; a layer norm reading the same initializer (an
+    optimizer merges equal constants: zero biases and betas) keeps reading it in fp32, to the bit."""
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(8).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(shared, "c"), onnx.numpy_helper.from_array(np.ones(8, np.float32), "g")]
+    nodes = [onnx.helper.make_node("Gemm", ["x", "w", "c"], ["y"]),
+             onnx.helper.make_node("LayerNormalization", ["y", "g", "c"], ["z"], epsilon=1e-5)]
+    graph = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])],
+                                   [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [4, 8])], inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    feeds = [{"x": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(4)]
+    quantized = quantize.int8_static(model, feeds)
+    gemm = next(node for node in quantized.graph.node if node.op_type == "Gemm")
+    norm = next(node for node in quantized.graph.node if node.op_type == "LayerNormalization")
+    constants = {init.name: init for init in quantized.graph.initializer}
+    assert norm.input[2] in constants, "the layer norm reads its beta through a node"
+    assert np.array_equal(onnx.numpy_helper.to_array(constants[norm.input[2]]), shared)
+    assert gemm.input[2] not in constants  # the Gemm's own copy was quantized

@@ -69,3 +69,12 @@ def split_sizes(split: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -
             return []
         given = list(helper.get_attribute_value(listed[0]))
     return given or None
+
+
+def unused_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name_1`, `name_2`, ...: the first not in `taken`, which it joins."""
+    candidate, suffix = name, 1
+    while candidate in taken:
+        candidate, suffix = f"{name}_{suffix}", suffix + 1
+    taken.add(candidate)
+    return candidate

@@ -200,11 +200,15 @@ def _isolate_int8_inputs(path: Path) -> list[str]:
       stream (a layer norm's output, read by the next Q/K/V and by the next residual add) would be
       rounded to uint8 as well. Each quantized activation is read here through an Identity that only the
       quantized nodes use, so the other readers keep the fp32 tensor; `_drop_isolation` removes it after.
+      The same holds for constants: a Gemm's bias becomes int32 behind a DequantizeLinear, and a layer
+      norm reading the same initializer (an optimizer merges equal constants: zero biases and betas) would
+      read it dequantized. Each constant a quantized node shares with another reader is its own copy here.
     """
     model = onnx.load(str(path), load_external_data=False)
     nodes = _weight_op_nodes(model.graph)
     for index, node in enumerate(nodes):
         node.name = node.name or f"{node.op_type}_{index}_{_ISOLATED}"  # the quantizer selects nodes by name
+    _own_constants(model.graph, nodes)  # first: `_isolate` puts copies of the nodes in the graph
     _isolate(model.graph, nodes)
     _declare_fp32(model.graph, {node.input[0] for node in nodes})
     onnx.save_model(model, str(path))  # external weights, if any, stay where they are
@@ -227,6 +231,28 @@ def _isolate(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
         ordered.append(node)
     del graph.node[:]
     graph.node.extend(ordered)
+
+
+def _own_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Give `nodes` their own copy of each initializer (weight, bias) that a node not among them, or a graph
+    output, reads too; the copy keeps an external tensor's reference to the same bytes."""
+    chosen = {id(node) for node in nodes}
+    shared = {name for node in graph.node if id(node) not in chosen for name in node.input}
+    shared |= {output.name for output in graph.output}
+    initializers = {init.name: init for init in graph.initializer}
+    taken = set(initializers) | {name for node in graph.node for name in (*node.input, *node.output)}
+    copies: dict[str, str] = {}
+    for node in nodes:
+        for index in range(1, len(node.input)):
+            name = node.input[index]
+            if name not in shared or name not in initializers:
+                continue
+            if name not in copies:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(initializers[name])
+                copy.name = copies[name] = graphs.unused_name(f"{name}/{_ISOLATED}", taken)
+                graph.initializer.append(copy)
+            node.input[index] = copies[name]
 
 
 def _declare_fp32(graph: onnx.GraphProto, names: set[str]) -> None:

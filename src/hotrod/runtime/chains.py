@@ -75,7 +75,7 @@ def rewrite(model: onnx.ModelProto, kernel: Kernel) -> int:
             kernel.prepare(chain, taken, added)
         key = (chain.weights, chain.bias, chain.negated, *kernel.key(chain))
         if key not in packed:
-            packed[key] = [native.unused_name(f"{chain.weights}_{stem}", taken) for stem in kernel.stems]
+            packed[key] = [graphs.unused_name(f"{chain.weights}_{stem}", taken) for stem in kernel.stems]
             added += [numpy_helper.from_array(array, name) for array, name in zip(kernel.arrays(chain, constants),
                                                                                   packed[key])]
         replacements[id(chain.nodes[-1])] = kernel.op(chain, packed[key])  # where a residual is surely computed

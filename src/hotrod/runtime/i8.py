@@ -139,7 +139,7 @@ def _unit_scale(chain: _Chain, taken: set[str], added: list[onnx.TensorProto]) -
         return
     unit = next((init.name for init in added if init.name.startswith(_UNIT)), None)
     if unit is None:
-        unit = native.unused_name(_UNIT, taken)
+        unit = graphs.unused_name(_UNIT, taken)
         added.append(numpy_helper.from_array(np.ones(1, np.float32), unit))
     chain.row_scales = unit
 

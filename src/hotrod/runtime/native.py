@@ -159,15 +159,6 @@ def add_domain(model: onnx.ModelProto) -> None:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
 
-def unused_name(name: str, taken: set[str]) -> str:
-    """`name`, or `name_1`, `name_2`, ...: the first not in `taken`, which it joins."""
-    candidate, suffix = name, 1
-    while candidate in taken:
-        candidate, suffix = f"{name}_{suffix}", suffix + 1
-    taken.add(candidate)
-    return candidate
-
-
 def swap_initializers(graph: onnx.GraphProto, replaced: set[str], added: list[onnx.TensorProto]) -> None:
     """`added` in; those of `replaced` that no node or graph output reads any more out. The rest are copied
     over: clearing the list frees the originals."""

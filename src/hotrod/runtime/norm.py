@@ -109,7 +109,7 @@ def _replace(node: onnx.NodeProto, width: int, epsilon: float, readers: dict, co
     products = [n for n in readers.get(output, []) if n.op_type in bf16.OPS and n.domain == native.DOMAIN
                 and n.input[0] == output and output not in n.input[1:3]]
     if products and not quantizing and not static and width % bf16.DEPTH == 0:
-        rounded = native.unused_name(f"{output}_bf16", names)
+        rounded = graphs.unused_name(f"{output}_bf16", names)
         for product in products:
             product.input[0] = rounded
         outputs, op = outputs + [rounded], ROUNDED_OP

@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from hotrod.optimize import graphs
 from hotrod.runtime import native
 
 DOMAIN = native.DOMAIN
@@ -80,7 +81,7 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
             weights = numpy_helper.to_array(initializers[node.input[1]])
             arrays = pack(weights, numpy_helper.to_array(initializers[node.input[2]]), attrs["N"], weights.shape[1],
                           attrs["block_size"], numpy_helper.to_array(initializers[bias]) if bias else None)
-            names = tuple(native.unused_name(f"{stem}_q4", taken) for stem in (node.input[1], node.input[2],
+            names = tuple(graphs.unused_name(f"{stem}_q4", taken) for stem in (node.input[1], node.input[2],
                                                                     bias or f"{node.input[1]}_bias"))
             added += [numpy_helper.from_array(array, name) for array, name in zip(arrays, names)]
             packed[key] = names
