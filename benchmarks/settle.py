@@ -29,14 +29,22 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4, help="blocks, alternately with the pause and without")
     parser.add_argument("--threads", type=int, default=2, help="each system's CPU threads")
     args = parser.parse_args()
+    for name in ("runs", "blocks", "threads"):
+        if not 1 <= getattr(args, name) <= 1000:
+            parser.error(f"--{name} must be within 1..1000, got {getattr(args, name)}")
+    if args.workload not in ("W1", "W2"):
+        parser.error(f"--workload times a generating workload llama.cpp runs (W1, W2), got {args.workload!r}")
     case = harness.workload_cases([args.workload])[0]
     reference = pytorch_model(case.source, case.kind, task=case.task)
     ids, mask = case.inputs(reference.config.vocab_size, getattr(reference.config, "pad_token_id", None))
     plan = harness._Plan(PRECISIONS, [], 1, args.threads, "cpu", None, False)  # the bench's own builds and loading
-    systems = {f"hotrod {p}": harness._hotrod(case, ids, mask, p, plan) for p in PRECISIONS}
-    systems |= {name: build() for name, build in llamacpp.builders(case, ids, mask, args.threads).items()
-                if name.endswith(FORMATS)}
-    try:
+    systems = {}
+    try:  # each system built inside, so that a failed build still closes the workers built before it
+        for precision in PRECISIONS:
+            systems[f"hotrod {precision}"] = harness._hotrod(case, ids, mask, precision, plan)
+        for name, build in llamacpp.builders(case, ids, mask, args.threads).items():
+            if name.endswith(FORMATS):
+                systems[name] = build()
         calls = {name: system.call for name, system in systems.items()}
         for block in range(args.blocks):
             settle = SETTLE_S if block % 2 == 0 else 0.0

@@ -237,8 +237,7 @@ def _own_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Give `nodes` their own copy of each initializer (weight, bias) that a node not among them, or a graph
     output, reads too; the copy keeps an external tensor's reference to the same bytes."""
     chosen = {id(node) for node in nodes}
-    shared = {name for node in graph.node if id(node) not in chosen for name in node.input}
-    shared |= {output.name for output in graph.output}
+    shared = graphs.read_names(graph, [node for node in graph.node if id(node) not in chosen])  # bodies too
     initializers = {init.name: init for init in graph.initializer}
     taken = set(initializers) | {name for node in graph.node for name in (*node.input, *node.output)}
     copies: dict[str, str] = {}
