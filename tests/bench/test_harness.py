@@ -5,22 +5,19 @@ Nothing here asserts speed: the machines that run the tests are shared and noisy
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
 import torch
 
-from hotrod import timing
 from hotrod.bench import ct2, harness, peers
 from hotrod.cli import main
 from tests.zoo import TASK_HEADS
 
 
 @pytest.fixture(autouse=True)
-def short_settle(monkeypatch):
-    """The pause between timed calls matters for real figures, not for checking that figures are made."""
-    monkeypatch.setattr(harness, "interleaved", functools.partial(timing.interleaved, settle=0.001))
+def every_test_settles_shortly(short_settle):
+    """Each test here with the conftest's short pause."""
 
 
 def sweep(zoo, name: str, out, *args: str) -> dict:
@@ -82,6 +79,9 @@ def test_missing_peer_is_skipped_with_its_reason(monkeypatch):
     (["--workload", "W1"], "not both"),
     (["--runs", "0"], "--runs must be a whole number within 1..100, got 0"),
     (["--runs", "1000000000"], "--runs must be a whole number within 1..100"),
+    (["--settle", "-1"], "--settle must be a number of seconds within 0..10, got -1.0"),
+    (["--settle", "nan"], "--settle must be a number of seconds within 0..10, got nan"),
+    (["--settle", "inf"], "--settle must be a number of seconds within 0..10, got inf"),
     (["--out", " "], "--out must name a folder"),
     (["--peers", "torch,infinity"], "--peers infinity times reranking (W7) only, and none of these cases reranks"),
     (["--precision", "fp32,int8,fp32"], "--precision names fp32 twice"),
@@ -247,3 +247,19 @@ def test_a_run_cut_short_says_so_and_leaves_no_earlier_report(zoo, tmp_path, no_
 ])
 def test_percentiles_are_nearest_rank(samples, q, expected):
     assert harness._percentile(list(samples), q) == expected
+
+
+def test_settle_is_the_idle_time_before_each_timed_run_and_is_recorded(zoo, tmp_path, no_floor_measurement,
+                                                                         monkeypatch):
+    pauses, real = [], harness.interleaved
+
+    def spy(systems, runs, warmup=1, settle=harness.SETTLE_S):
+        pauses.append(settle)
+        return real(systems, runs=runs, warmup=warmup, settle=settle)
+
+    monkeypatch.setattr(harness, "interleaved", spy)
+    result = sweep(zoo, "bert", tmp_path / "b", "--seq", "4", "--settle", "0")
+    assert pauses and set(pauses) == {0.0} and result["settle_s"] == 0.0
+    pauses.clear()
+    assert sweep(zoo, "bert", tmp_path / "c", "--seq", "4")["settle_s"] == harness.SETTLE_S
+    assert pauses and set(pauses) == {harness.SETTLE_S}

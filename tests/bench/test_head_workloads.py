@@ -4,13 +4,11 @@ system answers like PyTorch, and the peers that cannot run a case are skipped wi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 
 import pytest
 import torch
 
-from hotrod import timing
 from hotrod.bench import harness, infinity_peer, openvino_peer, workloads
 from hotrod.cli import main
 from hotrod.tasks.answer import best_spans, span_f1
@@ -32,10 +30,9 @@ def _tiny_cross_encoder():
 
 
 @pytest.fixture
-def tiny_workloads(monkeypatch, tmp_path, no_floor_measurement):
+def tiny_workloads(monkeypatch, tmp_path, no_floor_measurement, short_settle):
     """W6 and W7 as defined, on tiny models and rows, with their checkpoints under a fresh cache."""
     monkeypatch.setenv("HOTROD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(harness, "interleaved", functools.partial(timing.interleaved, settle=0.001))
     w6, w7 = workloads.WORKLOADS["W6"], workloads.WORKLOADS["W7"]
     tiny = {
         "W6": dataclasses.replace(w6, build=_tiny_qa, lengths=(24,), batches=(1, 3)),

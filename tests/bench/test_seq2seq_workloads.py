@@ -6,13 +6,11 @@ ones benchmarks/WORKLOADS.md states."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
 import transformers
 
-from hotrod import timing
 from hotrod.bench import ct2, harness, openvino_peer, peers, workloads
 from hotrod.bench.case import BEAM_SEARCH, Case
 from tests.bench.test_head_workloads import run_bench
@@ -39,10 +37,9 @@ def _tiny_bart():
 
 
 @pytest.fixture
-def tiny_workloads(monkeypatch, tmp_path, no_floor_measurement):
+def tiny_workloads(monkeypatch, tmp_path, no_floor_measurement, short_settle):
     """W10 and W11 as defined (their cases, beams and search), on tiny models, short rows and few new tokens."""
     monkeypatch.setenv("HOTROD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(harness, "interleaved", functools.partial(timing.interleaved, settle=0.001))
     w10, w11 = workloads.WORKLOADS["W10"], workloads.WORKLOADS["W11"]
     shapes = tuple(dataclasses.replace(s, lengths=tuple(max(2, n // 6) for n in s.lengths[:5])) for s in w10.shapes)
     tiny = {"W10": dataclasses.replace(w10, build=_tiny_marian, new_tokens=5, shapes=shapes),

@@ -39,7 +39,9 @@ from hotrod.kinds import spec as kind_spec
 from hotrod.options import PRECISIONS, check_choice
 from hotrod.runtime import kernel_choice
 from hotrod.source import cache_dir, open_source
-from hotrod.timing import interleaved, synchronized
+from hotrod.timing import SETTLE_S, interleaved, synchronized
+
+MAX_SETTLE_S = 10.0  # idle seconds before a timed run, at most
 
 PEERS = peer_systems.PEERS
 DEFAULT_NEW_TOKENS = 32
@@ -139,10 +141,13 @@ def check_out(out: str) -> Path:
     return path
 
 
-def check_options(precisions: Sequence[str], peers: Sequence[str], runs: int, device: str) -> None:
+def check_options(precisions: Sequence[str], peers: Sequence[str], runs: int, device: str,
+                  settle: float = SETTLE_S) -> None:
     """Refuses a bad option in one line before anything is built or loaded."""
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise HotrodError(f"--runs must be a whole number within 1..{MAX_RUNS}, got {runs!r}")
+    if isinstance(settle, bool) or not isinstance(settle, (int, float)) or not 0 <= settle <= MAX_SETTLE_S:
+        raise HotrodError(f"--settle must be a number of seconds within 0..{MAX_SETTLE_S:g}, got {settle!r}")
     for precision in precisions:
         check_choice("precision", precision, PRECISIONS)
     for peer in peers:
@@ -153,15 +158,16 @@ def check_options(precisions: Sequence[str], peers: Sequence[str], runs: int, de
 
 
 def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], runs: int, threads: int,
-        out: Path, progress: bool = True, device: str = "cpu") -> list[Result]:
-    """Time every case on every system; writes `out`/results.json after each case."""
-    check_options(precisions, peers, runs, device)
+        out: Path, progress: bool = True, device: str = "cpu", settle: float = SETTLE_S) -> list[Result]:
+    """Time every case on every system, each timed run after `settle` idle seconds (`hotrod.timing`); writes
+    `out`/results.json after each case."""
+    check_options(precisions, peers, runs, device, settle)
     idle = [peer for peer in peers if peer in peer_systems.RERANKERS] if not any(c.query for c in cases) else []
     if idle:  # a reranker beside some cases that rerank is skipped on the others, with its reason
         raise HotrodError(f"--peers {idle[0]} times reranking (W7) only, and none of these cases reranks")
     skipped = missing_peers(peers, device)
     plan = _Plan(precisions, [p for p in peers if p not in skipped], runs, threads, device,
-                 machine(threads, device=device), progress)
+                 machine(threads, device=device), progress, settle)
     out.mkdir(parents=True, exist_ok=True)
     for name in REPORT_FILES:  # an earlier run's report beside this run's results would read as one run
         (out / name).unlink(missing_ok=True)
@@ -172,7 +178,7 @@ def run(cases: Sequence[Case], precisions: Sequence[str], peers: Sequence[str], 
                         skipped=dict(skipped))
         _run_case(case, plan, result)
         results.append(result)
-        write_json(results, plan.machine, out, planned)
+        write_json(results, plan.machine, out, planned, settle)
     return results
 
 
@@ -187,6 +193,7 @@ class _Plan:
     device: str
     machine: Machine
     progress: bool
+    settle: float = SETTLE_S  # idle seconds before each timed run
     artifacts: dict[tuple[str, str], Path | HotrodError] = field(default_factory=dict)
 
 
@@ -203,7 +210,7 @@ def _run_case(case: Case, plan: _Plan, result: Result) -> None:
             builders[name] = (build, (Exception,))
     systems, outputs = _prepare(builders, device, result)
     try:
-        _time(case, systems, outputs, plan.runs, mask, reference, plan.machine, result)
+        _time(case, systems, outputs, plan, mask, reference, result)
     finally:
         for system in systems.values():
             _close(system)
@@ -309,11 +316,12 @@ def cached_artifact(source: str | Path, precision: str, device: str = "cpu", pro
     return path
 
 
-def _time(case: Case, systems: dict[str, System], outputs: dict, runs: int, mask: torch.Tensor, reference,
-          m: Machine, result: Result) -> None:
-    times = interleaved({name: s.call for name, s in systems.items()}, runs=runs, warmup=0)
+def _time(case: Case, systems: dict[str, System], outputs: dict, plan: _Plan, mask: torch.Tensor, reference,
+          result: Result) -> None:
+    runs, m = plan.runs, plan.machine
+    times = interleaved({name: s.call for name, s in systems.items()}, runs=runs, warmup=0, settle=plan.settle)
     first = {name: s.first_token for name, s in systems.items() if s.first_token is not None}
-    first_times = interleaved(first, runs=runs, warmup=0) if first else {}
+    first_times = interleaved(first, runs=runs, warmup=0, settle=plan.settle) if first else {}
     step, total = matmul_params(reference, case.kind)
     base = statistics.median(times["pytorch"])
     for name, system in systems.items():
@@ -366,9 +374,10 @@ def _rss() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def write_json(results: Sequence[Result], m: Machine, out: Path, planned: Sequence[str] | None = None) -> Path:
+def write_json(results: Sequence[Result], m: Machine, out: Path, planned: Sequence[str] | None = None,
+               settle: float = SETTLE_S) -> Path:
     """results.json, written whole after each case: `planned` names every case of the run and `complete` says
-    whether all are in, so a run cut short reads as such."""
+    whether all are in, so a run cut short reads as such; `settle_s`, the idle seconds before each timed run."""
     planned = [r.case["name"] for r in results] if planned is None else list(planned)
     payload = {
         "machine": {**asdict(m), "platform": platform.platform(), "python": platform.python_version(),
@@ -376,6 +385,7 @@ def write_json(results: Sequence[Result], m: Machine, out: Path, planned: Sequen
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "planned": planned,
         "complete": len(results) == len(planned),
+        "settle_s": settle,
         "results": [asdict(r) for r in results],
     }
     return write_whole(out / "results.json", json.dumps(payload, indent=2) + "\n")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from hotrod import tasks
 from hotrod.errors import HotrodError
 from hotrod.options import AUTO, BACKENDS, BUILT_PRECISIONS, CALIBRATION_METHODS, DEVICES, ENGINE_PRECISIONS
+from hotrod.timing import SETTLE_S
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "names), optimum (needs an environment of its own: reported as skipped)")
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--settle", type=float, default=SETTLE_S, metavar="S", help="idle seconds before each timed run, "
+                   "so that one system's spinning threads are not timed in the next (0: back to back)")
     p.add_argument("--threads", type=int, default=0, help="threads for every system (default: all cores)")
     p.add_argument("--out", default="bench-results", help="folder for results.json, report.md and charts")
     p.set_defaults(handler=_bench)
@@ -349,7 +352,7 @@ def _bench(args) -> int:
     harness.check_device(args.device)
     if bool(args.workload) == bool(args.source):
         raise HotrodError("give either a model to sweep or --workload W1,..., not both or neither")
-    harness.check_options(args.precision, args.peers, args.runs, args.device)  # before any checkpoint is built
+    harness.check_options(args.precision, args.peers, args.runs, args.device, args.settle)  # before any build
     out = harness.check_out(args.out)
     if args.workload:
         given = [flag for flag, value in (("--batch", args.batch), ("--seq", args.seq),
@@ -361,7 +364,8 @@ def _bench(args) -> int:
         cases = harness.sweep_cases(args.source, args.batch or [1], args.seq or [32], args.new_tokens)
     threads = cpu_threads(args.threads)
     torch.set_num_threads(threads)
-    results = harness.run(cases, args.precision, args.peers, args.runs, threads, out, device=args.device)
+    results = harness.run(cases, args.precision, args.peers, args.runs, threads, out, device=args.device,
+                          settle=args.settle)
     report = write_report(results, out)
     print(report.read_text())
     print(f"report: {report}")
