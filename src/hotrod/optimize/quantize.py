@@ -217,9 +217,7 @@ def _isolate_int8_inputs(path: Path) -> list[str]:
 
 def _isolate(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Make `nodes` read their activation through an Identity of their own where anything else reads it too."""
-    chosen = {id(node) for node in nodes}
-    shared = {name for node in graph.node if id(node) not in chosen for name in node.input}
-    shared |= {output.name for output in graph.output}
+    chosen, shared = {id(node) for node in nodes}, _read_elsewhere(graph, nodes)
     ordered, copies = [], {}
     for node in graph.node:
         source = node.input[0] if id(node) in chosen else None
@@ -236,8 +234,7 @@ def _isolate(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
 def _own_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Give `nodes` their own copy of each initializer (weight, bias) that a node not among them, or a graph
     output, reads too; the copy keeps an external tensor's reference to the same bytes."""
-    chosen = {id(node) for node in nodes}
-    shared = graphs.read_names(graph, [node for node in graph.node if id(node) not in chosen])  # bodies too
+    shared = _read_elsewhere(graph, nodes)
     initializers = {init.name: init for init in graph.initializer}
     taken = set(initializers) | {name for node in graph.node for name in (*node.input, *node.output)}
     copies: dict[str, str] = {}
@@ -252,6 +249,12 @@ def _own_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
                 copy.name = copies[name] = graphs.unused_name(f"{name}/{_ISOLATED}", taken)
                 graph.initializer.append(copy)
             node.input[index] = copies[name]
+
+
+def _read_elsewhere(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> set[str]:
+    """What the graph's other nodes (their If / Loop / Scan bodies too) and its outputs read."""
+    chosen = {id(node) for node in nodes}
+    return graphs.read_names(graph, [node for node in graph.node if id(node) not in chosen])
 
 
 def _declare_fp32(graph: onnx.GraphProto, names: set[str]) -> None:

@@ -79,26 +79,35 @@ def left_out(artifact: str | None = None) -> frozenset[str]:
     artifact keyed `artifact` (`artifact_key`) by its own measurements where it has them."""
     if _override is not None:
         return _override
-    path = record_path()
-    try:
-        status = path.stat()
-    except OSError:  # no record: every kernel runs
-        return frozenset()
-    machine, own = _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))
-    verdicts = dict(own.get(artifact, ())) if artifact is not None else {}
-    return frozenset({name for name in machine if verdicts.get(name, True)} |
-                     {name for name, out in verdicts.items() if out})
+    machine, own = _current()
+    return _combined(machine, dict(own.get(artifact, ())) if artifact is not None else {})
 
 
 def tuned_artifacts() -> int:
     """How many artifacts the record keeps verdicts of their own for."""
+    return sum(1 for verdicts in _current()[1].values() if verdicts)
+
+
+def _combined(machine: frozenset[str] | set[str], verdicts: dict[str, bool]) -> frozenset[str]:
+    """The kernels left out for an artifact: its own verdicts, the machine's choice for the kernels they miss."""
+    return frozenset({name for name in machine if verdicts.get(name, True)} |
+                     {name for name, out in verdicts.items() if out})
+
+
+def _current() -> tuple[frozenset[str], dict[str, tuple]]:
+    """The record as it is now (`_recorded`); nothing left out where there is none."""
     path = record_path()
     try:
         status = path.stat()
-    except OSError:
-        return 0
-    return sum(1 for verdicts in _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))[1].values()
-               if verdicts)
+    except OSError:  # no record: every kernel runs
+        return frozenset(), {}
+    return _recorded(path, (status.st_ino, status.st_mtime_ns, status.st_size))
+
+
+def _verdicts(verdicts: object) -> bool:
+    """Whether `verdicts` is an artifact's entry in the record: hotrod's kernels by name, each left out or not."""
+    return (isinstance(verdicts, dict) and set(verdicts) <= set(KERNELS)
+            and all(isinstance(out, bool) for out in verdicts.values()))
 
 
 def artifact_key(directory: Path) -> str | None:
@@ -120,8 +129,7 @@ def _recorded(path: Path, stamp: tuple[int, int, int]) -> tuple[frozenset[str], 
         names, own = body["left_out"], body.get("by_artifact", {})
         if not isinstance(names, list) or not all(isinstance(name, str) and name in KERNELS for name in names):
             raise ValueError("left_out must list kernels by name")
-        if not isinstance(own, dict) or not all(isinstance(v, dict) and set(v) <= set(KERNELS) and
-                                                all(isinstance(out, bool) for out in v.values()) for v in own.values()):
+        if not isinstance(own, dict) or not all(_verdicts(v) for v in own.values()):
             raise ValueError("by_artifact must map artifacts to kernels' verdicts")
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged record must not stop a model loading
         warnings.warn(f"hotrod: {path} is not a kernel record ({exc}); every kernel runs", stacklevel=2)
@@ -159,17 +167,15 @@ def record(decided: dict[str, bool], measured: dict[str, dict], artifact: str | 
         kept = {name for name in before.get("left_out", []) if name in KERNELS and name not in decided}
         chosen = frozenset(kept | {name for name, out in decided.items() if out})
         earlier = before.get("measured", {})
-        own = {key: verdicts for key, verdicts in (before.get("by_artifact") or {}).items()  # what still reads
-               if isinstance(verdicts, dict) and set(verdicts) <= set(KERNELS)
-               and all(isinstance(out, bool) for out in verdicts.values())} if isinstance(before.get("by_artifact"), dict) else {}
+        earlier_own = before.get("by_artifact")
+        own = {key: verdicts for key, verdicts in earlier_own.items()  # what still reads
+               if _verdicts(verdicts)} if isinstance(earlier_own, dict) else {}
         if artifact is not None and decided:
             own[artifact] = {**own.get(artifact, {}), **decided}
         body = {"cpu": native.cpu_name(), "left_out": sorted(chosen),
                 "measured": {**(earlier if isinstance(earlier, dict) else {}), **measured}, "by_artifact": own}
         write_whole(path, json.dumps(body, indent=2))
-    verdicts = own.get(artifact, {}) if artifact is not None else {}
-    return path, frozenset({name for name in chosen if verdicts.get(name, True)} |
-                           {name for name, out in verdicts.items() if out})
+    return path, _combined(chosen, own.get(artifact, {}) if artifact is not None else {})
 
 
 def _read(path: Path) -> dict:
