@@ -123,6 +123,18 @@ def test_tei_embed_all_and_tokenize(client, source):
 
 
 
+def test_tei_tokenize_counts_bytes_as_tei_does(client):
+    """TEI's start and stop are UTF-8 byte offsets into the text the model reads (its prompt included): a token
+    over a character of several bytes spans them all; the unknown token is a token of the text, not special."""
+    text = "héllo wörld ✓ the fox"
+    tokens = client.post("/tokenize", json={"inputs": text}).json()[0]
+    whole = (PROMPTS["query"] + text).encode()
+    words = [t for t in tokens if not t["special"]]
+    assert [t["text"] for t in tokens if t["special"]] == ["[CLS]", "[SEP]"]
+    assert all(whole[t["start"]:t["stop"]].decode() == t["text"] for t in words)
+    assert {t["text"] for t in words if t["stop"] - t["start"] > len(t["text"])} == {"héllo", "wörld", "✓"}
+
+
 def test_tei_decode_and_info(client, source):
     model = hotrod.load(source, backend="torch")
     rows = model.tokenizer(TEXTS)["input_ids"]

@@ -349,8 +349,9 @@ class TeiToken(BaseModel):
     id: int
     text: str
     special: bool
-    start: int | None = Field(description="The token's first character in the text; null for a special token.")
-    stop: int | None
+    start: int | None = Field(description="The UTF-8 byte offset in the text where the token's text starts, as TEI "
+                                          "counts it; null for a special token.")
+    stop: int | None = Field(description="The byte offset where it ends (exclusive); null for a special token.")
 
 
 class TeiTokens(RootModel[list[list[TeiToken]]]):

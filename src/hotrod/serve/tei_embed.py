@@ -8,6 +8,7 @@ TEI serves one model, so these routes name none: they use the one served encoder
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -174,22 +175,29 @@ def _texts(model: Any, rows: list[list[int]], skip_special: bool) -> list[str]:
 
 
 def _tokens(model: Any, texts: list[str], special: bool) -> list[list[TeiToken]]:
-    """Each text's tokens: a special token by its own name and no characters, another by the characters it
-    covers (a fast tokenizer's offsets)."""
+    """Each text's tokens as TEI gives them: a special token (the tokenizer's special-tokens mask) by its own name
+    and no offsets, another by the text it covers and that text's UTF-8 byte offsets (TEI's `start` and `stop`
+    count bytes; a fast tokenizer's offsets here count characters, so they are turned into bytes)."""
     if model.tokenizer is None:
         raise HotrodError("this model has no tokenizer")
     tokenizer = sentence_tokenizer(model)  # the embedding pipeline's (lowercasing where the checkpoint says)
     if not getattr(tokenizer, "is_fast", False):
         raise HotrodError("this model's tokenizer is not a fast one, so it cannot say which characters a token covers")
-    encoded = tokenizer(texts, add_special_tokens=special, return_offsets_mapping=True)
-    specials = set(tokenizer.all_special_ids)
+    encoded = tokenizer(texts, add_special_tokens=special, return_offsets_mapping=True, return_special_tokens_mask=True)
     result = []
-    for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"]):
+    for text, ids, offsets, mask in zip(texts, encoded["input_ids"], encoded["offset_mapping"],
+                                        encoded["special_tokens_mask"]):
         names = tokenizer.convert_ids_to_tokens(ids)
-        result.append([TeiToken(id=i, text=name, special=True, start=None, stop=None) if i in specials and
-                       start == stop else TeiToken(id=i, text=text[start:stop], special=False, start=start, stop=stop)
-                       for i, name, (start, stop) in zip(ids, names, offsets)])
+        at = _byte_offsets(text)
+        result.append([TeiToken(id=i, text=name, special=True, start=None, stop=None) if marked else
+                       TeiToken(id=i, text=text[start:stop], special=False, start=at[start], stop=at[stop])
+                       for i, name, (start, stop), marked in zip(ids, names, offsets, mask)])
     return result
+
+
+def _byte_offsets(text: str) -> list[int]:
+    """The UTF-8 byte offset of each character index of `text`, its length included (index len(text))."""
+    return list(itertools.accumulate((len(c.encode("utf-8", "surrogatepass")) for c in text), initial=0))
 
 
 @router.post("/", responses=TEI_ERRORS)
