@@ -13,14 +13,15 @@ MACHINE = Machine(cpu="test", threads=2, bandwidth_gbs=20.0, matmul_gflops=200.0
 
 def test_machine_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(floor, "_bandwidth", lambda: calls.append("bw") or 12.5)
+    monkeypatch.setattr(floor, "_bandwidth", lambda megabytes: calls.append(megabytes) or 12.5 + 512 / megabytes)
     monkeypatch.setattr(floor, "_matmul_rate", lambda: 150.0)
     monkeypatch.setattr(floor, "_int8_rate", lambda: None)
     monkeypatch.setattr(floor, "_cpu_half_rate", lambda size, threads: None)
     first = machine(2, root=tmp_path)
     second = machine(2, root=tmp_path)
-    assert first == second and first.bandwidth_gbs == 12.5 and calls == ["bw"]
-    assert machine(2, root=tmp_path, refresh=True) == first and calls == ["bw", "bw"]
+    assert first == second and calls == list(floor.READ_MB)
+    assert first.bandwidth_gbs == 13.5 and first.reads_gbs["4"] == 12.5 + 128  # memory's: the largest set's
+    assert machine(2, root=tmp_path, refresh=True) == first and calls == 2 * list(floor.READ_MB)
     assert first.rate("int8") == first.rate("fp32") == 150e9  # no int8 GEMM: the fp32 rate stands in
 
 
@@ -40,6 +41,22 @@ def test_matmul_params_count_matrices_not_embeddings():
         vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
     step, total = matmul_params(t5, "seq2seq")
     assert step < total  # a decoding step does not read the encoder
+
+
+def test_weights_that_fit_a_measured_working_set_are_read_at_its_rate():
+    """A CPU with a large last-level cache reads small weights again far faster than memory: the floor takes the
+    rate of the largest measured set they fill (a larger set's where noise measured it faster), memory's past
+    every set measured."""
+    cached = Machine(cpu="test", threads=2, bandwidth_gbs=20.0, matmul_gflops=200.0, int8_gops=800.0, measured="now",
+                     reads_gbs={"8": 90.0, "64": 60.0, "128": 65.0, "512": 20.0})
+    mb = 2**20
+    assert cached.read_gbs(4 * mb) == cached.read_gbs(8 * mb) == 90.0  # smaller than any set: the smallest's
+    assert cached.read_gbs(32 * mb) == 90.0 and cached.read_gbs(100 * mb) == 65.0 == cached.read_gbs(64 * mb)
+    assert cached.read_gbs(300 * mb) == 65.0 and cached.read_gbs(512 * mb) == cached.read_gbs(600 * mb) == 20.0
+    assert MACHINE.read_gbs(mb) == 20.0  # none measured (a GPU's record, or an old one): memory's bandwidth
+    weights = 10**8 * 0.625  # int4 bytes, 60 MB: read at the 8 MB set's 90 GB/s
+    assert generation_floor(10**8, 10**8, 0, 10, "int4", cached) == pytest.approx(10 * weights / 90e9)
+    assert forward_floor(10**9, 1, "int8", cached) == pytest.approx(10**9 / 20e9)  # 954 MB: past every set
 
 
 def test_floors_follow_bytes_and_work():

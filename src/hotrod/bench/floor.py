@@ -1,11 +1,16 @@
 """The hardware floor: the least time this machine allows for a workload.
 
-Two numbers describe the machine: its streaming memory bandwidth and its fp32 matrix-multiply rate,
-both measured with torch on the threads the benchmark uses (or on the GPU, for `--device cuda`: a large
-device-to-device copy and large matrix products), and cached per machine (CPU model, cores, threads,
-device) so every run compares against the same floor. A workload's floor is then the larger of its
-weight traffic over the bandwidth (batch-1 decoding reads every weight once per token) and its matrix
-work over the rate (encoders and prefill are compute bound).
+Two kinds of number describe the machine: how fast it reads a working set again and again, and its matrix-multiply
+rates, measured with torch (and onnxruntime, for int8) on the threads the benchmark uses (or on the GPU, for
+`--device cuda`: a large device-to-device copy and large matrix products), and cached per machine (CPU model,
+cores, threads, device) so every run compares against the same floor. A workload's floor is then the larger of
+its weight traffic over the read rate (batch-1 decoding reads every weight once per token) and its matrix work
+over the rate (encoders and prefill are compute bound).
+
+The read rate is measured at working sets from a few MB to 512 MB, since weights that fit in a CPU's last-level
+cache (hundreds of MB on some server parts) are read again from it, not from memory, at several times memory's
+rate: a floor from memory's bandwidth alone would be beaten there. A working set is read at the rate measured for
+the largest measured size that is not larger than it (the faster side), memory's for anything past 512 MB.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +45,20 @@ class Machine:
     # (the kernel bf16-products runs); None on other CPUs, which have no fast half path
     half_gflops: float | None = None
     tiles: bool = False  # whether hotrod's kernels used AMX's tiles (the rates above are those of their paths)
+    # GB/s reading a working set of each size (MB, as text: the record is JSON) again and again; bandwidth_gbs
+    # is the largest's. Empty: not measured (a GPU's), every read at bandwidth_gbs.
+    reads_gbs: dict[str, float] = field(default_factory=dict)
+
+    def read_gbs(self, nbytes: float) -> float:
+        """GB/s for reading `nbytes` of weights once more after the last time: the rate measured for the largest
+        working set not larger than them (the smallest, for less), so that a floor is never above what the
+        machine allows: a smaller set is read faster still, and where a larger one measured faster (noise) its
+        rate is taken. Past every size measured, or none measured: memory's bandwidth."""
+        sizes = sorted((float(size) * 2**20, rate) for size, rate in self.reads_gbs.items())
+        if not sizes or nbytes > sizes[-1][0]:
+            return self.bandwidth_gbs
+        fitting = [i for i, (size, _) in enumerate(sizes) if size <= nbytes]
+        return max(rate for _, rate in sizes[fitting[-1] if fitting else 0:])
 
     def rate(self, precision: str) -> float:
         """Operations per second for matrix work at `precision` (quantized formats compute in int8)."""
@@ -52,8 +71,10 @@ class Machine:
 
 
 # 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotrod's AMX product, the faster; 4: the CPU's
-# half rate, hotrod's bf16 product where it runs; 5: whether the kernels used AMX's tiles, recorded
-METHOD = 5
+# half rate, hotrod's bf16 product where it runs; 5: whether the kernels used AMX's tiles, recorded; 6: the CPU's
+# read rate by working-set size
+METHOD = 6
+READ_MB = (4, 8, 16, 32, 64, 128, 256, 512)  # working sets whose read rate a CPU's record keeps
 
 
 def machine(threads: int, refresh: bool = False, root: Path | None = None, device: str = "cpu") -> Machine:
@@ -90,9 +111,10 @@ def _measure(cpu: str, threads: int, device: str, gpu: str | None) -> Machine:
                        device="cuda", gpu=gpu, half_gflops=_matmul_rate(8192, "cuda", torch.float16))
     from hotrod.runtime.native import tiles_granted
 
-    return Machine(cpu=cpu, threads=threads, bandwidth_gbs=_bandwidth(), matmul_gflops=_matmul_rate(),
+    reads = {str(size): _bandwidth(size) for size in READ_MB}
+    return Machine(cpu=cpu, threads=threads, bandwidth_gbs=reads[str(READ_MB[-1])], matmul_gflops=_matmul_rate(),
                    int8_gops=_int8_rate(), measured=now, half_gflops=_cpu_half_rate(2048, threads),
-                   tiles=tiles_granted())
+                   tiles=tiles_granted(), reads_gbs=reads)
 
 
 def _best(fn, repeats: int, device: str = "cpu") -> float:
@@ -242,12 +264,12 @@ def generation_floor(step_params: int, total_params: int, prompt_tokens: int, ne
     step does not read (an encoder-decoder's encoder), not through the whole model."""
     prompt_params = total_params - step_params if encoder_only else total_params
     prefill = 2 * prompt_params * prompt_tokens / m.rate(precision)
-    per_token = max(step_params * precisions.get(precision).weight_bytes / (m.bandwidth_gbs * 1e9),
-                    2 * step_params * rows / m.rate(precision))
+    weights = step_params * precisions.get(precision).weight_bytes
+    per_token = max(weights / (m.read_gbs(weights) * 1e9), 2 * step_params * rows / m.rate(precision))
     return prefill + new_tokens * per_token
 
 
 def forward_floor(total_params: int, real_tokens: int, precision: str, m: Machine) -> float:
     """Seconds for an encoder forward over the real (unpadded) tokens: work over rate, or weights over bandwidth."""
-    return max(2 * total_params * real_tokens / m.rate(precision),
-               total_params * precisions.get(precision).weight_bytes / (m.bandwidth_gbs * 1e9))
+    weights = total_params * precisions.get(precision).weight_bytes
+    return max(2 * total_params * real_tokens / m.rate(precision), weights / (m.read_gbs(weights) * 1e9))

@@ -3,9 +3,9 @@
 `hotrod profile ARTIFACT` loads an artifact with onnxruntime's profiler on, runs its kind's work (a
 greedy generation of a forced length, or one forward) on seeded token ids after a warm-up, and sums
 the profiler's per-node kernel times per operator type, per run of each graph. Beside them stand two
-floors for one run: its matrix weights over the measured memory bandwidth (what bounds a decoding step,
-which reads every weight once) and its matrix work over the measured matrix rate (what bounds an
-encoder). The work is also timed without the profiler (which costs time of its own at every node), with
+floors for one run: its matrix weights over the rate the machine reads a working set of their size (what
+bounds a decoding step, which reads every weight once) and its matrix work over the measured matrix rate
+(what bounds an encoder). The work is also timed without the profiler (which costs time of its own at every node), with
 the time inside onnxruntime's graph runs summed: the rest is the time outside onnxruntime (binding, the
 decoding loop), per step.
 
@@ -59,7 +59,7 @@ class GraphTimes:
     kernels_ms: float  # the kernels' time per run (a decoder's prompt and steps alike)
     ops: list[OpTime]
     weight_mb: float  # the matrix weights one run reads
-    traffic_floor_ms: float  # those weights over the memory bandwidth
+    traffic_floor_ms: float  # those weights over the machine's read rate for their size (`Machine.read_gbs`)
     work_floor_ms: float  # the matrix work of one run over the matrix rate
     work_kernels_ms: float  # this graph's kernel time in one run of the work
 
@@ -116,7 +116,7 @@ def profile_artifact(path: str | Path, batch: int = 1, length: int = 32, new_tok
         kernels = sum(o.ms for o in ops)
         times.append(GraphTimes(
             graph=name, runs=len(durations), run_ms=run_ms, kernels_ms=kernels, ops=ops, weight_mb=weights / 1e6,
-            traffic_floor_ms=weights / (floor.bandwidth_gbs * 1e9) * 1e3, work_floor_ms=2 * macs * tokens / rate * 1e3,
+            traffic_floor_ms=weights / (floor.read_gbs(weights) * 1e9) * 1e3, work_floor_ms=2 * macs * tokens / rate * 1e3,
             work_kernels_ms=kernels * len(durations) / runs))
     return Profile(work_ms=statistics.fmean(walls), runs_ms=runs_ms, steps=new_tokens if spec.generates else 1,
                    graphs=times)
@@ -232,7 +232,7 @@ def format_profile(profile: Profile, top: int = 12) -> str:
     for g in profile.graphs:
         floor = max(g.traffic_floor_ms, g.work_floor_ms)
         lines.append(f"{g.graph}: {g.runs} runs, kernels {g.kernels_ms:.3f} ms a run; floor {floor:.3f} ms "
-                     f"({g.weight_mb:.1f} MB of matrix weights: {g.traffic_floor_ms:.3f} ms at the bandwidth; "
+                     f"({g.weight_mb:.1f} MB of matrix weights: {g.traffic_floor_ms:.3f} ms at the read rate; "
                      f"matrix work {g.work_floor_ms:.3f} ms at the matrix rate); kernels "
                      f"{g.kernels_ms / floor if floor else float('inf'):.1f}x floor")
         lines.append(f"  {'op':<34} {'ms a run':>9} {'nodes':>6} {'share':>6}")
