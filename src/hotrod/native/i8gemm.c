@@ -213,6 +213,25 @@ static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
   }
 }
 
+/* Without tiles: a column block's weights in L1 through every group of rows (from L2), while the next block's
+ * are asked for into L2, a share each group: a model's weights come from memory (a layer's do not stay in a
+ * last-level cache through the others), and a wait for them met by the first group alone would cost this path
+ * about a sixth of a product at a time (29% on a 3072-column product beside its GELU, 9% on the others, on a
+ * Zen 4: weights read warm against a model's worth of them in rotation). */
+static void vectors(const Problem* p, int64_t first_row, int64_t last_row, int64_t first_col, int64_t last_col) {
+  const int64_t steps = p->k / 64, groups = (last_row - first_row + NARROW_ROWS - 1) / NARROW_ROWS;
+  const int64_t share = (steps * (STEP_BYTES / 64) + groups - 1) / groups; /* lines of the next block a group */
+  for (int64_t col = first_col; col < last_col; col += 32) {
+    const char* next = (const char*)(p->w + (col / 32 + 1) * steps * STEP_BYTES);
+    for (int64_t g = 0; g < groups; g++) {
+      const int64_t row = first_row + g * NARROW_ROWS;
+      for (int64_t line = 0; col + 32 < last_col && line < share; line++)
+        _mm_prefetch(next + (g * share + line) * 64, _MM_HINT_T1);
+      narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
+    }
+  }
+}
+
 /* Cache lines of weights that a block's steps ask for ahead of use (Ahead): `lines` a step from `next`. */
 typedef struct { const char* next; int lines; } Ahead;
 
@@ -255,10 +274,8 @@ static void compute(const Problem* p, int64_t first_row, int64_t last_row, int64
         narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
     return;
   }
-  if (!p->tiles) { /* without tiles: a group of rows in L1 through the unit's weights in L2 */
-    for (int64_t row = first_row; row < last_row; row += NARROW_ROWS)
-      for (int64_t col = first_col; col < last_col; col += 32)
-        narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
+  if (!p->tiles) {
+    vectors(p, first_row, last_row, first_col, last_col);
     return;
   }
   const int64_t blocks = (last_row - first_row + BLOCK_ROWS - 1) / BLOCK_ROWS;
