@@ -15,9 +15,8 @@
  * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
  *   second also quantizing its output as QuantizeRows does (ort_norm.c, norm.c, AVX2).
  *
- * QuantizeRows, the int8 products, Bf16Attention and the LayerNorm ops run on onnxruntime's intra-op threads
- * (KernelContext_ParallelFor, from the version-17 table on; on the calling thread alone where the runtime lacks
- * it). Q4MatMul brings its own.
+ * Every op runs on onnxruntime's intra-op threads (KernelContext_ParallelFor, from the version-17 table on; on
+ * the calling thread alone where the runtime lacks it): no thread of hotrod's spins beside onnxruntime's.
  *
  * onnxruntime's C API is a table of function pointers whose order is fixed (new entries are only ever
  * appended), and a library asks for the table of the version it was written against. This one asks for
@@ -91,7 +90,8 @@ static void compute(void* state, OrtKernelContext* context) {
   /* A version-8 op cannot return an error: a call it cannot make gives NaN, which no caller takes for an
    * answer (inputs that do not fit the packed weights, or memory that ran out). */
   if (x == NULL || w == NULL || s == NULL || b == NULL || !fits(kernel, k, weights, scales, bias) ||
-      hotrod_q4_matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out) != 0)
+      hotrod_q4_matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out, hotrod_run_parallel,
+                       context) != 0)
     for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");
 }
 

@@ -1,7 +1,8 @@
 /* Int4 weight-only matrix products for rows of activations, the kernel behind hotrod's Q4MatMul op.
  *
- * onnxruntime's MatMulNBits is compute bound on one row (a decoding step), short of the memory's bandwidth;
- * this kernel streams the weights at the cache's bandwidth, so a step's products take less time in it.
+ * On a Xeon with AVX-512 VNNI, onnxruntime's MatMulNBits is compute bound on one row (a decoding step), short
+ * of the memory's bandwidth, and this kernel streams the weights faster. On AMD's Zen 4 and Zen 5 MatMulNBits
+ * is the faster there: `hotrod tune` measures the two on each machine and keeps the winner.
  *
  * Weights: 4-bit symmetric (zero point 8), one fp32 scale per column and block of `block` rows of K.
  * Packed for AVX-512 VNNI: for each group of 16 columns and each 8 consecutive k, 64 bytes; byte b of
@@ -13,15 +14,14 @@
  */
 #include <immintrin.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "q4gemm.h"
 
 #define GROUP_COLS HOTROD_Q4_COLS /* 4 groups of 16 columns */
+#define UNITS_A_THREAD 4
 
 /* -- activations -------------------------------------------------------------------------------- */
 
@@ -148,76 +148,6 @@ static void run_columns(const Job* job, int64_t c0, int64_t c1) {
            sizeof(float) * tail);
 }
 
-/* -- threads -------------------------------------------------------------------------------------- */
-
-/* Helpers spin between jobs for a while (a decoding step's products come in quick succession, and waking
- * a sleeping thread costs more than the gap between them), then sleep until the next job. */
-#define MAX_HELPERS 63
-#define SPIN_NS 2000000L
-
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* one job at a time uses the helpers */
-static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
-static int helpers = 0;
-static const Job* current;
-static int64_t share_chunks[MAX_HELPERS + 2];
-static atomic_long tickets[MAX_HELPERS]; /* helper i's latest job: it works when its own ticket moves */
-static long issued;                      /* jobs handed out so far (under pool_lock) */
-static atomic_int done;
-static atomic_int sleeping;
-
-static long now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-static void* helper_main(void* arg) {
-  const int index = (int)(intptr_t)arg;
-  long seen = 0;
-  for (;;) {
-    long start = now_ns(), spins = 0;
-    while (atomic_load_explicit(&tickets[index], memory_order_acquire) == seen) {
-      _mm_pause();
-      if (++spins % 256 == 0 && now_ns() - start > SPIN_NS) {
-        pthread_mutex_lock(&sleep_lock);
-        atomic_fetch_add(&sleeping, 1);
-        while (atomic_load(&tickets[index]) == seen) pthread_cond_wait(&wake, &sleep_lock);
-        atomic_fetch_sub(&sleeping, 1);
-        pthread_mutex_unlock(&sleep_lock);
-        break;
-      }
-    }
-    seen = atomic_load_explicit(&tickets[index], memory_order_acquire);
-    run_columns(current, share_chunks[index + 1], share_chunks[index + 2]);
-    atomic_fetch_add_explicit(&done, 1, memory_order_release);
-  }
-  return NULL;
-}
-
-/* A forked child has none of its parent's helpers (and no one to unlock what they held): it starts anew. */
-static void forget_helpers(void) {
-  pthread_mutex_t unlocked = PTHREAD_MUTEX_INITIALIZER;
-  pthread_cond_t fresh = PTHREAD_COND_INITIALIZER;
-  pool_lock = unlocked, sleep_lock = unlocked, wake = fresh;
-  helpers = 0, issued = 0;
-  for (int i = 0; i < MAX_HELPERS; i++) atomic_store(&tickets[i], 0);
-  atomic_store(&sleeping, 0);
-}
-
-static int ensure_helpers(int wanted) {
-  static int registered = 0;
-  if (!registered) registered = pthread_atfork(NULL, NULL, forget_helpers) == 0;
-  wanted = wanted > MAX_HELPERS ? MAX_HELPERS : wanted;
-  while (helpers < wanted) {
-    pthread_t thread;
-    if (pthread_create(&thread, NULL, helper_main, (void*)(intptr_t)helpers) != 0) break;
-    pthread_detach(thread);
-    helpers++;
-  }
-  return helpers < wanted ? helpers : wanted;
-}
-
 /* -- entry point ---------------------------------------------------------------------------------- */
 
 /* Each thread's buffers (its rows' int8 activations, their scales and sums, the tail tile), kept from
@@ -268,8 +198,20 @@ static Buffers* buffers(int64_t q_size, int64_t blocks, int64_t rows) {
   return b->q_size >= q_size && b->blocks >= blocks && b->rows >= rows ? b : NULL;
 }
 
+/* A share of the column chunks, [chunks * i / units, chunks * (i + 1) / units). */
+typedef struct {
+  const Job* job;
+  int64_t chunks, units;
+} Shares;
+
+static void share(void* data, size_t i) {
+  const Shares* s = data;
+  run_columns(s->job, s->chunks * (int64_t)i / s->units, s->chunks * ((int64_t)i + 1) / s->units);
+}
+
 int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
-                     const float* bias, int64_t n, int64_t block, int threads, float* y) {
+                     const float* bias, int64_t n, int64_t block, int threads, float* y, hotrod_parallel parallel,
+                     void* runner) {
   const int64_t blocks = (k + block - 1) / block, padded_k = blocks * block;
   const int64_t padded_n = (n + GROUP_COLS - 1) / GROUP_COLS * GROUP_COLS, chunks = padded_n / GROUP_COLS;
   Buffers* b = buffers(rows * padded_k, rows * blocks, rows);
@@ -278,28 +220,11 @@ int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* wei
     quantize_row(x + r * k, k, blocks, block, b->q + r * padded_k, b->scale + r * blocks, b->sum + r * blocks);
   Job job = {weights, scales, bias, b->q, b->scale, b->sum, y, b->tail, n, 0, rows, padded_k, padded_n, blocks,
              block, n};
-
-  /* Below about 64k weight-rows of work, handing half to another thread costs more than it saves. */
-  int parts = threads > 1 && rows * padded_k * padded_n >= 65536 ? threads : 1;
-  if (parts > chunks) parts = (int)chunks;
-  if (parts > 1 && pthread_mutex_trylock(&pool_lock) == 0) {
-    parts = 1 + ensure_helpers(parts - 1);
-    for (int p = 0; p <= parts; p++) share_chunks[p] = chunks * p / parts;
-    current = &job;
-    atomic_store(&done, 0);
-    issued++;
-    /* seq_cst: a helper going to sleep must see its ticket, or be seen sleeping below */
-    for (int i = 0; i < parts - 1; i++) atomic_store(&tickets[i], issued);
-    if (atomic_load(&sleeping) > 0) {
-      pthread_mutex_lock(&sleep_lock);
-      pthread_cond_broadcast(&wake);
-      pthread_mutex_unlock(&sleep_lock);
-    }
-    run_columns(&job, share_chunks[0], share_chunks[1]);
-    while (atomic_load_explicit(&done, memory_order_acquire) < parts - 1) _mm_pause();
-    pthread_mutex_unlock(&pool_lock);
-  } else {
-    run_columns(&job, 0, chunks);
-  }
+  /* Below about 64k weight-rows of work, handing half to another thread costs more than it saves. A few
+   * shares a thread let a thread that finishes early take another; each is a contiguous run of weights. */
+  int64_t units = threads > 1 && rows * padded_k * padded_n >= 65536 ? (int64_t)threads * UNITS_A_THREAD : 1;
+  if (units > chunks) units = chunks;
+  Shares shares = {&job, chunks, units};
+  parallel(runner, share, &shares, (size_t)units);
   return 0;
 }

@@ -23,11 +23,8 @@ class KernelGraph:
     ops: frozenset[str]  # hotrod's ops in it
 
     def options(self, options: ort.SessionOptions) -> ort.SessionOptions:
-        """`options` with the kernels' library, and one onnxruntime thread where the int4 kernel brings its own."""
-        if q4.OP in self.ops:
-            q4.use_kernel(options)
-        else:
-            native.use_library(options)
+        """`options` with the kernels' library (its ops run on onnxruntime's own threads)."""
+        native.use_library(options)
         return options
 
 
@@ -45,7 +42,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     asked += (PRODUCTS_KEY.encode(),) if products else ()  # or bf16 products
     model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated + asked)
     ops = set()
-    if model is not None and int4 and q4.rewrite_all(model, threads):
+    if model is not None and int4 and q4.rewrite(model, threads):
         ops.add(q4.OP)
     if model is not None and int8 and i8.rewrite(model):
         ops.add(i8.OP)

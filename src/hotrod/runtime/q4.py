@@ -1,16 +1,16 @@
 """hotrod's int4 kernel on the CPU: onnxruntime's int4 products (MatMulNBits) as hotrod's Q4MatMul.
 
-MatMulNBits' CPU kernel is compute bound on one row, well short of the memory's bandwidth, where a
-decoding step is one row per sequence. hotrod's kernel (`hotrod/native/q4gemm.c`, AVX-512 VNNI) streams
-the weights at the cache's bandwidth instead, so a decoding step's products take less time in it, at one
-row and more so at several. It computes what
+On a Xeon with AVX-512 VNNI, MatMulNBits' CPU kernel is compute bound on one row, short of the memory's
+bandwidth, where a decoding step is one row per sequence; hotrod's kernel (`hotrod/native/q4gemm.c`) streams
+the weights faster there. On AMD's Zen 4 and Zen 5 MatMulNBits measured the faster, so `hotrod tune` keeps
+whichever wins on the machine it runs on. The kernel computes what
 MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per row and block,
 int32 dot products with the 4-bit weights, one fp32 scale a block. So an artifact stays portable (its
 graphs keep MatMulNBits) and is rewritten as it is loaded, where this CPU and the built library allow;
 elsewhere onnxruntime's kernel runs it.
 
-The kernel brings its own threads (a helper spinning between products), so a graph it runs in has one
-onnxruntime thread: onnxruntime's idle workers would spin against it.
+The kernel shares its columns among onnxruntime's own intra-op threads, as hotrod's other ops do, so the
+rest of the graph keeps every thread and no thread of the kernel's spins against onnxruntime's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from hotrod.optimize import graphs
@@ -109,21 +108,3 @@ def _eligible(node: onnx.NodeProto, initializers: dict, fed: set[str]) -> bool:
     constants = [name for name in (*node.input[1:3], *node.input[5:6]) if name]
     return all(name in initializers and name not in fed for name in constants) and all(
         initializers[name].data_type == onnx.TensorProto.FLOAT for name in constants[1:])
-
-
-def rewrite_all(model: onnx.ModelProto, threads: int) -> bool:
-    """`rewrite`, where it takes every MatMulNBits: the kernel's graph gets one onnxruntime thread, which a
-    MatMulNBits left in it would lack. `model` is changed only where this returns True."""
-    initializers = {init.name: init for init in model.graph.initializer}
-    fed = {value.name for value in model.graph.input}
-    products = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
-    if not products or not all(_eligible(node, initializers, fed) for node in products):
-        return False
-    return rewrite(model, threads) == len(products)
-
-
-def use_kernel(options: ort.SessionOptions) -> None:
-    """Options for a session running hotrod's kernel: its library, and one onnxruntime thread (see the
-    module's docstring)."""
-    native.use_library(options)
-    options.intra_op_num_threads = 1
