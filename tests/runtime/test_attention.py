@@ -1,10 +1,12 @@
-"""hotrod's bf16 attention kernel (AMX, or AVX-512 BF16 without tiles: every test on each path this CPU can
-take): softmax(Q K^T scale + mask) V with Q, K, V and the numerators rounded to bf16 and everything else in
+"""hotrod's bf16 attention kernel (AMX; without tiles, AVX512_BF16's VDPBF16PS or AVX-512F's FMAs: every test
+on each path this CPU can take): softmax(Q K^T scale + mask) V with Q, K, V and the numerators rounded to bf16 and everything else in
 fp32, over odd head sizes, lengths, masks and thread counts; a row alone the same as in any padded batch; only
 graphs whose build asked for it rewritten, and only the nodes it computes; a fallback wherever the CPU or the
 build lacks it; a loaded int8 encoder close to its fp32-attention self."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -24,7 +26,19 @@ from tests.zoo import CASES, prompt_batch
 
 amx = pytest.mark.skipif(not attention.available(),
                          reason="no AMX-BF16 nor AVX-512 on this CPU: onnxruntime's kernel runs")
-pytestmark = pytest.mark.usefixtures("products_path")
+pytestmark = pytest.mark.usefixtures("products_path", "attention_path")
+
+
+@pytest.fixture(params=("own", "fp32-fmas"))
+def attention_path(request) -> Iterator[str]:
+    """Without tiles, the path on VDPBF16PS where this CPU has it, and with it left out the one on FMAs."""
+    if request.param == "own":
+        yield request.param
+        return
+    if attention.path() != attention.PAIRS:
+        pytest.skip("no path on VDPBF16PS here to leave out: this CPU's own is the other")
+    with attention.pairs_left_out():
+        yield request.param
 
 
 def graph(heads: int, mask: bool = True, asked: bool = True, mask_type: int = TensorProto.FLOAT,
@@ -184,7 +198,7 @@ def test_multi_head_attention_the_kernel_does_not_compute_is_left_as_it_is(chang
 def test_values_are_rounded_to_bf16_to_nearest_even_as_ml_dtypes_rounds():
     """With one key the numerator is 1 and the answer is V itself as the kernel rounded it: ties both ways,
     values that round up across a power of two or to infinity, and NaN, bit for bit as ml_dtypes rounds them;
-    subnormals as ml_dtypes keeps them without tiles, flushed to zero by the tiles' conversion."""
+    subnormals as ml_dtypes keeps them on FMAs, flushed to zero by the bf16 conversion of the other paths."""
     bits = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, 0x3FFF8000, 0xBF808000, 0xC0018000,
                      0x7F7FFFFF, 0x00008000, 0x7FC00001, 0x00010000, 0x807F8000], np.uint32)
     rng = np.random.default_rng(9)
@@ -193,7 +207,7 @@ def test_values_are_rounded_to_bf16_to_nearest_even_as_ml_dtypes_rounds():
              dtype=np.float32), "v": v}
     fast = run(rewritten(graph(1, mask=False)), feeds)
     expected = v.astype(ml_dtypes.bfloat16).astype(np.float32)
-    if attention.on_tiles():
+    if attention.path() != attention.FMAS:  # the bf16 conversion instructions flush them
         expected[np.abs(v) < np.finfo(np.float32).tiny] = 0.0
     finite = ~np.isnan(expected)
     assert np.array_equal(fast[finite].view(np.uint32), expected[finite].view(np.uint32))
@@ -201,8 +215,8 @@ def test_values_are_rounded_to_bf16_to_nearest_even_as_ml_dtypes_rounds():
 
 
 @amx
-@pytest.mark.parametrize("tiles", [2, -1])
-def test_a_path_attribute_other_than_0_or_1_gives_nan_not_a_crash(tiles):
+@pytest.mark.parametrize("tiles", [3, -1])
+def test_a_path_attribute_other_than_0_1_or_2_gives_nan_not_a_crash(tiles):
     model = rewritten(graph(2, mask=False))
     next(a for a in model.graph.node[0].attribute if a.name == "tiles").i = tiles
     assert np.isnan(run(model, inputs(1, 5, 2, 32))).all()
@@ -254,7 +268,7 @@ def test_only_a_graph_whose_build_asked_is_rewritten():
     (node,) = model.graph.node
     assert (node.op_type, node.domain, [a.name for a in node.attribute]) == (attention.OP, native.DOMAIN,
                                                                              ["num_heads", "scale", "tiles"])
-    assert helper.get_attribute_value(node.attribute[2]) == int(attention.on_tiles())  # its path, kept for the session
+    assert helper.get_attribute_value(node.attribute[2]) == attention.path()  # its path, kept for the session
 
 
 @amx

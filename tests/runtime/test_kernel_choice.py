@@ -14,7 +14,7 @@ import torch
 import hotrod
 from hotrod import files
 from hotrod.errors import HotrodError
-from hotrod.runtime import kernel_choice, native, rows
+from hotrod.runtime import attention, kernel_choice, native, rows
 from tests.zoo import CASES, prompt_batch
 
 library = pytest.mark.skipif(native.library() is None, reason="no kernels' library for this CPU: onnxruntime's ops run")
@@ -50,6 +50,22 @@ def test_a_kernel_left_out_here_gives_way_to_onnxruntimes_ops_with_the_same_answ
     with kernel_choice.leaving_out(set()):  # a measurement's own choice, whatever the record says
         assert rows.OP in _ops(hotrod.load(int8_bert, device="cpu", threads=1))
     assert kernel_choice.forget() and kernel_choice.left_out() == frozenset() and not kernel_choice.forget()
+
+
+@library
+def test_the_attentions_path_on_vdpbf16ps_left_out_runs_it_on_fmas_close_to_the_same_answers(int8_bert):
+    if attention.path() != attention.PAIRS:
+        pytest.skip("this CPU's attention takes no path on VDPBF16PS")
+    ids, mask = prompt_batch(CASES["bert"], (7, 4))
+    pairs = hotrod.load(int8_bert, device="cpu", threads=1)
+    assert {attention.OP, attention.PAIRS_PATH} <= _ops(pairs)
+    assert kernel_choice.kernels_in(_ops(pairs))[-1] == kernel_choice.ATTENTION_PAIRS  # so the tune measures it
+    with kernel_choice.leaving_out({kernel_choice.ATTENTION_PAIRS}):
+        fmas = hotrod.load(int8_bert, device="cpu", threads=1)
+    assert attention.OP in _ops(fmas) and attention.PAIRS_PATH not in _ops(fmas)
+    with torch.no_grad():  # the same bf16 operands, summed in another order
+        first, second = (model(input_ids=ids, attention_mask=mask).last_hidden_state for model in (pairs, fmas))
+    torch.testing.assert_close(first, second, atol=2e-2, rtol=0)
 
 
 def test_a_record_keeps_earlier_choices_and_measurements_and_is_written_whole():

@@ -117,8 +117,8 @@ def tune_artifact(path: str | Path, batch: int = 1, length: int = 128, new_token
 
 
 def format_tuning(tuning: Tuning) -> str:
-    lines = [f"  {'kernel':<14} {'with it ms':>11} {'without ms':>11} {'gain':>6} {'lost':>8} {'p':>6}  here",
-             *(f"  {t.kernel:<14} {t.with_ms:11.3f} {t.without_ms:11.3f} {t.speedup:5.2f}x {t.lost:3d} of {t.rounds:<2d} "
+    lines = [f"  {'kernel':<15} {'with it ms':>11} {'without ms':>11} {'gain':>6} {'lost':>8} {'p':>6}  here",
+             *(f"  {t.kernel:<15} {t.with_ms:11.3f} {t.without_ms:11.3f} {t.speedup:5.2f}x {t.lost:3d} of {t.rounds:<2d} "
                f"{t.chance:6.3f}  {_verdict(t, tuning.left_out)}" for t in tuning.timings)]
     out = ", ".join(sorted(tuning.left_out)) or "none"
     machine = ", ".join(sorted(kernel_choice.left_out())) or "none"

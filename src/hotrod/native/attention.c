@@ -18,10 +18,12 @@
  *   tiles of sums), the softmax of each row in fp32 with its numerators in bf16, then P V (32 columns a step:
  *   two tiles of numerators by two of values). Each operand tile is loaded once a step and read by two
  *   products, as the int8 products' 2 x 2 steps are.
- * On a CPU without the tiles (or where the op was told to leave them), the two products run on AVX-512F
- * (attention_vectors.c) from values rounded to bf16 the same way (but for subnormals, which the tiles' path's
- * conversion flushes to zero), multiplied as floats, and the same softmax.
- * The two paths sum in different orders, so an op keeps one (its `tiles` attribute) for its session.
+ * On a CPU without the tiles (or where the op was told to leave them), the same packed bf16 operands go through
+ * AVX512_BF16's VDPBF16PS where the op asks for that path (PAIRS: two products a lane an instruction, a row's
+ * sums in registers through the whole depth), or else the two products run on AVX-512F (attention_vectors.c)
+ * from values rounded to bf16 the same way (but for subnormals, which the bf16 conversion instructions flush to
+ * zero), multiplied as floats; the same softmax on every path.
+ * The paths sum in different orders, so an op keeps one (its `tiles` attribute) for its session.
  * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
  * Keys are padded to a multiple of 32 with zeros whose numerators are 0: a row's answer does not depend on
  * the padding, nor on its batch-mates, nor on the other queries of its block.
@@ -41,6 +43,12 @@
 #define QUERY_ROWS 32   /* queries a block: two tiles of rows */
 #define PAIR_KEYS 32    /* keys in one tile of P or of packed V, and a step of Q K^T; keys are padded to a multiple */
 #define TILE_HALVES 512 /* bf16 values in a tile: 16 rows of 32 */
+#define TILES 1         /* the paths (the op's `tiles`): AMX's tiles, */
+#define PAIRS 2         /* their operands on AVX512_BF16's vectors (0: floats on AVX-512F's FMAs) */
+
+int hotrod_attention_pairs_ready(void) {
+  return hotrod_attention_vectors_ready() && __builtin_cpu_supports("avx512bf16");
+}
 
 /* Tiles (hotrod_configure_tiles): 0, 1 queries or P (16 rows each), 2, 3 packed K or V, 4-7 sums. */
 
@@ -52,7 +60,8 @@ typedef struct {
   int64_t depth, blocks; /* the head size padded with zeros to a multiple of 32; its blocks of 16 columns */
   int64_t mask_stride[3]; /* floats between the mask's batch rows, heads, query rows; 0 where broadcast */
   float scale;
-  int tiles; /* 1: on AMX's tiles, the numerators bf16; 0: on AVX-512F, the numerators floats rounded to bf16 */
+  int tiles; /* 1: on AMX's tiles, the numerators bf16; 2: the same operands on AVX512_BF16's VDPBF16PS (PAIRS);
+              * 0: on AVX-512F, the numerators floats rounded to bf16 */
 } Problem;
 
 /* 16 floats as bf16, rounded to nearest even. */
@@ -271,6 +280,91 @@ static void weighted_values(const Problem* p, const uint16_t* numerators, const 
   answer(p, spill, inverse, at, rows);
 }
 
+/* -- the same products on AVX512_BF16's VDPBF16PS, without tiles --------------------------------------------
+ * The operands as the tiles' path packs them (a 64-byte row of a tile: a pair of depths, or of keys, for 16 keys,
+ * or columns), each pair of a row's values broadcast against one such row: one instruction multiplies two
+ * depths of 16 keys, where the path on FMAs multiplies one. PAIR_ROWS rows by 32 columns a step, their sums in
+ * registers through the whole depth; each row's sums the same whatever rows go with it. */
+#define PAIR_ROWS 8
+
+/* The pair of bf16 values at `at` (two halves), in every lane. */
+static inline __m512bh pair_at(const uint16_t* at) {
+  int32_t word;
+  memcpy(&word, at, sizeof word);
+  return (__m512bh)_mm512_set1_epi32(word);
+}
+
+/* Where pairs are laid out: pair i of row r at rows + r * row_stride + (i / 16) * row_jump + 2 * (i % 16); of the
+ * columns at low (and high) + (i / 16) * jump + 32 * (i % 16). */
+typedef struct {
+  const uint16_t *rows, *low, *high; /* high NULL: 16 columns only */
+  int64_t row_stride, row_jump, jump, pairs;
+} Pairs;
+
+/* sums[r * sums_stride + 0..32) for rows r < count: each row's pairs against 16 + 16 columns' pairs. */
+static inline __attribute__((always_inline)) void pair_rows(const Pairs* o, const int count, float* sums,
+                                                           int64_t sums_stride) {
+  __m512 acc[PAIR_ROWS][2];
+  for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < o->pairs; i++) {
+    const int64_t at = (i / 16) * o->jump + (i % 16) * 32, row_at = (i / 16) * o->row_jump + (i % 16) * 2;
+    const __m512bh l = (__m512bh)_mm512_loadu_si512(o->low + at);
+    const __m512bh h = o->high != NULL ? (__m512bh)_mm512_loadu_si512(o->high + at) : (__m512bh)_mm512_setzero_si512();
+    for (int r = 0; r < count; r++) {
+      const __m512bh x = pair_at(o->rows + r * o->row_stride + row_at);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, l);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, h);
+    }
+  }
+  for (int r = 0; r < count; r++) {
+    _mm512_storeu_ps(sums + r * sums_stride, acc[r][0]);
+    if (o->high != NULL) _mm512_storeu_ps(sums + r * sums_stride + 16, acc[r][1]);
+  }
+}
+
+#define PAIR_ROWS_OF(count)                                                                \
+  static __attribute__((noinline)) void pairs##count(const Pairs* o, float* sums, int64_t stride) { \
+    pair_rows(o, count, sums, stride);                                                      \
+  }
+PAIR_ROWS_OF(1) PAIR_ROWS_OF(2) PAIR_ROWS_OF(3) PAIR_ROWS_OF(4) PAIR_ROWS_OF(5) PAIR_ROWS_OF(6) PAIR_ROWS_OF(7)
+PAIR_ROWS_OF(8)
+static void (*const PAIR_KERNELS[PAIR_ROWS])(const Pairs*, float*, int64_t) = {pairs1, pairs2, pairs3, pairs4,
+                                                                       pairs5, pairs6, pairs7, pairs8};
+
+/* Rows [0, rows) of `o` in groups of PAIR_ROWS (each group's rows `o->row_stride` apart), into sums. */
+static void pair_groups(Pairs o, int64_t rows, float* sums, int64_t sums_stride) {
+  const uint16_t* first = o.rows;
+  for (int64_t row = 0; row < rows; row += PAIR_ROWS) {
+    const int64_t count = rows - row < PAIR_ROWS ? rows - row : PAIR_ROWS;
+    o.rows = first + row * o.row_stride;
+    PAIR_KERNELS[count - 1](&o, sums + row * sums_stride, sums_stride);
+  }
+}
+
+/* Q K^T as scores_of computes it, for the first `rows` queries (load_queries' layout). */
+static void scores_of_pairs(const Problem* p, const uint16_t* queries, const uint16_t* keys, int64_t rows,
+                            float* scores) {
+  const int64_t steps = p->depth / 32;
+  for (int64_t key = 0; key < p->seq_k; key += PAIR_KEYS) {
+    const uint16_t* block = keys + (key / 16) * steps * TILE_HALVES;
+    const Pairs o = {queries, block, block + steps * TILE_HALVES, 32, 2 * TILE_HALVES, TILE_HALVES, 16 * steps};
+    pair_groups(o, rows, scores + key, p->padded_k);
+  }
+}
+
+/* P V as weighted_values computes it, for the first `rows` queries (P their bf16 numerators [32, padded_k]). */
+static void weighted_values_pairs(const Problem* p, const uint16_t* numerators, const uint16_t* values,
+                                  const float* inverse, int64_t at, int64_t rows, float* spill) {
+  const int64_t blocks = p->blocks;
+  for (int64_t first_block = 0; first_block < blocks; first_block += 2) {
+    const uint16_t* low = values + first_block * TILE_HALVES;
+    const Pairs o = {numerators, low, blocks - first_block > 1 ? low + TILE_HALVES : NULL, p->padded_k, 32,
+                     blocks * TILE_HALVES, p->padded_k / 2};
+    pair_groups(o, rows, spill + first_block * 16, p->depth);
+  }
+  answer(p, spill, inverse, at, rows);
+}
+
 /* Rows' sums in `spill` [rows, depth] times their 1 / sum, into the output from element `at` on (y's, or
  * quantized into q's). */
 static void answer(const Problem* p, const float* spill, const float* inverse, int64_t at, int64_t rows) {
@@ -309,7 +403,7 @@ static void pack(const Problem* p, const float* k, const float* v, void* keys, v
   if (p->tiles) {
     pack_keys(p, k, keys);
     pack_values(p, v, values);
-    hotrod_configure_tiles();
+    if (p->tiles == TILES) hotrod_configure_tiles();
     return;
   }
   const int64_t width = p->heads * p->head_size;
@@ -324,7 +418,10 @@ static void scores_for(const Problem* p, const float* q, int64_t rows, const voi
   const int64_t width = p->heads * p->head_size;
   if (p->tiles) {
     load_queries(p, q, rows, queries);
-    scores_of(p, queries, keys, scores);
+    if (p->tiles == TILES)
+      scores_of(p, queries, keys, scores);
+    else
+      scores_of_pairs(p, queries, keys, (rows + SOFTMAX_ROWS - 1) / SOFTMAX_ROWS * SOFTMAX_ROWS, scores);
     return;
   }
   hotrod_attention_queries(q, width, rows, p->head_size, p->depth, queries);
@@ -376,13 +473,17 @@ static void unit(void* data, size_t index) {
       answer(p, spill, inverse, at + row * width, rows);
       continue;
     }
+    if (p->tiles == PAIRS) {
+      weighted_values_pairs(p, (uint16_t*)numerators, (uint16_t*)values, inverse, at + row * width, rows, spill);
+      continue;
+    }
     for (int64_t r = rows; r < QUERY_ROWS; r++) { /* past the last query: no row to answer (P V reads zeros) */
       memset(numerators + (size_t)(r * p->padded_k) * size, 0, (size_t)p->padded_k * size);
       inverse[r] = 0.0f;
     }
     weighted_values(p, (uint16_t*)numerators, (uint16_t*)values, inverse, at + row * width, rows, spill);
   }
-  if (p->tiles) _tile_release();
+  if (p->tiles == TILES) _tile_release();
   free(memory);
 }
 
@@ -407,7 +508,8 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
                           int64_t seq_k, int64_t heads, int64_t head_size, float scale, const float* mask,
                           const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out, int tiles,
                           hotrod_parallel parallel, void* runner) {
-  tiles = tiles && hotrod_amx_ready(); /* the call's path, set once */
+  /* the call's path, set once: the one asked where this CPU has it, else the one on AVX-512F */
+  tiles = (tiles == TILES && hotrod_amx_ready()) || (tiles == PAIRS && hotrod_attention_pairs_ready()) ? tiles : 0;
   if (!(tiles || hotrod_attention_vectors_ready()) || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
   Problem p = {q, k, v, mask, *out, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale, tiles};
   p.depth = (head_size + 31) / 32 * 32;

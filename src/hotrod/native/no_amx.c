@@ -15,6 +15,7 @@ int hotrod_vnni_ready(void) { return 0; }
 
 int hotrod_bf16_vectors_ready(void) { return 0; }
 int hotrod_attention_vectors_ready(void) { return 0; }
+int hotrod_attention_pairs_ready(void) { return 0; }
 
 void hotrod_configure_tiles(void) {}
 

@@ -3,8 +3,9 @@ asked for it.
 
 onnxruntime computes ONNX's Attention op on the CPU in fp32; at 384 tokens that is a third of a BERT-large
 int8 encoder's time. On a CPU with AMX-BF16 (`hotrod/native/attention.c`) the two products run on the tiles
-in bf16 with fp32 sums, the scale, mask and softmax in fp32; on one without them but with AVX-512 (an Ice
-Lake, a Zen 4) the same bf16-rounded operands are multiplied as floats, fused with the same softmax
+in bf16 with fp32 sums, the scale, mask and softmax in fp32; on one without them but with AVX512_BF16 (a Zen
+4 or 5, a Cooper Lake) the same bf16 operands go through VDPBF16PS, two products a lane an instruction; with
+AVX-512 alone (an Ice Lake) they are multiplied as floats, fused with the same softmax
 (`hotrod/native/attention_vectors.c`). Unlike hotrod's other kernels this one changes the answers (by bf16's
 rounding), so a graph takes it only where its precision wrote `ATTENTION_KEY` into it at build time
 (`hotrod.precisions`): the build's verification, run through this same loader, measured it, and the manifest
@@ -13,7 +14,9 @@ says so. Elsewhere (no AVX-512, an older graph) onnxruntime's fp32 kernel runs i
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import onnx
 from onnx import TensorProto, helper
@@ -26,6 +29,9 @@ OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
 ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
 _VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the path without tiles
+_PAIR_FLAGS = (*_VECTOR_FLAGS, "avx512_bf16")  # its products on bf16 pairs
+TILES, PAIRS, FMAS = 1, 2, 0  # the paths, as the op's `tiles` names them
+PAIRS_PATH = f"{OP}/VDPBF16PS"  # not an op: the path's name among a graph's kernels, for the tune and the bench
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
 _MULTI_HEAD = {"num_heads", "scale", "unidirectional", "mask_filter_value"}
 
@@ -41,6 +47,33 @@ def on_tiles() -> bool:
     products take them (AMX-BF16's, `hotrod.runtime.bf16.on_tiles`). Each op is told which as its graph is
     rewritten (its `tiles` attribute) and keeps it for the session."""
     return bf16.on_tiles()
+
+
+def path() -> int:
+    """The path graphs rewritten now take, which each op keeps for its session (its `tiles`; the paths sum in
+    different orders): AMX's tiles where the bf16 products take them (`TILES`); without, the same bf16 operands
+    on AVX512_BF16's VDPBF16PS where this CPU has it (`PAIRS`: two products a lane an instruction), unless
+    `pairs_left_out` says otherwise; else values rounded to bf16 and multiplied as floats on AVX-512F's FMAs
+    (`FMAS`)."""
+    if on_tiles():
+        return TILES
+    if not _pairs_out and native.vectors_ready(_PAIR_FLAGS, "hotrod_attention_pairs_ready"):
+        return PAIRS
+    return FMAS
+
+
+_pairs_out: list[bool] = []
+
+
+@contextlib.contextmanager
+def pairs_left_out() -> Iterator[None]:
+    """Graphs rewritten within take the path on FMAs where they would take VDPBF16PS's (sessions loaded before
+    keep theirs): for testing and measuring that path on a CPU with AVX512_BF16."""
+    _pairs_out.append(True)
+    try:
+        yield
+    finally:
+        _pairs_out.pop()
 
 
 def asked(model: onnx.ModelProto) -> bool:
@@ -62,7 +95,7 @@ def rewrite(model: onnx.ModelProto) -> int:
     producers = graphs.producers(graph)
     constants = graphs.constants(graph)
     count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
-    tiles = int(on_tiles())  # the path each op keeps for its session
+    tiles = path()  # the path each op keeps for its session
     for node in graph.node:
         plain = _plain(node, types) or _multi_head(node, types, producers, constants)
         if plain is not None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import onnxruntime as ort
 
 from hotrod.asks import ATTENTION_KEY, PRODUCTS_KEY
@@ -57,9 +58,19 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
             ops.add(i8.ROWS_OP)
     if model is not None and kernel_choice.LAYERNORM not in out and norm.rewrite(model):
         ops.update(node.op_type for node in model.graph.node if node.op_type in norm.OPS)
-    if model is not None and attend and attention.rewrite(model):
-        ops.add(attention.OP)
-        if attention.quantize_static(model):
-            ops.add(attention.QUANTIZED_OP)
+    if model is not None and attend:
+        ops |= _attention(model, kernel_choice.ATTENTION_PAIRS in out)
     with native.graph_file(model if ops else None) as file:
         yield KernelGraph(file, frozenset(ops)) if file is not None else None
+
+
+def _attention(model: onnx.ModelProto, without_pairs: bool) -> set[str]:
+    """The attention rewritten to hotrod's (on FMAs where the path on VDPBF16PS is left out); its ops, with the
+    name of the path where it is VDPBF16PS's (`attention.PAIRS_PATH`), so that the tune can measure that path."""
+    with attention.pairs_left_out() if without_pairs else contextlib.nullcontext():
+        if not attention.rewrite(model):
+            return set()
+        ops = {attention.OP, attention.PAIRS_PATH} if attention.path() == attention.PAIRS else {attention.OP}
+    if attention.quantize_static(model):
+        ops.add(attention.QUANTIZED_OP)
+    return ops

@@ -37,7 +37,7 @@ class Kernel:
 
 
 INT4, INT8, ROWS, LAYERNORM, ATTENTION = "int4-matmul", "int8-matmul", "quantize-rows", "layernorm", "attention"
-BF16 = "bf16-matmul"
+BF16, ATTENTION_PAIRS = "bf16-matmul", "attention-pairs"
 KERNELS = {kernel.name: kernel for kernel in (
     Kernel(INT4, (q4.OP,)),  # int4 products, onnxruntime's MatMulNBits
     Kernel(INT8, (i8.OP, i8.SPLIT_OP, i8.ROWS_OP, i8.QUANTIZED_OP)),  # int8 products on AMX tiles
@@ -45,6 +45,7 @@ KERNELS = {kernel.name: kernel for kernel in (
     Kernel(LAYERNORM, norm.OPS),  # LayerNormalization, with the next quantization
     Kernel(ATTENTION, (attention.OP, attention.QUANTIZED_OP)),  # encoder attention in bf16 on AMX tiles
     Kernel(BF16, bf16.OPS),  # bf16 products on AMX tiles, where the build asked for them
+    Kernel(ATTENTION_PAIRS, (attention.PAIRS_PATH,)),  # that attention on VDPBF16PS without tiles, not on FMAs
 )}
 
 _override: frozenset[str] | None = None  # kernels left out for a measurement, whatever the record says
