@@ -33,7 +33,7 @@ from hotrod.source import cache_dir
 @dataclass(frozen=True)
 class Kernel:
     name: str  # as `hotrod tune` and its record name it
-    ops: tuple[str, ...]  # hotrod's ops it brings into a graph
+    ops: tuple[str, ...]  # hotrod's ops it brings into a graph (or an op's path, as a graph's kernels name it)
 
 
 INT4, INT8, ROWS, LAYERNORM, ATTENTION = "int4-matmul", "int8-matmul", "quantize-rows", "layernorm", "attention"
