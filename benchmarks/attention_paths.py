@@ -61,14 +61,16 @@ def exact(feeds: dict, heads: int) -> np.ndarray:
     return out.transpose(0, 2, 1, 3).reshape(feeds["q"].shape)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head", type=int, default=64)
     parser.add_argument("--length", type=int, default=384)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20, help="timed runs a block")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if min(args.heads, args.head, args.length, args.threads, args.runs) < 1:
+        parser.error("--heads, --head, --length, --threads and --runs take 1 or more")
     if not attention.available():
         raise SystemExit("attention_paths: error: hotrod's attention does not run on this CPU")
     rng = np.random.default_rng(0)
