@@ -173,13 +173,36 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
 
 /* sums[r][0..32) = rows r < count of `a` (a row stride on) times a column block's weights `w`, over `steps` steps
  * of 64 depths, on AVX-512 VNNI: each row's 4 bytes at a depth broadcast against a tile row of weights (16 columns
- * x 4 depths, the layout VPDPBUSD reads). Made one function per count (dots.h). */
+ * x 4 depths, the layout VPDPBUSD reads). Made one function per count (dots.h).
+ *
+ * Few rows (a decoding step's) read each weight once, straight from memory, and take the weights in the order
+ * they lie: the left tile's 16 lines, then the right's. Read in pairs, a line of each tile in turn, two streams
+ * 1 KB apart, a Zen 4's prefetchers fetch about half the memory's rate (benchmarks/README.md, "Weights read in
+ * the order they lie"). Their sums are exact integers: the order changes no answer. With one or two rows,
+ * each sum has two chains (even and odd depths), so the products do not wait on each other. More rows reuse a
+ * weight line enough to be bound by the products: there each row's 4 bytes are broadcast once for both tiles. */
+#define STREAM_ROWS 4
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t* a, int64_t stride, const int8_t* w,
                                                           int64_t steps, const int count, int32_t* sums) {
-  __m512i acc[NARROW_ROWS][2];
-  for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  __m512i acc[NARROW_ROWS][2], odd[NARROW_ROWS][2];
+  for (int r = 0; r < count; r++) acc[r][0] = acc[r][1] = odd[r][0] = odd[r][1] = _mm512_setzero_si512();
   for (int64_t step = 0; step < steps; step++, a += 64, w += STEP_BYTES) {
+    if (count <= STREAM_ROWS) {
+      for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 16 /* constant offsets: the core's ports go to the products, not to addresses */
+        for (int quad = 0; quad < 16; quad++) {
+          const __m512i weights = _mm512_loadu_si512(w + h * TILE_BYTES + quad * 64);
+          for (int r = 0; r < count; r++) {
+            int32_t bytes;
+            memcpy(&bytes, a + r * stride + quad * 4, 4);
+            __m512i* sum = count <= 2 && quad % 2 ? &odd[r][h] : &acc[r][h];
+            *sum = _mm512_dpbusd_epi32(*sum, _mm512_set1_epi32(bytes), weights);
+          }
+        }
+      }
+      continue;
+    }
+#pragma GCC unroll 16
     for (int quad = 0; quad < 16; quad++) {
       const __m512i left = _mm512_loadu_si512(w + quad * 64), right = _mm512_loadu_si512(w + TILE_BYTES + quad * 64);
       _mm_prefetch((const char*)w + STEP_BYTES + quad * 64, _MM_HINT_T0);
@@ -194,7 +217,7 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t* a, int
     }
   }
   for (int r = 0; r < count; r++)
-    for (int h = 0; h < 2; h++) _mm512_store_si512(sums + r * 32 + h * 16, acc[r][h]);
+    for (int h = 0; h < 2; h++) _mm512_store_si512(sums + r * 32 + h * 16, _mm512_add_epi32(acc[r][h], odd[r][h]));
 }
 
 HOTROD_DOTS(dot_rows, uint8_t, int8_t, int32_t)

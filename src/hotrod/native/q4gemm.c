@@ -7,7 +7,9 @@
  * Weights: 4-bit symmetric (zero point 8), one fp32 scale per column and block of `block` rows of K.
  * Packed for AVX-512 VNNI: for each group of 16 columns and each 8 consecutive k, 64 bytes; byte b of
  * column j's dword holds k + b in its low nibble and k + 4 + b in its high one. So one load, two masks and
- * two vpdpbusd give 16 columns x 8 k, with no horizontal sums.
+ * two vpdpbusd give 16 columns x 8 k, with no horizontal sums. A step takes 64 columns (four such lines) at
+ * 8 k, and the four lie side by side ([n / 64][k / 8][4][64]): the weights stream from memory in the order
+ * they lie, the pattern every CPU's prefetchers follow best.
  * Activations: each row quantized to int8 per block (scale = max |x| / 127), as MatMulNBits' int8 compute
  * does. Every row and column is computed alone, in the same order, whatever the rows beside it and however
  * the columns are split between threads: a row's outputs are the same alone and in any batch.
@@ -57,7 +59,7 @@ static void quantize_row(const float* x, int64_t k, int64_t blocks, int64_t bloc
 /* -- the kernel ----------------------------------------------------------------------------------- */
 
 typedef struct {
-  const uint8_t* weights;  /* [padded_n / 16][padded_k / 8][64] */
+  const uint8_t* weights;  /* [padded_n / 64][padded_k / 8][4][64] */
   const float* scales;     /* [blocks][padded_n] */
   const float* bias;       /* [padded_n] */
   const int8_t* q;         /* [rows][padded_k] */
@@ -75,7 +77,7 @@ static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r
                                                        int64_t c1) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   const int64_t kgroups = job->padded_k / 8, per_block = job->block / 8;
-  const size_t group_stride = (size_t)kgroups * 64;
+  const size_t chunk_stride = (size_t)kgroups * 4 * 64;
   for (int64_t c = c0; c < c1; c++) {
     const int64_t col = c * GROUP_COLS;
     for (int r = 0; r < R; r++)
@@ -86,11 +88,11 @@ static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r
       __m512i acc[4][4];
       for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_si512();
-      const uint8_t* w = job->weights + (size_t)(col / 16) * group_stride + (size_t)b * per_block * 64;
-      for (int64_t g = 0; g < per_block; g++, w += 64) {
+      const uint8_t* w = job->weights + (size_t)c * chunk_stride + (size_t)b * per_block * 4 * 64;
+      for (int64_t g = 0; g < per_block; g++, w += 4 * 64) {
         __m512i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
-          __m512i v = _mm512_loadu_si512(w + j * group_stride);
+          __m512i v = _mm512_loadu_si512(w + j * 64);
           lo[j] = _mm512_and_si512(v, low);
           hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
