@@ -177,8 +177,8 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
  *
  * Few rows (a decoding step's) read each weight once, straight from memory, and take the weights in the order
  * they lie: the left tile's 16 lines, then the right's. Read in pairs, a line of each tile in turn, two streams
- * 1 KB apart, a Zen 4's prefetchers fetch about half the memory's rate (benchmarks/README.md, "Weights read in
- * the order they lie"). Their sums are exact integers: the order changes no answer. With one or two rows,
+ * 1 KB apart, a Zen 4 streams them at about half that rate (benchmarks/weight_order.c). Their sums are exact
+ * integers: the order changes no answer. With one or two rows,
  * each sum has two chains (even and odd depths), so the products do not wait on each other. More rows reuse a
  * weight line enough to be bound by the products: there each row's 4 bytes are broadcast once for both tiles. */
 #define STREAM_ROWS 4
