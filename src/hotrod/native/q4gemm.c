@@ -1,8 +1,8 @@
 /* Int4 weight-only matrix products for rows of activations, the kernel behind hotrod's Q4MatMul op.
  *
  * On a Xeon with AVX-512 VNNI, onnxruntime's MatMulNBits is compute bound on one row (a decoding step), short
- * of the memory's bandwidth, and this kernel streams the weights faster. On AMD's Zen 4 and Zen 5 MatMulNBits
- * is the faster there: `hotrod tune` measures the two on each machine and keeps the winner.
+ * of the memory's bandwidth, and this kernel streams the weights faster (on a Zen 4 too). Which is faster turns
+ * on the CPU and the shapes: `hotrod tune` measures the two on each machine and keeps the winner.
  *
  * Weights: 4-bit symmetric (zero point 8), one fp32 scale per column and block of `block` rows of K.
  * Packed for AVX-512 VNNI: for each group of 16 columns and each 8 consecutive k, 64 bytes; byte b of

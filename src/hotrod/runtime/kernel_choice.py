@@ -1,13 +1,13 @@
 """Which of hotrod's CPU kernels this machine runs, where a measurement chose (`hotrod tune`).
 
 Each kernel is measured against onnxruntime's own ops on the CPUs the project meets, but not every CPU is one of
-them, and a kernel that wins on one may lose on another (the int4 kernel gains nothing on a Zen 4, whose
-AVX-512 runs on 256-bit units). `hotrod tune` times an artifact's work with every kernel and without each, in
-turn, on this machine; a kernel whose absence was faster is recorded here as left out, and graphs loaded
+them, and a kernel that wins on one may lose on another (the int4 kernel lost on AMD's Zen 4 and Zen 5 until
+its weights were read in the order they lie). `hotrod tune` times an artifact's work with every kernel and
+without each, in turn, on this machine; a kernel whose absence was faster is recorded here as left out, and graphs loaded
 afterwards keep onnxruntime's ops where it would have run. The record is this machine's: named by the CPU's
 model and flags and by the kernels' library, so another CPU, or a rebuilt library, starts with every kernel.
 
-A kernel's verdict can turn on the shapes (on a Zen 4 the int4 kernel loses on GPT-2's products and wins on
+A kernel's verdict can turn on the shapes (on a Zen 4 the int4 kernel once lost on GPT-2's products and won on
 t5-small's), so the record also keeps each tuned artifact's own verdicts, by its manifest: an artifact that was
 tuned runs what its own measurements chose, and the machine's choice where they chose nothing.
 """
