@@ -181,7 +181,9 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
  * integers: the order changes no answer. With one or two rows,
  * each sum has two chains (even and odd depths), so the products do not wait on each other. More rows reuse a
  * weight line enough to be bound by the products: there each row's 4 bytes are broadcast once for both tiles. */
+#ifndef STREAM_ROWS /* benchmarks/narrow_rows.c builds the kernel with others */
 #define STREAM_ROWS 4
+#endif
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t* a, int64_t stride, const int8_t* w,
                                                           int64_t steps, const int count, int32_t* sums) {
   __m512i acc[NARROW_ROWS][2], odd[NARROW_ROWS][2];
