@@ -178,9 +178,9 @@ static inline void emit_until(const Problem* p, Pending* e, int until) {
  * Few rows (a decoding step's) read each weight once, straight from memory, and take the weights in the order
  * they lie: the left tile's 16 lines, then the right's. Read in pairs, a line of each tile in turn, two streams
  * 1 KB apart, a Zen 4 streams them at about half that rate (benchmarks/weight_order.c). Their sums are exact
- * integers: the order changes no answer. With one or two rows,
- * each sum has two chains (even and odd depths), so the products do not wait on each other. More rows reuse a
- * weight line enough to be bound by the products: there each row's 4 bytes are broadcast once for both tiles. */
+ * integers: the order changes no answer. With one or two rows, each sum has two chains (even and odd depths), so
+ * the products do not wait on each other. More rows reuse a weight line enough to be bound by the products: there
+ * each row's 4 bytes are broadcast once for both tiles. */
 #ifndef STREAM_ROWS /* benchmarks/narrow_rows.c builds the kernel with others */
 #define STREAM_ROWS 4
 #endif

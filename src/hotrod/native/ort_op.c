@@ -60,9 +60,9 @@ static int fits(const Kernel* kernel, int64_t k, const OrtValue* weights, const 
   const int64_t blocks = (k + kernel->block - 1) / kernel->block;
   const int64_t padded_n = (kernel->n + HOTROD_Q4_COLS - 1) / HOTROD_Q4_COLS * HOTROD_Q4_COLS;
   int64_t w[8], s[8], b[8];
-  return k > 0 && dims_of(weights, w) == 3 && w[0] == padded_n / HOTROD_Q4_COLS && w[1] == blocks * kernel->block / 8 &&
-         w[2] == HOTROD_Q4_COLS * 4 && dims_of(scales, s) == 2 && s[0] == blocks && s[1] == padded_n && dims_of(bias, b) == 1 &&
-         b[0] == padded_n;
+  return k > 0 && dims_of(weights, w) == 3 && w[0] == padded_n / HOTROD_Q4_COLS &&
+         w[1] == blocks * kernel->block / 8 && w[2] == HOTROD_Q4_COLS * 4 && dims_of(scales, s) == 2 &&
+         s[0] == blocks && s[1] == padded_n && dims_of(bias, b) == 1 && b[0] == padded_n;
 }
 
 static void compute(void* state, OrtKernelContext* context) {

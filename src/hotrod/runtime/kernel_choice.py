@@ -3,8 +3,8 @@
 Each kernel is measured against onnxruntime's own ops on the CPUs the project meets, but not every CPU is one of
 them, and a kernel that wins on one may lose on another (the int4 kernel lost on AMD's Zen 4 and Zen 5 until
 its weights were read in the order they lie). `hotrod tune` times an artifact's work with every kernel and
-without each, in turn, on this machine; a kernel whose absence was faster is recorded here as left out, and graphs loaded
-afterwards keep onnxruntime's ops where it would have run. The record is this machine's: named by the CPU's
+without each, in turn, on this machine; a kernel whose absence was faster is recorded here as left out, and
+graphs loaded afterwards keep onnxruntime's ops where it would have run. The record is this machine's: named by the CPU's
 model and flags and by the kernels' library, so another CPU, or a rebuilt library, starts with every kernel.
 
 A kernel's verdict can turn on the shapes (on a Zen 4 the int4 kernel once lost on GPT-2's products and won on

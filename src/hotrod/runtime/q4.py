@@ -3,8 +3,8 @@
 On a Xeon with AVX-512 VNNI, MatMulNBits' CPU kernel is compute bound on one row, short of the memory's
 bandwidth, where a decoding step is one row per sequence; hotrod's kernel (`hotrod/native/q4gemm.c`) streams
 the weights faster there. On AMD's Zen 4 it wins too (W1 and W2 1.2x in `hotrod tune`), but which is faster
-turns on the CPU and the shapes, so `hotrod tune` keeps whichever wins on the machine it runs on. The kernel computes what
-MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per row and block,
+turns on the CPU and the shapes, so `hotrod tune` keeps whichever wins on the machine it runs on. The kernel
+computes what MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per row and block,
 int32 dot products with the 4-bit weights, one fp32 scale a block. So an artifact stays portable (its
 graphs keep MatMulNBits) and is rewritten as it is loaded, where this CPU and the built library allow;
 elsewhere onnxruntime's kernel runs it.
