@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # hotrod's CPU kernels, loaded into onnxruntime as custom ops (`hotrod.runtime.native`): the int4 products
-# (AVX-512 VNNI, used only where the CPU has it: `hotrod.runtime.q4`), per-row int8 quantization (AVX2:
+# (q4gemm.c built twice, for AVX-512 VNNI and for AVX2: `hotrod.runtime.q4`), per-row int8 quantization (AVX2:
 # `hotrod.runtime.rows`), LayerNormalization with onnxruntime's arithmetic (AVX2: `hotrod.runtime.norm`), int8
 # products on AMX tiles (used only where the CPU has AMX: `hotrod.runtime.i8`), and bf16 products and encoder
 # attention on AMX tiles (only where the CPU has AMX-BF16 and the build asked for them: `hotrod.runtime.bf16`,
@@ -53,6 +53,7 @@ $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/q4gemm_avx2.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -ffp-contract=off -c -o $$tmp/norm.o $(NATIVE_DIR)/norm.c && \
 		$(AMX_BUILD) && \
@@ -60,7 +61,7 @@ $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_int8.o $(NATIVE_DIR)/ort_int8.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_norm.o $(NATIVE_DIR)/ort_norm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_bf16.o $(NATIVE_DIR)/ort_bf16.c && \
-		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/rows.o $$tmp/norm.o \
+		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/q4gemm_avx2.o $$tmp/rows.o $$tmp/norm.o \
 			$(AMX_OBJECTS) $$tmp/ort_op.o $$tmp/ort_int8.o $$tmp/ort_norm.o $$tmp/ort_bf16.o -lm && \
 		mv -f $$tmp/lib.so $@; \
 		status=$$?; rm -rf $$tmp; exit $$status; \

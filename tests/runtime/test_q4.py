@@ -19,12 +19,13 @@ from hotrod.runtime import cpu_kernels, native, q4
 from tests.zoo import CASES, prompt_batch
 
 
-def _cpu_has_kernel() -> bool:
+def _cpu_widths() -> list[int]:
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    return all(flag in flags for flag in q4._NEEDED_FLAGS)
+    return [width for width, needed in q4.BUILDS.items() if all(flag in flags for flag in needed)]
 
 
-kernel = pytest.mark.skipif(not _cpu_has_kernel(), reason="this CPU lacks AVX-512 VNNI: MatMulNBits runs")
+WIDTHS = _cpu_widths()  # the kernel's builds this CPU runs
+kernel = pytest.mark.skipif(not WIDTHS, reason="this CPU lacks AVX2: MatMulNBits runs")
 
 
 def chain(shapes: list[tuple[int, int]], bits: int = 4, block: int = 256, seed: int = 0) -> onnx.ModelProto:
@@ -41,14 +42,16 @@ def chain(shapes: list[tuple[int, int]], bits: int = 4, block: int = 256, seed: 
     return weight_only(model, bits, block)
 
 
-def session(model: onnx.ModelProto, kernel_threads: int | None = None) -> ort.InferenceSession:
-    """onnxruntime's session of `model` at one thread; with `kernel_threads`, of a copy rewritten for the kernel."""
+def session(model: onnx.ModelProto, kernel_threads: int | None = None,
+            width: int | None = None) -> ort.InferenceSession:
+    """onnxruntime's session of `model` at one thread; with `kernel_threads`, of a copy rewritten for the kernel
+    (its build of `width`, the widest this CPU runs where none is named)."""
     if kernel_threads is None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     model = _copy(model)
-    assert q4.rewrite(model, kernel_threads) > 0
+    assert q4.rewrite(model, kernel_threads, width) > 0
     return kernel_session(model, kernel_threads)
 
 
@@ -85,26 +88,47 @@ SHAPES = [(512, 2048, 256, 1), (2048, 512, 256, 3), (512, 32128, 256, 2), (768, 
 
 
 @kernel
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize(("k", "n", "block", "rows"), SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_kernel_computes_what_matmulnbits_computes(k, n, block, rows, bias):
+def test_the_kernel_computes_what_matmulnbits_computes(k, n, block, rows, bias, width):
     model = chain([(k, n)], block=block, seed=k + n)
     model = with_bias(model) if bias else model
     x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
     theirs = session(model).run(None, {"x": x})[0]
-    ours = session(model, kernel_threads=2).run(None, {"x": x})[0]
+    ours = session(model, kernel_threads=2, width=width).run(None, {"x": x})[0]
     assert ours.shape == theirs.shape == (rows, n)
     # the same int8 and int32 arithmetic; only the float sums of a block's scaled parts may round apart
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
 
 
+@pytest.mark.skipif(len(WIDTHS) < 2, reason="this CPU runs one build of the kernel")
+@pytest.mark.parametrize(("k", "n", "block", "rows"), SHAPES)
+def test_every_build_gives_the_same_answers(k, n, block, rows):
+    model = with_bias(chain([(k, n)], block=block, seed=k + n))
+    x = np.random.default_rng(5).standard_normal((rows, k)).astype(np.float32)
+    answers = [session(model, kernel_threads=2, width=width).run(None, {"x": x})[0] for width in WIDTHS]
+    assert all(np.array_equal(answer, answers[0]) for answer in answers[1:])
+
+
 @kernel
-def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count():
+def test_a_build_this_cpu_cannot_run_gives_nan_not_a_fault():
+    with pytest.raises(ValueError, match="width 128"):
+        q4.rewrite(chain([(256, 128)]), 2, width=128)
+    model = chain([(256, 128)])
+    q4.rewrite(model, 2)
+    next(a for a in model.graph.node[0].attribute if a.name == "width").i = 384  # no such build
+    assert np.isnan(kernel_session(model).run(None, {"x": np.ones((2, 256), np.float32)})[0]).all()
+
+
+@kernel
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_row_is_the_same_alone_in_any_batch_and_at_any_thread_count(width):
     model = with_bias(chain([(512, 1536), (1536, 512), (512, 2048), (2048, 512), (512, 3000)]))
     x = np.random.default_rng(2).standard_normal((9, 512)).astype(np.float32)
-    batched = session(model, kernel_threads=2).run(None, {"x": x})[0]
+    batched = session(model, kernel_threads=2, width=width).run(None, {"x": x})[0]
     for threads in (1, 2, 3):
-        run = session(model, kernel_threads=threads)
+        run = session(model, kernel_threads=threads, width=width)
         for row in range(9):
             assert np.array_equal(run.run(None, {"x": x[row:row + 1]})[0][0], batched[row])
         assert np.array_equal(run.run(None, {"x": x[3:8]})[0], batched[3:8])

@@ -1,7 +1,7 @@
 /* hotrod's onnxruntime custom ops, registered by `RegisterCustomOps` in the domain "hotrod":
  * - Q4MatMul (inputs: A float [..., K], the packed weights, their scales, a bias; attributes N, block,
- *   threads; output float [..., N]): int4 products (q4gemm.c, AVX-512 VNNI; the Python side uses it only
- *   where the CPU has those instructions);
+ *   threads, width; output float [..., N]): int4 products (q4gemm.c, built for AVX-512 VNNI (width 512) and
+ *   for AVX2 (256); a width this CPU cannot run is refused as the session is made);
  * - QuantizeRows (input: X float [..., K]; outputs: uint8 [..., K], float scales [..., 1]): per-row int8
  *   quantization of a product's input in one pass (rows.c, AVX2);
  * - Int8MatMul, Int8MatMulRows, Int8MatMulSplit: int8 products on AMX tiles or AVX-512 VNNI (ort_int8.c,
@@ -38,7 +38,20 @@
 
 const Entry* hotrod_api;
 
-typedef struct { int64_t n, block, threads; } Kernel;
+typedef struct {
+  int64_t n, block, threads, width;
+  hotrod_q4_fn matmul;
+} Kernel;
+
+/* The build of the int4 kernel for `width` (512: AVX-512 VNNI, 256: AVX2), where this CPU runs it. */
+static hotrod_q4_fn q4_build(int64_t width) {
+  __builtin_cpu_init();
+  if (width == 512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return hotrod_q4_matmul_512;
+  if (width == 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return hotrod_q4_matmul_256;
+  return NULL;
+}
 
 static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)op, (void)table;
@@ -46,11 +59,13 @@ static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKern
   if (kernel == NULL) return NULL;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) ||
       failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "block", &kernel->block)) ||
-      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads)) || kernel->n <= 0 ||
+      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads)) ||
+      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "width", &kernel->width)) || kernel->n <= 0 ||
       kernel->block <= 0 || kernel->block % 32 != 0 || kernel->threads < 1) {
     free(kernel);
     return NULL;
   }
+  kernel->matmul = q4_build(kernel->width); /* NULL for a width this CPU cannot run: compute answers NaN */
   return kernel;
 }
 
@@ -88,10 +103,11 @@ static void compute(void* state, OrtKernelContext* context) {
   const float* s = data_of(scales);
   const float* b = data_of(bias);
   /* A version-8 op cannot return an error: a call it cannot make gives NaN, which no caller takes for an
-   * answer (inputs that do not fit the packed weights, or memory that ran out). */
-  if (x == NULL || w == NULL || s == NULL || b == NULL || !fits(kernel, k, weights, scales, bias) ||
-      hotrod_q4_matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out, hotrod_run_parallel,
-                       context) != 0)
+   * answer (a build this CPU cannot run, inputs that do not fit the packed weights, memory that ran out). */
+  if (kernel->matmul == NULL || x == NULL || w == NULL || s == NULL || b == NULL ||
+      !fits(kernel, k, weights, scales, bias) ||
+      kernel->matmul(x, rows, k, w, s, b, kernel->n, kernel->block, (int)kernel->threads, out, hotrod_run_parallel,
+                     context) != 0)
     for (int64_t i = 0; i < rows * kernel->n; i++) out[i] = __builtin_nanf("");
 }
 

@@ -13,6 +13,12 @@
  * Activations: each row quantized to int8 per block (scale = max |x| / 127), as MatMulNBits' int8 compute
  * does. Every row and column is computed alone, in the same order, whatever the rows beside it and however
  * the columns are split between threads: a row's outputs are the same alone and in any batch.
+ *
+ * This file is built twice: for AVX-512 VNNI (hotrod_q4_matmul_512) and for AVX2 (hotrod_q4_matmul_256), on
+ * the same packed weights. AVX2 has no vpdpbusd: vpmaddubsw then vpmaddwd give each column's dword the same
+ * sum of four products, exactly (4-bit weights times int8 activations stay far inside int16), so both builds
+ * compute the same int32 sums and the same floats from them. The AVX2 build takes the rows of a tile one at
+ * a time (eight 8-column sums a row fill its 16 registers), each over a block's weights while they are in L1.
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -22,37 +28,61 @@
 
 #include "q4gemm.h"
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define WIDE 1
+#define ENTRY hotrod_q4_matmul_512
+#else
+#define WIDE 0
+#define ENTRY hotrod_q4_matmul_256
+#endif
+
 #define GROUP_COLS HOTROD_Q4_COLS /* 4 groups of 16 columns */
 #define UNITS_A_THREAD 4
 
 /* -- activations -------------------------------------------------------------------------------- */
 
-/* The lanes of the 16 values from i on that lie within a row of k. */
-static inline __mmask16 within(int64_t i, int64_t k) {
-  return i >= k ? 0 : (k - i >= 16 ? 0xFFFF : (__mmask16)((1u << (k - i)) - 1));
+/* The lanes of the 8 values from i on that lie within a row of k, as maskload takes them. */
+static inline __m256i within(int64_t i, int64_t k) {
+  const int64_t left = k - i;
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left < 0 ? 0 : left)), lanes);
+}
+
+static inline float max_of(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline int32_t sum_of(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
 /* Row `x` (k values, zero beyond) to int8 per block: q (padded_k bytes), its scales and sums. Rounding is
- * to nearest even (the default mode of cvtps2dq), as nearbyintf would round. */
+ * to nearest even (the default mode of cvtps2dq), as nearbyintf would round. Eight lanes in both builds: a
+ * row is quantized once a product, beside the weights' thousands of times its bytes. */
 static void quantize_row(const float* x, int64_t k, int64_t blocks, int64_t block, int8_t* q, float* scale,
                          int32_t* sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t b = 0; b < blocks; b++) {
     const int64_t start = b * block;
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t i = start; i < start + block; i += 16) {
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(within(i, k), x + i)));
-    }
-    const float top = _mm512_reduce_max_ps(amax);
-    const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-    __m512i total = _mm512_setzero_si512();
-    for (int64_t i = start; i < start + block; i += 16) {
-      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(within(i, k), x + i), inv));
-      v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-      total = _mm512_add_epi32(total, v);
-      _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(v));
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t i = start; i < start + block; i += 8)
+      amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_maskload_ps(x + i, within(i, k)), magnitude));
+    const float top = max_of(amax);
+    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t i = start; i < start + block; i += 8) {
+      __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskload_ps(x + i, within(i, k)), inv));
+      v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+      total = _mm256_add_epi32(total, v);
+      const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      _mm_storel_epi64((__m128i*)(q + i), _mm_packs_epi16(words, words));
     }
     scale[b] = top / 127.0f;
-    sum[b] = _mm512_reduce_add_epi32(total);
+    sum[b] = sum_of(total);
   }
 }
 
@@ -71,6 +101,7 @@ typedef struct {
   int64_t rows, padded_k, padded_n, blocks, block, n;
 } Job;
 
+#if WIDE
 /* Rows [r0, r0 + R) and column chunks [c0, c1) (GROUP_COLS each): y = bias + the sum over blocks of
  * (sum_k w_u x_q - 8 sum_k x_q) * w_scale * x_scale. */
 static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r0, const int R, int64_t c0,
@@ -121,6 +152,53 @@ static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r
     }
   }
 }
+
+#else
+/* As above, on AVX2: each row of the tile in turn over a block's weights, 8 columns to a register. */
+static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r0, const int R, int64_t c0,
+                                                       int64_t c1) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const int64_t kgroups = job->padded_k / 8, per_block = job->block / 8;
+  const size_t chunk_stride = (size_t)kgroups * 4 * 64;
+  for (int64_t c = c0; c < c1; c++) {
+    const int64_t col = c * GROUP_COLS;
+    for (int r = 0; r < R; r++)
+      for (int j = 0; j < 8; j++)
+        _mm256_storeu_ps(job->out + (r0 + r) * job->stride + (c - job->first) * GROUP_COLS + 8 * j,
+                         _mm256_loadu_ps(job->bias + col + 8 * j));
+    for (int64_t b = 0; b < job->blocks; b++) {
+      const uint8_t* block = job->weights + (size_t)c * chunk_stride + (size_t)b * per_block * 4 * 64;
+      const float* ws = job->scales + b * job->padded_n + col;
+      for (int r = 0; r < R; r++) {
+        const int64_t row = r0 + r;
+        const int8_t* xq = job->q + row * job->padded_k + b * job->block;
+        __m256i acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_si256();
+        const uint8_t* w = block;
+        for (int64_t g = 0; g < per_block; g++, w += 4 * 64) {
+          int32_t xq2[2];  /* 8 int8 activations as two dwords, read without aliasing them */
+          memcpy(xq2, xq + g * 8, sizeof xq2);
+          const __m256i xl = _mm256_set1_epi32(xq2[0]), xh = _mm256_set1_epi32(xq2[1]);
+          for (int j = 0; j < 8; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(w + 32 * j));
+            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        const __m256i offset = _mm256_set1_epi32(8 * job->xsum[row * job->blocks + b]);
+        const __m256 xs = _mm256_set1_ps(job->xscale[row * job->blocks + b]);
+        float* y = job->out + row * job->stride + (c - job->first) * GROUP_COLS;
+        for (int j = 0; j < 8; j++) {
+          const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[j], offset));
+          const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * j), xs);
+          _mm256_storeu_ps(y + 8 * j, _mm256_fmadd_ps(dot, s, _mm256_loadu_ps(y + 8 * j)));
+        }
+      }
+    }
+  }
+}
+#endif
 
 /* Column chunks [c0, c1) for every row, four rows at a time. */
 static void rows_of(const Job* job, int64_t c0, int64_t c1) {
@@ -211,7 +289,7 @@ static void share(void* data, size_t i) {
   run_columns(s->job, s->chunks * (int64_t)i / s->units, s->chunks * ((int64_t)i + 1) / s->units);
 }
 
-int hotrod_q4_matmul(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
+int ENTRY(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
                      const float* bias, int64_t n, int64_t block, int threads, float* y, hotrod_parallel parallel,
                      void* runner) {
   const int64_t blocks = (k + block - 1) / block, padded_k = blocks * block;

@@ -4,6 +4,8 @@ On a Xeon with AVX-512 VNNI, MatMulNBits' CPU kernel is compute bound on one row
 bandwidth, where a decoding step is one row per sequence; hotrod's kernel (`hotrod/native/q4gemm.c`) streams
 the weights faster there. On AMD's Zen 4 it wins too (W1 and W2 1.2x in `hotrod tune`), but which is faster
 turns on the CPU and the shapes, so `hotrod tune` keeps whichever wins on the machine it runs on. The kernel
+is built for AVX-512 VNNI and for AVX2 (CPUs without AVX-512, such as AMD's Zen 3): a graph takes the widest
+build this CPU runs, with the same answers from either. The kernel
 computes what MatMulNBits' int8 compute (accuracy level 4) computes: activations quantized to int8 per row and block,
 int32 dot products with the 4-bit weights, one fp32 scale a block. So an artifact stays portable (its
 graphs keep MatMulNBits) and is rewritten as it is loaded, where this CPU and the built library allow;
@@ -27,13 +29,20 @@ from hotrod.runtime import native
 DOMAIN = native.DOMAIN
 OP = "Q4MatMul"
 GROUP_COLS = 64  # the kernel's columns a step: weights are padded to a multiple of this
-_NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+# The kernel's builds, widest first, by the vector width each names in the op (its `width` attribute), and the
+# flags a CPU needs for each; the library itself loads only where AVX2 and FMA are.
+BUILDS = {512: ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"), 256: ("avx2", "fma")}
+
+
+def widths() -> list[int]:
+    """The builds of the kernel this CPU runs, widest first."""
+    return [width for width, flags in BUILDS.items() if native.has_flags(flags)]
 
 
 def library() -> Path | None:
     """The kernels' library, where this CPU can run the int4 kernel; None elsewhere (onnxruntime's own
     kernel runs)."""
-    return native.library() if native.has_flags(_NEEDED_FLAGS) else None
+    return native.library() if widths() else None
 
 
 def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: int,
@@ -61,10 +70,14 @@ def pack(weights: np.ndarray, scales: np.ndarray, n: int, blocks: int, block: in
     return packed, table, padded_bias
 
 
-def rewrite(model: onnx.ModelProto, threads: int) -> int:
+def rewrite(model: onnx.ModelProto, threads: int, width: int | None = None) -> int:
     """Every MatMulNBits of `model` that the kernel computes the same way (4 bits, symmetric, int8 compute,
-    constant weights and bias) as Q4MatMul, in place; returns how many. Weights two products share are
-    packed once."""
+    constant weights and bias) as Q4MatMul, in place, on the build of `width` (the widest this CPU runs where
+    none is named); returns how many. Weights two products share are packed once."""
+    if width is None:
+        width = next(iter(widths()), 256)
+    if width not in BUILDS:
+        raise ValueError(f"no build of the int4 kernel has width {width}: there are {sorted(BUILDS)}")
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     fed = {value.name for value in graph.input}  # initializers a caller may override stay as they are
@@ -90,7 +103,7 @@ def rewrite(model: onnx.ModelProto, threads: int) -> int:
         replaced.update(name for name in (*node.input[1:3], bias) if name)
         graph.node[index].CopyFrom(helper.make_node(
             OP, [node.input[0], *packed[key]], list(node.output), name=node.name, domain=DOMAIN, N=attrs["N"],
-            block=attrs["block_size"], threads=threads))
+            block=attrs["block_size"], threads=threads, width=width))
     native.swap_initializers(graph, replaced, added)
     native.add_domain(model)
     return len(chosen)
