@@ -37,6 +37,7 @@
 #endif
 
 #define GROUP_COLS HOTROD_Q4_COLS /* 4 groups of 16 columns */
+#define SHORT_SUMS 4              /* AVX2: groups of 8 k summed in int16 before widening (a block has 4 or more) */
 #define UNITS_A_THREAD 4
 
 /* -- activations -------------------------------------------------------------------------------- */
@@ -175,16 +176,22 @@ static inline __attribute__((always_inline)) void tile(const Job* job, int64_t r
         __m256i acc[8];
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_si256();
         const uint8_t* w = block;
-        for (int64_t g = 0; g < per_block; g++, w += 4 * 64) {
-          int32_t xq2[2];  /* 8 int8 activations as two dwords, read without aliasing them */
-          memcpy(xq2, xq + g * 8, sizeof xq2);
-          const __m256i xl = _mm256_set1_epi32(xq2[0]), xh = _mm256_set1_epi32(xq2[1]);
-          for (int j = 0; j < 8; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(w + 32 * j));
-            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
-            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(pairs, ones));
+        for (int64_t g = 0; g < per_block; g += SHORT_SUMS) {
+          __m256i part[8]; /* int16 sums of SHORT_SUMS groups: at most 4 x 2 x 2 x 15 x 127 = 30480 */
+          for (int j = 0; j < 8; j++) part[j] = _mm256_setzero_si256();
+#pragma GCC unroll 1 /* unrolled, gcc computes every product first and spills them all to the stack */
+          for (int u = 0; u < SHORT_SUMS; u++, w += 4 * 64) {
+            int32_t xq2[2]; /* 8 int8 activations as two dwords, read without aliasing them */
+            memcpy(xq2, xq + (g + u) * 8, sizeof xq2);
+            const __m256i xl = _mm256_set1_epi32(xq2[0]), xh = _mm256_set1_epi32(xq2[1]);
+            for (int j = 0; j < 8; j++) {
+              const __m256i v = _mm256_loadu_si256((const __m256i*)(w + 32 * j));
+              const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+              part[j] = _mm256_add_epi16(part[j], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl),
+                                                                   _mm256_maddubs_epi16(hi, xh)));
+            }
           }
+          for (int j = 0; j < 8; j++) acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(part[j], ones));
         }
         const __m256i offset = _mm256_set1_epi32(8 * job->xsum[row * job->blocks + b]);
         const __m256 xs = _mm256_set1_ps(job->xscale[row * job->blocks + b]);
