@@ -1,7 +1,7 @@
 /* hotrod's onnxruntime custom ops, registered by `RegisterCustomOps` in the domain "hotrod":
  * - Q4MatMul (inputs: A float [..., K], the packed weights, their scales, a bias; attributes N, block,
  *   threads, width; output float [..., N]): int4 products (q4gemm.c, built for AVX-512 VNNI (width 512) and
- *   for AVX2 (256); a width this CPU cannot run is refused as the session is made);
+ *   for AVX2 (256); under a width this CPU cannot run, the op answers NaN);
  * - QuantizeRows (input: X float [..., K]; outputs: uint8 [..., K], float scales [..., 1]): per-row int8
  *   quantization of a product's input in one pass (rows.c, AVX2);
  * - Int8MatMul, Int8MatMulRows, Int8MatMulSplit: int8 products on AMX tiles or AVX-512 VNNI (ort_int8.c,
@@ -31,6 +31,7 @@
 
 #include "attention.h"
 #include "i8gemm.h"
+#include "dots.h" /* hotrod_has_avx512 */
 #include "q4gemm.h"
 #include "rows.h"
 
@@ -39,16 +40,14 @@
 const Entry* hotrod_api;
 
 typedef struct {
-  int64_t n, block, threads, width;
+  int64_t n, block, threads;
   hotrod_q4_fn matmul;
 } Kernel;
 
 /* The build of the int4 kernel for `width` (512: AVX-512 VNNI, 256: AVX2), where this CPU runs it. */
 static hotrod_q4_fn q4_build(int64_t width) {
   __builtin_cpu_init();
-  if (width == 512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
-    return hotrod_q4_matmul_512;
+  if (width == 512 && hotrod_has_avx512() && __builtin_cpu_supports("avx512vnni")) return hotrod_q4_matmul_512;
   if (width == 256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return hotrod_q4_matmul_256;
   return NULL;
 }
@@ -56,16 +55,17 @@ static hotrod_q4_fn q4_build(int64_t width) {
 static void* create_kernel(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
   (void)op, (void)table;
   Kernel* kernel = calloc(1, sizeof(Kernel));
+  int64_t width = 0;
   if (kernel == NULL) return NULL;
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "N", &kernel->n)) ||
       failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "block", &kernel->block)) ||
       failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "threads", &kernel->threads)) ||
-      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "width", &kernel->width)) || kernel->n <= 0 ||
+      failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "width", &width)) || kernel->n <= 0 ||
       kernel->block <= 0 || kernel->block % 32 != 0 || kernel->threads < 1) {
     free(kernel);
     return NULL;
   }
-  kernel->matmul = q4_build(kernel->width); /* NULL for a width this CPU cannot run: compute answers NaN */
+  kernel->matmul = q4_build(width); /* NULL for a width this CPU cannot run: compute answers NaN */
   return kernel;
 }
 

@@ -296,9 +296,8 @@ static void share(void* data, size_t i) {
   run_columns(s->job, s->chunks * (int64_t)i / s->units, s->chunks * ((int64_t)i + 1) / s->units);
 }
 
-int ENTRY(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales,
-                     const float* bias, int64_t n, int64_t block, int threads, float* y, hotrod_parallel parallel,
-                     void* runner) {
+int ENTRY(const float* x, int64_t rows, int64_t k, const uint8_t* weights, const float* scales, const float* bias,
+          int64_t n, int64_t block, int threads, float* y, hotrod_parallel parallel, void* runner) {
   const int64_t blocks = (k + block - 1) / block, padded_k = blocks * block;
   const int64_t padded_n = (n + GROUP_COLS - 1) / GROUP_COLS * GROUP_COLS, chunks = padded_n / GROUP_COLS;
   Buffers* b = buffers(rows * padded_k, rows * blocks, rows);
