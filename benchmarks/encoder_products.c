@@ -1,0 +1,130 @@
+/* hotrod's int8 kernel on an encoder's rows (hundreds to thousands of them), through its own entry points and
+ * epilogues, on its path without tiles (AVX-512 VNNI: every CPU without AMX, and one with AMX where the op is told
+ * to leave the tiles): how fast one product runs at a shape, its output made as each of an encoder's products
+ * makes it. Build it once per version of the kernel to compare
+ * (i8gemm.c as it is, or as another commit had it), then run the builds in turn, several rounds, on an idle machine:
+ *
+ *     cc -O3 -pthread -Isrc/hotrod/native -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mamx-tile \
+ *         -mamx-int8 -ffp-contract=off -o encoder_products benchmarks/encoder_products.c \
+ *         src/hotrod/native/i8gemm.c src/hotrod/native/rows.c -lm
+ *     ./encoder_products ROWS K N [THREADS [OUTPUT]]
+ *
+ * OUTPUT: 0 floats (the Q/K/V product's), 1 floats plus a residual (the attention's output product and the
+ * second feed-forward product, as the int8 builds fuse them), 2 bytes quantized with one scale (int8-static's
+ * next input), 3 the same after the GELU (int8-static's first feed-forward product). The threads take units of
+ * work from a shared counter, as onnxruntime's pool hands them out. Prints the best of 12 calls: ms and T int8
+ * operations (2 x rows x K x N) a second. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "i8gemm.h"
+
+#define CALLS 12
+
+typedef struct {
+  hotrod_task task;
+  void* data;
+  size_t count;
+  atomic_size_t next;
+} Job;
+
+static Job* job;
+static int threads = 1;
+static pthread_barrier_t start, done;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void drain(Job* j) {
+  for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->count;) j->task(j->data, i);
+}
+
+static void* worker(void* unused) {
+  (void)unused;
+  for (;;) {
+    pthread_barrier_wait(&start);
+    drain(job);
+    pthread_barrier_wait(&done);
+  }
+  return NULL;
+}
+
+static void pool(void* runner, hotrod_task task, void* data, size_t count) {
+  (void)runner;
+  Job j = {task, data, count, 0};
+  job = &j;
+  if (threads > 1) pthread_barrier_wait(&start);
+  drain(&j);
+  if (threads > 1) pthread_barrier_wait(&done);
+}
+
+static void* filled(size_t bytes, int value) {
+  void* p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p == NULL) {
+    fprintf(stderr, "encoder_products: out of memory\n");
+    exit(1);
+  }
+  memset(p, value, bytes);
+  return p;
+}
+
+int main(int argc, char** argv) {
+  const int64_t rows = argc > 3 ? atoll(argv[1]) : 0, k = argc > 3 ? atoll(argv[2]) : 0;
+  const int64_t n = argc > 3 ? atoll(argv[3]) : 0;
+  threads = argc > 4 ? atoi(argv[4]) : 1;
+  const int output = argc > 5 ? atoi(argv[5]) : 0;
+  if (rows < 1 || k < 64 || k % 64 != 0 || n < 1 || n % 32 != 0 || threads < 1 || threads > 256 || output < 0 ||
+      output > 3) {
+    fprintf(stderr, "usage: encoder_products ROWS K N [THREADS [OUTPUT]] (K a multiple of 64, N of 32; OUTPUT 0-3)\n");
+    return 2;
+  }
+  if (!hotrod_vnni_ready()) {
+    fprintf(stderr, "encoder_products: this CPU lacks AVX-512 VNNI\n");
+    return 1;
+  }
+  pthread_barrier_init(&start, NULL, (unsigned)threads);
+  pthread_barrier_init(&done, NULL, (unsigned)threads);
+  for (int t = 1; t < threads; t++) {
+    pthread_t thread;
+    pthread_create(&thread, NULL, worker, NULL);
+  }
+  uint8_t* q = filled((size_t)(rows * k), 0);
+  int8_t* w = filled((size_t)(k * n), 0);
+  srand(1);
+  for (int64_t i = 0; i < rows * k; i++) q[i] = (uint8_t)rand();
+  for (int64_t i = 0; i < k * n; i++) w[i] = (int8_t)(rand() % 129 - 64); /* the int8 builds' 7-bit weights */
+  float *scales = filled((size_t)rows * sizeof(float), 0), *w_scale = filled((size_t)n * sizeof(float), 0);
+  for (int64_t i = 0; i < rows; i++) scales[i] = 0.01f;
+  for (int64_t i = 0; i < n; i++) w_scale[i] = 0.01f;
+  int32_t* offsets = filled((size_t)n * sizeof(int32_t), 0);
+  float *bias = filled((size_t)n * sizeof(float), 0), *y = filled((size_t)(rows * n) * sizeof(float), 0);
+  float* residual = filled((size_t)(rows * n) * sizeof(float), 0);
+  uint8_t* bytes = filled((size_t)(rows * n), 0);
+  double best = 1e30;
+  for (int call = 0; call < CALLS; call++) {
+    const double started = now();
+    const int status =
+        output <= 1 ? hotrod_i8_matmul(q, scales, 1, rows, k, w, offsets, w_scale, bias, n, &y, 1, HOTROD_I8_LINEAR,
+                                       output == 1 ? residual : NULL, 0, pool, NULL)
+                    : hotrod_i8_matmul_static(q, scales, 1, rows, k, w, offsets, w_scale, bias, n,
+                                              output == 3 ? HOTROD_I8_GELU : HOTROD_I8_LINEAR, 0.05f, 128, bytes, 0,
+                                              pool, NULL);
+    if (status != 0) {
+      fprintf(stderr, "encoder_products: the kernel refused the product\n");
+      return 1;
+    }
+    const double took = now() - started;
+    best = took < best ? took : best;
+  }
+  printf("rows %ld k %ld n %ld threads %d output %d: %.3f ms %.3f T ops/s\n", (long)rows, (long)k, (long)n, threads,
+         output, best * 1e3, 2.0 * (double)rows * (double)k * (double)n / best / 1e12);
+  return 0;
+}
