@@ -181,6 +181,22 @@ def test_the_same_answers_as_onnxruntimes_nodes(k, n, count):
         assert np.array_equal(run(model, x), run(rewritten(model), x, library=True))
 
 
+@amx
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_deep_products_columns_go_through_in_panels_with_the_same_answers(residual):
+    """Depth 4096 (a panel of 64 columns of weights without tiles) over 1,100 rows and 520 columns: units of 256
+    columns, several panels each, each panel asking for the next one's weights; a row tail and a column tail."""
+    rng = np.random.default_rng(4096)
+    x = (rng.standard_normal((1100, 4096)) * rng.uniform(0.01, 10, (1100, 1))).astype(np.float32)
+    if residual:
+        model = residual_product(4096, 520, None)
+        feeds = {"x": x, "r": rng.standard_normal((1100, 520)).astype(np.float32)}
+        assert np.array_equal(run_feeds(model, feeds), run_feeds(rewritten(model), feeds, library=True))
+    else:
+        model = products(4096, (520,))
+        assert np.array_equal(run(model, x), run(rewritten(model), x, library=True))
+
+
 @pytest.mark.parametrize("gelu", GELUS.values(), ids=GELUS.keys())
 def test_a_gelu_after_a_product_goes_into_its_epilogue(gelu):
     model = products(64, (64, 32), gelu=gelu)
