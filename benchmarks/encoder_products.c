@@ -66,13 +66,13 @@ static void pool(void* runner, hotrod_task task, void* data, size_t count) {
   if (threads > 1) pthread_barrier_wait(&done);
 }
 
-static void* filled(size_t bytes, int value) {
+static void* zeroed(size_t bytes) {
   void* p = aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == NULL) {
     fprintf(stderr, "encoder_products: out of memory\n");
     exit(1);
   }
-  memset(p, value, bytes);
+  memset(p, 0, bytes);
   return p;
 }
 
@@ -96,18 +96,18 @@ int main(int argc, char** argv) {
     pthread_t thread;
     pthread_create(&thread, NULL, worker, NULL);
   }
-  uint8_t* q = filled((size_t)(rows * k), 0);
-  int8_t* w = filled((size_t)(k * n), 0);
+  uint8_t* q = zeroed((size_t)(rows * k));
+  int8_t* w = zeroed((size_t)(k * n));
   srand(1);
   for (int64_t i = 0; i < rows * k; i++) q[i] = (uint8_t)rand();
   for (int64_t i = 0; i < k * n; i++) w[i] = (int8_t)(rand() % 129 - 64); /* the int8 builds' 7-bit weights */
-  float *scales = filled((size_t)rows * sizeof(float), 0), *w_scale = filled((size_t)n * sizeof(float), 0);
+  float *scales = zeroed((size_t)rows * sizeof(float)), *w_scale = zeroed((size_t)n * sizeof(float));
   for (int64_t i = 0; i < rows; i++) scales[i] = 0.01f;
   for (int64_t i = 0; i < n; i++) w_scale[i] = 0.01f;
-  int32_t* offsets = filled((size_t)n * sizeof(int32_t), 0);
-  float *bias = filled((size_t)n * sizeof(float), 0), *y = filled((size_t)(rows * n) * sizeof(float), 0);
-  float* residual = filled((size_t)(rows * n) * sizeof(float), 0);
-  uint8_t* bytes = filled((size_t)(rows * n), 0);
+  int32_t* offsets = zeroed((size_t)n * sizeof(int32_t));
+  float *bias = zeroed((size_t)n * sizeof(float)), *y = zeroed((size_t)(rows * n) * sizeof(float));
+  float* residual = zeroed((size_t)(rows * n) * sizeof(float));
+  uint8_t* bytes = zeroed((size_t)(rows * n));
   double best = 1e30;
   for (int call = 0; call < CALLS; call++) {
     const double started = now();

@@ -260,9 +260,9 @@ static void vectors(const Problem* p, int64_t first_row, int64_t last_row, int64
     const int64_t share = ((next_end - end) / 32 * block_bytes / 64 + groups - 1) / groups; /* lines a group */
     for (int64_t g = 0; g < groups; g++) {
       const int64_t row = first_row + g * NARROW_ROWS;
+      const int64_t count = last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS;
       for (int64_t line = 0; line < share; line++) _mm_prefetch(next + (g * share + line) * 64, _MM_HINT_T1);
-      for (int64_t col = start; col < end; col += 32)
-        narrow(p, row, last_row - row < NARROW_ROWS ? last_row - row : NARROW_ROWS, col);
+      for (int64_t col = start; col < end; col += 32) narrow(p, row, count, col);
     }
   }
 }
