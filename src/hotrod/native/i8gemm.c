@@ -28,6 +28,7 @@
 
 #include "dots.h"
 #include "gelu.h"
+#include "gelu_static.h"
 #include "i8gemm.h"
 #include "quantize.h"
 #include "rows.h"
@@ -89,6 +90,7 @@ typedef struct {
   uint8_t* q_static;        /* where given: Y quantized with one scale and zero point into it instead */
   float static_scale;
   int32_t static_zero;
+  float gelu_margin;        /* gelu_static.h: the quotients' margin at static_scale, where the GELU is fused too */
   const uint8_t* padded;    /* where given: the last block of rows, zero-padded to 32, made by the caller */
   int tiles;                /* 1: on AMX's tiles; 0: on AVX-512 VNNI (a CPU without them, or the op's choice) */
 } Problem;
@@ -134,6 +136,11 @@ static inline Targets targets(const Problem* p, int64_t row, int64_t col) {
 static inline void emit(const Problem* p, const Columns* c, __m512i sum, float row_scale, const Targets* t, int64_t r) {
   __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
   v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(row_scale)), c->bias);
+  if (p->activation == HOTROD_I8_GELU && p->q_static != NULL) { /* gelu_static.h: only the bytes must match */
+    hotrod_gelu_quantize_static16(v, t->residual == NULL ? NULL : t->residual + r * p->n, p->static_scale,
+                                  p->static_zero, p->gelu_margin, c->mask, p->q_static + t->at + r * p->width);
+    return;
+  }
   if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
   if (t->residual != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(c->mask, t->residual + r * p->n));
   if (p->q_static != NULL) /* quantize.h: as the graph's QuantizeLinear */
@@ -384,6 +391,26 @@ int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   return 0;
 }
 
+int64_t hotrod_gelu_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q) {
+  if (!hotrod_has_avx512() || zero_point < 0 || zero_point > 255) return -1;
+  const float margin = hotrod_gelu_margin(scale);
+  int64_t again = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    again += hotrod_gelu_quantize_static16(_mm512_maskz_loadu_ps(m, x + i), NULL, scale, zero_point, margin, m, q + i);
+  }
+  return again;
+}
+
+int hotrod_gelu_near_values(const float* x, int64_t n, float* y) {
+  if (!hotrod_has_avx512()) return -1;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m, hotrod_gelu_near(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+  return 0;
+}
+
 /* The path a call takes: the tiles where asked for and granted, else AVX-512 VNNI (-1 where neither runs here). */
 static int path(int tiles) { return tiles && hotrod_amx_ready() ? 1 : hotrod_vnni_ready() ? 0 : -1; }
 
@@ -414,7 +441,7 @@ int hotrod_i8_matmul(const uint8_t* q, const float* a_scale, int64_t scale_strid
       (residual != NULL && parts > 1))
     return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, y, rows, k, n, 0, 0, 0, n / parts, activation,
-               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, NULL, path(tiles)};
+               residual, NULL, NULL, UNIT_ROWS, 0, NULL, 0.0f, 0, 0.0f, NULL, path(tiles)};
   parallel(runner, unit, &p, plan(&p));
   return 0;
 }
@@ -425,7 +452,8 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
                             hotrod_parallel parallel, void* runner) {
   if (!computable(k, activation, tiles) || zero_point < 0 || zero_point > 255) return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 0, n, activation,
-               NULL, NULL, NULL, UNIT_ROWS, 0, out, scale, zero_point, NULL, path(tiles)};
+               NULL, NULL, NULL, UNIT_ROWS, 0, out, scale, zero_point, hotrod_gelu_margin(scale), NULL,
+               path(tiles)};
   /* the last rows' padded block made here, once: no unit can then run out of memory with its outputs half made */
   uint8_t* padded = NULL;
   if (p.tiles && rows >= TILE_ROWS && rows % BLOCK_ROWS != 0) {
@@ -453,7 +481,7 @@ int hotrod_i8_matmul_rows(const uint8_t* q, const float* a_scale, int64_t scale_
   }
   if (!computable(k, activation, tiles)) return -1;
   Problem p = {q, a_scale, w_scale, bias, scale_stride, w, offsets, NULL, rows, k, n, 0, 0, 1, n, activation, NULL,
-               q_out, scales_out, BLOCK_ROWS, 0, NULL, 0.0f, 0, NULL, path(tiles)};
+               q_out, scales_out, BLOCK_ROWS, 0, NULL, 0.0f, 0, 0.0f, NULL, path(tiles)};
   p.padded_n = p.unit_cols = (n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   parallel(runner, unit, &p, (size_t)((rows + BLOCK_ROWS - 1) / BLOCK_ROWS));
   return 0;

@@ -65,3 +65,12 @@ int hotrod_i8_matmul_static(const uint8_t* q, const float* a_scale, int64_t scal
 /* y[i] = GELU(x[i]) for i < n, as the epilogue computes it (gelu.h), for the kernel's tests to compare with
  * onnxruntime's own Gelu. Returns 0, or -1 where this CPU lacks AVX-512 or the library the AMX kernels. */
 int hotrod_gelu_values(const float* x, int64_t n, float* y);
+
+/* q[i] = GELU(x[i]) quantized with `scale` and `zero_point` for i < n, as int8-static's epilogue computes them
+ * (gelu_static.h), for the tests to compare with onnxruntime's Gelu and QuantizeLinear. Returns how many groups of
+ * 16 were computed again on the exact arithmetic; -1 as hotrod_gelu_values, or where the zero point is not 0-255. */
+int64_t hotrod_gelu_static_values(const float* x, int64_t n, float scale, int32_t zero_point, uint8_t* q);
+
+/* y[i] = the table's GELU (gelu_static.h's hotrod_gelu_near) for i < n, for the tests to bound its distance from
+ * onnxruntime's. Returns as hotrod_gelu_values. */
+int hotrod_gelu_near_values(const float* x, int64_t n, float* y);
