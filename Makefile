@@ -46,7 +46,8 @@ AMX_OBJECTS = $$tmp/no_amx.o
 endif
 $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(NATIVE_DIR)/rows.h \
 		$(NATIVE_DIR)/norm.c $(NATIVE_DIR)/norm.h $(NATIVE_DIR)/ort_norm.c \
-		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/gelu_static.h $(NATIVE_DIR)/quantize.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
+		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/gelu_static.h \
+		$(NATIVE_DIR)/quantize.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
 		$(NATIVE_DIR)/attention_vectors.c $(NATIVE_DIR)/attention_vectors.h $(NATIVE_DIR)/transpose.h $(NATIVE_DIR)/lanes.h \
 		$(NATIVE_DIR)/bf16gemm.c $(NATIVE_DIR)/bf16gemm.h $(NATIVE_DIR)/ort_bf16.c $(NATIVE_DIR)/tiles.h $(NATIVE_DIR)/dots.h \
 		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h

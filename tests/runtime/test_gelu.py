@@ -47,7 +47,8 @@ def _onnxruntime(x: np.ndarray, attrs: dict, quantized: tuple[float, int] | None
         out = TensorProto.UINT8
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
                               [helper.make_tensor_value_info(nodes[-1].output[0], out, [None])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
 
@@ -83,7 +84,8 @@ def test_the_tables_gelu_is_within_its_bound_of_onnxruntimes_and_exact_past_the_
     below = np.abs(x) < 3.925 * np.sqrt(2) * 1.0001
     assert np.abs(near[below].astype(np.float64) - theirs[below]).max() <= 2e-6  # gelu_static.h's bound
     past = ~below & ~np.isnan(x)
-    same = (near[past].view(np.uint32) == theirs[past].view(np.uint32)) | (np.isnan(near[past]) & np.isnan(theirs[past]))
+    near, theirs = near[past], theirs[past]
+    same = (near.view(np.uint32) == theirs.view(np.uint32)) | (np.isnan(near) & np.isnan(theirs))
     assert same.all(), f"{(~same).sum()} values past the clamp differ, first at x = {x[past][~same][:3]}"
 
 

@@ -131,14 +131,15 @@ static inline Targets targets(const Problem* p, int64_t row, int64_t col) {
 }
 
 /* 16 columns' sums of row `r` of `t`: scaled as onnxruntime scales them, biased, through the GELU where the
- * graph had one after the product (gelu.h: onnxruntime's arithmetic), plus the residual where the graph added
+ * graph had one after the product (gelu.h: onnxruntime's arithmetic; gelu_static.h where only the byte quantized
+ * with one scale must match it), plus the residual where the graph added
  * one (one rounding, as its Add), clipped; stored as floats, or quantized where Y is. */
 static inline void emit(const Problem* p, const Columns* c, __m512i sum, float row_scale, const Targets* t, int64_t r) {
   __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, c->offset)), c->scale);
   v = _mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(row_scale)), c->bias);
-  if (p->activation == HOTROD_I8_GELU && p->q_static != NULL) { /* gelu_static.h: only the bytes must match */
-    hotrod_gelu_quantize_static16(v, t->residual == NULL ? NULL : t->residual + r * p->n, p->static_scale,
-                                  p->static_zero, p->gelu_margin, c->mask, p->q_static + t->at + r * p->width);
+  if (p->activation == HOTROD_I8_GELU && p->q_static != NULL && t->residual == NULL) { /* gelu_static.h */
+    hotrod_gelu_quantize_static16(v, p->static_scale, p->static_zero, p->gelu_margin, c->mask,
+                                  p->q_static + t->at + r * p->width);
     return;
   }
   if (p->activation == HOTROD_I8_GELU) v = hotrod_gelu(v);
@@ -397,7 +398,7 @@ int64_t hotrod_gelu_static_values(const float* x, int64_t n, float scale, int32_
   int64_t again = 0;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-    again += hotrod_gelu_quantize_static16(_mm512_maskz_loadu_ps(m, x + i), NULL, scale, zero_point, margin, m, q + i);
+    again += hotrod_gelu_quantize_static16(_mm512_maskz_loadu_ps(m, x + i), scale, zero_point, margin, m, q + i);
   }
   return again;
 }
