@@ -1,7 +1,7 @@
 /* The largest |hotrod_gelu_near(x) - GELU(x)| over every float32 x, GELU as onnxruntime computes it (gelu.h's
  * hotrod_gelu, equal to it to the bit: tests/runtime/test_gelu.py), and whether the two have the same bits from
  * the clamp on (|x| >= 3.925 sqrt 2, where the table's last piece is 1). gelu_static.h's HOTROD_GELU_NEAR_ERROR
- * is four times the first figure; rerun this when the table changes:
+ * is about four times the first figure; rerun this when the table changes:
  *
  *     cc -O2 -Isrc/hotrod/native -mavx512f -mavx512bw -ffp-contract=off -o /tmp/gelu_near_error \
  *         scripts/gelu_near_error.c -lm && /tmp/gelu_near_error

@@ -96,10 +96,10 @@ def _crowded(scale: float, zero_point: int) -> np.ndarray:
     quotients = _onnxruntime(grid, GELUS["com.microsoft"]).astype(np.float64) / scale
     crossing = np.nonzero(np.floor(quotients[:-1] + 0.5) != np.floor(quotients[1:] + 0.5))[0]
     low, high = grid[crossing], grid[crossing + 1]
+    below = np.floor(quotients[crossing] + 0.5)  # low's side: every step keeps low on it
     for _ in range(30):  # bisection on the grid's own floats
         middle = ((low.astype(np.float64) + high) / 2).astype(np.float32)
-        above = np.floor(_onnxruntime(middle, GELUS["com.microsoft"]).astype(np.float64) / scale + 0.5) != \
-            np.floor(_onnxruntime(low, GELUS["com.microsoft"]).astype(np.float64) / scale + 0.5)
+        above = np.floor(_onnxruntime(middle, GELUS["com.microsoft"]).astype(np.float64) / scale + 0.5) != below
         low, high = np.where(above, low, middle), np.where(above, middle, high)
     steps = np.arange(-8, 9, dtype=np.int32)
     return (low.view(np.int32)[:, None] + steps[None, :]).ravel().view(np.float32)

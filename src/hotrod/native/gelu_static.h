@@ -68,8 +68,7 @@ static const float hotrod_gelu_table[4][32] __attribute__((aligned(64))) = {
 /* x Phi(|x|) for x >= 0, x (1 - Phi(|x|)) below: GELU within HOTROD_GELU_NEAR_ERROR; from where |x| k reaches 31
  * (the clamp, to a few float steps) the last piece's 1 gives onnxruntime's bits. */
 HOTROD_GELU_STATIC __m512 hotrod_gelu_near(__m512 x) {
-  const __m512i sign = _mm512_set1_epi32(INT32_MIN);
-  const __m512 z = hotrod_bits(_mm512_andnot_si512(sign, hotrod_ints(x)));
+  const __m512 z = _mm512_abs_ps(x);
   /* a NaN's position is the last piece (MINPS answers its second operand): Phi is 1 there, and x Phi NaN again */
   const __m512 y = _mm512_min_ps(_mm512_mul_ps(z, _mm512_set1_ps(HOTROD_GELU_PIECES_PER_X)), _mm512_set1_ps(31.0f));
   const __m512 piece = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -80,7 +79,7 @@ HOTROD_GELU_STATIC __m512 hotrod_gelu_near(__m512 x) {
   phi = _mm512_fmadd_ps(phi, u, _mm512_permutex2var_ps(_mm512_load_ps(t[2]), at, _mm512_load_ps(t[2] + 16)));
   phi = _mm512_fmadd_ps(phi, u, _mm512_permutex2var_ps(_mm512_load_ps(t[1]), at, _mm512_load_ps(t[1] + 16)));
   phi = _mm512_fmadd_ps(phi, u, _mm512_permutex2var_ps(_mm512_load_ps(t[0]), at, _mm512_load_ps(t[0] + 16)));
-  const __mmask16 negative = _mm512_test_epi32_mask(hotrod_ints(x), sign);
+  const __mmask16 negative = _mm512_test_epi32_mask(hotrod_ints(x), _mm512_set1_epi32(INT32_MIN));
   phi = _mm512_mask_sub_ps(phi, negative, _mm512_set1_ps(1.0f), phi);
   return _mm512_mul_ps(x, phi);
 }
@@ -94,11 +93,9 @@ static inline float hotrod_gelu_margin(float scale) {
  * the exact arithmetic. */
 HOTROD_GELU_STATIC int hotrod_gelu_quantize_static16(__m512 x, float scale, int32_t zero_point, float margin,
                                                      __mmask16 mask, uint8_t* q) {
-  __m512 v = _mm512_div_ps(hotrod_gelu_near(x), _mm512_set1_ps(scale));
-  v = _mm512_max_ps(v, _mm512_set1_ps((float)-zero_point));
-  v = _mm512_min_ps(v, _mm512_set1_ps((float)(255 - zero_point)));
+  const __m512 v = hotrod_quotient_static16(hotrod_gelu_near(x), scale, zero_point);
   const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 off = hotrod_bits(_mm512_andnot_si512(_mm512_set1_epi32(INT32_MIN), hotrod_ints(_mm512_sub_ps(v, n))));
+  const __m512 off = _mm512_abs_ps(_mm512_sub_ps(v, n));
   if (_mm512_mask_cmp_ps_mask(mask, off, _mm512_set1_ps(0.5f - margin), _CMP_LT_OQ) != mask) {
     hotrod_quantize_static16(hotrod_gelu(x), scale, zero_point, mask, q);
     return 1;

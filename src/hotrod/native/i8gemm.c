@@ -30,6 +30,7 @@
 #include "gelu.h"
 #include "gelu_static.h"
 #include "i8gemm.h"
+#include "lanes.h"
 #include "quantize.h"
 #include "rows.h"
 #include "tiles.h"
@@ -115,7 +116,7 @@ typedef struct { __m512i offset; __m512 scale, bias; __mmask16 mask; } Columns;
 
 static inline Columns columns(const Problem* p, int64_t col) {
   Columns c = {_mm512_loadu_si512(p->offsets + col), _mm512_loadu_ps(p->w_scale + col), _mm512_loadu_ps(p->bias + col),
-               p->n - col >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p->n - col)) - 1)};
+               hotrod_first(p->n - col)};
   return c;
 }
 
@@ -386,7 +387,7 @@ static void quantize_part(void* data, size_t index) {
 int hotrod_gelu_values(const float* x, int64_t n, float* y) {
   if (!hotrod_has_avx512()) return -1;
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __mmask16 m = hotrod_first(n - i);
     _mm512_mask_storeu_ps(y + i, m, hotrod_gelu(_mm512_maskz_loadu_ps(m, x + i)));
   }
   return 0;
@@ -397,7 +398,7 @@ int64_t hotrod_gelu_static_values(const float* x, int64_t n, float scale, int32_
   const float margin = hotrod_gelu_margin(scale);
   int64_t again = 0;
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __mmask16 m = hotrod_first(n - i);
     again += hotrod_gelu_quantize_static16(_mm512_maskz_loadu_ps(m, x + i), scale, zero_point, margin, m, q + i);
   }
   return again;
@@ -406,7 +407,7 @@ int64_t hotrod_gelu_static_values(const float* x, int64_t n, float scale, int32_
 int hotrod_gelu_near_values(const float* x, int64_t n, float* y) {
   if (!hotrod_has_avx512()) return -1;
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __mmask16 m = hotrod_first(n - i);
     _mm512_mask_storeu_ps(y + i, m, hotrod_gelu_near(_mm512_maskz_loadu_ps(m, x + i)));
   }
   return 0;
