@@ -7,13 +7,15 @@
  *     cc -O3 -pthread -Isrc/hotrod/native -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mamx-tile \
  *         -mamx-int8 -ffp-contract=off -o encoder_products benchmarks/encoder_products.c \
  *         src/hotrod/native/i8gemm.c src/hotrod/native/rows.c -lm
- *     ./encoder_products ROWS K N [THREADS [OUTPUT]]
+ *     ./encoder_products ROWS K N [THREADS [OUTPUT [COPIES]]]
  *
  * OUTPUT: 0 floats (the Q/K/V product's), 1 floats plus a residual (the attention's output product and the
  * second feed-forward product, as the int8 builds fuse them), 2 bytes quantized with one scale (int8-static's
  * next input), 3 the same after the GELU (int8-static's first feed-forward product). The threads take units of
- * work from a shared counter, as onnxruntime's pool hands them out. Prints the best of 12 calls: ms and T int8
- * operations (2 x rows x K x N) a second. */
+ * work from a shared counter, as onnxruntime's pool hands them out. COPIES (default 1): each call takes the next of
+ * that many copies of the weights, in turn, so that with enough of them (a model's worth, past the last-level
+ * cache) each call's weights come from memory, as a layer's do in a model. Prints the best of 12 calls: ms and T
+ * int8 operations (2 x rows x K x N) a second. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -80,10 +82,11 @@ int main(int argc, char** argv) {
   const int64_t rows = argc > 3 ? atoll(argv[1]) : 0, k = argc > 3 ? atoll(argv[2]) : 0;
   const int64_t n = argc > 3 ? atoll(argv[3]) : 0;
   threads = argc > 4 ? atoi(argv[4]) : 1;
-  const int output = argc > 5 ? atoi(argv[5]) : 0;
+  const int output = argc > 5 ? atoi(argv[5]) : 0, copies = argc > 6 ? atoi(argv[6]) : 1;
   if (rows < 1 || k < 64 || k % 64 != 0 || n < 1 || n % 32 != 0 || threads < 1 || threads > 256 || output < 0 ||
-      output > 3) {
-    fprintf(stderr, "usage: encoder_products ROWS K N [THREADS [OUTPUT]] (K a multiple of 64, N of 32; OUTPUT 0-3)\n");
+      output > 3 || copies < 1 || copies > 1024) {
+    fprintf(stderr, "usage: encoder_products ROWS K N [THREADS [OUTPUT [COPIES]]] (K a multiple of 64, N of 32; "
+                    "OUTPUT 0-3; COPIES 1-1024)\n");
     return 2;
   }
   if (!hotrod_vnni_ready()) {
@@ -97,10 +100,10 @@ int main(int argc, char** argv) {
     pthread_create(&thread, NULL, worker, NULL);
   }
   uint8_t* q = zeroed((size_t)(rows * k));
-  int8_t* w = zeroed((size_t)(k * n));
+  int8_t* all = zeroed((size_t)(k * n * copies));
   srand(1);
   for (int64_t i = 0; i < rows * k; i++) q[i] = (uint8_t)rand();
-  for (int64_t i = 0; i < k * n; i++) w[i] = (int8_t)(rand() % 129 - 64); /* the int8 builds' 7-bit weights */
+  for (int64_t i = 0; i < k * n * copies; i++) all[i] = (int8_t)(rand() % 129 - 64); /* the int8 builds' 7 bits */
   float *scales = zeroed((size_t)rows * sizeof(float)), *w_scale = zeroed((size_t)n * sizeof(float));
   for (int64_t i = 0; i < rows; i++) scales[i] = 0.01f;
   /* sums near N(0, 1.1e5) at k = 384: scaled to about N(0, 1.5), as an encoder's values before its GELU lie, for the
@@ -112,6 +115,7 @@ int main(int argc, char** argv) {
   uint8_t* bytes = zeroed((size_t)(rows * n));
   double best = 1e30;
   for (int call = 0; call < CALLS; call++) {
+    const int8_t* w = all + (int64_t)(call % copies) * k * n;
     const double started = now();
     const int status =
         output <= 1 ? hotrod_i8_matmul(q, scales, 1, rows, k, w, offsets, w_scale, bias, n, &y, 1, HOTROD_I8_LINEAR,
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
     const double took = now() - started;
     best = took < best ? took : best;
   }
-  printf("rows %ld k %ld n %ld threads %d output %d: %.3f ms %.3f T ops/s\n", (long)rows, (long)k, (long)n, threads,
-         output, best * 1e3, 2.0 * (double)rows * (double)k * (double)n / best / 1e12);
+  printf("rows %ld k %ld n %ld threads %d output %d copies %d: %.3f ms %.3f T ops/s\n", (long)rows, (long)k, (long)n,
+         threads, output, copies, best * 1e3, 2.0 * (double)rows * (double)k * (double)n / best / 1e12);
   return 0;
 }
