@@ -30,7 +30,7 @@ NATIVE_CFLAGS := -O3 -fPIC -pthread -Wall -Wextra -Werror
 AMX_CC := $(shell printf 'int main(void){return 0;}' | $(CC) -mamx-tile -mamx-int8 -mamx-bf16 -mavx512bf16 \
 	-x c -o /dev/null - 2>/dev/null && echo yes)
 ifeq ($(AMX_CC),yes)
-AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mamx-tile -mamx-int8 \
+AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mprfchw -mamx-tile -mamx-int8 \
 		-ffp-contract=off -c -o $$tmp/i8gemm.o $(NATIVE_DIR)/i8gemm.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
 		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c && \

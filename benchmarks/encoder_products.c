@@ -4,7 +4,7 @@
  * makes it. Build it once per version of the kernel to compare
  * (i8gemm.c as it is, or as another commit had it), then run the builds in turn, several rounds, on an idle machine:
  *
- *     cc -O3 -pthread -Isrc/hotrod/native -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mamx-tile \
+ *     cc -O3 -pthread -Isrc/hotrod/native -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mprfchw -mamx-tile \
  *         -mamx-int8 -ffp-contract=off -o encoder_products benchmarks/encoder_products.c \
  *         src/hotrod/native/i8gemm.c src/hotrod/native/rows.c -lm
  *     ./encoder_products ROWS K N [THREADS [OUTPUT [COPIES]]]

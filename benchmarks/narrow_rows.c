@@ -4,7 +4,7 @@
  * order they lie, more rows a line of each tile in turn) pays at each row count. Build it once per order:
  *
  *     for s in 0 4 8; do cc -O3 -pthread -Isrc/hotrod/native -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma \
- *         -mamx-tile -mamx-int8 -ffp-contract=off -DSTREAM_ROWS=$s -o narrow_rows_$s benchmarks/narrow_rows.c \
+ *         -mprfchw -mamx-tile -mamx-int8 -ffp-contract=off -DSTREAM_ROWS=$s -o narrow_rows_$s benchmarks/narrow_rows.c \
  *         src/hotrod/native/i8gemm.c src/hotrod/native/rows.c -lm; done
  *     ./narrow_rows_4 ROWS
  *
