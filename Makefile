@@ -50,20 +50,22 @@ $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(
 		$(NATIVE_DIR)/quantize.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
 		$(NATIVE_DIR)/attention_vectors.c $(NATIVE_DIR)/attention_vectors.h $(NATIVE_DIR)/transpose.h $(NATIVE_DIR)/lanes.h \
 		$(NATIVE_DIR)/bf16gemm.c $(NATIVE_DIR)/bf16gemm.h $(NATIVE_DIR)/ort_bf16.c $(NATIVE_DIR)/tiles.h $(NATIVE_DIR)/dots.h \
-		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h
+		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/unit_rate.c $(NATIVE_DIR)/unit_rate.h \
+		$(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h
 	@if [ "$$(uname -m)" = x86_64 ]; then \
 		tmp=$$(mktemp -d) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/q4gemm.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/q4gemm_avx2.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -ffp-contract=off -c -o $$tmp/norm.o $(NATIVE_DIR)/norm.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512vnni -c -o $$tmp/unit_rate.o $(NATIVE_DIR)/unit_rate.c && \
 		$(AMX_BUILD) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_int8.o $(NATIVE_DIR)/ort_int8.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_norm.o $(NATIVE_DIR)/ort_norm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_bf16.o $(NATIVE_DIR)/ort_bf16.c && \
 		$(CC) -shared -pthread -Wl,-z,nodelete -o $$tmp/lib.so $$tmp/q4gemm.o $$tmp/q4gemm_avx2.o $$tmp/rows.o $$tmp/norm.o \
-			$(AMX_OBJECTS) $$tmp/ort_op.o $$tmp/ort_int8.o $$tmp/ort_norm.o $$tmp/ort_bf16.o -lm && \
+			$$tmp/unit_rate.o $(AMX_OBJECTS) $$tmp/ort_op.o $$tmp/ort_int8.o $$tmp/ort_norm.o $$tmp/ort_bf16.o -lm && \
 		mv -f $$tmp/lib.so $@; \
 		status=$$?; rm -rf $$tmp; exit $$status; \
 	else echo "hotrod: no CPU kernels for $$(uname -m): onnxruntime's own ops run the same graphs"; fi

@@ -1,8 +1,9 @@
-/* The AVX-512 VNNI unit's own int8 rate on one core: the floor the int8 products without tiles are measured against,
- * where the bench's "measured int8 rate" (`hotrod.bench.floor`) is the rate of hotrod's own product kernel.
+/* The AVX-512 VNNI unit's own int8 rate on one core, the floor the int8 products without tiles are measured against,
+ * beside the product kernel's own step and two other ways to feed the unit.
  *
  * Four loops of VPDPBUSD (64 uint8 x int8 multiply-adds into 16 int32 sums an instruction):
- *   "registers": 24 independent sums, operands in registers (the unit alone);
+ *   "registers": 24 independent sums, operands in registers (the unit alone: the library's hotrod_vnni_unit_ops,
+ *                which the bench's floor takes, src/hotrod/native/unit_rate.c);
  *   "8 x 32": the product kernel's step without tiles (i8gemm.c's dot_rows at 8 rows): per 4 depths, two
  *             lines of weights loaded and each of 8 rows' 4 bytes broadcast once for both, 16 sums;
  *   "8 x 32 embedded": the same with each row's 4 bytes read by the instruction itself ({1to16}), which needs
@@ -10,13 +11,16 @@
  *   "6 x 64": 6 rows by 4 lines of weights, 24 sums: fewer loads an instruction (10 per 24, against 10 per 16).
  * The loads cycle through 8 KB of rows and 16 KB of weights (L1). Run one process per core at once to see whether
  * the vCPUs are cores of their own. Build and run (a CPU with AVX-512 VNNI):
- *     cc -O2 -mavx512f -mavx512vnni -o /tmp/vnni_rate benchmarks/vnni_rate.c && /tmp/vnni_rate
+ *     cc -O2 -Isrc/hotrod/native -mavx512f -mavx512vnni -o /tmp/vnni_rate benchmarks/vnni_rate.c \
+ *         src/hotrod/native/unit_rate.c && /tmp/vnni_rate
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+
+#include "unit_rate.h"
 
 #define STEPS 20000000L
 
@@ -33,27 +37,6 @@ static int32_t fold(const __m512i* sums, int count) { /* the sums are read: the 
   __m512i all = _mm512_setzero_si512();
   for (int i = 0; i < count; i++) all = _mm512_add_epi32(all, sums[i]);
   return _mm512_reduce_add_epi32(all);
-}
-
-/* Multiply-adds a second: 24 sums, operands in registers (written out: gcc spills an array of 24 sums). */
-#define DP(i) "vpdpbusd %%zmm25, %%zmm24, %%zmm" #i "\n\t"
-static double in_registers(int32_t* check) {
-  const __m512i a = _mm512_set1_epi32(0x01020304), b = _mm512_set1_epi32(0x05060708);
-  __m512i s;
-  const double start = now();
-  __asm__ volatile("vmovdqa64 %1, %%zmm24\n\tvmovdqa64 %2, %%zmm25\n\t"
-                   "mov %3, %%rax\n"
-                   "1:\n\t" DP(0) DP(1) DP(2) DP(3) DP(4) DP(5) DP(6) DP(7) DP(8) DP(9) DP(10) DP(11) DP(12) DP(13)
-                   DP(14) DP(15) DP(16) DP(17) DP(18) DP(19) DP(20) DP(21) DP(22) DP(23)
-                   "dec %%rax\n\tjnz 1b\n\tvmovdqa64 %%zmm0, %0"
-                   : "=v"(s)
-                   : "v"(a), "v"(b), "i"(STEPS)
-                   : "rax", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-                     "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-                     "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "cc");
-  const double seconds = now() - start;
-  *check += fold(&s, 1);
-  return STEPS * 24 * 64.0 / seconds;
 }
 
 /* Multiply-adds a second: `count` rows by `lines` lines of 16 weight columns, per 4 depths; `embedded`: each row's
@@ -97,7 +80,7 @@ int main(void) {
   int32_t check = 0;
   printf("T int8 operations a second (2 a multiply-add), one thread:\n");
   for (int round = 0; round < 3; round++) {
-    const double regs = in_registers(&check), kernel = step_rate(8, 2, 0, &check);
+    const double regs = hotrod_vnni_unit_ops(STEPS) / 2, kernel = step_rate(8, 2, 0, &check);
     const double embedded = step_rate(8, 2, 1, &check), wide = step_rate(6, 4, 0, &check);
     printf("round %d: registers %.3f  8 x 32 %.3f  8 x 32 embedded %.3f  6 x 64 %.3f\n", round, 2e-12 * regs,
            2e-12 * kernel, 2e-12 * embedded, 2e-12 * wide);

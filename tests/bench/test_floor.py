@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import transformers
 
@@ -30,6 +32,28 @@ def test_real_measurements_are_positive_rates():
     assert floor._matmul_rate(size=256) > 0.1  # GFLOP/s
     int8 = floor._int8_rate(size=256)
     assert int8 > floor._matmul_rate(size=256) / 10  # onnxruntime's kernel, not a reference loop (~50x slower)
+
+
+def test_the_cpu_int8_rate_is_the_fastest_path_measured(monkeypatch):
+    """A kernel's rate at one size is beaten by the same kernel elsewhere: the VNNI units' own rate, where this
+    CPU has them and it is faster, is the floor's."""
+    monkeypatch.setattr(floor, "_onnxruntime_int8_rate", lambda size, threads: 100.0)
+    monkeypatch.setattr(floor, "_vnni_unit_rate", lambda threads: 300.0)
+    assert floor._int8_rate() == 300.0
+    monkeypatch.setattr(floor, "_vnni_unit_rate", lambda threads: None)  # no VNNI, or no library
+    assert floor._int8_rate() == 100.0
+
+
+def test_the_vnni_units_rate_is_measured_where_they_are():
+    from hotrod.runtime import native
+
+    unit = native.entry("hotrod_vnni_unit_ops", ctypes.c_double, [ctypes.c_int64])
+    here = unit is not None and native.has_flags(("avx512f", "avx512_vnni"))
+    rate = floor._vnni_unit_rate(2, seconds=0.01, repeats=1)
+    assert (rate is not None) == here
+    if here:
+        assert rate > 10  # GOP/s: a 512-bit multiply-add of 64 bytes a cycle at any clock, on either thread
+        assert unit(0) == unit(-5) == -1.0  # no steps: refused, not timed
 
 
 def test_matmul_params_count_matrices_not_embeddings():

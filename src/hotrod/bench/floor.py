@@ -1,11 +1,11 @@
 """The hardware floor: the least time this machine allows for a workload.
 
 Two kinds of number describe the machine: how fast it reads a working set again and again, and its matrix-multiply
-rates, measured with torch (and onnxruntime, for int8) on the threads the benchmark uses (or on the GPU, for
-`--device cuda`: a large device-to-device copy and large matrix products), and cached per machine (CPU model,
-cores, threads, device) so every run compares against the same floor. A workload's floor is then the larger of
-its weight traffic over the read rate (batch-1 decoding reads every weight once per token) and its matrix work
-over the rate (encoders and prefill are compute bound).
+rates, measured with torch (for int8: onnxruntime, hotrod's product and the VNNI units alone, the fastest) on the
+threads the benchmark uses (or on the GPU, for `--device cuda`: a large device-to-device copy and large matrix
+products), and cached per machine (CPU model, cores, threads, device) so every run compares against the same
+floor. A workload's floor is then the larger of its weight traffic over the read rate (batch-1 decoding reads every
+weight once per token) and its matrix work over the rate (encoders and prefill are compute bound).
 
 The read rate is measured at working sets from a few MB to 512 MB, since weights that fit in a CPU's last-level
 cache (hundreds of MB on some server parts) are read again from it, not from memory, at several times memory's
@@ -15,10 +15,13 @@ the largest measured size that is not larger than it (the faster side), memory's
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from hotrod.kinds import spec as kind_spec
 from hotrod.source import cache_dir
 
 EMBEDDING_NAMES = ("embed", "wte", "wpe", "shared", "relative_attention_bias")
+UNIT_STEP_OPS = 24 * 64 * 2  # int8 operations in one step of hotrod_vnni_unit_ops
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,8 @@ class Machine:
 
 # 2: the CPU's int8 rate is onnxruntime's MatMulInteger; 3: or hotrod's AMX product, the faster; 4: the CPU's
 # half rate, hotrod's bf16 product where it runs; 5: whether the kernels used AMX's tiles, recorded; 6: the CPU's
-# read rate by working-set size
-METHOD = 6
+# read rate by working-set size; 7: the CPU's int8 rate, or the VNNI units' own where faster
+METHOD = 7
 READ_MB = (4, 8, 16, 32, 64, 128, 256, 512)  # working sets whose read rate a CPU's record keeps
 
 
@@ -159,17 +163,44 @@ def _tf32_rate(size: int) -> float:
 
 
 def _int8_rate(size: int = 2048, device: str = "cpu") -> float | None:
-    """The int8 GEMM rate (int32 accumulate). On the CPU through onnxruntime's MatMulInteger (uint8 x int8),
-    the kernel hotrod's int8 graphs run: torch's CPU int8 product is a reference loop, far slower, which
-    would put the floor under what any real build reaches."""
+    """The int8 GEMM rate (int32 accumulate). On the CPU the fastest of onnxruntime's MatMulInteger (uint8 x
+    int8), hotrod's own product and the AVX-512 VNNI units alone: torch's CPU int8 product is a reference loop,
+    far slower, which would put the floor under what any real build reaches."""
     if device == "cpu":
-        return _onnxruntime_int8_rate(size, torch.get_num_threads())
+        threads = torch.get_num_threads()
+        return max(_onnxruntime_int8_rate(size, threads), _vnni_unit_rate(threads) or 0.0)
     a = torch.randint(-128, 127, (size, size), dtype=torch.int8, device=device)
     b = torch.randint(-128, 127, (size, size), dtype=torch.int8, device=device)
     try:
         return 2 * size**3 / _best(lambda: torch._int_mm(a, b), 5, device) / 1e9
     except (RuntimeError, AttributeError):  # no int8 GEMM in this torch build for this device
         return None
+
+
+def _vnni_unit_rate(threads: int, seconds: float = 0.2, repeats: int = 3) -> float | None:
+    """GOP/s of the AVX-512 VNNI units alone (`hotrod_vnni_unit_ops`, native/unit_rate.c): VPDPBUSD with
+    nothing to wait on, on `threads` threads at once, each timing its own run; the best of `repeats`. A product
+    kernel's rate at one size is what that kernel reaches there, not what the hardware allows: on a Zen 5 hotrod's
+    products beat their own 2048^3 figure inside a model, and the floor read 0.8x. None where the library or the
+    instruction is missing."""
+    from hotrod.runtime import native
+
+    run = native.entry("hotrod_vnni_unit_ops", ctypes.c_double, [ctypes.c_int64])
+    if run is None or not native.has_flags(("avx512f", "avx512_vnni")):
+        return None
+    probe = run(1 << 18)
+    if probe <= 0:
+        return None
+    steps = max(1 << 18, int(seconds * probe / UNIT_STEP_OPS))
+    barrier = threading.Barrier(threads)
+
+    def one(_: int) -> float:
+        barrier.wait()  # the threads start together: their rates add up
+        return run(steps)  # ctypes lets the GIL go for the call
+
+    with ThreadPoolExecutor(threads) as pool:
+        best = max(sum(pool.map(one, range(threads))) for _ in range(repeats))
+    return best / 1e9
 
 
 def _onnxruntime_int8_rate(size: int, threads: int) -> float:

@@ -16,7 +16,7 @@ import mmap
 import os
 import platform
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
@@ -64,7 +64,7 @@ def has_flags(flags: tuple[str, ...]) -> bool:
 
 # The kernels' interface (ops, attributes, entry points) this Python side speaks: native/i8gemm.h's
 # HOTROD_KERNELS_VERSION, which a library built from other sources does not match.
-KERNELS_VERSION = 6
+KERNELS_VERSION = 7
 
 TILES_ENV = "HOTROD_TILES"  # "off": hotrod's kernels run as on a CPU without AMX, for measuring that path here
 _TILES_VALUES = {"on": True, "off": False, "": True}
@@ -110,6 +110,16 @@ def _handle() -> ctypes.CDLL | None:
     handle = ctypes.CDLL(str(path))
     version = getattr(handle, "hotrod_kernels_version", None)
     return handle if version is not None and version() == KERNELS_VERSION else None
+
+
+def entry(symbol: str, restype: type, argtypes: list[type]) -> Callable[..., object] | None:
+    """The library's function `symbol`, typed; None where there is no library of these sources here."""
+    handle = _handle()
+    if handle is None:
+        return None
+    function = getattr(handle, symbol)
+    function.restype, function.argtypes = restype, argtypes
+    return function
 
 
 def tiles_ready(flags: tuple[str, ...]) -> bool:
