@@ -58,7 +58,7 @@ $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/q4gemm_avx2.o $(NATIVE_DIR)/q4gemm.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/rows.o $(NATIVE_DIR)/rows.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -ffp-contract=off -c -o $$tmp/norm.o $(NATIVE_DIR)/norm.c && \
-		$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512vnni -c -o $$tmp/unit_rate.o $(NATIVE_DIR)/unit_rate.c && \
+		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/unit_rate.o $(NATIVE_DIR)/unit_rate.c && \
 		$(AMX_BUILD) && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_op.o $(NATIVE_DIR)/ort_op.c && \
 		$(CC) $(NATIVE_CFLAGS) -mavx2 -mfma -c -o $$tmp/ort_int8.o $(NATIVE_DIR)/ort_int8.c && \

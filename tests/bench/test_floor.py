@@ -40,8 +40,10 @@ def test_the_cpu_int8_rate_is_the_fastest_path_measured(monkeypatch):
     monkeypatch.setattr(floor, "_onnxruntime_int8_rate", lambda size, threads: 100.0)
     monkeypatch.setattr(floor, "_vnni_unit_rate", lambda threads: 300.0)
     assert floor._int8_rate() == 300.0
+    monkeypatch.setattr(floor, "_onnxruntime_int8_rate", lambda size, threads: 500.0)  # AMX's tiles: the kernel's
+    assert floor._int8_rate() == 500.0
     monkeypatch.setattr(floor, "_vnni_unit_rate", lambda threads: None)  # no VNNI, or no library
-    assert floor._int8_rate() == 100.0
+    assert floor._int8_rate() == 500.0
 
 
 def test_the_vnni_units_rate_is_measured_where_they_are():
@@ -53,6 +55,10 @@ def test_the_vnni_units_rate_is_measured_where_they_are():
     assert (rate is not None) == here
     if here:
         assert rate > 10  # GOP/s: a 512-bit multiply-add of 64 bytes a cycle at any clock, on either thread
+        assert unit(1 << 10) > 0
+    elif unit is not None:  # the library, on a CPU without the instruction: refused, not run
+        assert unit(1 << 10) == -1.0
+    if unit is not None:
         assert unit(0) == unit(-5) == -1.0  # no steps: refused, not timed
 
 

@@ -260,13 +260,14 @@ static void narrow(const Problem* p, int64_t row, int64_t count, int64_t col) {
 static inline __attribute__((always_inline)) void ask_epilogue(const Problem* p, int64_t row, int64_t count,
                                                               int64_t col) {
   if (p->residual == NULL) return;
-  const int lines = col + 16 < p->n ? 2 : 1;
-  for (int64_t r = 0; r < count; r++)
-    for (int line = 0; line < lines; line++) {
-      const int64_t at = col + line * 16;
-      _mm_prefetch((const char*)(p->residual + (row + r) * p->n + at), _MM_HINT_T0);
-      if (p->q_static == NULL) _m_prefetchw(place(p, row + r, at));
+  for (int64_t at = col; at < col + 32 && at < p->n; at += 16) {
+    const float* residual = p->residual + row * p->n + at;
+    float* out = p->q_static == NULL ? place(p, row, at) : NULL; /* one division a line, not one a row */
+    for (int64_t r = 0; r < count; r++) {
+      _mm_prefetch((const char*)(residual + r * p->n), _MM_HINT_T0);
+      if (out != NULL) _m_prefetchw(out + r * p->width);
     }
+  }
 }
 
 /* Without tiles: the unit's columns a panel at a time, a panel's weights (PANEL_BYTES, at least one block of 32

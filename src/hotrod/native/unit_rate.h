@@ -4,6 +4,6 @@
 #include <stdint.h>
 
 /* int8 operations (two a multiply-add) a second that VPDPBUSD alone runs on the calling thread, over `steps`
- * steps of 24 independent 512-bit multiply-adds (1536 multiply-adds each), operands in registers; -1 where this
- * CPU lacks AVX-512 VNNI or `steps` is not positive. Run on every thread at once, the sum is the cores' rate. */
+ * steps of 24 independent instructions (64 byte multiply-adds each, 1536 a step), operands in registers; -1 where
+ * this CPU lacks AVX-512 VNNI or `steps` is not positive. */
 double hotrod_vnni_unit_ops(int64_t steps);
