@@ -36,9 +36,11 @@ AMX_BUILD = $(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni 
 		-c -o $$tmp/attention.o $(NATIVE_DIR)/attention.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mfma -c -o $$tmp/attention_vectors.o \
 		$(NATIVE_DIR)/attention_vectors.c && \
+	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -c -o $$tmp/attention_quads.o \
+		$(NATIVE_DIR)/attention_quads.c && \
 	$(CC) $(NATIVE_CFLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mamx-tile -mamx-bf16 \
 		-ffp-contract=off -c -o $$tmp/bf16gemm.o $(NATIVE_DIR)/bf16gemm.c
-AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o $$tmp/attention_vectors.o $$tmp/bf16gemm.o
+AMX_OBJECTS = $$tmp/i8gemm.o $$tmp/attention.o $$tmp/attention_vectors.o $$tmp/attention_quads.o $$tmp/bf16gemm.o
 else
 AMX_BUILD = echo "hotrod: this compiler knows no AMX: the int8 and attention kernels are left out" && \
 	$(CC) $(NATIVE_CFLAGS) -c -o $$tmp/no_amx.o $(NATIVE_DIR)/no_amx.c
@@ -49,6 +51,7 @@ $(NATIVE): $(NATIVE_DIR)/q4gemm.c $(NATIVE_DIR)/q4gemm.h $(NATIVE_DIR)/rows.c $(
 		$(NATIVE_DIR)/i8gemm.c $(NATIVE_DIR)/i8gemm.h $(NATIVE_DIR)/gelu.h $(NATIVE_DIR)/gelu_static.h \
 		$(NATIVE_DIR)/quantize.h $(NATIVE_DIR)/attention.c $(NATIVE_DIR)/attention.h \
 		$(NATIVE_DIR)/attention_vectors.c $(NATIVE_DIR)/attention_vectors.h $(NATIVE_DIR)/transpose.h $(NATIVE_DIR)/lanes.h \
+		$(NATIVE_DIR)/attention_problem.h $(NATIVE_DIR)/attention_quads.c $(NATIVE_DIR)/attention_quads.h \
 		$(NATIVE_DIR)/bf16gemm.c $(NATIVE_DIR)/bf16gemm.h $(NATIVE_DIR)/ort_bf16.c $(NATIVE_DIR)/tiles.h $(NATIVE_DIR)/dots.h \
 		$(NATIVE_DIR)/no_amx.c $(NATIVE_DIR)/unit_rate.c $(NATIVE_DIR)/unit_rate.h \
 		$(NATIVE_DIR)/ort_op.c $(NATIVE_DIR)/ort_int8.c $(NATIVE_DIR)/ort_api.h

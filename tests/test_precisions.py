@@ -24,6 +24,8 @@ MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), 
     "int8-call": ("int8 per-channel, 7-bit range (int8-call, dynamic)",
                   "uint8 per-tensor, range measured on every call (dynamic)"),
     "int8-static": ("int8 per-channel, 7-bit range (int8-static, QDQ)", "uint8 per-tensor, static ranges calibrated with entropy"),
+    "int8-full": ("int8 per-channel, 7-bit range (int8-full, QDQ)",
+                  "uint8 per-tensor, static ranges calibrated with entropy; attention's operands int8 per row"),
     "bf16-products": ("fp32 (rounded to bf16 as the graph is loaded where the CPU has AMX-BF16 or AVX-512 BF16)",
                       "fp32, rounded to bf16 for each product where the CPU has AMX-BF16 or AVX-512 BF16"),
     "int8-weight": ("int8 block-32 symmetric (int8-weight, MatMulNBits)", PER_BLOCK),
@@ -32,7 +34,7 @@ MANIFEST_WEIGHTS = {  # precision -> (MatMul weights and LM head, activations), 
     "int4-b256": ("int4 block-256 symmetric (int4-b256, MatMulNBits)", PER_BLOCK),
 }
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int8-call": 1.0, "int8-static": 1.0,
-                "bf16-products": 2.0,
+                "int8-full": 1.0, "bf16-products": 2.0,
                 "int8-weight": 1.0 + 4 / 32, "int4": 0.5 + 4 / 32, "int4-b128": 0.5 + 4 / 128,
                 "int4-b256": 0.5 + 4 / 256}
 
@@ -89,11 +91,15 @@ def test_the_engine_refuses_onnxruntimes_precisions_and_fp8_off_its_gpus():
 def test_each_precision_describes_itself_as_manifests_always_have():
     for name, (weights, activations) in MANIFEST_WEIGHTS.items():
         attention = {"attention": "bf16 products where the CPU has AMX-BF16 or AVX-512 (hotrod's kernel), fp32 elsewhere"}
+        int8_attention = {"attention": "int8 products where the CPU has AVX-512 VNNI (hotrod's kernel: Q, K and V per "
+                                       "row, the softmax's numerators uint8 per row), bf16 where it has AVX-512 or "
+                                       "AMX-BF16 only, fp32 elsewhere"}
         products = {"products": "bf16 operands, fp32 sums, where the CPU has AMX-BF16 or AVX-512 BF16 (hotrod's kernel), "
                                 "fp32 elsewhere"}
         assert precisions.get(name).describe("entropy") == {
             "matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations,
             **(attention if name in ("int8", "int8-static", "bf16-products") else {}),
+            **(int8_attention if name == "int8-full" else {}),
             **(products if name == "bf16-products" else {})}
     with pytest.raises(ValueError, match="attention"):
         precisions.Full(name="fp32", weight_bytes=4.0, attention="int4")
@@ -102,13 +108,13 @@ def test_each_precision_describes_itself_as_manifests_always_have():
 
 
 def test_what_the_pipeline_and_the_floor_read():
-    assert precisions.names(lambda p: p.needs_feeds) == ("fp16", "bf16", "int8-static")
+    assert precisions.names(lambda p: p.needs_feeds) == ("fp16", "bf16", "int8-static", "int8-full")
     assert precisions.names(lambda p: not p.converts) == ("fp32",)
     assert precisions.names(lambda p: p.candidate) == ("fp32", "fp16", "bf16", "int8", "int8-static", "bf16-products",
                                                        "int4", "int4-b128", "int4-b256")
     assert {name: precisions.get(name).weight_bytes for name in PRECISIONS} == WEIGHT_BYTES
-    assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-call", "int8-static", "int8-weight", "int4",
-                                                                    "int4-b128", "int4-b256")
+    assert precisions.names(lambda p: p.compute == "int8") == ("int8", "int8-call", "int8-static", "int8-full",
+                                                                    "int8-weight", "int4", "int4-b128", "int4-b256")
     assert precisions.names(lambda p: p.compute == "half") == ("fp16", "bf16", "bf16-products")
 
 
@@ -139,7 +145,7 @@ def _graph():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: precisions.get("fp4"), "unknown precision 'fp4'; choose from fp32, fp16, bf16, int8, int8-call, int8-static"),
+    (lambda: precisions.get("fp4"), "unknown precision 'fp4'; choose from fp32, fp16, bf16, int8, int8-call, int8-static, int8-full"),
     (lambda: precisions.half("int8"), "unknown half precision 'int8'; choose from fp16, bf16"),
 ])
 def test_an_unknown_name_lists_the_known_ones(call, message):

@@ -11,10 +11,10 @@ if TYPE_CHECKING:
     import onnx
 
 PLAIN = "fp32"  # onnxruntime's own arithmetic: nothing asked
-# Attention products: fp32 (onnxruntime's kernel) or bf16 (hotrod's, on AMX tiles where the CPU has AMX-BF16, on
-# AVX-512 without them).
+# Attention products: fp32 (onnxruntime's kernel), bf16 (hotrod's, on AMX tiles where the CPU has AMX-BF16, on
+# AVX-512 without them) or int8 (hotrod's, on AVX-512 VNNI; bf16's path on a CPU without VNNI).
 ATTENTION_KEY = "hotrod.attention"
-ATTENTIONS = (PLAIN, "bf16")
+ATTENTIONS = (PLAIN, "bf16", "int8")
 # An fp32 graph's products: fp32 (onnxruntime's) or bf16 (hotrod's, on AMX-BF16 tiles).
 PRODUCTS_KEY = "hotrod.products"
 PRODUCTS = (PLAIN, "bf16")

@@ -80,9 +80,9 @@ class Precision:
     torch_dtype: str = ""  # the engine's activations and other weights, a TORCH_DTYPES name (engine only)
     engine_linears: str = CAST  # how the engine stores its linear weights: one of LINEAR_FORMATS
     measures_islands: bool = False  # an engine build keeps the modules this precision overflows in fp32
-    # The encoders' attention products on the CPU: fp32 (onnxruntime's kernel) or bf16 (hotrod's, on AMX
-    # tiles where the CPU has AMX-BF16, on AVX-512 where it has that only, fp32 elsewhere), asked for in the
-    # graph (ATTENTION_KEY) and so
+    # The encoders' attention products on the CPU: fp32 (onnxruntime's kernel), bf16 (hotrod's, on AMX
+    # tiles where the CPU has AMX-BF16, on AVX-512 where it has that only, fp32 elsewhere) or int8 (hotrod's, on
+    # AVX-512 VNNI; bf16's where the CPU lacks it), asked for in the graph (ATTENTION_KEY) and so
     # measured by the build's verification.
     attention: str = "fp32"
     # An fp32 graph's products on the CPU: fp32 (onnxruntime's) or bf16 (hotrod's, on AMX tiles where the CPU has
@@ -138,7 +138,11 @@ class Precision:
         weights = self.weights or self.name
         activations = (self.activations or self.name).format(method=method)
         described = {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
-        if self.attention != "fp32":
+        if self.attention == "int8":
+            described["attention"] = ("int8 products where the CPU has AVX-512 VNNI (hotrod's kernel: Q, K and V per "
+                                      "row, the softmax's numerators uint8 per row), bf16 where it has AVX-512 or "
+                                      "AMX-BF16 only, fp32 elsewhere")
+        elif self.attention != "fp32":
             described["attention"] = (f"{self.attention} products where the CPU has AMX-BF16 or AVX-512 (hotrod's "
                                       "kernel), fp32 elsewhere")
         if self.products != "fp32":
@@ -332,6 +336,12 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
                 activations="uint8 per-tensor, range measured on every call (dynamic)"),
     Int8Static(name="int8-static", weight_bytes=1.0, weights="int8 per-channel, 7-bit range (int8-static, QDQ)",
                activations="uint8 per-tensor, static ranges calibrated with {method}", attention="bf16"),
+    # int8-static with the attention's two products in int8 too (OpenVINO's full int8 arithmetic): the fastest
+    # encoder precision on a CPU with AVX-512 VNNI, at the accuracy its build's verification measures; auto leaves
+    # it to be asked for (8-bit numerators cost answers on trained heads that int8-static keeps).
+    Int8Static(name="int8-full", weight_bytes=1.0, candidate=False, weights="int8 per-channel, 7-bit range (int8-full, QDQ)",
+               activations="uint8 per-tensor, static ranges calibrated with {method}; attention's operands int8 per "
+               "row", attention="int8"),
     # Every product (and the attention's) in bf16 with fp32 sums where the CPU has AMX-BF16 (the products also on
     # AVX-512 BF16 alone, the attention on AVX-512), from the fp32 graph:
     # the accurate fast precision of an encoder on such a CPU (benchmarks/README.md: "bf16 products").

@@ -84,10 +84,12 @@ async def _among(worker: ModelWorker, target: list[int], others: list[list[int]]
 # Every other family at the precisions whose kernels differ most (float, per-row dynamic int8, calibrated
 # int8, bf16 products); bert, gpt2 and t5 at all of them. The int4 precisions quantize only the decoders' products.
 FAMILY_PRECISIONS = ("fp32", "int8", "int8-static", *HERE)
+# int8-full (int8 attention) for every encoder family, and for T5's encoder under its decoder.
 LMS = [(lm, p) for lm in ("gpt2", "t5") for p in PRECISIONS] + [
-    (lm, p) for lm in LM_CASES if lm not in ("gpt2", "t5") for p in FAMILY_PRECISIONS]
+    (lm, p) for lm in LM_CASES if lm not in ("gpt2", "t5") for p in FAMILY_PRECISIONS] + [("t5", "int8-full")]
 ENCODERS = [("bert", p) for p in PRECISIONS] + [
-    (family, p) for family in ENCODER_CASES if family != "bert" for p in FAMILY_PRECISIONS]
+    (family, p) for family in ENCODER_CASES if family != "bert" for p in FAMILY_PRECISIONS] + [
+    (family, "int8-full") for family in ENCODER_CASES]
 
 
 @pytest.mark.parametrize(("lm", "precision"), LMS)

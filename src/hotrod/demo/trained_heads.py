@@ -27,8 +27,9 @@ from hotrod.source import weights_sha256
 from hotrod.tasks.constants import ANSWER, CLASSIFY, RERANK, TOKENS
 from hotrod.timing import interleaved, median
 
-# int8-static calibrated on optimize's built-in texts; bf16-products where this CPU has its kernels (`built_here`)
-PRECISIONS = ("fp32", "int8", "int8-static", "bf16-products")
+# int8-static and int8-full calibrated on optimize's built-in texts; bf16-products where this CPU has its kernels
+# (`built_here`)
+PRECISIONS = ("fp32", "int8", "int8-static", "int8-full", "bf16-products")
 TIMED_REQUESTS = 64  # held-out sentences per timed run
 BATCH = 32  # hotrod's run_rows batch, and the pipeline's
 SHOWN = 3  # answers printed side by side

@@ -23,6 +23,8 @@
  * sums in registers through the whole depth), or else the two products run on AVX-512F (attention_vectors.c)
  * from values rounded to bf16 the same way (but for subnormals, which the bf16 conversion instructions flush to
  * zero), multiplied as floats; the same softmax on every path.
+ * Where the build asked for int8 attention, the op's path is QUADS: int8 products on AVX-512 VNNI
+ * (attention_quads.c), and on a CPU without VNNI the path on AVX-512F.
  * The paths sum in different orders, so an op keeps one (its `tiles` attribute) for its session.
  * A head size that is not a multiple of 32 is padded with zero depths (and columns), which add nothing.
  * Keys are padded to a multiple of 32 with zeros whose numerators are 0: a row's answer does not depend on
@@ -34,6 +36,8 @@
 #include <string.h>
 
 #include "attention.h"
+#include "attention_problem.h"
+#include "attention_quads.h"
 #include "attention_vectors.h"
 #include "lanes.h"
 #include "quantize.h"
@@ -44,7 +48,8 @@
 #define PAIR_KEYS 32    /* keys in one tile of P or of packed V, and a step of Q K^T; keys are padded to a multiple */
 #define TILE_HALVES 512 /* bf16 values in a tile: 16 rows of 32 */
 #define TILES 1         /* the paths (the op's `tiles`): AMX's tiles, */
-#define PAIRS 2         /* their operands on AVX512_BF16's vectors (0: floats on AVX-512F's FMAs) */
+#define PAIRS 2         /* their operands on AVX512_BF16's vectors (0: floats on AVX-512F's FMAs), */
+#define QUADS 3         /* int8 operands on AVX-512 VNNI (attention_quads.c) */
 
 int hotrod_attention_pairs_ready(void) {
   return hotrod_attention_vectors_ready() && __builtin_cpu_supports("avx512bf16");
@@ -52,17 +57,7 @@ int hotrod_attention_pairs_ready(void) {
 
 /* Tiles (hotrod_configure_tiles): 0, 1 queries or P (16 rows each), 2, 3 packed K or V, 4-7 sums. */
 
-typedef struct {
-  const float *q, *k, *v, *mask;
-  hotrod_attention_out out;
-  int64_t batch, seq_q, seq_k, heads, head_size;
-  int64_t padded_k; /* keys padded to a multiple of PAIR_KEYS */
-  int64_t depth, blocks; /* the head size padded with zeros to a multiple of 32; its blocks of 16 columns */
-  int64_t mask_stride[3]; /* floats between the mask's batch rows, heads, query rows; 0 where broadcast */
-  float scale;
-  int tiles; /* 1: on AMX's tiles, the numerators bf16; 2: the same operands on AVX512_BF16's VDPBF16PS (PAIRS);
-              * 0: on AVX-512F, the numerators floats rounded to bf16 */
-} Problem;
+typedef hotrod_attention_problem Problem;
 
 /* 16 floats as bf16, rounded to nearest even. */
 static inline __m256i bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
@@ -70,26 +65,6 @@ static inline __m256i bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 /* 32 floats as bf16 in one vector, low's 16 then high's, rounded as bf16() rounds them. */
 static inline __m512i bf16_pair(__m512 low, __m512 high) { return (__m512i)_mm512_cvtne2ps_pbh(high, low); }
 
-/* e^x for x <= 0 (larger values are not asked for): 2^n 2^f with n = round(x log2 e), f in [-1/2, 1/2] on a
- * degree-5 polynomial (relative error below 3e-6, far below bf16's 4e-3); -inf and anything below about -104
- * give 0, so a masked key's numerator is exactly 0; NaN gives NaN. n is rounded by adding and taking away
- * 1.5 * 2^23: to nearest even for |t| <= 2^22, as a rounding instruction would, in two single-cycle steps;
- * below -2^22, 2^n is 0 whatever n and f come out as (|f| stays below 1). */
-static inline __m512 exp_neg(__m512 x) {
-  /* written with explicit rounding: each step rounded on its own, never fused into a multiply-add */
-  const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  const __m512 t = _mm512_mul_round_ps(_mm512_max_ps(_mm512_set1_ps(-1e30f), x), _mm512_set1_ps(1.44269504f), nearest);
-  const __m512 round = _mm512_set1_ps(12582912.0f);
-  const __m512 n = _mm512_sub_round_ps(_mm512_add_round_ps(t, round, nearest), round, nearest);
-  const __m512 f = _mm512_sub_round_ps(t, n, nearest);
-  __m512 p = _mm512_set1_ps(1.3333558e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 /* K's keys of one unit as Q K^T's second operand: tile (block, step) at (block * steps + step) * 512, its row r
  * holding depths 2r and 2r + 1 of each of 16 keys: 16 keys' pairs of a step, one vector a key, transposed. Keys
@@ -209,7 +184,7 @@ static inline __attribute__((always_inline)) void softmax_rows(const Problem* p,
   const int64_t whole = p->seq_k / 16 * 16;
   for (int64_t key = 0; key < whole; key += 16) /* whole vectors: no lanes to clear */
     for (int i = 0; i < SOFTMAX_ROWS; i++) {
-      const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + i * p->padded_k + key), shift[i]));
+      const __m512 e = hotrod_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + i * p->padded_k + key), shift[i]));
       sum[i] = _mm512_add_ps(sum[i], e);
       put_numerators(tiles, numerators, i * p->padded_k + key, e);
     }
@@ -218,7 +193,7 @@ static inline __attribute__((always_inline)) void softmax_rows(const Problem* p,
     if (key < p->seq_k) {
       const __mmask16 m = hotrod_first(p->seq_k - key);
       const __m512 s = _mm512_maskz_loadu_ps(m, scores + i * p->padded_k + key);
-      const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(s, shift[i])));
+      const __m512 e = _mm512_maskz_mov_ps(m, hotrod_exp_neg(_mm512_sub_ps(s, shift[i])));
       sum[i] = _mm512_add_ps(sum[i], e);
       put_numerators(tiles, numerators, i * p->padded_k + key, e);
       key += 16;
@@ -429,6 +404,16 @@ static void scores_for(const Problem* p, const float* q, int64_t rows, const voi
                           p->padded_k, p->depth, scores);
 }
 
+void hotrod_attention_unanswered(const Problem* p, int64_t at) {
+  const int64_t width = p->heads * p->head_size;
+  for (int64_t r = 0; r < p->seq_q; r++)
+    for (int64_t c = 0; c < p->head_size; c++)
+      if (p->out.y != NULL)
+        p->out.y[at + r * width + c] = __builtin_nanf("");
+      else
+        p->out.q[at + r * width + c] = (uint8_t)p->out.zero_point;
+}
+
 /* One batch row and head. */
 static void unit(void* data, size_t index) {
   const Problem* p = data;
@@ -440,13 +425,8 @@ static void unit(void* data, size_t index) {
                        (size_t)(QUERY_ROWS * p->depth) * (size + sizeof(float));
   uint8_t* memory = aligned_alloc(64, (bytes + 63) / 64 * 64);
   const int64_t at = b * p->seq_q * width + offset; /* the unit's first output */
-  if (memory == NULL) { /* memory ran out: NaN, which no caller takes for an answer (the zero point quantized) */
-    for (int64_t r = 0; r < p->seq_q; r++)
-      for (int64_t c = 0; c < p->head_size; c++)
-        if (p->out.y != NULL)
-          p->out.y[at + r * width + c] = __builtin_nanf("");
-        else
-          p->out.q[at + r * width + c] = (uint8_t)p->out.zero_point;
+  if (memory == NULL) {
+    hotrod_attention_unanswered(p, at);
     return;
   }
   uint8_t *keys = memory, *values = memory + packed;
@@ -509,13 +489,17 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
                           const int64_t* mask_dims, size_t mask_count, const hotrod_attention_out* out, int tiles,
                           hotrod_parallel parallel, void* runner) {
   /* the call's path, set once: the one asked where this CPU has it, else the one on AVX-512F */
-  tiles = (tiles == TILES && hotrod_amx_ready()) || (tiles == PAIRS && hotrod_attention_pairs_ready()) ? tiles : 0;
+  tiles = (tiles == TILES && hotrod_amx_ready()) || (tiles == PAIRS && hotrod_attention_pairs_ready()) ||
+                  (tiles == QUADS && hotrod_attention_quads_ready())
+              ? tiles
+              : 0;
   if (!(tiles || hotrod_attention_vectors_ready()) || head_size <= 0 || seq_k <= 0 || !isfinite(scale)) return -1;
   Problem p = {q, k, v, mask, *out, batch, seq_q, seq_k, heads, head_size, 0, 0, 0, {0, 0, 0}, scale, tiles};
   p.depth = (head_size + 31) / 32 * 32;
   p.blocks = (head_size + 15) / 16;
   p.padded_k = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;
   if (mask != NULL && !mask_strides(&p, mask_dims, mask_count, p.mask_stride)) return -1;
-  if (batch * heads * seq_q > 0) parallel(runner, unit, &p, (size_t)(batch * heads));
+  if (batch * heads * seq_q > 0) parallel(runner, tiles == QUADS ? hotrod_attention_quads_unit : unit, &p,
+                                          (size_t)(batch * heads));
   return 0;
 }

@@ -21,7 +21,9 @@ typedef struct {
  * as `out` says; mask NULL or an additive fp32 mask of mask_count dimensions that broadcast to [batch, heads,
  * seq_q, seq_k], its last seq_k. Any head size (padded with zeros to the tiles' 32). On AMX's tiles where `tiles`
  * is 1 and the state is granted, on AVX512_BF16's VDPBF16PS without tiles where it is 2 and this CPU has them,
- * else on AVX-512F's FMAs: the path is the call's, set once by the op (the three sum in different orders);
+ * else on AVX-512F's FMAs; where it is 3 and this CPU has AVX-512 VNNI, with int8 products instead (each row of Q,
+ * K and V quantized with its own scale, the softmax's numerators to uint8: attention_quads.c), else as 0. The path
+ * is the call's, set once by the op (they sum in different orders);
  * whichever, a row's answer does not depend on its batch-mates. Returns 0, or -1
  * where neither path runs here, the scale is not finite or the mask does not fit (memory that ran out gives NaN,
  * or the zero point where quantized). */

@@ -17,7 +17,7 @@ typedef void (*hotrod_parallel)(void* runner, hotrod_task task, void* data, size
 
 /* The interface of these kernels' ops, attributes and entry points: the Python side uses a library only where
  * this matches its own (`hotrod.runtime.native.KERNELS_VERSION`); bumped as it changes. */
-#define HOTROD_KERNELS_VERSION 7
+#define HOTROD_KERNELS_VERSION 8
 int hotrod_kernels_version(void);
 
 /* 1 where Linux grants this process the AMX tile state (asked once), 0 elsewhere. */

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "attention_quads.h"
 #include "bf16gemm.h"
 #include "i8gemm.h"
 
@@ -16,6 +17,7 @@ int hotrod_vnni_ready(void) { return 0; }
 int hotrod_bf16_vectors_ready(void) { return 0; }
 int hotrod_attention_vectors_ready(void) { return 0; }
 int hotrod_attention_pairs_ready(void) { return 0; }
+int hotrod_attention_quads_ready(void) { return 0; }
 
 void hotrod_configure_tiles(void) {}
 

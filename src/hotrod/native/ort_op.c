@@ -9,7 +9,8 @@
  * - Bf16Attention (inputs: Q, K, V float [B, S, H x D] (K and V also [B, S, H, D]), an optional additive float
  *   mask broadcasting to [B, H, S, S]; attributes num_heads, scale, tiles; output float like Q): encoder
  *   attention with bf16 products on AMX tiles or, without them, on AVX512_BF16 or AVX-512F (attention.c, attention_vectors.c;
- *   the Python side uses it only where the CPU has one of them and the build asked); Bf16AttentionQuantized,
+ *   the Python side uses it only where the CPU has one of them and the build asked), or with int8 products on
+ *   AVX-512 VNNI where the build asked for int8 attention (attention_quads.c); Bf16AttentionQuantized,
  *   the same with two more inputs (a float scale and a uint8 zero point) and a uint8 output, quantized as
  *   QuantizeLinear quantizes (an int8-static graph's next product's input);
  * - LayerNorm, LayerNormRows: LayerNormalization with onnxruntime's arithmetic, several rows at a time, the
@@ -209,8 +210,8 @@ static const CustomOp quantize_rows = {API_VERSION, create_rows, rows_name, hotr
 /* -- Bf16Attention ----------------------------------------------------------------------------- */
 
 /* The heads, the scale (0: 1 / sqrt(head size)) and the path (the attribute `tiles`, absent for 1: AMX's tiles where
- * granted; 2: AVX512_BF16 without tiles; 0: AVX-512F; fixed for the session, since the three sum in different
- * orders). */
+ * granted; 2: AVX512_BF16 without tiles; 0: AVX-512F; 3: int8 on AVX-512 VNNI; fixed for the session, since the
+ * paths sum in different orders). */
 typedef struct { int64_t heads; float scale; int64_t tiles; } AttentionKernel;
 
 static void* create_attention(const CustomOp* op, const Entry* table, const OrtKernelInfo* info) {
@@ -223,7 +224,7 @@ static void* create_attention(const CustomOp* op, const Entry* table, const OrtK
     return NULL;
   }
   if (failed(CALL(ATTRIBUTE_INT64, AttributeFn, info, "tiles", &kernel->tiles))) kernel->tiles = 1;
-  if (kernel->tiles < 0 || kernel->tiles > 2) {
+  if (kernel->tiles < 0 || kernel->tiles > 3) {
     free(kernel);
     return NULL;
   }
@@ -289,7 +290,7 @@ static void compute_attention(void* state, OrtKernelContext* context) {
   size_t count = 0;
   const hotrod_attention_out out = {attention_output(context, dims, &count, &values), NULL, 0.0f, 0};
   if (out.y == NULL || values == 0) return;
-  /* attributes that could not be read (a graph made by hand: `tiles` not 0, 1 or 2), inputs that do not fit, or
+  /* attributes that could not be read (a graph made by hand: `tiles` not 0 to 3), inputs that do not fit, or
    * neither path here, or a mask that cannot be read: NaN, which no caller takes for an answer */
   if (state == NULL || attend(state, context, dims, count, &out) != 0)
     for (int64_t i = 0; i < values; i++) out.y[i] = __builtin_nanf("");

@@ -10,6 +10,11 @@ AVX-512 alone (an Ice Lake) they are multiplied as floats, fused with the same s
 rounding), so a graph takes it only where its precision wrote `ATTENTION_KEY` into it at build time
 (`hotrod.precisions`): the build's verification, run through this same loader, measured it, and the manifest
 says so. Elsewhere (no AVX-512, an older graph) onnxruntime's fp32 kernel runs it.
+
+A build may ask for int8 attention instead (`int8-full`, OpenVINO's full int8 arithmetic): on a CPU with AVX-512
+VNNI both products take int8 operands (`hotrod/native/attention_quads.c`: each row of Q, K and V with its own
+scale, the softmax's numerators uint8), twice the products a VNNI instruction of VDPBF16PS's; without VNNI the
+op takes bf16's path, closer to fp32 than what the build measured.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from hotrod.runtime import bf16, i8, native
 
 OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
-ARITHMETIC = "bf16"  # the attention products this kernel computes in, as a build asks for them
+ARITHMETICS = ("bf16", "int8")  # the attention products this kernel computes in, as a build asks for them
 _VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the path without tiles
 _PAIR_FLAGS = (*_VECTOR_FLAGS, "avx512_bf16")  # its products on bf16 pairs
-TILES, PAIRS, FMAS = 1, 2, 0  # the paths, as the op's `tiles` names them
+_QUAD_FLAGS = (*_VECTOR_FLAGS, "avx512_vnni")  # its int8 products
+TILES, PAIRS, FMAS, QUADS = 1, 2, 0, 3  # the paths, as the op's `tiles` names them
 PAIRS_PATH = f"{OP}/VDPBF16PS"  # not an op: the path's name among a graph's kernels, for the tune and the bench
+QUADS_PATH = f"{OP}/VPDPBUSD"  # the int8 path's likewise
+PATHS = {PAIRS: PAIRS_PATH, QUADS: QUADS_PATH}  # by the op's `tiles`
 _PLAIN = {"q_num_heads", "kv_num_heads", "scale", "is_causal", "softcap", "qk_matmul_output_mode"}
 _MULTI_HEAD = {"num_heads", "scale", "unidirectional", "mask_filter_value"}
 
@@ -49,17 +57,25 @@ def on_tiles() -> bool:
     return bf16.on_tiles()
 
 
-def path() -> int:
+def path(arithmetic: str = "bf16") -> int:
     """The path graphs rewritten now take, which each op keeps for its session (its `tiles`; the paths sum in
-    different orders): AMX's tiles where the bf16 products take them (`TILES`); without, the same bf16 operands
-    on AVX512_BF16's VDPBF16PS where this CPU has it (`PAIRS`: two products a lane an instruction), unless
+    different orders). For int8 attention, int8 operands on AVX-512 VNNI where this CPU has it (`QUADS`). For bf16
+    (and int8 without VNNI): AMX's tiles where the bf16 products take them (`TILES`); without, the same bf16
+    operands on AVX512_BF16's VDPBF16PS where this CPU has it (`PAIRS`: two products a lane an instruction), unless
     `pairs_left_out` says otherwise; else values rounded to bf16 and multiplied as floats on AVX-512F's FMAs
     (`FMAS`)."""
+    if arithmetic == "int8" and quads_ready():
+        return QUADS
     if on_tiles():
         return TILES
     if not _pairs_out and native.vectors_ready(_PAIR_FLAGS, "hotrod_attention_pairs_ready"):
         return PAIRS
     return FMAS
+
+
+def quads_ready() -> bool:
+    """Whether this CPU runs the int8 path: AVX-512 VNNI, and the library built with it."""
+    return native.vectors_ready(_QUAD_FLAGS, "hotrod_attention_quads_ready")
 
 
 _pairs_out: list[bool] = []
@@ -76,9 +92,9 @@ def pairs_left_out() -> Iterator[None]:
         _pairs_out.pop()
 
 
-def asked(model: onnx.ModelProto) -> bool:
-    """Whether the graph's build asked for bf16 attention (`hotrod.asks.ATTENTION_KEY`)."""
-    return any(p.key == ATTENTION_KEY and p.value == ARITHMETIC for p in model.metadata_props)
+def asked(model: onnx.ModelProto) -> str | None:
+    """The attention arithmetic the graph's build asked for (`hotrod.asks.ATTENTION_KEY`): bf16 or int8, or None."""
+    return next((p.value for p in model.metadata_props if p.key == ATTENTION_KEY and p.value in ARITHMETICS), None)
 
 
 def rewrite(model: onnx.ModelProto) -> int:
@@ -88,14 +104,15 @@ def rewrite(model: onnx.ModelProto) -> int:
     query and keys and values [B, H, S, D] transposed from [B, S, H, D] (which the op reads as they were before
     the Transpose), or keys and values [B, S, H x D] split with the query from one fused product (an int8-static
     encoder's); no cache, no causal mask, no soft cap, and a float additive mask or none."""
-    if not asked(model):
+    arithmetic = asked(model)
+    if arithmetic is None:
         return 0
     graph = model.graph
     types = _float_values(graph)
     producers = graphs.producers(graph)
     constants = graphs.constants(graph)
     count, detached = 0, set()  # the Transposes whose outputs the ops no longer read
-    tiles = path()  # the path each op keeps for its session
+    tiles = path(arithmetic)  # the path each op keeps for its session
     for node in graph.node:
         plain = _plain(node, types) or _multi_head(node, types, producers, constants)
         if plain is not None:

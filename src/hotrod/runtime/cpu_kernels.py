@@ -38,7 +38,7 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
     int8 = i8.available() and kernel_choice.INT8 not in out
     calibrated = (b"DequantizeLinear",) if int8 else ()  # int8-static's products
     attend = attention.available() and kernel_choice.ATTENTION not in out
-    asked = (ATTENTION_KEY.encode(),) if attend else ()  # a build that asked for bf16 attention
+    asked = (ATTENTION_KEY.encode(),) if attend else ()  # a build that asked for bf16 or int8 attention
     products = bf16.available() and kernel_choice.BF16 not in out
     asked += (PRODUCTS_KEY.encode(),) if products else ()  # or bf16 products
     model = native.loadable(path, ((b"MatMulNBits",) if int4 else ()) + (rows.SHARED.encode(),) + calibrated + asked)
@@ -66,11 +66,13 @@ def kernel_graph(path: Path, threads: int) -> Iterator[KernelGraph | None]:
 
 def _attention(model: onnx.ModelProto, without_pairs: bool) -> set[str]:
     """The attention rewritten to hotrod's (on FMAs where the path on VDPBF16PS is left out); its ops, with the
-    name of the path where it is VDPBF16PS's (`attention.PAIRS_PATH`), so that the tune can measure that path."""
+    name of the path where it is VDPBF16PS's or VPDPBUSD's (`attention.PATHS`), so that the tune and the bench can
+    tell them apart."""
     with attention.pairs_left_out() if without_pairs else contextlib.nullcontext():
+        chosen = attention.path(attention.asked(model) or "bf16")
         if not attention.rewrite(model):
             return set()
-        ops = {attention.OP, attention.PAIRS_PATH} if attention.path() == attention.PAIRS else {attention.OP}
+        ops = {attention.OP} | ({attention.PATHS[chosen]} if chosen in attention.PATHS else set())
     if attention.quantize_static(model):
         ops.add(attention.QUANTIZED_OP)
     return ops

@@ -64,7 +64,7 @@ def has_flags(flags: tuple[str, ...]) -> bool:
 
 # The kernels' interface (ops, attributes, entry points) this Python side speaks: native/i8gemm.h's
 # HOTROD_KERNELS_VERSION, which a library built from other sources does not match.
-KERNELS_VERSION = 7
+KERNELS_VERSION = 8
 
 TILES_ENV = "HOTROD_TILES"  # "off": hotrod's kernels run as on a CPU without AMX, for measuring that path here
 _TILES_VALUES = {"on": True, "off": False, "": True}
