@@ -87,13 +87,28 @@ static inline __m512i quantize_quads(const float* row, int64_t count, float inve
   return _mm512_inserti32x4(quads, bytes[3], 3);
 }
 
+/* Rows [first, first + count) of a unit's Q, K or V (below `rows`; `head` floats each, `width` apart) asked for ahead
+ * (PREFETCHT0): each row of a batch row's head lies a whole row of every head away from the last, further than the
+ * core's prefetchers follow, so without this each row's first line waits on memory once the tensors outgrow the
+ * cache (a batch of 384-token rows). */
+static inline void ask_rows(const float* x, int64_t first, int64_t count, int64_t rows, int64_t width, int64_t head) {
+  for (int64_t r = first; r < first + count && r < rows; r++) {
+    const char* start = (const char*)(x + r * width);
+    for (const char* line = start; line < (const char*)(x + r * width + head); line += 64)
+      _mm_prefetch(line, _MM_HINT_T0);
+    _mm_prefetch((const char*)(x + r * width + head) - 1, _MM_HINT_T0); /* a row that ends past a line's start */
+  }
+}
+
 /* K packed, 16 keys at a time: each key's 64 depths at a time quantized into one vector of 16 quads, transposed so
  * that vector t holds quad t of each key; keys past the last are zeros with scale 0. */
 static void pack_keys(const Problem* p, const float* k, Work* w) {
   const int64_t width = p->heads * p->head_size;
   float inverse[16];
   __m512i sums[16];
+  ask_rows(k, 0, 16, p->seq_k, width, p->head_size);
   for (int64_t first = 0; first < p->padded_k; first += 16) {
+    ask_rows(k, first + 16, 16, p->seq_k, width, p->head_size);
     for (int j = 0; j < 16; j++) {
       const int64_t key = first + j;
       inverse[j] = 0.0f;
@@ -121,7 +136,9 @@ static void pack_keys(const Problem* p, const float* k, Work* w) {
 static void pack_values(const Problem* p, const float* v, Work* w) {
   w->broken = 0;
   const int64_t width = p->heads * p->head_size, blocks = w->columns / 16;
+  ask_rows(v, 0, 16, p->seq_k, width, p->head_size);
   for (int64_t first = 0; first < p->padded_k; first += 4) {
+    ask_rows(v, first + 16, 4, p->seq_k, width, p->head_size);
     float inverse[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = 0; i < 4; i++)
       w->value_scales[first + i] = first + i < p->seq_k ? scale_of(v + (first + i) * width, p->head_size, &inverse[i])
@@ -330,7 +347,10 @@ void hotrod_attention_quads_unit(void* data, size_t index) {
   for (int64_t row = 0; row < p->seq_q; row += QUERY_ROWS) {
     const int64_t rows = p->seq_q - row < QUERY_ROWS ? p->seq_q - row : QUERY_ROWS;
     const int64_t filled = (rows + SOFT_ROWS - 1) / SOFT_ROWS * SOFT_ROWS; /* zero queries past the last */
-    load_queries(p, p->q + (b * p->seq_q + row) * width + offset, rows, filled, &w);
+    const float* q = p->q + (b * p->seq_q + row) * width + offset;
+    if (row == 0) ask_rows(q, 0, QUERY_ROWS, rows, width, p->head_size);
+    load_queries(p, q, rows, filled, &w);
+    ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size); /* the next block's, while this one runs */
     for (int64_t r = 0; r < filled; r++) /* rows past the last query take its mask: never answered */
       w.masks[r] = p->mask == NULL ? NULL
                                    : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
