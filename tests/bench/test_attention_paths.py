@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import attention_paths  # noqa: E402
 
 
-@pytest.mark.parametrize("option", ["--heads", "--head", "--length", "--threads", "--runs"])
+@pytest.mark.parametrize("option", ["--heads", "--head", "--length", "--batch", "--threads", "--runs"])
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_an_option_below_one_is_refused_in_one_line(option, value, capsys):
     with pytest.raises(SystemExit) as stop:

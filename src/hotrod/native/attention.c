@@ -83,8 +83,7 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
         keys[j] = _mm512_setzero_si512();
         if (key < p->seq_k) {
           const float* row = k + key * width + step * 32;
-          keys[j] = bf16_pair(_mm512_maskz_loadu_ps(hotrod_first(left), row),
-                              _mm512_maskz_loadu_ps(hotrod_first(left - 16), row + 16));
+          keys[j] = bf16_pair(hotrod_load_first(left, row), hotrod_load_first(left - 16, row + 16));
         }
       }
       hotrod_transpose16(keys);
@@ -366,8 +365,7 @@ static void load_queries(const Problem* p, const float* q, int64_t rows, uint16_
     for (int64_t r = 0; r < QUERY_ROWS; r++) {
       const float* row = q + r * width + step * 32;
       const int64_t left = r < rows ? p->head_size - step * 32 : 0;
-      const __m512 low = _mm512_maskz_loadu_ps(hotrod_first(left), row);
-      const __m512 high = _mm512_maskz_loadu_ps(hotrod_first(left - 16), row + 16);
+      const __m512 low = hotrod_load_first(left, row), high = hotrod_load_first(left - 16, row + 16);
       _mm512_storeu_si512(queries + 2 * step * TILE_HALVES + r * 32, bf16_pair(low, high));
     }
 }

@@ -62,7 +62,7 @@ static float scale_of(const float* row, int64_t count, float* inverse) {
   __m512 largest = _mm512_setzero_ps();
   __mmask16 unordered = 0;
   for (int64_t c = 0; c < count; c += 16) {
-    const __m512 x = _mm512_maskz_loadu_ps(hotrod_first(count - c), row + c);
+    const __m512 x = hotrod_load_first(count - c, row + c);
     largest = _mm512_max_ps(largest, _mm512_abs_ps(x));
     unordered |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   }
@@ -76,7 +76,7 @@ static float scale_of(const float* row, int64_t count, float* inverse) {
 static inline __m512i quantize_quads(const float* row, int64_t count, float inverse, int offset, __m512i* sum) {
   __m128i bytes[4];
   for (int i = 0; i < 4; i++) {
-    const __m512 x = _mm512_maskz_loadu_ps(hotrod_first(count - 16 * i), row + 16 * i);
+    const __m512 x = hotrod_load_first(count - 16 * i, row + 16 * i);
     const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inverse)));
     *sum = _mm512_add_epi32(*sum, n);
     bytes[i] = _mm512_cvtepi32_epi8(_mm512_add_epi32(n, _mm512_set1_epi32(offset)));
@@ -149,7 +149,7 @@ static void pack_values(const Problem* p, const float* v, Work* w) {
       for (int i = 0; i < 4; i++) {
         const int64_t key = first + i, c = block * 16;
         if (key >= p->seq_k) continue;
-        const __m512 x = _mm512_maskz_loadu_ps(hotrod_first(p->head_size - c), v + key * width + c);
+        const __m512 x = hotrod_load_first(p->head_size - c, v + key * width + c);
         const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inverse[i])));
         packed = _mm512_or_si512(packed, _mm512_slli_epi32(_mm512_and_si512(n, _mm512_set1_epi32(0xFF)), 8 * i));
       }
@@ -228,8 +228,8 @@ static inline __attribute__((always_inline)) void score_rows(const Problem* p, W
         const __m512 s = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums + r * 32 + 16 * half), shift)), scales);
         const float* mask = w->masks[row + r];
-        const __m512 x = mask == NULL ? _mm512_mul_ps(s, factor[r])
-                                      : _mm512_fmadd_ps(s, factor[r], _mm512_maskz_loadu_ps(m, mask + at));
+        const __m512 x = mask == NULL || !m ? _mm512_mul_ps(s, factor[r])
+                                            : _mm512_fmadd_ps(s, factor[r], _mm512_maskz_loadu_ps(m, mask + at));
         _mm512_storeu_ps(w->scores + (row + r) * p->padded_k + at, x);
         largest[r] = _mm512_mask_max_ps(largest[r], m, largest[r], x);
       }

@@ -47,7 +47,7 @@ void hotrod_attention_pack_keys(const float* k, int64_t width, int64_t seq_k, in
       __m512i rows[16];
       for (int64_t j = 0; j < 16; j++)
         rows[j] = key + j < seq_k ? _mm512_castps_si512(hotrod_round_bf16(
-                                        _mm512_maskz_loadu_ps(hotrod_first(head_size - d), k + (key + j) * width + d)))
+                                        hotrod_load_first(head_size - d, k + (key + j) * width + d)))
                                   : _mm512_setzero_si512();
       hotrod_transpose16(rows); /* row i: depth d + i of the 16 keys */
       float* to = packed + ((key / 32) * depth + d) * 32 + key % 32;
@@ -61,8 +61,8 @@ void hotrod_attention_pack_values(const float* v, int64_t width, int64_t seq_k, 
     for (int64_t key = 0; key < padded_k; key++) {
       float* to = packed + (column / 32 * padded_k + key) * 32;
       for (int h = 0; h < 2; h++) {
-        const __mmask16 m = key < seq_k ? hotrod_first(head_size - column - h * 16) : 0;
-        _mm512_storeu_ps(to + h * 16, hotrod_round_bf16(_mm512_maskz_loadu_ps(m, v + key * width + column + h * 16)));
+        const int64_t count = key < seq_k ? head_size - column - h * 16 : 0;
+        _mm512_storeu_ps(to + h * 16, hotrod_round_bf16(hotrod_load_first(count, v + key * width + column + h * 16)));
       }
     }
 }
@@ -71,8 +71,8 @@ void hotrod_attention_queries(const float* q, int64_t width, int64_t rows, int64
                               float* queries) {
   for (int64_t r = 0; r < 32; r++)
     for (int64_t d = 0; d < depth; d += 16) {
-      const __mmask16 m = r < rows ? hotrod_first(head_size - d) : 0;
-      _mm512_storeu_ps(queries + r * depth + d, hotrod_round_bf16(_mm512_maskz_loadu_ps(m, q + r * width + d)));
+      const int64_t count = r < rows ? head_size - d : 0;
+      _mm512_storeu_ps(queries + r * depth + d, hotrod_round_bf16(hotrod_load_first(count, q + r * width + d)));
     }
 }
 

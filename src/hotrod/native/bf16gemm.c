@@ -60,8 +60,7 @@ int hotrod_bf16_vectors_ready(void) {
 
 void hotrod_round_row(const float* x, int64_t k, uint16_t* out) {
   for (int64_t d = 0; d < k; d += 32) {
-    const __m512 low = _mm512_maskz_loadu_ps(hotrod_first(k - d), x + d);
-    const __m512 high = _mm512_maskz_loadu_ps(hotrod_first(k - d - 16), x + d + 16);
+    const __m512 low = hotrod_load_first(k - d, x + d), high = hotrod_load_first(k - d - 16, x + d + 16);
     const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(high, low);
     _mm512_mask_storeu_epi16(out + d, k - d >= 32 ? (__mmask32)0xFFFFFFFF : (__mmask32)((1ull << (k - d)) - 1), pair);
   }
