@@ -56,19 +56,40 @@ typedef struct {
   __m512 largest[QUERY_ROWS];     /* each row's largest scores so far, 16 lanes */
 } Work;
 
-/* A row's scale: its largest magnitude over 127 (0 for a row of zeros; NaN where it holds a NaN, so that the row's
- * answers are NaN, as fp32 attention's would be), and 127 over that largest (0 where it is 0 or infinite). */
-static float scale_of(const float* row, int64_t count, float* inverse) {
-  __m512 largest = _mm512_setzero_ps();
+/* 16 rows' scales at once (rows from `first` on, `width` apart, `count` floats each; those at `last` and after
+ * count as rows of zeros): each row's largest magnitude over 127 (0 for a row of zeros; NaN where it holds a NaN,
+ * so that the row's answers are NaN, as fp32 attention's would be), and 127 over that largest (0 where it is 0 or
+ * infinite). The 16 rows' largest lanes are transposed into one vector rather than each reduced on its own: no
+ * chain of shuffles a row. */
+static void scales16(const float* x, int64_t first, int64_t last, int64_t width, int64_t count, float* scales,
+                     float* inverses) {
+  __m512i largest[16];
   __mmask16 unordered = 0;
-  for (int64_t c = 0; c < count; c += 16) {
-    const __m512 x = hotrod_load_first(count - c, row + c);
-    largest = _mm512_max_ps(largest, _mm512_abs_ps(x));
-    unordered |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  for (int j = 0; j < 16; j++) {
+    __m512 top = _mm512_setzero_ps();
+    for (int64_t c = 0; first + j < last && c < count; c += 16) {
+      const __m512 v = hotrod_load_first(count - c, x + (first + j) * width + c);
+      top = _mm512_max_ps(top, _mm512_abs_ps(v));
+      if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) unordered |= (__mmask16)(1u << j);
+    }
+    largest[j] = _mm512_castps_si512(top);
   }
-  const float top = _mm512_reduce_max_ps(largest);
-  *inverse = top > 0.0f && top < INFINITY ? 127.0f / top : 0.0f;
-  return unordered ? __builtin_nanf("") : top / 127.0f;
+  hotrod_transpose16(largest);
+  __m512 top = _mm512_castsi512_ps(largest[0]);
+  for (int j = 1; j < 16; j++) top = _mm512_max_ps(top, _mm512_castsi512_ps(largest[j]));
+  const __mmask16 finite = _mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ) &
+                           _mm512_cmp_ps_mask(top, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+  _mm512_storeu_ps(inverses, _mm512_maskz_div_ps(finite, _mm512_set1_ps(127.0f), top));
+  _mm512_storeu_ps(scales, _mm512_mask_mov_ps(_mm512_div_ps(top, _mm512_set1_ps(127.0f)), unordered,
+                                              _mm512_set1_ps(__builtin_nanf(""))));
+}
+
+/* Lane j: the sum of v[j]'s lanes, for 16 vectors at once (transposed, then added). */
+static inline __m512i sum_lanes16(__m512i* v) {
+  hotrod_transpose16(v);
+  __m512i total = v[0];
+  for (int j = 1; j < 16; j++) total = _mm512_add_epi32(total, v[j]);
+  return total;
 }
 
 /* Up to 64 floats of `row` (`count`; zeros past it) times `inverse`, rounded, as int32 quads: lane t holds values
@@ -109,12 +130,8 @@ static void pack_keys(const Problem* p, const float* k, Work* w) {
   ask_rows(k, 0, 16, p->seq_k, width, p->head_size);
   for (int64_t first = 0; first < p->padded_k; first += 16) {
     ask_rows(k, first + 16, 16, p->seq_k, width, p->head_size);
-    for (int j = 0; j < 16; j++) {
-      const int64_t key = first + j;
-      inverse[j] = 0.0f;
-      w->key_scales[key] = key < p->seq_k ? scale_of(k + key * width, p->head_size, &inverse[j]) : 0.0f;
-      sums[j] = _mm512_setzero_si512();
-    }
+    scales16(k, first, p->seq_k, width, p->head_size, w->key_scales + first, inverse);
+    for (int j = 0; j < 16; j++) sums[j] = _mm512_setzero_si512();
     for (int64_t part = 0; part < w->quads; part += 16) {
       __m512i rows[16];
       for (int j = 0; j < 16; j++)
@@ -127,7 +144,7 @@ static void pack_keys(const Problem* p, const float* k, Work* w) {
       for (int64_t t = 0; t < count; t++)
         _mm512_storeu_si512(w->keys + ((first / 16) * w->quads + part + t) * 64, rows[t]);
     }
-    for (int j = 0; j < 16; j++) w->shifts[first + j] = 128 * _mm512_reduce_add_epi32(sums[j]);
+    _mm512_storeu_si512(w->shifts + first, _mm512_slli_epi32(sum_lanes16(sums), 7)); /* times 128 */
   }
 }
 
@@ -137,12 +154,11 @@ static void pack_values(const Problem* p, const float* v, Work* w) {
   w->broken = 0;
   const int64_t width = p->heads * p->head_size, blocks = w->columns / 16;
   ask_rows(v, 0, 16, p->seq_k, width, p->head_size);
+  float inverses[16];
   for (int64_t first = 0; first < p->padded_k; first += 4) {
     ask_rows(v, first + 16, 4, p->seq_k, width, p->head_size);
-    float inverse[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int i = 0; i < 4; i++)
-      w->value_scales[first + i] = first + i < p->seq_k ? scale_of(v + (first + i) * width, p->head_size, &inverse[i])
-                                                         : 0.0f;
+    if (first % 16 == 0) scales16(v, first, p->seq_k, width, p->head_size, w->value_scales + first, inverses);
+    const float* inverse = inverses + first % 16;
     for (int i = 0; i < 4; i++) w->broken |= !(w->value_scales[first + i] < INFINITY); /* NaN or infinite */
     for (int64_t block = 0; block < blocks; block++) {
       __m512i packed = _mm512_setzero_si512();
@@ -161,9 +177,10 @@ static void pack_values(const Problem* p, const float* v, Work* w) {
 /* `rows` query rows (of QUERY_ROWS; zero rows past them, up to a whole step) quantized into w->queries. */
 static void load_queries(const Problem* p, const float* q, int64_t rows, int64_t filled, Work* w) {
   const int64_t width = p->heads * p->head_size, stride = w->quads * 4;
+  float inverses[QUERY_ROWS];
+  for (int64_t r = 0; r < filled; r += 16) scales16(q, r, rows, width, p->head_size, w->query_scales + r, inverses + r);
   for (int64_t r = 0; r < filled; r++) {
-    float inverse = 0.0f;
-    w->query_scales[r] = r < rows ? scale_of(q + r * width, p->head_size, &inverse) : 0.0f;
+    const float inverse = inverses[r];
     __m512i sum = _mm512_setzero_si512(); /* a query's byte sum: unused (its +128 is what the keys' shifts undo) */
     for (int64_t part = 0; part < w->quads; part += 16) {
       const int64_t count = w->quads - part < 16 ? w->quads - part : 16;

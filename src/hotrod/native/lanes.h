@@ -9,8 +9,8 @@ static inline __mmask16 hotrod_first(int64_t count) {
 }
 
 /* The first `count` of 16 floats at p (zeros after them), with no load at all for count <= 0: a load whose lanes
- * are all masked off can still cost an assist (a Zen's, where the bytes it would read cross a page), and reads
- * past a row's or a tensor's end. */
+ * are all masked off reads nothing, yet where the int8 attention read heads of 32 floats 64 at a time, leaving
+ * those loads out took a third off its time on a Zen 5 (benchmarks/README.md). */
 static inline __m512 hotrod_load_first(int64_t count, const float* p) {
   return count > 0 ? _mm512_maskz_loadu_ps(hotrod_first(count), p) : _mm512_setzero_ps();
 }
