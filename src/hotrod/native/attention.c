@@ -497,7 +497,10 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
   p.blocks = (head_size + 15) / 16;
   p.padded_k = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;
   if (mask != NULL && !mask_strides(&p, mask_dims, mask_count, p.mask_stride)) return -1;
-  if (batch * heads * seq_q > 0) parallel(runner, tiles == QUADS ? hotrod_attention_quads_unit : unit, &p,
-                                          (size_t)(batch * heads));
+  if (batch * heads * seq_q <= 0) return 0;
+  if (tiles == QUADS)
+    parallel(runner, hotrod_attention_quads_task, &p, hotrod_attention_quads_tasks(&p));
+  else
+    parallel(runner, unit, &p, (size_t)(batch * heads));
   return 0;
 }

@@ -348,34 +348,69 @@ static void* workspace(const Problem* p, Work* w) {
   return memory;
 }
 
-void hotrod_attention_quads_unit(void* data, size_t index) {
-  const Problem* p = data;
-  const int64_t b = (int64_t)index / p->heads, h = (int64_t)index % p->heads;
-  const int64_t width = p->heads * p->head_size, offset = h * p->head_size;
-  const int64_t at = b * p->seq_q * width + offset; /* the unit's first output */
-  Work w;
-  void* memory = workspace(p, &w);
-  if (memory == NULL) {
-    hotrod_attention_unanswered(p, at);
-    return;
-  }
-  pack_keys(p, p->k + b * p->seq_k * width + offset, &w);
-  pack_values(p, p->v + b * p->seq_k * width + offset, &w);
-  for (int64_t row = 0; row < p->seq_q; row += QUERY_ROWS) {
+/* Units a task runs, one after the other: each asks for the next one's rows while its own blocks run, where the
+ * units (batch rows x heads) are enough to leave every thread several tasks. */
+static int64_t group_of(const Problem* p) {
+  const int64_t units = p->batch * p->heads;
+  return units >= 64 ? 4 : units >= 32 ? 2 : 1;
+}
+
+size_t hotrod_attention_quads_tasks(const void* problem) {
+  const Problem* p = problem;
+  const int64_t group = group_of(p);
+  return (size_t)((p->batch * p->heads + group - 1) / group);
+}
+
+/* The first row of unit `index`'s Q, K or V (x, `seq` rows a batch row). */
+static inline const float* unit_rows(const Problem* p, const float* x, int64_t index, int64_t seq) {
+  const int64_t b = index / p->heads, h = index % p->heads;
+  return x + b * seq * p->heads * p->head_size + h * p->head_size;
+}
+
+/* Unit `index` (a batch row and head) in the task's workspace; the rows of unit `next` (-1: none) asked for a
+ * slice a block, so that they are in the cache when it starts. */
+static void unit(const Problem* p, int64_t index, int64_t next, Work* w) {
+  const int64_t b = index / p->heads, h = index % p->heads;
+  const int64_t width = p->heads * p->head_size, at = b * p->seq_q * width + h * p->head_size;
+  const int64_t blocks = (p->seq_q + QUERY_ROWS - 1) / QUERY_ROWS, slice = (p->seq_k + blocks - 1) / blocks;
+  pack_keys(p, unit_rows(p, p->k, index, p->seq_k), w);
+  pack_values(p, unit_rows(p, p->v, index, p->seq_k), w);
+  for (int64_t row = 0, block = 0; row < p->seq_q; row += QUERY_ROWS, block++) {
     const int64_t rows = p->seq_q - row < QUERY_ROWS ? p->seq_q - row : QUERY_ROWS;
     const int64_t filled = (rows + SOFT_ROWS - 1) / SOFT_ROWS * SOFT_ROWS; /* zero queries past the last */
-    const float* q = p->q + (b * p->seq_q + row) * width + offset;
+    const float* q = unit_rows(p, p->q, index, p->seq_q) + row * width;
     if (row == 0) ask_rows(q, 0, QUERY_ROWS, rows, width, p->head_size);
-    load_queries(p, q, rows, filled, &w);
+    load_queries(p, q, rows, filled, w);
     ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size); /* the next block's, while this one runs */
+    if (next >= 0) {
+      ask_rows(unit_rows(p, p->k, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
+      ask_rows(unit_rows(p, p->v, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
+      if (block == blocks - 1) ask_rows(unit_rows(p, p->q, next, p->seq_q), 0, QUERY_ROWS, p->seq_q, width, p->head_size);
+    }
     for (int64_t r = 0; r < filled; r++) /* rows past the last query take its mask: never answered */
-      w.masks[r] = p->mask == NULL ? NULL
-                                   : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
-                                         (row + (r < rows ? r : rows - 1)) * p->mask_stride[2];
-    for (int64_t r = 0; r < filled; r += ROWS) (filled - r >= ROWS ? scores8 : scores4)(p, &w, r);
-    for (int64_t r = 0; r < filled; r += SOFT_ROWS) softmax_rows(p, &w, r);
+      w->masks[r] = p->mask == NULL ? NULL
+                                    : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
+                                          (row + (r < rows ? r : rows - 1)) * p->mask_stride[2];
+    for (int64_t r = 0; r < filled; r += ROWS) (filled - r >= ROWS ? scores8 : scores4)(p, w, r);
+    for (int64_t r = 0; r < filled; r += SOFT_ROWS) softmax_rows(p, w, r);
     for (int64_t r = 0; r < filled; r += ROWS)
-      (filled - r >= ROWS ? weigh8 : weigh4)(p, &w, r, rows - r, at + (row + r) * width);
+      (filled - r >= ROWS ? weigh8 : weigh4)(p, w, r, rows - r, at + (row + r) * width);
+  }
+}
+
+void hotrod_attention_quads_task(void* data, size_t task) {
+  const Problem* p = data;
+  const int64_t group = group_of(p), first = (int64_t)task * group, units = p->batch * p->heads;
+  const int64_t end = first + group < units ? first + group : units;
+  Work w;
+  void* memory = workspace(p, &w);
+  for (int64_t index = first; index < end; index++) {
+    if (memory == NULL) {
+      const int64_t b = index / p->heads, h = index % p->heads;
+      hotrod_attention_unanswered(p, b * p->seq_q * p->heads * p->head_size + h * p->head_size);
+      continue;
+    }
+    unit(p, index, index + 1 < end ? index + 1 : -1, &w);
   }
   free(memory);
 }

@@ -5,5 +5,11 @@
 /* 1 where this CPU has the AVX-512 (F, BW, VL) and VNNI the path builds on. */
 int hotrod_attention_quads_ready(void);
 
-/* One batch row and head (`index`) of the problem `data` (a hotrod_attention_problem), as hotrod_parallel's task. */
-void hotrod_attention_quads_unit(void* data, size_t index);
+#include "attention.h"
+
+/* How many tasks the problem's units (batch rows x heads) are run as, a few in turn each (`problem`: a
+ * hotrod_attention_problem, attention_problem.h). */
+size_t hotrod_attention_quads_tasks(const void* problem);
+
+/* Task `task` of the problem `data` (a hotrod_attention_problem), as hotrod_parallel's task. */
+void hotrod_attention_quads_task(void* data, size_t task);
