@@ -74,7 +74,9 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
   const int64_t steps = p->depth / 32, width = p->heads * p->head_size;
   const int64_t blocks = (p->seq_k + 15) / 16;
   memset(packed + blocks * 16 * p->depth, 0, (size_t)((p->padded_k - blocks * 16) * p->depth) * sizeof(uint16_t));
-  for (int64_t block = 0; block < blocks; block++)
+  hotrod_ask_rows(k, 0, 16, p->seq_k, width, p->head_size);
+  for (int64_t block = 0; block < blocks; block++) {
+    hotrod_ask_rows(k, (block + 1) * 16, 16, p->seq_k, width, p->head_size); /* the next 16 keys' rows */
     for (int64_t step = 0; step < steps; step++) {
       __m512i keys[16];
       const int64_t left = p->head_size - step * 32;
@@ -90,6 +92,7 @@ static void pack_keys(const Problem* p, const float* k, uint16_t* packed) {
       uint16_t* tile = packed + (block * steps + step) * TILE_HALVES;
       for (int r = 0; r < 16; r++) _mm512_storeu_si512(tile + r * 32, keys[r]);
     }
+  }
 }
 
 /* V's keys of one unit as P V's second operand: tile (pair block, column block) at
@@ -98,7 +101,9 @@ static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
   const int64_t blocks = p->blocks, width = p->heads * p->head_size;
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t key = 0; key < p->padded_k; key += 2)
+  hotrod_ask_rows(v, 0, 16, p->seq_k, width, p->head_size);
+  for (int64_t key = 0; key < p->padded_k; key += 2) {
+    if (key % 16 == 0) hotrod_ask_rows(v, key + 16, 16, p->seq_k, width, p->head_size); /* the next 16 keys' rows */
     for (int64_t block = 0; block < blocks; block++) {
       const __mmask16 columns = hotrod_first(p->head_size - block * 16);
       const __m512 zero = _mm512_setzero_ps();
@@ -108,6 +113,7 @@ static void pack_values(const Problem* p, const float* v, uint16_t* packed) {
       uint16_t* tile = packed + ((key / PAIR_KEYS) * blocks + block) * TILE_HALVES;
       _mm512_storeu_si512(tile + (key % PAIR_KEYS / 2) * 32, pair);
     }
+  }
 }
 
 /* Q K^T for 32 queries (their bf16 rows in `queries`: per 32 of depth, two tiles of 16 rows) into scores
@@ -413,9 +419,10 @@ void hotrod_attention_unanswered(const Problem* p, int64_t at) {
 }
 
 /* One batch row and head. */
-static void unit(void* data, size_t index) {
-  const Problem* p = data;
-  const int64_t b = (int64_t)index / p->heads, h = (int64_t)index % p->heads;
+/* Unit `index` (a batch row and head), asking for unit `next`'s rows (-1: none) while its blocks run. */
+static void unit(const Problem* p, int64_t index, int64_t next) {
+  const int64_t b = index / p->heads, h = index % p->heads;
+  const int64_t blocks = (p->seq_q + QUERY_ROWS - 1) / QUERY_ROWS;
   const int64_t width = p->heads * p->head_size, offset = h * p->head_size;
   const size_t size = p->tiles ? sizeof(uint16_t) : sizeof(float); /* a rounded value's bytes on the path */
   const size_t packed = (size_t)(p->padded_k * p->depth) * size;    /* K's; V's take at most as much */
@@ -433,10 +440,13 @@ static void unit(void* data, size_t index) {
   uint8_t* queries = numerators + QUERY_ROWS * (size_t)p->padded_k * size;
   float* spill = (float*)(queries + QUERY_ROWS * (size_t)p->depth * size);
   pack(p, p->k + b * p->seq_k * width + offset, p->v + b * p->seq_k * width + offset, keys, values);
-  for (int64_t row = 0; row < p->seq_q; row += QUERY_ROWS) {
+  for (int64_t row = 0, block = 0; row < p->seq_q; row += QUERY_ROWS, block++) {
     const int64_t rows = p->seq_q - row < QUERY_ROWS ? p->seq_q - row : QUERY_ROWS;
     float inverse[QUERY_ROWS] = {0};
-    scores_for(p, p->q + (b * p->seq_q + row) * width + offset, rows, keys, queries, scores);
+    const float* q = p->q + (b * p->seq_q + row) * width + offset;
+    scores_for(p, q, rows, keys, queries, scores);
+    hotrod_ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size); /* the next block's */
+    hotrod_attention_ask_next(p, next, block, blocks);
     for (int64_t r = 0; r < rows; r += SOFTMAX_ROWS) { /* QUERY_ROWS is a multiple of SOFTMAX_ROWS */
       const float* masks[SOFTMAX_ROWS];
       for (int i = 0; i < SOFTMAX_ROWS; i++) /* rows past the last query take its mask: never answered */
@@ -463,6 +473,14 @@ static void unit(void* data, size_t index) {
   }
   if (p->tiles == TILES) _tile_release();
   free(memory);
+}
+
+/* Task `task`: its units in turn (hotrod_attention_group), each asking for the next one's rows. */
+static void task(void* data, size_t task) {
+  const Problem* p = data;
+  const int64_t group = hotrod_attention_group(p), first = (int64_t)task * group, units = p->batch * p->heads;
+  const int64_t end = first + group < units ? first + group : units;
+  for (int64_t index = first; index < end; index++) unit(p, index, index + 1 < end ? index + 1 : -1);
 }
 
 /* The mask's strides for [batch, heads, query rows], its dimensions right-aligned to [B, H, Sq, Sk] with 1
@@ -498,9 +516,6 @@ int hotrod_bf16_attention(const float* q, const float* k, const float* v, int64_
   p.padded_k = (seq_k + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS;
   if (mask != NULL && !mask_strides(&p, mask_dims, mask_count, p.mask_stride)) return -1;
   if (batch * heads * seq_q <= 0) return 0;
-  if (tiles == QUADS)
-    parallel(runner, hotrod_attention_quads_task, &p, hotrod_attention_quads_tasks(&p));
-  else
-    parallel(runner, unit, &p, (size_t)(batch * heads));
+  parallel(runner, tiles == QUADS ? hotrod_attention_quads_task : task, &p, hotrod_attention_tasks(&p));
   return 0;
 }

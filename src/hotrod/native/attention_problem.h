@@ -17,6 +17,50 @@ typedef struct {
               * 0: on AVX-512F, the numerators floats rounded to bf16; 3: int8 on AVX-512 VNNI (QUADS, attention_quads.c) */
 } hotrod_attention_problem;
 
+/* Rows [first, first + count) of a unit's Q, K or V (below `rows`; `head` floats each, `width` apart) asked for ahead
+ * (PREFETCHT0): each row of a batch row's head lies a whole row of every head away from the last, further than the
+ * core's prefetchers follow, so without this each row's first line waits on memory once the tensors outgrow the
+ * cache (a batch of 384-token rows). */
+static inline void hotrod_ask_rows(const float* x, int64_t first, int64_t count, int64_t rows, int64_t width, int64_t head) {
+  for (int64_t r = first; r < first + count && r < rows; r++) {
+    const char* start = (const char*)(x + r * width);
+    for (const char* line = start; line < (const char*)(x + r * width + head); line += 64)
+      _mm_prefetch(line, _MM_HINT_T0);
+    _mm_prefetch((const char*)(x + r * width + head) - 1, _MM_HINT_T0); /* a row that ends past a line's start */
+  }
+}
+
+/* Units a task runs, one after the other: each asks for the next one's rows while its own blocks run, where the
+ * units (batch rows x heads) are enough to leave every thread several tasks. */
+static inline int64_t hotrod_attention_group(const hotrod_attention_problem* p) {
+  const int64_t units = p->batch * p->heads;
+  return units >= 64 ? 4 : units >= 32 ? 2 : 1;
+}
+
+static inline size_t hotrod_attention_tasks(const hotrod_attention_problem* p) {
+  const int64_t group = hotrod_attention_group(p);
+  return (size_t)((p->batch * p->heads + group - 1) / group);
+}
+
+/* The first row of unit `index`'s Q, K or V (x, `seq` rows a batch row). */
+static inline const float* hotrod_attention_rows(const hotrod_attention_problem* p, const float* x, int64_t index,
+                                                 int64_t seq) {
+  const int64_t b = index / p->heads, h = index % p->heads;
+  return x + b * seq * p->heads * p->head_size + h * p->head_size;
+}
+
+/* Unit `next`'s rows (none where it is -1) asked for a slice at each of the current unit's `blocks` blocks of
+ * queries (this is block `block`): its K and V, and at the last its first block of Q, in the cache when it starts. */
+static inline void hotrod_attention_ask_next(const hotrod_attention_problem* p, int64_t next, int64_t block,
+                                             int64_t blocks) {
+  if (next < 0) return;
+  const int64_t width = p->heads * p->head_size, slice = (p->seq_k + blocks - 1) / blocks;
+  hotrod_ask_rows(hotrod_attention_rows(p, p->k, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
+  hotrod_ask_rows(hotrod_attention_rows(p, p->v, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
+  if (block == blocks - 1)
+    hotrod_ask_rows(hotrod_attention_rows(p, p->q, next, p->seq_q), 0, 32, p->seq_q, width, p->head_size);
+}
+
 /* A unit whose workspace could not be had (memory ran out), its answers from element `at` on: NaN, which no caller
  * takes for an answer (the zero point where quantized). */
 void hotrod_attention_unanswered(const hotrod_attention_problem* p, int64_t at);

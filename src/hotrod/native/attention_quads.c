@@ -108,28 +108,15 @@ static inline __m512i quantize_quads(const float* row, int64_t count, float inve
   return _mm512_inserti32x4(quads, bytes[3], 3);
 }
 
-/* Rows [first, first + count) of a unit's Q, K or V (below `rows`; `head` floats each, `width` apart) asked for ahead
- * (PREFETCHT0): each row of a batch row's head lies a whole row of every head away from the last, further than the
- * core's prefetchers follow, so without this each row's first line waits on memory once the tensors outgrow the
- * cache (a batch of 384-token rows). */
-static inline void ask_rows(const float* x, int64_t first, int64_t count, int64_t rows, int64_t width, int64_t head) {
-  for (int64_t r = first; r < first + count && r < rows; r++) {
-    const char* start = (const char*)(x + r * width);
-    for (const char* line = start; line < (const char*)(x + r * width + head); line += 64)
-      _mm_prefetch(line, _MM_HINT_T0);
-    _mm_prefetch((const char*)(x + r * width + head) - 1, _MM_HINT_T0); /* a row that ends past a line's start */
-  }
-}
-
 /* K packed, 16 keys at a time: each key's 64 depths at a time quantized into one vector of 16 quads, transposed so
  * that vector t holds quad t of each key; keys past the last are zeros with scale 0. */
 static void pack_keys(const Problem* p, const float* k, Work* w) {
   const int64_t width = p->heads * p->head_size;
   float inverse[16];
   __m512i sums[16];
-  ask_rows(k, 0, 16, p->seq_k, width, p->head_size);
+  hotrod_ask_rows(k, 0, 16, p->seq_k, width, p->head_size);
   for (int64_t first = 0; first < p->padded_k; first += 16) {
-    ask_rows(k, first + 16, 16, p->seq_k, width, p->head_size);
+    hotrod_ask_rows(k, first + 16, 16, p->seq_k, width, p->head_size);
     scales16(k, first, p->seq_k, width, p->head_size, w->key_scales + first, inverse);
     for (int j = 0; j < 16; j++) sums[j] = _mm512_setzero_si512();
     for (int64_t part = 0; part < w->quads; part += 16) {
@@ -153,10 +140,10 @@ static void pack_keys(const Problem* p, const float* k, Work* w) {
 static void pack_values(const Problem* p, const float* v, Work* w) {
   w->broken = 0;
   const int64_t width = p->heads * p->head_size, blocks = w->columns / 16;
-  ask_rows(v, 0, 16, p->seq_k, width, p->head_size);
+  hotrod_ask_rows(v, 0, 16, p->seq_k, width, p->head_size);
   float inverses[16];
   for (int64_t first = 0; first < p->padded_k; first += 4) {
-    ask_rows(v, first + 16, 4, p->seq_k, width, p->head_size);
+    hotrod_ask_rows(v, first + 16, 4, p->seq_k, width, p->head_size);
     if (first % 16 == 0) scales16(v, first, p->seq_k, width, p->head_size, w->value_scales + first, inverses);
     const float* inverse = inverses + first % 16;
     for (int i = 0; i < 4; i++) w->broken |= !(w->value_scales[first + i] < INFINITY); /* NaN or infinite */
@@ -348,45 +335,22 @@ static void* workspace(const Problem* p, Work* w) {
   return memory;
 }
 
-/* Units a task runs, one after the other: each asks for the next one's rows while its own blocks run, where the
- * units (batch rows x heads) are enough to leave every thread several tasks. */
-static int64_t group_of(const Problem* p) {
-  const int64_t units = p->batch * p->heads;
-  return units >= 64 ? 4 : units >= 32 ? 2 : 1;
-}
-
-size_t hotrod_attention_quads_tasks(const void* problem) {
-  const Problem* p = problem;
-  const int64_t group = group_of(p);
-  return (size_t)((p->batch * p->heads + group - 1) / group);
-}
-
-/* The first row of unit `index`'s Q, K or V (x, `seq` rows a batch row). */
-static inline const float* unit_rows(const Problem* p, const float* x, int64_t index, int64_t seq) {
-  const int64_t b = index / p->heads, h = index % p->heads;
-  return x + b * seq * p->heads * p->head_size + h * p->head_size;
-}
-
 /* Unit `index` (a batch row and head) in the task's workspace; the rows of unit `next` (-1: none) asked for a
  * slice a block, so that they are in the cache when it starts. */
 static void unit(const Problem* p, int64_t index, int64_t next, Work* w) {
   const int64_t b = index / p->heads, h = index % p->heads;
   const int64_t width = p->heads * p->head_size, at = b * p->seq_q * width + h * p->head_size;
-  const int64_t blocks = (p->seq_q + QUERY_ROWS - 1) / QUERY_ROWS, slice = (p->seq_k + blocks - 1) / blocks;
-  pack_keys(p, unit_rows(p, p->k, index, p->seq_k), w);
-  pack_values(p, unit_rows(p, p->v, index, p->seq_k), w);
+  const int64_t blocks = (p->seq_q + QUERY_ROWS - 1) / QUERY_ROWS;
+  pack_keys(p, hotrod_attention_rows(p, p->k, index, p->seq_k), w);
+  pack_values(p, hotrod_attention_rows(p, p->v, index, p->seq_k), w);
   for (int64_t row = 0, block = 0; row < p->seq_q; row += QUERY_ROWS, block++) {
     const int64_t rows = p->seq_q - row < QUERY_ROWS ? p->seq_q - row : QUERY_ROWS;
     const int64_t filled = (rows + SOFT_ROWS - 1) / SOFT_ROWS * SOFT_ROWS; /* zero queries past the last */
-    const float* q = unit_rows(p, p->q, index, p->seq_q) + row * width;
-    if (row == 0) ask_rows(q, 0, QUERY_ROWS, rows, width, p->head_size);
+    const float* q = hotrod_attention_rows(p, p->q, index, p->seq_q) + row * width;
+    if (row == 0) hotrod_ask_rows(q, 0, QUERY_ROWS, rows, width, p->head_size);
     load_queries(p, q, rows, filled, w);
-    ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size); /* the next block's, while this one runs */
-    if (next >= 0) {
-      ask_rows(unit_rows(p, p->k, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
-      ask_rows(unit_rows(p, p->v, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
-      if (block == blocks - 1) ask_rows(unit_rows(p, p->q, next, p->seq_q), 0, QUERY_ROWS, p->seq_q, width, p->head_size);
-    }
+    hotrod_ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size); /* the next block's, while this one runs */
+    hotrod_attention_ask_next(p, next, block, blocks);
     for (int64_t r = 0; r < filled; r++) /* rows past the last query take its mask: never answered */
       w->masks[r] = p->mask == NULL ? NULL
                                     : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
@@ -400,7 +364,7 @@ static void unit(const Problem* p, int64_t index, int64_t next, Work* w) {
 
 void hotrod_attention_quads_task(void* data, size_t task) {
   const Problem* p = data;
-  const int64_t group = group_of(p), first = (int64_t)task * group, units = p->batch * p->heads;
+  const int64_t group = hotrod_attention_group(p), first = (int64_t)task * group, units = p->batch * p->heads;
   const int64_t end = first + group < units ? first + group : units;
   Work w;
   void* memory = workspace(p, &w);

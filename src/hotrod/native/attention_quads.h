@@ -7,9 +7,6 @@ int hotrod_attention_quads_ready(void);
 
 #include "attention.h"
 
-/* How many tasks the problem's units (batch rows x heads) are run as, a few in turn each (`problem`: a
- * hotrod_attention_problem, attention_problem.h). */
-size_t hotrod_attention_quads_tasks(const void* problem);
-
-/* Task `task` of the problem `data` (a hotrod_attention_problem), as hotrod_parallel's task. */
+/* Task `task` of the problem `data` (a hotrod_attention_problem; its tasks: hotrod_attention_tasks), as
+ * hotrod_parallel's task. */
 void hotrod_attention_quads_task(void* data, size_t task);
