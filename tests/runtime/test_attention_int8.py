@@ -138,6 +138,8 @@ def test_the_path_the_build_asked_for_where_this_cpu_runs_it(monkeypatch):
     assert attention.path("int8") == attention.QUADS and attention.path("bf16") != attention.QUADS
     monkeypatch.setattr(attention, "quads_ready", lambda: False)
     assert attention.path("int8") == attention.path("bf16")
+    assert {attention.path(arithmetic) for arithmetic in attention.ARITHMETICS} <= {
+        attention.TILES, attention.PAIRS, attention.FMAS, attention.QUADS}
     full = precisions.get("int8-full")
     assert full.attention == "int8" and not full.candidate and full.needs_feeds
 

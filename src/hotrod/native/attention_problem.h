@@ -1,4 +1,5 @@
-/* What attention.c's paths share: one call's problem, and the softmax's exponential. */
+/* What attention.c's paths share: one call's problem, the rows asked for ahead, the units' tasks, and the softmax's
+ * exponential. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -14,14 +15,16 @@ typedef struct {
   int64_t mask_stride[3]; /* floats between the mask's batch rows, heads, query rows; 0 where broadcast */
   float scale;
   int tiles; /* 1: on AMX's tiles, the numerators bf16; 2: the same operands on AVX512_BF16's VDPBF16PS (PAIRS);
-              * 0: on AVX-512F, the numerators floats rounded to bf16; 3: int8 on AVX-512 VNNI (QUADS, attention_quads.c) */
+              * 0: on AVX-512F, the numerators floats rounded to bf16;
+              * 3: int8 on AVX-512 VNNI (QUADS, attention_quads.c) */
 } hotrod_attention_problem;
 
 /* Rows [first, first + count) of a unit's Q, K or V (below `rows`; `head` floats each, `width` apart) asked for ahead
  * (PREFETCHT0): each row of a batch row's head lies a whole row of every head away from the last, further than the
  * core's prefetchers follow, so without this each row's first line waits on memory once the tensors outgrow the
  * cache (a batch of 384-token rows). */
-static inline void hotrod_ask_rows(const float* x, int64_t first, int64_t count, int64_t rows, int64_t width, int64_t head) {
+static inline void hotrod_ask_rows(const float* x, int64_t first, int64_t count, int64_t rows, int64_t width,
+                                   int64_t head) {
   for (int64_t r = first; r < first + count && r < rows; r++) {
     const char* start = (const char*)(x + r * width);
     for (const char* line = start; line < (const char*)(x + r * width + head); line += 64)

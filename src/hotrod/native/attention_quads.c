@@ -349,7 +349,8 @@ static void unit(const Problem* p, int64_t index, int64_t next, Work* w) {
     const float* q = hotrod_attention_rows(p, p->q, index, p->seq_q) + row * width;
     if (row == 0) hotrod_ask_rows(q, 0, QUERY_ROWS, rows, width, p->head_size);
     load_queries(p, q, rows, filled, w);
-    hotrod_ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size); /* the next block's, while this one runs */
+    /* the next block's, while this one runs */
+    hotrod_ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size);
     hotrod_attention_ask_next(p, next, block, blocks);
     for (int64_t r = 0; r < filled; r++) /* rows past the last query take its mask: never answered */
       w->masks[r] = p->mask == NULL ? NULL

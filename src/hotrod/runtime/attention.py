@@ -32,7 +32,7 @@ from hotrod.runtime import bf16, i8, native
 
 OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
-ARITHMETICS = ("bf16", "int8")  # the attention products this kernel computes in, as a build asks for them
+ARITHMETICS = ("bf16", "int8")  # the attention products this kernel computes in, as a build asks for them (_CHOOSERS)
 _VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the path without tiles
 _PAIR_FLAGS = (*_VECTOR_FLAGS, "avx512_bf16")  # its products on bf16 pairs
 _QUAD_FLAGS = (*_VECTOR_FLAGS, "avx512_vnni")  # its int8 products
@@ -58,19 +58,30 @@ def on_tiles() -> bool:
 
 
 def path(arithmetic: str = "bf16") -> int:
-    """The path graphs rewritten now take, which each op keeps for its session (its `tiles`; the paths sum in
-    different orders). For int8 attention, int8 operands on AVX-512 VNNI where this CPU has it (`QUADS`). For bf16
-    (and int8 without VNNI): AMX's tiles where the bf16 products take them (`TILES`); without, the same bf16
-    operands on AVX512_BF16's VDPBF16PS where this CPU has it (`PAIRS`: two products a lane an instruction), unless
+    """The path graphs rewritten now take for attention in `arithmetic` (one of ARITHMETICS), which each op keeps for
+    its session (its `tiles`; the paths sum in different orders)."""
+    return _CHOOSERS[arithmetic]()
+
+
+def _bf16_path() -> int:
+    """bf16's: AMX's tiles where the bf16 products take them (`TILES`); without, the same bf16 operands on
+    AVX512_BF16's VDPBF16PS where this CPU has it (`PAIRS`: two products a lane an instruction), unless
     `pairs_left_out` says otherwise; else values rounded to bf16 and multiplied as floats on AVX-512F's FMAs
     (`FMAS`)."""
-    if arithmetic == "int8" and quads_ready():
-        return QUADS
     if on_tiles():
         return TILES
     if not _pairs_out and native.vectors_ready(_PAIR_FLAGS, "hotrod_attention_pairs_ready"):
         return PAIRS
     return FMAS
+
+
+def _int8_path() -> int:
+    """int8's: int8 operands on AVX-512 VNNI where this CPU has it (`QUADS`), else bf16's."""
+    return QUADS if quads_ready() else _bf16_path()
+
+
+# Each arithmetic a build may ask for, and how its path is chosen.
+_CHOOSERS = {"bf16": _bf16_path, "int8": _int8_path}
 
 
 def quads_ready() -> bool:
