@@ -8,7 +8,8 @@
  *   share of each score is taken away again);
  * - each query row is quantized the same way, 32 rows at a time; its scores Q K^T are exact integers, turned into
  *   floats with the two rows' scales;
- * - the scale, the mask and the softmax in fp32 (the exponential of attention.c's other paths);
+ * - the scale, the mask and the softmax in fp32 (the other paths' exponential on a degree-3 polynomial, good to 8e-5:
+ *   the numerators are quantized to 8 bits next);
  * - each key's V row quantized with its own scale; a query row's numerators e^(s - max), times each key's V scale
  *   (P V's sum runs over keys, so the key's scale goes with its weight), are quantized to uint8 with the row's
  *   largest as 255, and P V's integer sums are scaled back by that and by 1 / the numerators' fp32 sum.
