@@ -61,6 +61,14 @@ LINEAR_FORMATS = (CAST, INT8_PER_CHANNEL, FP8_PER_CHANNEL)
 TORCH_DTYPES = ("float32", "float16", "bfloat16")  # names of torch dtypes (`getattr(torch, name)`)
 
 
+# Where the attention's products run, by what a precision asks of them (the manifest's "attention"; nothing for fp32).
+_ATTENTION_WHERE = {
+    "bf16": "bf16 products where the CPU has AMX-BF16 or AVX-512 (hotrod's kernel), fp32 elsewhere",
+    "int8": ("int8 products where the CPU has AVX-512 VNNI (hotrod's kernel: Q, K and V per row, the softmax's "
+             "numerators uint8 per row), bf16 where it has AVX-512 or AMX-BF16 only, fp32 elsewhere"),
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Precision:
     """One precision. `weights` and `activations` are what the manifest says of them (the name when empty);
@@ -138,13 +146,8 @@ class Precision:
         weights = self.weights or self.name
         activations = (self.activations or self.name).format(method=method)
         described = {"matmul_weights": weights, "lm_head": weights, "embeddings": "fp32", "activations": activations}
-        if self.attention == "int8":
-            described["attention"] = ("int8 products where the CPU has AVX-512 VNNI (hotrod's kernel: Q, K and V per "
-                                      "row, the softmax's numerators uint8 per row), bf16 where it has AVX-512 or "
-                                      "AMX-BF16 only, fp32 elsewhere")
-        elif self.attention != "fp32":
-            described["attention"] = (f"{self.attention} products where the CPU has AMX-BF16 or AVX-512 (hotrod's "
-                                      "kernel), fp32 elsewhere")
+        if self.attention in _ATTENTION_WHERE:
+            described["attention"] = _ATTENTION_WHERE[self.attention]
         if self.products != "fp32":
             described["products"] = (f"{self.products} operands, fp32 sums, where the CPU has AMX-BF16 or AVX-512 "
                                      "BF16 (hotrod's kernel), fp32 elsewhere")
@@ -339,9 +342,11 @@ REGISTRY: dict[str, Precision] = {p.name: p for p in (
     # int8-static with the attention's two products in int8 too (OpenVINO's full int8 arithmetic): the fastest
     # encoder precision on a CPU with AVX-512 VNNI, at the accuracy its build's verification measures; auto leaves
     # it to be asked for (8-bit numerators cost answers on trained heads that int8-static keeps).
-    Int8Static(name="int8-full", weight_bytes=1.0, candidate=False, weights="int8 per-channel, 7-bit range (int8-full, QDQ)",
-               activations="uint8 per-tensor, static ranges calibrated with {method}; attention's operands int8 per "
-               "row", attention="int8"),
+    Int8Static(name="int8-full", weight_bytes=1.0, candidate=False,
+               weights="int8 per-channel, 7-bit range (int8-full, QDQ)",
+               activations=("uint8 per-tensor, static ranges calibrated with {method}; attention's operands int8 "
+                            "per row"),
+               attention="int8"),
     # Every product (and the attention's) in bf16 with fp32 sums where the CPU has AMX-BF16 (the products also on
     # AVX-512 BF16 alone, the attention on AVX-512), from the fp32 graph:
     # the accurate fast precision of an encoder on such a CPU (benchmarks/README.md: "bf16 products").

@@ -44,7 +44,7 @@
 #include "transpose.h"
 
 #define TILE_ROWS 16
-#define QUERY_ROWS 32   /* queries a block: two tiles of rows */
+#define QUERY_ROWS HOTROD_ATTENTION_QUERY_ROWS /* queries a block: two tiles of rows */
 #define PAIR_KEYS 32    /* keys in one tile of P or of packed V, and a step of Q K^T; keys are padded to a multiple */
 #define TILE_HALVES 512 /* bf16 values in a tile: 16 rows of 32 */
 #define TILES 1         /* the paths (the op's `tiles`): AMX's tiles, */
@@ -418,7 +418,6 @@ void hotrod_attention_unanswered(const Problem* p, int64_t at) {
         p->out.q[at + r * width + c] = (uint8_t)p->out.zero_point;
 }
 
-/* One batch row and head. */
 /* Unit `index` (a batch row and head), asking for unit `next`'s rows (-1: none) while its blocks run. */
 static void unit(const Problem* p, int64_t index, int64_t next) {
   const int64_t b = index / p->heads, h = index % p->heads;
@@ -449,10 +448,7 @@ static void unit(const Problem* p, int64_t index, int64_t next) {
     hotrod_attention_ask_next(p, next, block, blocks);
     for (int64_t r = 0; r < rows; r += SOFTMAX_ROWS) { /* QUERY_ROWS is a multiple of SOFTMAX_ROWS */
       const float* masks[SOFTMAX_ROWS];
-      for (int i = 0; i < SOFTMAX_ROWS; i++) /* rows past the last query take its mask: never answered */
-        masks[i] = p->mask == NULL ? NULL
-                                   : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
-                                         (row + (r + i < rows ? r + i : rows - 1)) * p->mask_stride[2];
+      for (int i = 0; i < SOFTMAX_ROWS; i++) masks[i] = hotrod_attention_mask_row(p, b, h, row + r + i, row + rows);
       (p->tiles ? softmax_tiles : softmax_vectors)(p, scores + r * p->padded_k, masks,
                                                    numerators + (size_t)(r * p->padded_k) * size, inverse + r);
     }

@@ -19,6 +19,16 @@ typedef struct {
               * 3: int8 on AVX-512 VNNI (QUADS, attention_quads.c) */
 } hotrod_attention_problem;
 
+#define HOTROD_ATTENTION_QUERY_ROWS 32 /* queries a block, on every path */
+
+/* The additive mask row of query `row` of batch row `b` and head `h` (NULL where there is no mask), rows past the
+ * last query (`rows` of them) taking the last one's: they are never answered. */
+static inline const float* hotrod_attention_mask_row(const hotrod_attention_problem* p, int64_t b, int64_t h,
+                                                     int64_t row, int64_t rows) {
+  if (p->mask == NULL) return NULL;
+  return p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] + (row < rows ? row : rows - 1) * p->mask_stride[2];
+}
+
 /* Rows [first, first + count) of a unit's Q, K or V (below `rows`; `head` floats each, `width` apart) asked for ahead
  * (PREFETCHT0): each row of a batch row's head lies a whole row of every head away from the last, further than the
  * core's prefetchers follow, so without this each row's first line waits on memory once the tensors outgrow the
@@ -61,7 +71,8 @@ static inline void hotrod_attention_ask_next(const hotrod_attention_problem* p, 
   hotrod_ask_rows(hotrod_attention_rows(p, p->k, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
   hotrod_ask_rows(hotrod_attention_rows(p, p->v, next, p->seq_k), block * slice, slice, p->seq_k, width, p->head_size);
   if (block == blocks - 1)
-    hotrod_ask_rows(hotrod_attention_rows(p, p->q, next, p->seq_q), 0, 32, p->seq_q, width, p->head_size);
+    hotrod_ask_rows(hotrod_attention_rows(p, p->q, next, p->seq_q), 0, HOTROD_ATTENTION_QUERY_ROWS, p->seq_q, width,
+                    p->head_size);
 }
 
 /* A unit whose workspace could not be had (memory ran out), its answers from element `at` on: NaN, which no caller

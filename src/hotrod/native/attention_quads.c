@@ -28,7 +28,7 @@
 #include "quantize.h"
 #include "transpose.h"
 
-#define QUERY_ROWS 32 /* queries a block */
+#define QUERY_ROWS HOTROD_ATTENTION_QUERY_ROWS /* queries a block */
 #define ROWS 8        /* rows a step of either product: 8 x 32 int32 sums in 16 registers */
 #define SOFT_ROWS 4   /* rows whose softmax runs side by side (their dependent chains overlap) */
 
@@ -94,13 +94,14 @@ static inline __m512i sum_lanes16(__m512i* v) {
 }
 
 /* Up to 64 floats of `row` (`count`; zeros past it) times `inverse`, rounded, as int32 quads: lane t holds values
- * 4t..4t+3 as bytes, each plus `offset` (128: unsigned bytes); their sum (without the offset) added to *sum. */
+ * 4t..4t+3 as bytes, each plus `offset` (128: unsigned bytes); their sum (without the offset) added to *sum where
+ * `sum` is not NULL (a key's, which its shift takes; a query's is not needed). */
 static inline __m512i quantize_quads(const float* row, int64_t count, float inverse, int offset, __m512i* sum) {
   __m128i bytes[4];
   for (int i = 0; i < 4; i++) {
     const __m512 x = hotrod_load_first(count - 16 * i, row + 16 * i);
     const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inverse)));
-    *sum = _mm512_add_epi32(*sum, n);
+    if (sum != NULL) *sum = _mm512_add_epi32(*sum, n);
     bytes[i] = _mm512_cvtepi32_epi8(_mm512_add_epi32(n, _mm512_set1_epi32(offset)));
   }
   __m512i quads = _mm512_castsi128_si512(bytes[0]);
@@ -169,11 +170,10 @@ static void load_queries(const Problem* p, const float* q, int64_t rows, int64_t
   for (int64_t r = 0; r < filled; r += 16) scales16(q, r, rows, width, p->head_size, w->query_scales + r, inverses + r);
   for (int64_t r = 0; r < filled; r++) {
     const float inverse = inverses[r];
-    __m512i sum = _mm512_setzero_si512(); /* a query's byte sum: unused (its +128 is what the keys' shifts undo) */
     for (int64_t part = 0; part < w->quads; part += 16) {
       const int64_t count = w->quads - part < 16 ? w->quads - part : 16;
       const __m512i quads = r < rows ? quantize_quads(q + r * width + 4 * part, p->head_size - 4 * part, inverse,
-                                                      128, &sum)
+                                                      128, NULL)
                                      : _mm512_set1_epi8((char)128);
       _mm512_mask_storeu_epi32(w->queries + r * stride + 4 * part, hotrod_first(count), quads);
     }
@@ -353,10 +353,7 @@ static void unit(const Problem* p, int64_t index, int64_t next, Work* w) {
     /* the next block's, while this one runs */
     hotrod_ask_rows(q, QUERY_ROWS, QUERY_ROWS, p->seq_q - row, width, p->head_size);
     hotrod_attention_ask_next(p, next, block, blocks);
-    for (int64_t r = 0; r < filled; r++) /* rows past the last query take its mask: never answered */
-      w->masks[r] = p->mask == NULL ? NULL
-                                    : p->mask + b * p->mask_stride[0] + h * p->mask_stride[1] +
-                                          (row + (r < rows ? r : rows - 1)) * p->mask_stride[2];
+    for (int64_t r = 0; r < filled; r++) w->masks[r] = hotrod_attention_mask_row(p, b, h, row + r, row + rows);
     for (int64_t r = 0; r < filled; r += ROWS) (filled - r >= ROWS ? scores8 : scores4)(p, w, r);
     for (int64_t r = 0; r < filled; r += SOFT_ROWS) softmax_rows(p, w, r);
     for (int64_t r = 0; r < filled; r += ROWS)

@@ -32,7 +32,6 @@ from hotrod.runtime import bf16, i8, native
 
 OP = "Bf16Attention"
 QUANTIZED_OP = "Bf16AttentionQuantized"  # its output quantized for the next product, as an int8-static graph asks
-ARITHMETICS = ("bf16", "int8")  # the attention products this kernel computes in, as a build asks for them (_CHOOSERS)
 _VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the path without tiles
 _PAIR_FLAGS = (*_VECTOR_FLAGS, "avx512_bf16")  # its products on bf16 pairs
 _QUAD_FLAGS = (*_VECTOR_FLAGS, "avx512_vnni")  # its int8 products
@@ -80,8 +79,9 @@ def _int8_path() -> int:
     return QUADS if quads_ready() else _bf16_path()
 
 
-# Each arithmetic a build may ask for, and how its path is chosen.
+# Each arithmetic the kernel computes attention's products in, as a build asks for them, and how its path is chosen.
 _CHOOSERS = {"bf16": _bf16_path, "int8": _int8_path}
+ARITHMETICS = tuple(_CHOOSERS)
 
 
 def quads_ready() -> bool:
