@@ -12,9 +12,9 @@
  * OUTPUT: 0 floats (the Q/K/V product's), 1 floats plus a residual (the attention's output product and the
  * second feed-forward product, as the int8 builds fuse them), 2 bytes quantized with one scale (int8-static's
  * next input), 3 the same after the GELU (int8-static's first feed-forward product). The threads take units of
- * work from a shared counter, as onnxruntime's pool hands them out. COPIES (default 1): each call takes the next of
- * that many copies of the weights, in turn, so that with enough of them (a model's worth, past the last-level
- * cache) each call's weights come from memory, as a layer's do in a model. Prints the best of 12 calls (of COPIES,
+ * work as onnxruntime's pool hands them out (a contiguous shard each, then the others'). COPIES (default 1): each
+ * call takes the next of that many copies of the weights, in turn, so that with enough of them (a model's worth,
+ * past the last-level cache) each call's weights come from memory, as a layer's do in a model. Prints the best of 12 calls (of COPIES,
  * where more): ms and T int8 operations (2 x rows x K x N) a second. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,11 +28,15 @@
 
 #define CALLS 12
 
+#define MAX_THREADS 256
+
+/* onnxruntime's pool divides the units into one contiguous shard per thread: each thread takes its own shard's
+ * units in order, then helps with the others'. A thread's next unit is most often the one after its last. */
 typedef struct {
   hotrod_task task;
   void* data;
   size_t count;
-  atomic_size_t next;
+  struct { atomic_size_t next; size_t end; char pad[48]; } shards[MAX_THREADS];
 } Job;
 
 static Job* job;
@@ -45,15 +49,17 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void drain(Job* j) {
-  for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->count;) j->task(j->data, i);
+static void drain(Job* j, int home) {
+  for (int s = 0; s < threads; s++) {
+    const int shard = (home + s) % threads;
+    for (size_t i; (i = atomic_fetch_add(&j->shards[shard].next, 1)) < j->shards[shard].end;) j->task(j->data, i);
+  }
 }
 
-static void* worker(void* unused) {
-  (void)unused;
+static void* worker(void* home) {
   for (;;) {
     pthread_barrier_wait(&start);
-    drain(job);
+    drain(job, (int)(intptr_t)home);
     pthread_barrier_wait(&done);
   }
   return NULL;
@@ -61,10 +67,15 @@ static void* worker(void* unused) {
 
 static void pool(void* runner, hotrod_task task, void* data, size_t count) {
   (void)runner;
-  Job j = {task, data, count, 0};
+  static Job j;
+  j.task = task, j.data = data, j.count = count;
+  for (int s = 0; s < threads; s++) {
+    atomic_store(&j.shards[s].next, count * (size_t)s / (size_t)threads);
+    j.shards[s].end = count * (size_t)(s + 1) / (size_t)threads;
+  }
   job = &j;
   if (threads > 1) pthread_barrier_wait(&start);
-  drain(&j);
+  drain(&j, 0);
   if (threads > 1) pthread_barrier_wait(&done);
 }
 
@@ -83,7 +94,7 @@ int main(int argc, char** argv) {
   const int64_t n = argc > 3 ? atoll(argv[3]) : 0;
   threads = argc > 4 ? atoi(argv[4]) : 1;
   const int output = argc > 5 ? atoi(argv[5]) : 0, copies = argc > 6 ? atoi(argv[6]) : 1;
-  if (rows < 1 || k < 64 || k % 64 != 0 || n < 1 || n % 32 != 0 || threads < 1 || threads > 256 || output < 0 ||
+  if (rows < 1 || k < 64 || k % 64 != 0 || n < 1 || n % 32 != 0 || threads < 1 || threads > MAX_THREADS || output < 0 ||
       output > 3 || copies < 1 || copies > 1024) {
     fprintf(stderr, "usage: encoder_products ROWS K N [THREADS [OUTPUT [COPIES]]] (K a multiple of 64, N of 32; "
                     "OUTPUT 0-3; COPIES 1-1024)\n");
@@ -97,7 +108,7 @@ int main(int argc, char** argv) {
   pthread_barrier_init(&done, NULL, (unsigned)threads);
   for (int t = 1; t < threads; t++) {
     pthread_t thread;
-    pthread_create(&thread, NULL, worker, NULL);
+    pthread_create(&thread, NULL, worker, (void*)(intptr_t)t);
   }
   uint8_t* q = zeroed((size_t)(rows * k));
   int8_t* all = zeroed((size_t)(k * n * copies));

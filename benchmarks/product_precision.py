@@ -6,7 +6,10 @@ The demo's trained question answerer (or another trained head of `hotrod.demo.mo
 on PyTorch with every `nn.Linear` replaced by an emulation of a product precision, everything else in fp32:
 - bf16: inputs and weights rounded to bf16 (nearest even), sums in fp32, as AMX-BF16's TDPBF16PS computes;
 - int8: each input row scaled to [-127, 127] by its largest |value| and rounded, each weight row (output
-  channel) to [-64, 64] (hotrod's 7-bit range), sums exact: a stand-in for the int8 precision's arithmetic.
+  channel) to [-64, 64] (hotrod's 7-bit range), sums exact: a stand-in for the int8 precision's arithmetic;
+- int8-weights: the weights alone rounded, each output channel to [-127, 127] (the full 8 bits), the inputs
+  kept in fp32: the least any int8 product with a scale per channel can move the answers, whatever its
+  activations' arithmetic.
 Each is scored against the fp32 model's own answers (the task's score with those as targets, and how many
 are identical) and against the held-out targets, so a precision can be judged on the task's metric before
 hotrod builds it. Writes JSON to --out (default: stdout).
@@ -41,8 +44,13 @@ def int8_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(torch.round(x / rows) * rows, torch.round(module.weight / channels) * channels, module.bias)
 
 
-EMULATED: dict[str, Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]] = {"bf16": bf16_linear,
-                                                                                 "int8": int8_linear}
+def int8_weights_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    channels = module.weight.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    return F.linear(x, torch.round(module.weight / channels) * channels, module.bias)
+
+
+EMULATED: dict[str, Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]] = {
+    "bf16": bf16_linear, "int8": int8_linear, "int8-weights": int8_weights_linear}
 
 
 def answers(name: str, emulate: Callable | None, texts: list[str]) -> list[str]:

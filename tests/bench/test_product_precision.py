@@ -1,6 +1,7 @@
 """benchmarks/product_precision.py's emulated products (the full run reads the demo heads, a benchmark's job):
 bf16 rounds inputs and weights and sums in fp32; int8 rounds each input row to 127 steps of its largest value
-and each weight row to 64; a head that is not trained is refused in one line."""
+and each weight row to 64; int8-weights rounds each weight row to 127 steps and leaves the inputs alone; a head
+that is not trained is refused in one line."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def test_int8_keeps_127_steps_of_a_row_and_64_of_a_weight_row():
     module = _linear([[64.0, 1.0]])  # 1.0 is one step of 64 / 64
     x = torch.tensor([[127.0, 0.4]])  # 0.4 rounds to 0 steps of 127 / 127
     assert product_precision.int8_linear(module, x).item() == 127.0 * 64.0
+
+
+def test_int8_weights_rounds_each_weight_row_to_127_steps_and_no_input():
+    module = _linear([[127.0, 0.4], [2.0, 1.0]])  # 0.4 rounds to 0 steps of 127 / 127; 1.0 is 63.5 steps of 2 / 127
+    x = torch.tensor([[1.0, 0.001]])  # an input int8_linear would round to 127 and 0 steps
+    y = product_precision.int8_weights_linear(module, x)
+    assert y[0, 0].item() == 127.0
+    assert y[0, 1].item() == pytest.approx(2.0 + 0.001 * 64 * 2.0 / 127)
 
 
 def test_a_head_that_is_not_trained_is_refused_in_one_line(capsys):
