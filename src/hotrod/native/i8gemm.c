@@ -453,11 +453,13 @@ static int computable(int64_t k, int activation, int tiles) {
  * on the other; 18 of 128 columns ran 7% faster on a Zen 5, weights from memory or from the cache). */
 static int too_few(int64_t units) { return units < 8 || (units < 16 && units % 2 == 1); }
 
-/* Units of up to UNIT_ROWS rows by unit_cols columns for `p`: how many. Wide units wait on memory for fewer first
- * column blocks (compute); narrow ones share a small product among threads. */
+/* Units of up to UNIT_ROWS rows by unit_cols columns for `p`: how many. The rows are split evenly, in whole row
+ * blocks (384 rows: two units of 192, not 256 and 128, whose units would cost twice the others'). Wide units wait
+ * on memory for fewer first column blocks (compute); narrow ones share a small product among threads. */
 static size_t plan(Problem* p) {
   p->padded_n = (p->n + HOTROD_I8_COLS - 1) / HOTROD_I8_COLS * HOTROD_I8_COLS;
   const int64_t row_units = (p->rows + UNIT_ROWS - 1) / UNIT_ROWS;
+  p->unit_rows = ((p->rows + row_units - 1) / row_units + BLOCK_ROWS - 1) / BLOCK_ROWS * BLOCK_ROWS;
   p->unit_cols = 256;
   while (p->unit_cols > HOTROD_I8_COLS && too_few(row_units * ((p->padded_n + p->unit_cols - 1) / p->unit_cols)))
     p->unit_cols /= 2;
